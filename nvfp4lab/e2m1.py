@@ -1,0 +1,123 @@
+"""FP4 E2M1 element codec: rounding to codes, decoding, nibble packing.
+
+Codes are ``torch.uint8`` holding ``sign << 3 | index`` with magnitudes
+``0, 0.5, 1, 1.5, 2, 3, 4, 6`` by index. Rounding is round-to-nearest,
+ties-to-even after clamping to ``[-6, 6]``; the sign bit is set exactly when
+the value is ``< 0`` (so ``-0.0`` encodes as code 0, ``-0.1`` as code 8), which
+is what compressed-tensors writes into checkpoints.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nvfp4lab.constants import E2M1_MAX, E2M1_SIGN_BIT, E2M1_VALUES
+
+__all__ = [
+    "decode_e2m1",
+    "encode_e2m1",
+    "pack_fp4",
+    "round_to_e2m1_codes",
+    "unpack_fp4",
+]
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def round_to_e2m1_codes(values: torch.Tensor) -> torch.Tensor:
+    """Round float ``values`` to E2M1 codes (uint8, same shape); no input checks.
+
+    Works in float32 (exact for bf16/fp16 inputs). NaN has no E2M1 code: callers
+    must have removed it (NaN maps to an unspecified code). Steps of the E2M1
+    grid are 0.5 below 2, 1 in [2, 4) and 2 from 4 on, so the index is an RNE
+    ``torch.round`` (half to even) of the magnitude at that step; ties at the
+    step boundaries (1.75, 3.5) round up to the even code as RNE requires.
+    """
+    v = values.to(torch.float32)
+    magnitude = v.abs().clamp_(max=E2M1_MAX)
+    index = torch.where(
+        magnitude < 2.0,
+        (magnitude * 2.0).round_(),
+        torch.where(magnitude < 4.0, magnitude.round() + 2.0, (magnitude * 0.5).round_() + 4.0),
+    )
+    del magnitude
+    codes = index.to(torch.uint8)
+    del index
+    codes |= (v < 0).to(torch.uint8) * E2M1_SIGN_BIT
+    return codes
+
+
+def encode_e2m1(values: torch.Tensor) -> torch.Tensor:
+    """Round float ``values`` (any shape, fp32/bf16/fp16/fp64) to E2M1 codes (uint8).
+
+    Values beyond ``±6`` saturate (``±inf`` included). NaN raises ValueError.
+    """
+    if values.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"encode_e2m1 expects a floating tensor (float32, bfloat16, float16, float64), "
+            f"got dtype {values.dtype}; convert with .float() first"
+        )
+    if values.numel() and bool(torch.isnan(values).any()):
+        raise ValueError(_nan_message(values))
+    if values.dtype == torch.float64:
+        # Narrowing to float32 first could move a value onto a tie; round in float64 instead.
+        magnitude = values.abs().clamp(max=E2M1_MAX)
+        grid = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=values.device)
+        # Midpoints with ties resolved toward the even index: 0.25->0, 0.75->1.0 (index 2) ...
+        index = torch.zeros_like(magnitude, dtype=torch.uint8)
+        for k in range(1, len(grid)):
+            midpoint = (grid[k - 1] + grid[k]) / 2
+            index += (magnitude > midpoint) | ((magnitude == midpoint) & (k % 2 == 0))
+        return index | ((values < 0).to(torch.uint8) * E2M1_SIGN_BIT)
+    return round_to_e2m1_codes(values)
+
+
+def _nan_message(values: torch.Tensor) -> str:
+    nan_mask = torch.isnan(values)
+    first = tuple(int(i) for i in torch.nonzero(nan_mask)[0])
+    return (
+        f"E2M1 has no NaN: {int(nan_mask.sum())} NaN value(s) in the input, first at index "
+        f"{first}; remove or replace them (e.g. torch.nan_to_num) before encoding"
+    )
+
+
+def decode_e2m1(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode uint8 E2M1 codes (low 4 bits used) to values of ``dtype``; code 8 gives -0.0."""
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"decode_e2m1 expects uint8 codes, got dtype {codes.dtype}")
+    if codes.numel() and bool((codes > 0xF).any()):
+        raise ValueError(
+            f"E2M1 codes are 4-bit (0..15); got a maximum of {int(codes.max())}; "
+            "unpack packed bytes with unpack_fp4 first"
+        )
+    table = torch.tensor(
+        list(E2M1_VALUES) + [-v for v in E2M1_VALUES], dtype=dtype, device=codes.device
+    )
+    return table[codes.long()]
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """Pack E2M1 codes uint8 [..., K] into bytes uint8 [..., K/2].
+
+    Element ``2i`` goes to the LOW nibble, element ``2i+1`` to the HIGH nibble.
+    """
+    if codes.dtype != torch.uint8:
+        raise TypeError(f"pack_fp4 expects uint8 codes, got dtype {codes.dtype}")
+    if codes.ndim == 0 or codes.shape[-1] % 2:
+        raise ValueError(
+            f"pack_fp4 needs an even last dimension, got shape {tuple(codes.shape)}; "
+            "pad K to an even length"
+        )
+    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
+    return (pairs[..., 0] & 0xF) | (pairs[..., 1] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """Unpack bytes uint8 [..., K/2] into E2M1 codes uint8 [..., K] (low nibble first)."""
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"unpack_fp4 expects uint8 bytes, got dtype {packed.dtype}")
+    if packed.ndim == 0:
+        raise ValueError("unpack_fp4 needs at least one dimension, got a 0-d tensor")
+    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1)
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+

@@ -1,0 +1,264 @@
+"""NVFP4 quantize / dequantize / fake_quantize in two exact arithmetic orders.
+
+``convention="kernel"`` (default) follows vLLM's float32 reference of its CUDA quantization kernel,
+per 16-block ``b`` with ENCODE global scale ``gs``::
+
+    amax_b = max |x|                                    (float32)
+    s_b    = e4m3(clamp(gs * (amax_b * f32(1/6)), -448, 448))
+    m_b    = 1 / (s_b * (1/gs)),  0 where s_b == 0
+    code   = RNE_E2M1(clamp(x * m_b, -6, 6))
+
+``convention="compressed-tensors"`` reproduces compressed-tensors 0.20 bit for bit
+(``generate_gparam`` + ``calculate_qparams`` + ``quantize_and_pack_fp4``)::
+
+    gs     = 2688 / amax              (in x.dtype, then float32; 1.0 if not finite)
+    s_b    = e4m3(clamp(gs * f32(amax_b / 6 in x.dtype), -448, 448)); 0 -> 0.125
+    code   = RNE_E2M1(clamp(f32(x) / (s_b / gs), -6, 6))
+
+Both decode as ``value(code) * (s_b / gs)`` in float32, cast to the wanted dtype. The two orders
+disagree on a small fraction of codes (mostly bf16/fp16 inputs); both are legitimate.
+
+Input policy: fp32/bf16/fp16 tensors ``[..., K]`` (any strides, any device, meta gives shapes);
+``K`` must be a multiple of the block size unless ``pad=True`` (zero padding, removed again on
+dequantize). NaN/Inf raise by default (``nonfinite="raise"``, naming the count and first index);
+``nonfinite="propagate"`` runs the arithmetic as is (a NaN makes its block's scale NaN, an Inf
+saturates to ±6 under an explicit global scale). An all-zero tensor, or one whose amax is so small
+that ``2688/amax`` is not finite, gets ``global_scale = 1.0`` (compressed-tensors' rule) and
+quantizes to zeros: NVFP4 cannot represent tensors with amax below about 1e-32.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from nvfp4lab.constants import (
+    BLOCK_SIZE,
+    CT_ZERO_SCALE_REPLACEMENT,
+    E2M1_MAX,
+    E4M3_MAX,
+    GLOBAL_SCALE_NUMERATOR,
+)
+from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes
+from nvfp4lab.tensor import NVFP4Tensor, as_global_scale, decode_blocks
+
+__all__ = [
+    "CONVENTIONS",
+    "compute_global_scale",
+    "decode_to_encode_scale",
+    "dequantize",
+    "encode_to_decode_scale",
+    "fake_quantize",
+    "quantize",
+    "quantize_blocks",
+]
+
+Convention = Literal["kernel", "compressed-tensors"]
+NonFinitePolicy = Literal["raise", "propagate"]
+CONVENTIONS: tuple[str, ...] = ("kernel", "compressed-tensors")
+NONFINITE_POLICIES: tuple[str, ...] = ("raise", "propagate")
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+
+_F32_MAX = torch.finfo(torch.float32).max
+
+
+def _check_choice(name: str, value: object, accepted: tuple[str, ...]) -> None:
+    if value not in accepted:
+        raise ValueError(f"unknown {name} {value!r}; accepted values: {', '.join(accepted)}")
+
+
+def _check_input(x: torch.Tensor, what: str = "x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        hint = " (convert with .float())" if x.is_floating_point() or x.is_complex() else ""
+        raise TypeError(
+            f"NVFP4 quantization takes float32, bfloat16 or float16 input; {what} has dtype "
+            f"{x.dtype}{hint}"
+        )
+    if x.ndim == 0:
+        raise ValueError(f"{what} must have at least one dimension (the K axis), got a 0-d tensor")
+
+
+def _check_finite(x: torch.Tensor, policy: str) -> None:
+    _check_choice("nonfinite policy", policy, NONFINITE_POLICIES)
+    if policy == "propagate" or x.is_meta or x.numel() == 0:
+        return
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        bad = ~finite
+        first = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(
+            f"input of shape {tuple(x.shape)} holds {int(bad.sum())} NaN/Inf value(s), first at "
+            f"index {first} (value {x[first].item()}); clean the input, or pass "
+            "nonfinite='propagate' to quantize it anyway (NaN blocks get NaN scales)"
+        )
+
+
+def _blocked(x: torch.Tensor, block_size: int, pad: bool) -> torch.Tensor:
+    """View ``x [..., K]`` as ``[..., K/block, block]``, zero-padding K when ``pad``."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 or (
+        block_size % 2
+    ):
+        raise ValueError(f"block_size must be a positive even integer, got {block_size!r}")
+    k = x.shape[-1]
+    if k % block_size:
+        if not pad:
+            raise ValueError(
+                f"the last dimension K={k} of shape {tuple(x.shape)} is not a multiple of the "
+                f"block size {block_size}; pass pad=True to zero-pad K to "
+                f"{-(-k // block_size) * block_size}"
+            )
+        x = F.pad(x, (0, -k % block_size))
+    return x.reshape(*x.shape[:-1], x.shape[-1] // block_size, block_size)
+
+
+def _block_amax(blocks: torch.Tensor) -> torch.Tensor:
+    """max |x| over the last dim, in the input dtype (exact), without a full-size temporary."""
+    if blocks.shape[-1] == 0 or blocks.numel() == 0:
+        return blocks.new_zeros(blocks.shape[:-1])
+    return torch.linalg.vector_norm(blocks, ord=float("inf"), dim=-1)
+
+
+def compute_global_scale(
+    x: torch.Tensor, *, convention: Convention = "kernel"
+) -> torch.Tensor:
+    """ENCODE-convention global scale ``2688 / amax(|x|)`` as float32 ``[1]``.
+
+    ``kernel``: the division in float32. ``compressed-tensors``: amax clamped below at
+    ``finfo(x.dtype).tiny`` and the division done in ``x.dtype`` (a bf16 model gets a
+    bf16-rounded scale; fp16 overflows for amax < 2688/65504 ≈ 0.041), then cast to float32.
+    Either way a non-finite or non-positive result becomes 1.0 (compressed-tensors' rule).
+    """
+    _check_input(x)
+    _check_choice("convention", convention, CONVENTIONS)
+    if x.is_meta:
+        return torch.empty(1, dtype=torch.float32, device="meta")
+    amax = (
+        torch.linalg.vector_norm(x, ord=float("inf")) if x.numel() else x.new_zeros(())
+    )
+    if convention == "kernel":
+        gs = GLOBAL_SCALE_NUMERATOR / amax.to(torch.float32)
+    else:
+        gs = (GLOBAL_SCALE_NUMERATOR / amax.clamp(min=torch.finfo(x.dtype).tiny)).to(torch.float32)
+    gs = torch.where(torch.isfinite(gs) & (gs > 0), gs, torch.ones_like(gs))
+    return gs.reshape(1)
+
+
+def encode_to_decode_scale(global_scale: torch.Tensor | float) -> torch.Tensor:
+    """ENCODE (2688/amax, compressed-tensors) -> DECODE (amax/2688, torchao/ModelOpt): ``1/x``."""
+    return torch.reciprocal(as_global_scale(global_scale))
+
+
+def decode_to_encode_scale(decode_scale: torch.Tensor | float) -> torch.Tensor:
+    """DECODE (amax/2688) -> ENCODE (2688/amax) convention: ``1/x``."""
+    return torch.reciprocal(as_global_scale(decode_scale))
+
+
+def quantize_blocks(
+    blocks: torch.Tensor, global_scale: torch.Tensor, convention: Convention = "kernel"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Core arithmetic on ``blocks [..., nb, block]``.
+
+    Returns (codes uint8 of the blocks' shape, scales float8_e4m3fn ``[..., nb]``).
+    ``global_scale`` is float32 ``[1]`` (encode convention) on the blocks' device. No checks.
+    """
+    amax = _block_amax(blocks)
+    if convention == "kernel":
+        amax = amax.to(torch.float32)
+        scales = (global_scale * (amax * (1.0 / E2M1_MAX))).clamp_(-E4M3_MAX, E4M3_MAX)
+        scales = scales.to(torch.float8_e4m3fn)
+        scales_f32 = scales.to(torch.float32)
+        multiplier = torch.reciprocal(scales_f32 * torch.reciprocal(global_scale))
+        multiplier = torch.where(scales_f32 == 0, 0.0, multiplier)
+        # Only a global scale above ~2**119 can overflow the multiplier; keep 0 * m finite.
+        multiplier.clamp_(max=_F32_MAX)
+        scaled = blocks.to(torch.float32) * multiplier.unsqueeze(-1)
+    else:
+        per_block = (amax / E2M1_MAX).to(torch.float32)  # division in the input dtype
+        scales_f32 = (global_scale * per_block).clamp_(-E4M3_MAX, E4M3_MAX)
+        scales_f32 = scales_f32.to(torch.float8_e4m3fn).to(torch.float32)
+        scales_f32 = torch.where(scales_f32 == 0, CT_ZERO_SCALE_REPLACEMENT, scales_f32)
+        scales = scales_f32.to(torch.float8_e4m3fn)
+        divisor = scales_f32 / global_scale
+        scaled = blocks.to(torch.float32) / divisor.unsqueeze(-1)
+    scaled.clamp_(-E2M1_MAX, E2M1_MAX)
+    return round_to_e2m1_codes(scaled), scales
+
+
+def _prepare(
+    x: torch.Tensor,
+    global_scale: torch.Tensor | float | None,
+    block_size: int,
+    convention: str,
+    pad: bool,
+    nonfinite: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate; return (blocks [..., nb, block], global scale float32 [1] on x.device)."""
+    _check_input(x)
+    _check_choice("convention", convention, CONVENTIONS)
+    blocks = _blocked(x, block_size, pad)
+    _check_finite(x, nonfinite)
+    if global_scale is None:
+        gs = compute_global_scale(x, convention=convention)  # type: ignore[arg-type]
+    else:
+        gs = as_global_scale(global_scale, x.device)
+    return blocks, gs
+
+
+def quantize(
+    x: torch.Tensor,
+    global_scale: torch.Tensor | float | None = None,
+    *,
+    block_size: int = BLOCK_SIZE,
+    convention: Convention = "kernel",
+    pad: bool = False,
+    nonfinite: NonFinitePolicy = "raise",
+) -> NVFP4Tensor:
+    """Quantize ``x`` (fp32/bf16/fp16, ``[..., K]``) to an :class:`NVFP4Tensor`.
+
+    ``global_scale``: ENCODE convention (2688/amax), float or one-element tensor; ``None``
+    computes it from ``amax(|x|)`` with :func:`compute_global_scale` in the chosen convention.
+    See the module docstring for the arithmetic, padding and the NaN/Inf policy.
+    """
+    blocks, gs = _prepare(x, global_scale, block_size, convention, pad, nonfinite)
+    lead, nb = blocks.shape[:-2], blocks.shape[-2]
+    if x.is_meta:
+        packed = torch.empty((*lead, nb * block_size // 2), dtype=torch.uint8, device="meta")
+        scales = torch.empty((*lead, nb), dtype=torch.float8_e4m3fn, device="meta")
+    else:
+        codes, scales = quantize_blocks(blocks, gs, convention)
+        packed = pack_fp4(codes.reshape(*lead, nb * block_size))
+    return NVFP4Tensor(packed=packed, scales=scales, global_scale=gs, shape=x.shape, dtype=x.dtype)
+
+
+def dequantize(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Decode ``q`` to ``dtype`` (default: its original dtype), shape ``q.shape``."""
+    if not isinstance(q, NVFP4Tensor):
+        raise TypeError(f"dequantize expects an NVFP4Tensor, got {type(q).__name__}")
+    return q.dequantize(dtype)
+
+
+def fake_quantize(
+    x: torch.Tensor,
+    global_scale: torch.Tensor | float | None = None,
+    *,
+    block_size: int = BLOCK_SIZE,
+    convention: Convention = "kernel",
+    pad: bool = False,
+    nonfinite: NonFinitePolicy = "raise",
+) -> torch.Tensor:
+    """Quantize then dequantize, returning ``x.dtype`` and ``x.shape`` (no packing round trip).
+
+    Equal bit for bit to ``dequantize(quantize(x, ...), x.dtype)``.
+    """
+    blocks, gs = _prepare(x, global_scale, block_size, convention, pad, nonfinite)
+    if x.is_meta:
+        return torch.empty_like(x)
+    codes, scales = quantize_blocks(blocks, gs, convention)
+    values = decode_blocks(codes, scales, gs).reshape(*blocks.shape[:-2], -1)
+    if values.shape[-1] != x.shape[-1]:
+        values = values[..., : x.shape[-1]]
+    return values.to(x.dtype)

@@ -1,0 +1,198 @@
+"""The :class:`NVFP4Tensor` container and its decode (dequantization) arithmetic.
+
+Conventions
+-----------
+* ``packed``: uint8 ``[..., Kp/2]``, two E2M1 codes per byte, element ``2i`` in the low nibble.
+* ``scales``: ``torch.float8_e4m3fn`` ``[..., Kp/block]``, plain row-major layout (as on disk).
+* ``global_scale``: float32 ``[1]`` in the ENCODE convention, ``2688 / amax`` (what
+  compressed-tensors stores as ``weight_global_scale`` / ``input_global_scale``). The DECODE
+  convention (torchao ``per_tensor_scale``, ModelOpt ``weight_scale_2``) is its reciprocal.
+* ``shape``: the original shape; its last dim ``K`` may be smaller than ``Kp`` when the input was
+  zero-padded to a whole number of blocks (``pad=True``).
+* Decoding: ``x_hat = value(code) * (scale / global_scale)`` in float32, then cast to ``dtype``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from nvfp4lab.constants import BLOCK_SIZE, GLOBAL_SCALE_NUMERATOR
+from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
+from nvfp4lab.layout import swizzle_scales
+
+__all__ = ["NVFP4Tensor", "as_global_scale", "decode_blocks"]
+
+
+def as_global_scale(
+    global_scale: torch.Tensor | float, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Validate an ENCODE-convention global scale and return it as float32 ``[1]`` on ``device``.
+
+    Raises ValueError for a wrong element count, or (off the meta device) a value that is not
+    finite and > 0.
+    """
+    if isinstance(global_scale, bool) or not isinstance(global_scale, torch.Tensor | float | int):
+        raise ValueError(
+            f"global_scale must be a float or a one-element tensor, got {type(global_scale)}"
+        )
+    gs = torch.as_tensor(global_scale)
+    if gs.numel() != 1:
+        raise ValueError(
+            f"global_scale must hold exactly one element (shape [1] or []), got shape "
+            f"{tuple(gs.shape)}; NVFP4 has one tensor scale per tensor"
+        )
+    if not (gs.is_floating_point() or gs.dtype in (torch.int32, torch.int64)):
+        raise ValueError(f"global_scale must be a real number, got dtype {gs.dtype}")
+    gs = gs.reshape(1).to(device=device if device is not None else gs.device, dtype=torch.float32)
+    if not gs.is_meta:
+        value = float(gs)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(
+                f"global_scale must be finite and > 0 (ENCODE convention, 2688/amax), got {value}. "
+                "A DECODE-convention scale (amax/2688, e.g. ModelOpt weight_scale_2 or torchao "
+                "per_tensor_scale) must be inverted first: pass 1/scale."
+            )
+    return gs
+
+
+def decode_blocks(
+    codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor
+) -> torch.Tensor:
+    """float32 ``value(code) * (scale / global_scale)``.
+
+    ``codes``: uint8 ``[..., nb, block]``; ``scales``: ``[..., nb]`` (any float dtype holding the
+    E4M3 values); ``global_scale``: float32 ``[1]`` (encode convention). Returns float32 of the
+    shape of ``codes``.
+    """
+    block_factor = scales.to(torch.float32) / global_scale
+    values = decode_e2m1(codes, torch.float32)
+    values *= block_factor.unsqueeze(-1)
+    return values
+
+
+@dataclass
+class NVFP4Tensor:
+    """An NVFP4-quantized tensor: packed E2M1 codes, E4M3 block scales, FP32 global scale.
+
+    Construct it with :func:`nvfp4lab.quantize`, or from checkpoint tensors with keyword
+    arguments ``packed=, scales=, global_scale=`` (``shape`` defaults to ``[..., 2 * Kp/2]`` and
+    ``dtype`` to float32). See the module docstring for the layout and scale conventions.
+    """
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    global_scale: torch.Tensor
+    shape: torch.Size | None = None
+    dtype: torch.dtype = field(default=torch.float32)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.packed, torch.Tensor) or self.packed.dtype != torch.uint8:
+            raise ValueError(
+                f"NVFP4Tensor.packed must be a uint8 tensor, got "
+                f"{getattr(self.packed, 'dtype', type(self.packed))}"
+            )
+        if not isinstance(self.scales, torch.Tensor) or self.scales.dtype != torch.float8_e4m3fn:
+            hint = (
+                " (raw bytes: use scales.view(torch.float8_e4m3fn))"
+                if getattr(self.scales, "dtype", None) == torch.uint8
+                else ""
+            )
+            raise ValueError(
+                "NVFP4Tensor.scales must be a torch.float8_e4m3fn tensor, got "
+                f"{getattr(self.scales, 'dtype', type(self.scales))}{hint}"
+            )
+        self.global_scale = as_global_scale(self.global_scale, self.packed.device)
+        packed, scales = self.packed, self.scales
+        if packed.ndim == 0 or scales.ndim != packed.ndim or packed.shape[:-1] != scales.shape[:-1]:
+            raise ValueError(
+                f"NVFP4Tensor shapes do not match: packed {tuple(packed.shape)} must be [..., K/2] "
+                f"and scales {tuple(scales.shape)} [..., K/block] with the same leading dims"
+            )
+        if packed.device != scales.device:
+            raise ValueError(
+                f"NVFP4Tensor fields live on different devices: packed on {packed.device}, "
+                f"scales on {scales.device}"
+            )
+        padded_k = 2 * packed.shape[-1]
+        n_scales = scales.shape[-1]
+        if (n_scales == 0) != (padded_k == 0) or (
+            n_scales and (padded_k % n_scales or (padded_k // n_scales) % 2)
+        ):
+            raise ValueError(
+                f"NVFP4Tensor: {padded_k} elements per row (packed {tuple(packed.shape)}) cannot "
+                f"be split into {n_scales} blocks of an even size (scales {tuple(scales.shape)})"
+            )
+        shape = torch.Size(self.shape) if self.shape is not None else torch.Size(
+            (*packed.shape[:-1], padded_k)
+        )
+        block = self.block_size
+        if (
+            len(shape) != packed.ndim
+            or shape[:-1] != packed.shape[:-1]
+            or not (padded_k - block < shape[-1] <= padded_k or shape[-1] == padded_k == 0)
+        ):
+            raise ValueError(
+                f"NVFP4Tensor.shape {tuple(shape)} does not fit packed {tuple(packed.shape)}: "
+                f"leading dims must match and K must be within one block ({block}) of {padded_k}"
+            )
+        self.shape = shape
+        if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
+            raise ValueError(f"NVFP4Tensor.dtype must be a floating torch.dtype, got {self.dtype}")
+
+    @property
+    def block_size(self) -> int:
+        """Elements per block scale (16 for NVFP4)."""
+        n_scales = self.scales.shape[-1]
+        return 2 * self.packed.shape[-1] // n_scales if n_scales else BLOCK_SIZE
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    @property
+    def nbytes(self) -> int:
+        """Storage bytes of packed codes, block scales and the global scale."""
+        return self.packed.nbytes + self.scales.nbytes + self.global_scale.nbytes
+
+    @property
+    def amax(self) -> float:
+        """The amax implied by the global scale, ``2688 / global_scale``."""
+        return GLOBAL_SCALE_NUMERATOR / float(self.global_scale)
+
+    def codes(self) -> torch.Tensor:
+        """E2M1 codes uint8 ``[..., Kp]`` (padding included)."""
+        return unpack_fp4(self.packed)
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Decode to ``dtype`` (default: the original dtype); returns a tensor of ``self.shape``."""
+        codes = self.codes()
+        blocks = codes.reshape(*codes.shape[:-1], self.scales.shape[-1], self.block_size)
+        values = decode_blocks(blocks, self.scales, self.global_scale).reshape(codes.shape)
+        if values.shape[-1] != self.shape[-1]:
+            values = values[..., : self.shape[-1]]
+        return values.to(dtype or self.dtype)
+
+    def swizzled_scales(self) -> torch.Tensor:
+        """Block scales in the 128x4 blocked layout (2-D, leading dims flattened into rows)."""
+        return swizzle_scales(self.scales.reshape(-1, self.scales.shape[-1]))
+
+    def to(self, device: torch.device | str) -> NVFP4Tensor:
+        """A copy on ``device`` (a no-op copy of references when already there)."""
+        return NVFP4Tensor(
+            packed=self.packed.to(device),
+            scales=self.scales.to(device),
+            global_scale=self.global_scale.to(device),
+            shape=self.shape,
+            dtype=self.dtype,
+        )
+
+    def __repr__(self) -> str:
+        gs = "meta" if self.device.type == "meta" else f"{float(self.global_scale):.6g}"
+        return (
+            f"NVFP4Tensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
+            f"block_size={self.block_size}, global_scale={gs}, device={self.device}, "
+            f"nbytes={self.nbytes})"
+        )
