@@ -12,24 +12,24 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# The numerics core needs only torch and is imported eagerly. This also keeps the function
+# ``nvfp4lab.quantize`` from being shadowed by the submodule of the same name.
+from nvfp4lab.e2m1 import decode_e2m1, encode_e2m1, pack_fp4, unpack_fp4
+from nvfp4lab.layout import swizzle_scales, unswizzle_scales
+from nvfp4lab.quantize import (
+    CONVENTIONS,
+    compute_global_scale,
+    decode_to_encode_scale,
+    dequantize,
+    encode_to_decode_scale,
+    fake_quantize,
+    quantize,
+)
+from nvfp4lab.tensor import NVFP4Tensor
+
+# public name -> module that defines it, imported on first use
 _EXPORTS: dict[str, str] = {
-    # numerics
-    "NVFP4Tensor": "nvfp4lab.tensor",
-    "quantize": "nvfp4lab.quantize",
-    "dequantize": "nvfp4lab.quantize",
-    "fake_quantize": "nvfp4lab.quantize",
-    "compute_global_scale": "nvfp4lab.quantize",
-    "encode_to_decode_scale": "nvfp4lab.quantize",
-    "decode_to_encode_scale": "nvfp4lab.quantize",
-    "CONVENTIONS": "nvfp4lab.quantize",
-    "encode_e2m1": "nvfp4lab.e2m1",
-    "decode_e2m1": "nvfp4lab.e2m1",
-    "pack_fp4": "nvfp4lab.e2m1",
-    "unpack_fp4": "nvfp4lab.e2m1",
-    "swizzle_scales": "nvfp4lab.layout",
-    "unswizzle_scales": "nvfp4lab.layout",
-    # execution
+    "headline": "nvfp4lab.reports",
     "select_backend": "nvfp4lab.dispatch",
     "BackendChoice": "nvfp4lab.dispatch",
     "linear": "nvfp4lab.linear",
@@ -58,10 +58,28 @@ _SUBMODULES = (
     "reports",
     "tensor",
     "timing",
+    "tour",
     "widgets",
 )
 
-__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+__all__ = [
+    "CONVENTIONS",
+    "NVFP4Tensor",
+    "compute_global_scale",
+    "decode_e2m1",
+    "decode_to_encode_scale",
+    "dequantize",
+    "encode_e2m1",
+    "encode_to_decode_scale",
+    "fake_quantize",
+    "pack_fp4",
+    "quantize",
+    "swizzle_scales",
+    "unpack_fp4",
+    "unswizzle_scales",
+    *_EXPORTS,
+    *_SUBMODULES,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -46,6 +46,7 @@ from nvfp4lab.tensor import NVFP4Tensor, as_global_scale, decode_blocks
 
 __all__ = [
     "CONVENTIONS",
+    "KERNEL_MAX_GLOBAL_SCALE",
     "compute_global_scale",
     "decode_to_encode_scale",
     "dequantize",
@@ -61,7 +62,9 @@ CONVENTIONS: tuple[str, ...] = ("kernel", "compressed-tensors")
 NONFINITE_POLICIES: tuple[str, ...] = ("raise", "propagate")
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 
-_F32_MAX = torch.finfo(torch.float32).max
+#: Largest global scale the kernel order accepts: above it ``1/gs`` is so small that
+#: ``1 / (s_b * (1/gs))`` overflows float32 for the smallest block scales (2**-9).
+KERNEL_MAX_GLOBAL_SCALE: float = 2.0**116
 
 
 def _check_choice(name: str, value: object, accepted: tuple[str, ...]) -> None:
@@ -130,7 +133,9 @@ def compute_global_scale(
     ``kernel``: the division in float32. ``compressed-tensors``: amax clamped below at
     ``finfo(x.dtype).tiny`` and the division done in ``x.dtype`` (a bf16 model gets a
     bf16-rounded scale; fp16 overflows for amax < 2688/65504 ≈ 0.041), then cast to float32.
-    Either way a non-finite or non-positive result becomes 1.0 (compressed-tensors' rule).
+    Either way a non-finite or non-positive result becomes 1.0 (compressed-tensors' rule); the
+    kernel order also caps the scale at ``KERNEL_MAX_GLOBAL_SCALE`` (2**116, reached only for
+    amax < 3.2e-32) so that its reciprocal-multiply arithmetic cannot overflow.
     """
     _check_input(x)
     _check_choice("convention", convention, CONVENTIONS)
@@ -140,8 +145,12 @@ def compute_global_scale(
         torch.linalg.vector_norm(x, ord=float("inf")) if x.numel() else x.new_zeros(())
     )
     if convention == "kernel":
-        gs = GLOBAL_SCALE_NUMERATOR / amax.to(torch.float32)
+        # A true float32 division (``2688 / tensor`` would be reciprocal-then-multiply in torch).
+        gs = torch.full_like(amax, GLOBAL_SCALE_NUMERATOR, dtype=torch.float32) / amax.float()
+        gs = torch.where(amax > 0, gs.clamp(max=KERNEL_MAX_GLOBAL_SCALE), 1.0)
     else:
+        # Exactly compressed-tensors' expression: torch evaluates ``2688 / t`` as
+        # ``reciprocal(t) * 2688``, each step rounded to x.dtype.
         gs = (GLOBAL_SCALE_NUMERATOR / amax.clamp(min=torch.finfo(x.dtype).tiny)).to(torch.float32)
     gs = torch.where(torch.isfinite(gs) & (gs > 0), gs, torch.ones_like(gs))
     return gs.reshape(1)
@@ -173,11 +182,12 @@ def quantize_blocks(
         scales_f32 = scales.to(torch.float32)
         multiplier = torch.reciprocal(scales_f32 * torch.reciprocal(global_scale))
         multiplier = torch.where(scales_f32 == 0, 0.0, multiplier)
-        # Only a global scale above ~2**119 can overflow the multiplier; keep 0 * m finite.
-        multiplier.clamp_(max=_F32_MAX)
         scaled = blocks.to(torch.float32) * multiplier.unsqueeze(-1)
     else:
-        per_block = (amax / E2M1_MAX).to(torch.float32)  # division in the input dtype
+        # Division in the input dtype by a same-device tensor, as compressed-tensors does (a
+        # Python-number divisor would become a reciprocal multiply on CUDA).
+        six = torch.tensor(E2M1_MAX, dtype=amax.dtype, device=amax.device)
+        per_block = (amax / six).to(torch.float32)
         scales_f32 = (global_scale * per_block).clamp_(-E4M3_MAX, E4M3_MAX)
         scales_f32 = scales_f32.to(torch.float8_e4m3fn).to(torch.float32)
         scales_f32 = torch.where(scales_f32 == 0, CT_ZERO_SCALE_REPLACEMENT, scales_f32)
@@ -202,9 +212,14 @@ def _prepare(
     blocks = _blocked(x, block_size, pad)
     _check_finite(x, nonfinite)
     if global_scale is None:
-        gs = compute_global_scale(x, convention=convention)  # type: ignore[arg-type]
-    else:
-        gs = as_global_scale(global_scale, x.device)
+        return blocks, compute_global_scale(x, convention=convention)  # type: ignore[arg-type]
+    gs = as_global_scale(global_scale, x.device)
+    if convention == "kernel" and not gs.is_meta and float(gs) > KERNEL_MAX_GLOBAL_SCALE:
+        raise ValueError(
+            f"global_scale {float(gs):.4g} exceeds {KERNEL_MAX_GLOBAL_SCALE:.4g} (2**116): the "
+            "kernel order's 1/(s * (1/gs)) overflows float32 there; use a smaller global scale "
+            "(any value <= 2688/amax is valid) or convention='compressed-tensors'"
+        )
     return blocks, gs
 
 
@@ -258,7 +273,7 @@ def fake_quantize(
     if x.is_meta:
         return torch.empty_like(x)
     codes, scales = quantize_blocks(blocks, gs, convention)
-    values = decode_blocks(codes, scales, gs).reshape(*blocks.shape[:-2], -1)
+    values = decode_blocks(codes, scales, gs).flatten(-2)
     if values.shape[-1] != x.shape[-1]:
         values = values[..., : x.shape[-1]]
     return values.to(x.dtype)

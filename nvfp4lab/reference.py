@@ -1,0 +1,455 @@
+"""Slow, readable reference ("oracle") for NVFP4 numerics.
+
+Written independently of the fast implementation, from the format notes
+(``shared/design/nvfp4-format.md``), so that tests can compare the two bit for bit.
+
+Everything here favours obviousness over speed:
+
+* E2M1 and E4M3 rounding are nearest-value searches over the list of representable values,
+  with exact (``fractions.Fraction``) distance comparisons and an explicit tie rule.
+* Float32 arithmetic is emulated with Python floats (IEEE binary64) rounded to binary32 after
+  EACH operation.  For a single ``+ - * /`` on binary32 operands this equals the IEEE binary32
+  result, because binary64 has more than ``2 * 24 + 2`` significand bits (double rounding is
+  innocuous).  bfloat16 / float16 operations are emulated the way torch computes them on CPU:
+  the float32 result rounded (RNE) to the narrow type.
+* Block quantization loops over 16-element blocks in Python.
+
+Two block-quantization orders are provided (see the format notes):
+
+``"kernel"``
+    vLLM's reference for its CUDA kernel; everything in float32 with reciprocal multiplies.
+``"compressed-tensors"``
+    compressed-tensors 0.20: ``amax / 6`` in the input dtype, a division by ``s / gs``,
+    zero scales replaced by 0.125.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import struct
+from collections.abc import Sequence
+from fractions import Fraction
+
+import torch
+
+__all__ = [
+    "BLOCK",
+    "CONVENTIONS",
+    "CT_ZERO_SCALE",
+    "E2M1_GRID",
+    "E4M3_MAX",
+    "F32_ONE_SIXTH",
+    "decode_e2m1_code",
+    "decode_e4m3",
+    "dequantize_blocks",
+    "e4m3_finite_values",
+    "global_scale",
+    "narrow",
+    "pack_nibbles",
+    "quantize_blocks",
+    "round_bf16",
+    "round_e2m1",
+    "round_e2m1_tensor",
+    "round_e4m3",
+    "round_f16",
+    "round_f32",
+    "swizzle_offset",
+    "unpack_nibbles",
+]
+
+# --------------------------------------------------------------------------------------------
+# Constants (restated from the format notes on purpose: no import from the fast path)
+# --------------------------------------------------------------------------------------------
+
+BLOCK: int = 16
+"""Elements per block scale."""
+
+E2M1_GRID: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+"""E2M1 magnitudes by 3-bit index; a code is ``sign << 3 | index``."""
+
+E2M1_MAX: float = 6.0
+E4M3_MAX: float = 448.0
+CT_ZERO_SCALE: float = 0.125
+"""compressed-tensors replaces a zero block scale by this value (the E4M3 'eps')."""
+
+GLOBAL_SCALE_NUMERATOR: float = 448.0 * 6.0
+CONVENTIONS: tuple[str, ...] = ("kernel", "compressed-tensors")
+
+_FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# --------------------------------------------------------------------------------------------
+# Scalar rounding to float32 / bfloat16 / float16
+# --------------------------------------------------------------------------------------------
+
+
+def round_f32(value: float) -> float:
+    """Round a Python float to the nearest binary32 value (RNE); overflow gives +-inf."""
+    if math.isnan(value) or math.isinf(value):
+        return value
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def _f32_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def _bits_f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def round_bf16(value: float) -> float:
+    """Round to bfloat16 the way torch does: to float32 first, then RNE on the f32 bit pattern."""
+    v = round_f32(value)
+    if math.isnan(v):
+        return v
+    bits = _f32_bits(v)
+    lsb = (bits >> 16) & 1
+    bits = ((bits + 0x7FFF + lsb) >> 16) << 16
+    return _bits_f32(bits)
+
+
+def round_f16(value: float) -> float:
+    """Round to float16 the way torch does: to float32 first, then RNE to binary16."""
+    v = round_f32(value)
+    if math.isnan(v) or math.isinf(v):
+        return v
+    try:
+        return struct.unpack("<e", struct.pack("<e", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def narrow(value: float, dtype: torch.dtype) -> float:
+    """Round ``value`` (the exact result of one operation) to ``dtype`` as torch's CPU kernels do.
+
+    float32: one RNE rounding. bfloat16/float16: computed in float32, then narrowed (RNE).
+    """
+    if dtype == torch.float32:
+        return round_f32(value)
+    if dtype == torch.bfloat16:
+        return round_bf16(value)
+    if dtype == torch.float16:
+        return round_f16(value)
+    raise TypeError(f"reference supports float32/bfloat16/float16, got {dtype}")
+
+
+F32_ONE_SIXTH: float = round_f32(1.0 / 6.0)
+"""``1/6`` rounded to float32 (the kernel order multiplies by it)."""
+
+
+# --------------------------------------------------------------------------------------------
+# E2M1
+# --------------------------------------------------------------------------------------------
+
+
+def _nearest_index(magnitude: float, grid: Sequence[float]) -> int:
+    """Index of the grid value nearest to ``magnitude`` (grid sorted ascending, magnitude within
+    [grid[0], grid[-1]]), exact comparison; a tie goes to the EVEN index."""
+    hi = bisect.bisect_left(grid, magnitude)
+    if grid[hi] == magnitude:
+        return hi
+    lo = hi - 1
+    d_lo = Fraction(magnitude) - Fraction(grid[lo])
+    d_hi = Fraction(grid[hi]) - Fraction(magnitude)
+    if d_lo < d_hi:
+        return lo
+    if d_hi < d_lo:
+        return hi
+    return lo if lo % 2 == 0 else hi
+
+
+def round_e2m1(value: float) -> int:
+    """Encode one real value as a 4-bit E2M1 code (int in 0..15).
+
+    Clamp to [-6, 6], nearest grid magnitude with ties to the even index (mantissa bit 0),
+    sign bit (8) set iff ``value < 0`` (so -0.0 -> 0, -0.1 -> 8). NaN -> ValueError.
+    """
+    if math.isnan(value):
+        raise ValueError("cannot encode NaN as E2M1")
+    clamped = min(max(value, -E2M1_MAX), E2M1_MAX)
+    index = _nearest_index(abs(clamped), E2M1_GRID)
+    return (8 if value < 0 else 0) | index
+
+
+def decode_e2m1_code(code: int) -> float:
+    """Value of a 4-bit E2M1 code; code 8 is -0.0."""
+    if not 0 <= code <= 15:
+        raise ValueError(f"E2M1 code must be in 0..15, got {code}")
+    magnitude = E2M1_GRID[code & 7]
+    return -magnitude if code & 8 else magnitude
+
+
+def round_e2m1_tensor(t: torch.Tensor, chunk: int = 1 << 20) -> torch.Tensor:
+    """Vectorized E2M1 encoding: uint8 codes with ``t``'s shape.
+
+    Works in float64 (exact for every float32/bf16/fp16 input): distance to all 8 grid
+    magnitudes, argmin, and when two grid points are equally near the even index wins.
+    Distances to the two bracketing grid points are exact in float64 (Sterbenz, grid ratios
+    <= 2, or the lower point is 0), so ties are detected exactly. NaN -> ValueError.
+    """
+    if not t.is_floating_point():
+        raise TypeError(f"expected a floating tensor, got {t.dtype}")
+    flat = t.detach().reshape(-1).to("cpu", torch.float64)
+    if torch.isnan(flat).any():
+        raise ValueError("cannot encode NaN as E2M1")
+    grid = torch.tensor(E2M1_GRID, dtype=torch.float64)
+    out = torch.empty(flat.numel(), dtype=torch.uint8)
+    for start in range(0, flat.numel(), chunk):
+        v = flat[start : start + chunk]
+        mag = v.clamp(-E2M1_MAX, E2M1_MAX).abs()
+        dist = (mag[:, None] - grid[None, :]).abs()
+        is_min = dist == dist.min(dim=1, keepdim=True).values
+        n_min = is_min.sum(dim=1)
+        first = is_min.to(torch.uint8).argmax(dim=1)  # lowest index among the nearest
+        # two nearest (always adjacent): keep the even one
+        tie = n_min == 2
+        index = torch.where(tie & (first % 2 == 1), first + 1, first)
+        code = index.to(torch.uint8) | torch.where(v < 0, 8, 0).to(torch.uint8)
+        out[start : start + chunk] = code
+    return out.reshape(t.shape)
+
+
+def pack_nibbles(codes: Sequence[int]) -> list[int]:
+    """Pack 4-bit codes two per byte: element 2i in the low nibble, 2i+1 in the high nibble."""
+    if len(codes) % 2:
+        raise ValueError(f"need an even number of codes, got {len(codes)}")
+    out = []
+    for i in range(0, len(codes), 2):
+        lo, hi = int(codes[i]), int(codes[i + 1])
+        if not (0 <= lo <= 15 and 0 <= hi <= 15):
+            raise ValueError(f"codes must be in 0..15, got {lo}, {hi}")
+        out.append(lo | (hi << 4))
+    return out
+
+
+def unpack_nibbles(packed: Sequence[int]) -> list[int]:
+    """Inverse of :func:`pack_nibbles`."""
+    out = []
+    for byte in packed:
+        out.append(int(byte) & 0x0F)
+        out.append((int(byte) >> 4) & 0x0F)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# E4M3 (float8_e4m3fn)
+# --------------------------------------------------------------------------------------------
+
+
+def decode_e4m3(byte: int) -> float:
+    """Value of an E4M3 (fn) byte from its bit fields.
+
+    1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal
+    (``m/8 * 2**-6``); 0x7F and 0xFF are NaN; no infinities.
+    """
+    if not 0 <= byte <= 255:
+        raise ValueError(f"E4M3 byte must be in 0..255, got {byte}")
+    sign = (byte >> 7) & 1
+    exponent = (byte >> 3) & 0xF
+    mantissa = byte & 0x7
+    if exponent == 0xF and mantissa == 0x7:
+        return math.nan
+    if exponent == 0:
+        magnitude = (mantissa / 8.0) * 2.0 ** (1 - 7)
+    else:
+        magnitude = (1.0 + mantissa / 8.0) * 2.0 ** (exponent - 7)
+    return -magnitude if sign else magnitude
+
+
+_E4M3_POSITIVE: tuple[float, ...] = tuple(decode_e4m3(b) for b in range(0x7F))
+"""Non-negative finite E4M3 values by code 0x00..0x7E (strictly increasing)."""
+
+
+def e4m3_finite_values() -> list[float]:
+    """All distinct finite E4M3 values, ascending (253 values: +-0 counted once)."""
+    values = {decode_e4m3(b) for b in range(256)}
+    return sorted(v for v in values if not math.isnan(v))
+
+
+def round_e4m3(value: float) -> float:
+    """Nearest finite E4M3 value, ties to even mantissa (even code). Returns a Python float.
+
+    The caller must clamp to [-448, 448] first (torch's cast does not saturate); values outside
+    raise ValueError, as does NaN.
+    """
+    if math.isnan(value):
+        raise ValueError("cannot round NaN to E4M3")
+    if abs(value) > E4M3_MAX:
+        raise ValueError(f"|{value}| > 448: clamp before rounding to E4M3")
+    index = _nearest_index(abs(value), _E4M3_POSITIVE)
+    magnitude = _E4M3_POSITIVE[index]
+    return -magnitude if value < 0 else magnitude
+
+
+# --------------------------------------------------------------------------------------------
+# Swizzled scale layout
+# --------------------------------------------------------------------------------------------
+
+
+def swizzle_offset(i: int, j: int, cols: int) -> int:
+    """Byte offset of scale (i, j) in the 128x4-blocked layout; ``cols`` = unpadded scale cols."""
+    tiles_per_row = -(-cols // 4)  # padded_cols / 4
+    return (
+        ((i // 128) * tiles_per_row + j // 4) * 512
+        + (i % 32) * 16
+        + ((i % 128) // 32) * 4
+        + (j % 4)
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Global scale and block quantization
+# --------------------------------------------------------------------------------------------
+
+
+def _check_convention(convention: str) -> None:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+
+
+def _check_input(x: torch.Tensor) -> None:
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"reference supports {_FLOAT_DTYPES}, got {x.dtype}")
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError("reference requires finite input")
+
+
+def global_scale(x: torch.Tensor, convention: str = "kernel") -> float:
+    """Encode-convention global scale ``~ 2688 / amax(|x|)`` as a float32 value (Python float).
+
+    kernel: ``f32(2688 / amax)`` (one float32 division).
+    compressed-tensors: what CT 0.20's ``generate_gparam`` computes: amax (in x.dtype) clamped
+    below at ``finfo(x.dtype).tiny``, then ``2688 / amax`` evaluated by torch's
+    ``Tensor.__rtruediv__``, i.e. ``reciprocal(amax) * 2688`` with a rounding to x.dtype after
+    each of the two operations; then to float32.
+    Both: a non-finite result (amax 0 or tiny) gives 1.0; kernel: capped at 2**116.
+    """
+    _check_convention(convention)
+    _check_input(x)
+    amax = float(x.detach().abs().max()) if x.numel() else 0.0
+    if convention == "kernel":
+        if amax == 0.0:
+            return 1.0
+        # nvfp4lab's documented cap (KERNEL_MAX_GLOBAL_SCALE): beyond 2**116 the kernel order's
+        # 1 / (s * (1/gs)) can overflow float32, so the automatic scale stops there.
+        gs = min(round_f32(GLOBAL_SCALE_NUMERATOR / amax), 2.0**116)
+    else:
+        amax = max(amax, torch.finfo(x.dtype).tiny)
+        reciprocal = narrow(1.0 / amax, x.dtype)
+        gs = narrow(reciprocal * GLOBAL_SCALE_NUMERATOR, x.dtype)
+    return gs if math.isfinite(gs) else 1.0
+
+
+def _block_kernel(block: list[float], gs: float) -> tuple[list[int], float]:
+    """Kernel order for one block of float32-exact values; returns (codes, scale)."""
+    amax = max(abs(v) for v in block)
+    pre = round_f32(gs * round_f32(amax * F32_ONE_SIXTH))  # step 2
+    pre = min(max(pre, -E4M3_MAX), E4M3_MAX)
+    scale = round_e4m3(pre)
+    # step 3: m = 1 / (s * (1/gs)), and m = 0 where s == 0
+    multiplier = 0.0 if scale == 0.0 else round_f32(1.0 / round_f32(scale * round_f32(1.0 / gs)))
+    if math.isinf(multiplier) and any(v == 0.0 for v in block):
+        # 1 / (s * (1/gs)) overflowed (s * (1/gs) below ~2.9e-39): 0 * inf is NaN, and the
+        # kernel order has no defined answer.  Only reachable with float32/bf16 values in the
+        # subnormal range or an explicit, very large global scale.
+        raise ValueError(
+            f"kernel order undefined: block multiplier overflowed (scale={scale}, gs={gs})"
+        )
+    codes = []
+    for v in block:  # step 4 (Python: nonzero * inf = +-inf, clamped to +-6 below)
+        scaled = round_f32(v * multiplier)
+        codes.append(round_e2m1(min(max(scaled, -E2M1_MAX), E2M1_MAX)))
+    return codes, scale
+
+
+def _block_ct(block: list[float], gs: float, dtype: torch.dtype) -> tuple[list[int], float]:
+    """compressed-tensors order for one block (values exact in ``dtype``)."""
+    amax = max(abs(v) for v in block)  # exact in dtype
+    local = narrow(amax / 6.0, dtype)  # amax / 6 in the input dtype
+    pre = round_f32(gs * local)  # float32 global scale * dtype scale -> float32
+    pre = min(max(pre, -E4M3_MAX), E4M3_MAX)
+    scale = round_e4m3(pre)
+    if scale == 0.0:
+        scale = CT_ZERO_SCALE
+    divisor = round_f32(scale / gs)
+    codes = []
+    for v in block:
+        scaled = round_f32(v / divisor)
+        codes.append(round_e2m1(min(max(scaled, -E2M1_MAX), E2M1_MAX)))
+    return codes, scale
+
+
+def quantize_blocks(
+    x: torch.Tensor, global_scale: float, convention: str = "kernel"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` [..., K] (K a multiple of 16; float32/bfloat16/float16, finite).
+
+    ``global_scale``: encode convention (``2688 / amax``), used as a float32 value.
+    Returns ``(codes, scales)``: codes uint8 [..., K] (unpacked 4-bit codes), scales float32
+    [..., K/16] holding E4M3-representable values. Runs on CPU; slow (pure Python loops).
+    """
+    _check_convention(convention)
+    _check_input(x)
+    if x.ndim == 0 or x.shape[-1] % BLOCK:
+        raise ValueError(f"last dim must be a multiple of {BLOCK}, got shape {tuple(x.shape)}")
+    gs = round_f32(float(global_scale))
+    if not (math.isfinite(gs) and gs > 0):
+        raise ValueError(f"global_scale must be finite and > 0, got {global_scale}")
+    k = x.shape[-1]
+    if x.numel() == 0:
+        return (
+            torch.zeros(x.shape, dtype=torch.uint8),
+            torch.zeros(*x.shape[:-1], k // BLOCK, dtype=torch.float32),
+        )
+    rows = x.detach().to("cpu").reshape(-1, k).to(torch.float64).tolist()
+    codes_out: list[list[int]] = []
+    scales_out: list[list[float]] = []
+    for row in rows:
+        row_codes: list[int] = []
+        row_scales: list[float] = []
+        for start in range(0, k, BLOCK):
+            block = row[start : start + BLOCK]
+            if convention == "kernel":
+                codes, scale = _block_kernel(block, gs)
+            else:
+                codes, scale = _block_ct(block, gs, x.dtype)
+            row_codes.extend(codes)
+            row_scales.append(scale)
+        codes_out.append(row_codes)
+        scales_out.append(row_scales)
+    codes_t = torch.tensor(codes_out, dtype=torch.uint8).reshape(x.shape)
+    scales_t = torch.tensor(scales_out, dtype=torch.float32).reshape(*x.shape[:-1], k // BLOCK)
+    return codes_t, scales_t
+
+
+def dequantize_blocks(
+    codes: torch.Tensor, scales: torch.Tensor, global_scale: float
+) -> torch.Tensor:
+    """float32 [..., K]: ``value(code) * f32(s / gs)`` per element, in float32 arithmetic.
+
+    ``codes`` uint8 [..., K]; ``scales`` [..., K/16] (any float dtype holding E4M3 values);
+    ``global_scale`` encode convention.
+    """
+    if codes.shape[:-1] != scales.shape[:-1] or codes.shape[-1] != scales.shape[-1] * BLOCK:
+        raise ValueError(
+            f"shape mismatch: codes {tuple(codes.shape)}, scales {tuple(scales.shape)}"
+        )
+    gs = round_f32(float(global_scale))
+    k = codes.shape[-1]
+    if codes.numel() == 0:
+        return torch.zeros(codes.shape, dtype=torch.float32)
+    code_rows = codes.reshape(-1, k).tolist()
+    scale_rows = scales.detach().to(torch.float64).reshape(-1, k // BLOCK).tolist()
+    out: list[list[float]] = []
+    for code_row, scale_row in zip(code_rows, scale_rows, strict=True):
+        values = []
+        for j, code in enumerate(code_row):
+            factor = round_f32(scale_row[j // BLOCK] / gs)
+            values.append(round_f32(decode_e2m1_code(int(code)) * factor))
+        out.append(values)
+    return torch.tensor(out, dtype=torch.float32).reshape(codes.shape)

@@ -1,0 +1,460 @@
+"""The report runner: execute the notebooks with papermill, render HTML, write an index.
+
+``run_reports()`` (CLI: ``nvfp4lab report``) takes every ``notebooks/NN_*.ipynb`` in order and:
+
+1. reads the cell tagged ``parameters`` and checks every parameter passed in against the names
+   it assigns (papermill only warns on a typo; we raise ValueError before running anything);
+2. executes the notebook with papermill in a kernel running THIS Python interpreter
+   (``sys.executable``; not whatever ``python3`` kernelspec Jupyter finds first), with the
+   notebook's folder as working directory;
+3. writes the executed copy to ``<out>/<name>.ipynb`` and renders ``<out>/<name>.html`` with
+   nbconvert (figures embedded as base64 ``data:`` URIs, so a page is one self-contained file);
+4. keeps going past a failing notebook (its partial HTML is still written for diagnosis);
+5. writes ``<out>/index.html``: status, duration and headline numbers of every notebook.
+
+Headline numbers
+----------------
+A notebook publishes a number for the index page with::
+
+    from nvfp4lab.reports import headline
+    headline("SQNR N(0,1)", 20.4, unit="dB")
+
+which displays an output carrying the MIME type :data:`HEADLINE_MIME`
+(``application/vnd.nvfp4lab.headline+json``: ``{"name", "value", "unit"}``) next to a
+``text/plain`` line for human readers. The runner collects these outputs from the executed
+notebook (the last value wins per name). Outside IPython ``headline`` only returns the record.
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "HEADLINE_MIME",
+    "Headline",
+    "ReportResult",
+    "check_parameters",
+    "default_notebook_dir",
+    "discover_notebooks",
+    "extract_headlines",
+    "headline",
+    "notebook_parameters",
+    "run_reports",
+    "write_index",
+]
+
+#: MIME type of a headline-number output (a JSON object ``{"name", "value", "unit"}``).
+HEADLINE_MIME = "application/vnd.nvfp4lab.headline+json"
+
+_NOTEBOOK_NAME = re.compile(r"^\d\d_[A-Za-z0-9_\-]+\.ipynb$")
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One headline number of a notebook: ``value`` is a float, int or short string."""
+
+    name: str
+    value: float | int | str | None
+    unit: str = ""
+
+    def text(self) -> str:
+        value = self.value
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return f"{shown} {self.unit}".strip()
+
+
+@dataclass
+class ReportResult:
+    """Outcome of one notebook: ``status`` is ``"ok"`` or ``"failed"``; ``duration_s`` is the wall
+    time of execution (kernel start included); ``error`` says what failed (``None`` when ok)."""
+
+    name: str
+    notebook: Path
+    status: str
+    duration_s: float
+    html_path: Path | None
+    ipynb_path: Path | None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    headlines: dict[str, Headline] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+# --------------------------------------------------------------------------------------------
+# headline numbers (called from inside notebooks)
+
+
+def _json_value(value: Any) -> float | int | str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return int(value)
+    if hasattr(value, "item"):  # numpy / torch scalars
+        value = value.item()
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    raise TypeError(
+        f"a headline value must be a number or a short string, got {type(value).__name__}: "
+        f"{value!r}"
+    )
+
+
+def headline(name: str, value: Any, unit: str = "") -> Headline:
+    """Publish a headline number for the report index (see the module docstring).
+
+    ``value``: int, float (non-finite becomes a string), 0-d tensor/numpy scalar or str.
+    In IPython this displays the value; elsewhere it only returns the record.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a headline needs a non-empty name, got {name!r}")
+    record = Headline(name=name.strip(), value=_json_value(value), unit=str(unit))
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # pragma: no cover - IPython comes with the notebooks extra
+        return record
+    if get_ipython() is None:
+        return record
+    payload = {"name": record.name, "value": record.value, "unit": record.unit}
+    display(
+        {HEADLINE_MIME: payload, "text/plain": f"headline: {record.name} = {record.text()}"},
+        raw=True,
+    )
+    return record
+
+
+def extract_headlines(nb: Any) -> dict[str, Headline]:
+    """Headline records found in the outputs of an executed notebook (``nbformat`` node)."""
+    found: dict[str, Headline] = {}
+    for cell in nb.get("cells", []):
+        for output in cell.get("outputs", []) or []:
+            data = output.get("data") or {}
+            payload = data.get(HEADLINE_MIME)
+            if payload is None:
+                continue
+            if isinstance(payload, str):  # some writers store JSON mime data as text
+                payload = json.loads(payload)
+            found[payload["name"]] = Headline(
+                name=payload["name"], value=payload.get("value"), unit=payload.get("unit", "")
+            )
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# notebooks and their parameters
+
+
+def default_notebook_dir() -> Path:
+    """``./notebooks`` when it exists, else the ``notebooks/`` folder beside the package."""
+    here = Path.cwd() / "notebooks"
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def discover_notebooks(notebook_dir: str | Path | None = None) -> list[Path]:
+    """The report notebooks ``NN_*.ipynb`` of ``notebook_dir``, sorted by name."""
+    folder = Path(notebook_dir) if notebook_dir is not None else default_notebook_dir()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"notebook folder {folder} does not exist")
+    return sorted(p for p in folder.iterdir() if _NOTEBOOK_NAME.match(p.name))
+
+
+def _resolve(selection: Sequence[str | Path], notebook_dir: str | Path | None) -> list[Path]:
+    """Paths as given, or names / prefixes (``01``, ``01_format_tour``, ``format_tour``)."""
+    available: list[Path] | None = None
+    chosen: list[Path] = []
+    for item in selection:
+        path = Path(item)
+        if path.suffix == ".ipynb" and path.is_file():
+            chosen.append(path)
+            continue
+        if available is None:
+            available = discover_notebooks(notebook_dir)
+        key = str(item).removesuffix(".ipynb")
+        matches = [
+            p for p in available
+            if p.stem == key or p.stem.startswith(f"{key}_") or p.stem.split("_", 1)[1] == key
+        ]
+        if len(matches) != 1:
+            names = ", ".join(p.stem for p in available) or "(none)"
+            what = "matches no" if not matches else "is ambiguous among the"
+            raise ValueError(f"notebook {item!r} {what} notebooks; available: {names}")
+        chosen.append(matches[0])
+    return list(dict.fromkeys(chosen))
+
+
+def _read_notebook(path: Path) -> Any:
+    import nbformat
+
+    return nbformat.read(path, as_version=4)
+
+
+def notebook_parameters(nb_or_path: Any) -> dict[str, str]:
+    """Names assigned in the cell tagged ``parameters`` -> the source text of their default.
+
+    Raises ValueError when the notebook has no such cell (or more than one).
+    """
+    nb = _read_notebook(Path(nb_or_path)) if isinstance(nb_or_path, str | Path) else nb_or_path
+    cells = [
+        c for c in nb.cells
+        if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])
+    ]
+    if len(cells) != 1:
+        raise ValueError(
+            f"a report notebook needs exactly one code cell tagged 'parameters', found {len(cells)}"
+        )
+    source = cells[0].source
+    names: dict[str, str] = {}
+    for node in ast.parse(source).body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, ast.Name):
+                names[target.id] = ast.get_source_segment(source, node.value) or ""
+    return names
+
+
+def check_parameters(notebook: str | Path, parameters: Mapping[str, Any]) -> None:
+    """Raise ValueError if a name in ``parameters`` is not assigned in the notebook's
+    ``parameters`` cell (the error names the notebook, the unknown names and the known ones)."""
+    path = Path(notebook)
+    try:
+        known = notebook_parameters(path)
+    except ValueError as exc:
+        raise ValueError(f"{path.name}: {exc}") from None
+    unknown = [name for name in parameters if name not in known]
+    if unknown:
+        raise ValueError(
+            f"{path.name}: unknown parameter(s) {', '.join(sorted(unknown))}; its parameters "
+            f"cell defines: {', '.join(sorted(known))}"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# execution
+
+
+def _this_python_kernel_manager_class() -> type:
+    """A jupyter KernelManager whose kernel is ``sys.executable -m ipykernel_launcher``.
+
+    The kernel's PYTHONPATH starts with the folder holding this ``nvfp4lab`` so the notebook
+    imports the same package as the runner, even without an install.
+    """
+    import os
+
+    import zmq
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    from traitlets import default
+
+    package_root = str(Path(__file__).resolve().parent.parent)
+    pythonpath = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+    # Encrypt the kernel's local TCP channels when pyzmq can (CurveZMQ); ipykernel warns otherwise.
+    curve = bool(zmq.has("curve"))
+
+    class ThisPythonKernelSpecManager(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+            return KernelSpec(
+                argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                display_name=f"Python ({sys.executable})",
+                language="python",
+                env={"PYTHONPATH": pythonpath},
+                metadata={"supported_encryption": ["curve"]} if curve else {},
+                resource_dir="",
+            )
+
+    class ThisPythonKernelManager(KernelManager):
+        @default("kernel_spec_manager")
+        def _default_ksm(self) -> KernelSpecManager:
+            return ThisPythonKernelSpecManager()
+
+        @default("transport_encryption")
+        def _default_encryption(self) -> str:
+            return "auto" if curve else "disabled"
+
+    return ThisPythonKernelManager
+
+
+def _error_text(exc: BaseException) -> str:
+    ename = getattr(exc, "ename", None)
+    if ename:  # papermill.PapermillExecutionError
+        cell = getattr(exc, "exec_count", None)
+        where = f" (cell [{cell}])" if cell is not None else ""
+        return f"{ename}: {getattr(exc, 'evalue', '')}{where}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _render_html(nb: Any, out_path: Path, title: str) -> None:
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter()  # images stay embedded as data: URIs (embed_images covers markdown)
+    exporter.embed_images = True
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    out_path.write_text(body, encoding="utf-8")
+
+
+def _run_one(
+    path: Path,
+    out_dir: Path,
+    parameters: dict[str, Any],
+    kernel_name: str | None,
+    cell_timeout_s: float | None,
+) -> ReportResult:
+    import papermill
+
+    name = path.stem
+    out_ipynb = out_dir / f"{name}.ipynb"
+    out_html = out_dir / f"{name}.html"
+    for stale in (out_ipynb, out_html):
+        stale.unlink(missing_ok=True)
+    engine_kwargs: dict[str, Any] = {}
+    if kernel_name is None:
+        engine_kwargs["kernel_manager_class"] = _this_python_kernel_manager_class()
+    if cell_timeout_s is not None:
+        engine_kwargs["execution_timeout"] = cell_timeout_s
+    error: str | None = None
+    start = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(path),
+            str(out_ipynb),
+            parameters=parameters or None,
+            kernel_name=kernel_name or "python3",
+            cwd=str(path.parent),
+            progress_bar=False,
+            log_output=False,
+            **engine_kwargs,
+        )
+    except Exception as exc:  # keep going: the index and the partial HTML show what failed
+        error = _error_text(exc)
+    duration = time.perf_counter() - start
+
+    nb = _read_notebook(out_ipynb) if out_ipynb.exists() else _read_notebook(path)
+    headlines = extract_headlines(nb) if out_ipynb.exists() else {}
+    try:
+        _render_html(nb, out_html, name)
+    except Exception as exc:
+        error = error or f"HTML rendering failed: {_error_text(exc)}"
+        out_html.unlink(missing_ok=True)
+    return ReportResult(
+        name=name,
+        notebook=path,
+        status="failed" if error else "ok",
+        duration_s=duration,
+        html_path=out_html if out_html.exists() else None,
+        ipynb_path=out_ipynb if out_ipynb.exists() else None,
+        parameters=dict(parameters),
+        headlines=headlines,
+        error=error,
+    )
+
+
+def run_reports(
+    notebooks: Sequence[str | Path] | None = None,
+    out_dir: str | Path = "reports",
+    parameters: Mapping[str, Any] | None = None,
+    smoke: bool = False,
+    kernel_name: str | None = None,
+    *,
+    notebook_dir: str | Path | None = None,
+    cell_timeout_s: float | None = None,
+) -> list[ReportResult]:
+    """Execute report notebooks into ``out_dir`` (HTML + executed ``.ipynb`` + ``index.html``).
+
+    ``notebooks``: paths, or names/prefixes of notebooks in ``notebook_dir`` (default: all
+    ``NN_*.ipynb`` of :func:`default_notebook_dir`). ``parameters`` are injected into every
+    notebook; ``smoke=True`` adds ``SMOKE=True``. Every name is checked against each notebook's
+    ``parameters`` cell before anything runs (ValueError on an unknown name). ``kernel_name=None``
+    runs the notebooks in this interpreter; a name picks an installed Jupyter kernelspec.
+    Failures do not raise: see each result's ``status`` and ``error``.
+    """
+    paths = (
+        _resolve(notebooks, notebook_dir)
+        if notebooks is not None
+        else discover_notebooks(notebook_dir)
+    )
+    if not paths:
+        where = notebook_dir if notebook_dir is not None else default_notebook_dir()
+        raise ValueError(f"no report notebooks (NN_*.ipynb) to run in {where}")
+    params: dict[str, Any] = dict(parameters or {})
+    if smoke:
+        params["SMOKE"] = True
+    for path in paths:
+        check_parameters(path, params)
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = [_run_one(p, out, params, kernel_name, cell_timeout_s) for p in paths]
+    write_index(results, out / "index.html")
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# index page
+
+_INDEX_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
+table { border-collapse: collapse; } th, td { padding: .35rem .8rem; border-bottom: 1px solid #ddd;
+  text-align: left; vertical-align: top; } th { background: #f4f4f4; }
+.ok { color: #08660f; font-weight: bold; } .failed { color: #b00020; font-weight: bold; }
+.num { font-variant-numeric: tabular-nums; } .err { font-family: monospace; font-size: .9em; }
+"""
+
+
+def write_index(results: Sequence[ReportResult], path: str | Path) -> Path:
+    """Write the index page for ``results`` (status, duration, headline numbers, errors)."""
+    esc = html.escape
+    rows = []
+    for r in results:
+        link = (
+            f'<a href="{esc(r.html_path.name)}">{esc(r.name)}</a>' if r.html_path else esc(r.name)
+        )
+        heads = "<br>".join(f"{esc(h.name)}: <b>{esc(h.text())}</b>" for h in r.headlines.values())
+        params = ", ".join(f"{esc(k)}={esc(repr(v))}" for k, v in r.parameters.items())
+        rows.append(
+            f'<tr><td>{link}</td><td class="{esc(r.status)}">{esc(r.status)}</td>'
+            f'<td class="num">{r.duration_s:.1f} s</td><td>{heads or "—"}</td>'
+            f"<td>{params or '—'}</td>"
+            f'<td class="err">{esc(r.error) if r.error else ""}</td></tr>'
+        )
+    failed = [r.name for r in results if not r.ok]
+    summary = (
+        f"{len(results) - len(failed)} of {len(results)} notebooks ran"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>nvfp4lab reports</title>
+<style>{_INDEX_CSS}</style></head>
+<body><h1>nvfp4lab reports</h1>
+<p>{esc(summary)}. Generated {stamp} with Python {esc(sys.version.split()[0])}.</p>
+<table><thead><tr><th>notebook</th><th>status</th><th>duration</th><th>headline numbers</th>
+<th>parameters</th><th>error</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
+</tbody></table></body></html>
+"""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out

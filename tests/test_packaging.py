@@ -1,0 +1,166 @@
+"""Packaging invariants: pyproject.toml and environment.yml agree, notebooks are committed clean,
+and ``import nvfp4lab`` stays light."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml  # PyYAML: required by transformers, which compressed-tensors requires
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _environment() -> dict:
+    return yaml.safe_load((ROOT / "environment.yml").read_text())
+
+
+def _env_pip_requirements() -> dict[str, Requirement]:
+    deps = _environment()["dependencies"]
+    pip_lists = [d["pip"] for d in deps if isinstance(d, dict) and "pip" in d]
+    assert len(pip_lists) == 1, "environment.yml needs exactly one pip: section"
+    reqs = {}
+    for line in pip_lists[0]:
+        if line.startswith("-"):  # -e .[extras]
+            continue
+        req = Requirement(line)
+        reqs[canonicalize_name(req.name)] = req
+    return reqs
+
+
+def _pyproject_requirements() -> list[Requirement]:
+    project = _pyproject()["project"]
+    lines = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        lines.extend(extra)
+    reqs = [Requirement(line) for line in lines]
+    return [r for r in reqs if canonicalize_name(r.name) != canonicalize_name(project["name"])]
+
+
+def test_environment_lists_every_pyproject_requirement() -> None:
+    env = _env_pip_requirements()
+    for req in _pyproject_requirements():
+        name = canonicalize_name(req.name)
+        assert name in env, f"{req.name} is in pyproject.toml but not in environment.yml"
+        assert env[name].specifier == req.specifier, (
+            f"{req.name}: pyproject.toml says {req.specifier or '(any)'}, environment.yml says "
+            f"{env[name].specifier or '(any)'}"
+        )
+
+
+def test_environment_has_no_extra_pip_requirements() -> None:
+    known = {canonicalize_name(r.name) for r in _pyproject_requirements()}
+    extra = set(_env_pip_requirements()) - known
+    assert not extra, f"environment.yml lists packages pyproject.toml does not: {sorted(extra)}"
+
+
+def test_environment_installs_the_package_with_all_extras() -> None:
+    deps = _environment()["dependencies"]
+    pip_lines = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
+    editable = [line for line in pip_lines if line.startswith("-e")]
+    assert len(editable) == 1
+    extras = editable[0].split("[", 1)[1].rstrip("]").split(",")
+    declared = set(_pyproject()["project"]["optional-dependencies"]) - {"all"}
+    assert set(extras) == declared
+
+
+def test_python_version_matches() -> None:
+    requires = SpecifierSet(_pyproject()["project"]["requires-python"])
+    pythons = [
+        d.split("=", 1)[1] for d in _environment()["dependencies"]
+        if isinstance(d, str) and d.startswith("python=")
+    ]
+    assert len(pythons) == 1, "environment.yml must pin python=X.Y"
+    assert Version(pythons[0]) in requires
+    minimum = min(Version(s.version) for s in requires if s.operator == ">=")
+    assert Version(pythons[0]) == minimum, "environment.yml should use the minimum Python"
+
+
+def test_all_extra_covers_every_other_extra() -> None:
+    extras = _pyproject()["project"]["optional-dependencies"]
+    (self_ref,) = [Requirement(r) for r in extras["all"]]
+    assert self_ref.extras == set(extras) - {"all"}
+
+
+def test_style_sheet_is_package_data() -> None:
+    pyproject = _pyproject()
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["nvfp4lab"]
+    assert "*.mplstyle" in patterns
+    assert (ROOT / "nvfp4lab" / "nvfp4lab.mplstyle").is_file()
+
+
+# -- notebooks --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_committed_without_outputs(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        assert cell.get("outputs") == [], f"{path.name} cell {i} has outputs: clear them"
+        assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
+    assert "papermill" not in nb["metadata"], f"{path.name} is an executed papermill copy"
+    assert "widgets" not in nb["metadata"], f"{path.name} carries saved widget state"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_parameters_cell(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    assert path.name[:2].isdigit() and path.name[2] == "_", "notebooks are named NN_topic.ipynb"
+    code_cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    tagged = [c for c in code_cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, f"{path.name} needs exactly one cell tagged 'parameters'"
+    assert code_cells[0] is tagged[0], "the parameters cell is the first code cell"
+    assert nb["cells"][0]["cell_type"] == "markdown", "a notebook starts with a title cell"
+    source = "".join(tagged[0]["source"])
+    names = set()
+    for node in ast.parse(source).body:
+        assert isinstance(node, ast.Assign | ast.AnnAssign), (
+            f"{path.name}: the parameters cell holds assignments only"
+        )
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names.update(t.id for t in targets if isinstance(t, ast.Name))
+        ast.literal_eval(node.value)  # defaults are literals
+    assert {"SEED", "SMOKE", "INTERACTIVE"} <= names, f"{path.name} defines {sorted(names)}"
+    assert "INTERACTIVE = False" in source
+
+
+def test_there_is_a_notebook() -> None:
+    assert NOTEBOOKS, "notebooks/ holds no .ipynb"
+
+
+# -- import weight ----------------------------------------------------------------------------
+
+HEAVY = ("matplotlib", "papermill", "transformers", "ipywidgets", "pandas", "nbconvert", "IPython")
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import sys, json\n"
+        "import nvfp4lab, nvfp4lab.plots, nvfp4lab.reports, nvfp4lab.cli, nvfp4lab.tour\n"
+        "nvfp4lab.cli.build_parser()\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+        timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

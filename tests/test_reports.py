@@ -1,0 +1,229 @@
+"""The report runner (nvfp4lab.reports) and the `nvfp4lab report` CLI.
+
+Executing a notebook costs a kernel start (seconds), so the tiny notebooks run once per module.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from nvfp4lab import cli, reports
+from nvfp4lab.reports import Headline, ReportResult
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PARAMS = 'SEED = 0  # seed\nSMOKE = False  # fast\nINTERACTIVE = False  # widgets\nLABEL = "demo"'
+
+GOOD_BODY = """
+import os, sys
+import matplotlib.pyplot as plt
+from nvfp4lab.reports import headline
+
+fig, ax = plt.subplots()
+ax.plot([0, 1, 2], [0, SEED, 1])
+ax.set(title=LABEL, xlabel="x (units)", ylabel="y (units)")
+headline("answer", 42.5, unit="widgets")
+headline("seed", SEED)
+headline("smoke", SMOKE)
+headline("python", sys.executable)
+headline("cwd", os.path.basename(os.getcwd()))
+"""
+
+BAD_BODY = 'raise RuntimeError("boom: <b>not bold</b>")'
+
+
+def _write_notebook(path: Path, body: str, params: str = PARAMS) -> Path:
+    cells = [new_markdown_cell(f"# {path.stem}")]
+    if params is not None:
+        cell = new_code_cell(params)
+        cell.metadata["tags"] = ["parameters"]
+        cells.append(cell)
+    cells.append(new_code_cell(body))
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def notebook_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("nbs")
+    _write_notebook(folder / "01_good.ipynb", GOOD_BODY)
+    _write_notebook(folder / "02_bad.ipynb", BAD_BODY)
+    (folder / "scratch.ipynb").write_text("not a report notebook")  # ignored: no NN_ prefix
+    return folder
+
+
+@pytest.fixture(scope="module")
+def run(notebook_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("reports")
+    results = reports.run_reports(
+        out_dir=out, parameters={"SEED": 3}, smoke=True, notebook_dir=notebook_dir
+    )
+    return out, {r.name: r for r in results}
+
+
+def test_unknown_parameter_raises_before_running(notebook_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(ValueError) as info:
+        reports.run_reports(out_dir=out, parameters={"SEEED": 1}, notebook_dir=notebook_dir)
+    message = str(info.value)
+    assert "01_good.ipynb" in message and "SEEED" in message
+    for known in ("SEED", "SMOKE", "INTERACTIVE", "LABEL"):
+        assert known in message
+    assert not out.exists()
+
+
+def test_notebook_without_parameters_cell_is_rejected(tmp_path: Path) -> None:
+    _write_notebook(tmp_path / "01_plain.ipynb", "x = 1", params=None)
+    with pytest.raises(ValueError, match=r"01_plain\.ipynb.*parameters"):
+        reports.run_reports(out_dir=tmp_path / "out", notebook_dir=tmp_path, smoke=True)
+
+
+def test_notebook_parameters_reads_names_and_defaults(notebook_dir: Path) -> None:
+    params = reports.notebook_parameters(notebook_dir / "01_good.ipynb")
+    assert params == {"SEED": "0", "SMOKE": "False", "INTERACTIVE": "False", "LABEL": '"demo"'}
+
+
+def test_discover_and_select(notebook_dir: Path) -> None:
+    found = reports.discover_notebooks(notebook_dir)
+    assert [p.name for p in found] == ["01_good.ipynb", "02_bad.ipynb"]
+    for key in ("01", "01_good", "good", str(notebook_dir / "01_good.ipynb")):
+        assert reports._resolve([key], notebook_dir) == [notebook_dir / "01_good.ipynb"]
+    with pytest.raises(ValueError, match="matches no notebooks; available: 01_good, 02_bad"):
+        reports._resolve(["03"], notebook_dir)
+
+
+def test_failing_notebook_does_not_stop_the_next(run) -> None:
+    out, results = run
+    assert list(results) == ["01_good", "02_bad"]
+    good, bad = results["01_good"], results["02_bad"]
+    assert good.ok and good.error is None
+    assert bad.status == "failed"
+    assert "RuntimeError" in bad.error and "boom" in bad.error
+    for r in (good, bad):
+        assert r.html_path == out / f"{r.name}.html" and r.html_path.is_file()
+        assert r.ipynb_path == out / f"{r.name}.ipynb" and r.ipynb_path.is_file()
+        assert r.duration_s > 0
+    # the partial notebook is rendered for diagnosis, traceback included
+    assert "boom" in bad.html_path.read_text()
+
+
+def test_parameters_reach_the_kernel_and_it_runs_this_python(run, notebook_dir: Path) -> None:
+    _, results = run
+    heads = results["01_good"].headlines
+    assert heads["answer"] == Headline("answer", 42.5, "widgets")
+    assert heads["seed"].value == 3
+    assert heads["smoke"].value == 1  # SMOKE=True injected by smoke=True (bools stored as int)
+    assert Path(heads["python"].value).resolve() == Path(sys.executable).resolve()
+    assert heads["cwd"].value == notebook_dir.name  # papermill runs in the notebook's folder
+    assert results["01_good"].parameters == {"SEED": 3, "SMOKE": True}
+
+
+def test_html_embeds_figures(run) -> None:
+    _, results = run
+    page = results["01_good"].html_path.read_text()
+    assert "data:image/png;base64," in page
+    assert "headline: answer = 42.5 widgets" in page
+
+
+def test_index_lists_every_notebook_with_status(run) -> None:
+    out, _ = run
+    index = (out / "index.html").read_text()
+    assert '<a href="01_good.html">01_good</a>' in index
+    assert '<a href="02_bad.html">02_bad</a>' in index
+    assert '<td class="ok">ok</td>' in index and '<td class="failed">failed</td>' in index
+    assert "answer: <b>42.5 widgets</b>" in index
+    assert "failed: 02_bad" in index
+    assert "<b>not bold</b>" not in index  # error text is escaped
+    assert "&lt;b&gt;not bold&lt;/b&gt;" in index
+
+
+def test_headline_outside_ipython_only_returns(capsys: pytest.CaptureFixture[str]) -> None:
+    record = reports.headline("x", float("nan"), unit="dB")
+    assert record == Headline("x", "nan", "dB")
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ValueError):
+        reports.headline("  ", 1.0)
+    with pytest.raises(TypeError):
+        reports.headline("x", [1, 2])
+
+
+# -- CLI -------------------------------------------------------------------------------------
+
+
+def test_parse_assignment() -> None:
+    assert cli.parse_assignment("ROWS=64") == ("ROWS", 64)
+    assert cli.parse_assignment("SMOKE=True") == ("SMOKE", True)
+    assert cli.parse_assignment("NAME=hello world") == ("NAME", "hello world")
+    assert cli.parse_assignment("EPS=1e-3") == ("EPS", 1e-3)
+    with pytest.raises(Exception, match="NAME=VALUE"):
+        cli.parse_assignment("oops")
+
+
+def test_cli_report_unknown_parameter_exits_2(
+    notebook_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["report", "--notebook-dir", str(notebook_dir), "--out", str(tmp_path),
+                     "-p", "NOPE=1"])
+    assert code == 2
+    assert "NOPE" in capsys.readouterr().err
+
+
+def test_cli_report_names_failed_notebooks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen = {}
+
+    def fake_run_reports(**kwargs):
+        seen.update(kwargs)
+        return [
+            ReportResult("01_a", tmp_path / "01_a.ipynb", "ok", 1.0, None, None,
+                         headlines={"h": Headline("h", 1.5, "dB")}),
+            ReportResult("02_b", tmp_path / "02_b.ipynb", "failed", 2.0, None, None,
+                         error="ValueError: x"),
+        ]
+
+    monkeypatch.setattr(reports, "run_reports", fake_run_reports)
+    code = cli.main(["report", "--smoke", "-p", "ROWS=8", "--only", "01", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "failed notebooks: 02_b" in captured.err
+    assert "h = 1.5 dB" in captured.out
+    assert seen["smoke"] is True and seen["parameters"] == {"ROWS": 8}
+    assert seen["notebooks"] == ["01"]
+
+
+def test_cli_unavailable_command_is_clear(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def missing(args):
+        raise cli.CommandUnavailable("`nvfp4lab info` is not available yet")
+
+    monkeypatch.setitem(cli.COMMANDS, "info", cli.Command("x", lambda p: None, missing))
+    assert cli.main(["info"]) == 3
+    assert "not available yet" in capsys.readouterr().err
+
+
+# -- the real notebooks -----------------------------------------------------------------------
+
+
+REAL_NOTEBOOKS = reports.discover_notebooks(ROOT / "notebooks")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", REAL_NOTEBOOKS, ids=[p.stem for p in REAL_NOTEBOOKS])
+def test_every_notebook_runs_in_smoke_mode(path: Path, tmp_path: Path) -> None:
+    (result,) = reports.run_reports([path], out_dir=tmp_path, smoke=True)
+    assert result.ok, result.error
+    assert result.html_path is not None and (tmp_path / "index.html").is_file()
+    if path.stem == "01_format_tour":
+        sqnr = result.headlines["SQNR, N(0,1) matrix"]
+        assert sqnr.unit == "dB" and 19.0 < sqnr.value < 22.0  # published anchor ≈ 20.4 dB
+        assert result.html_path.read_text().count("data:image/png;base64,") >= 4
