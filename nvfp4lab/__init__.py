@@ -1,8 +1,10 @@
 """nvfp4lab: exact NVFP4 numerics, execution paths, checkpoints and studies.
 
-Importing the package is light: names are resolved lazily from their modules on first use, and
-optional dependencies (matplotlib, papermill, transformers, ipywidgets) are imported only by the
-functions that need them.
+The numerics and execution layers (torch only) are imported eagerly; this also keeps the functions
+``nvfp4lab.quantize`` and ``nvfp4lab.linear`` from being shadowed by their same-named submodules.
+Everything else (checkpoints, models, benchmarks, plots, reports) is resolved lazily on first use,
+and optional dependencies (matplotlib, papermill, transformers, ipywidgets) are imported only by
+the functions that need them, so ``import nvfp4lab`` stays light.
 """
 
 from __future__ import annotations
@@ -10,12 +12,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
-
-# The numerics core needs only torch and is imported eagerly. This also keeps the function
-# ``nvfp4lab.quantize`` from being shadowed by the submodule of the same name.
+from nvfp4lab.dispatch import BackendChoice, info_report, select_backend
 from nvfp4lab.e2m1 import decode_e2m1, encode_e2m1, pack_fp4, unpack_fp4
 from nvfp4lab.layout import swizzle_scales, unswizzle_scales
+from nvfp4lab.linear import DroppedBiasWarning, linear
+from nvfp4lab.nn import (
+    NVFP4Linear,
+    QuantizeReport,
+    calibrate_inputs,
+    calibration,
+    quantize_model,
+)
 from nvfp4lab.quantize import (
     CONVENTIONS,
     compute_global_scale,
@@ -27,26 +34,26 @@ from nvfp4lab.quantize import (
 )
 from nvfp4lab.tensor import NVFP4Tensor
 
+__version__ = "0.1.0"
+
 # public name -> module that defines it, imported on first use
-_EXPORTS: dict[str, str] = {
+_LAZY: dict[str, str] = {
     "headline": "nvfp4lab.reports",
-    "select_backend": "nvfp4lab.dispatch",
-    "BackendChoice": "nvfp4lab.dispatch",
-    "linear": "nvfp4lab.linear",
-    "NVFP4Linear": "nvfp4lab.nn",
-    "quantize_model": "nvfp4lab.nn",
-    "calibrate_inputs": "nvfp4lab.nn",
 }
 
 _SUBMODULES = (
     "bench",
+    "bias_study",
     "checkpoint",
     "cli",
+    "cli_info",
     "constants",
     "dispatch",
     "e2m1",
+    "format_study",
     "formats",
     "gpus",
+    "hadamard",
     "layout",
     "linear",
     "metrics",
@@ -57,12 +64,14 @@ _SUBMODULES = (
     "reference",
     "reports",
     "tensor",
+    "throughput",
     "timing",
     "tour",
-    "widgets",
+    "variants",
 )
 
 __all__ = [
+    # numerics
     "CONVENTIONS",
     "NVFP4Tensor",
     "compute_global_scale",
@@ -77,14 +86,26 @@ __all__ = [
     "swizzle_scales",
     "unpack_fp4",
     "unswizzle_scales",
-    *_EXPORTS,
+    # execution
+    "BackendChoice",
+    "DroppedBiasWarning",
+    "NVFP4Linear",
+    "QuantizeReport",
+    "calibrate_inputs",
+    "calibration",
+    "info_report",
+    "linear",
+    "quantize_model",
+    "select_backend",
+    # lazy
+    *_LAZY,
     *_SUBMODULES,
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     if name in _SUBMODULES:
@@ -93,4 +114,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return __all__
+    return list(__all__)
