@@ -46,7 +46,6 @@ _SUBMODULES = (
     "bias_study",
     "checkpoint",
     "cli",
-    "cli_info",
     "constants",
     "dispatch",
     "e2m1",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,26 +25,6 @@ class Command:
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
-
-
-class CommandUnavailable(RuntimeError):
-    """A subcommand whose implementing module is not part of this build yet."""
-
-
-def _require(module: str, attribute: str, command: str) -> Callable[..., Any]:
-    """Import ``module.attribute`` for ``command``, or raise a clear CommandUnavailable."""
-    try:
-        return getattr(importlib.import_module(module), attribute)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        raise CommandUnavailable(
-            f"`nvfp4lab {command}` is not available yet: module {module} is missing"
-        ) from None
-    except AttributeError:
-        raise CommandUnavailable(
-            f"`nvfp4lab {command}` is not available yet: {module}.{attribute} is missing"
-        ) from None
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -70,22 +49,29 @@ def _add_info(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    # Hook: the execution layer provides `nvfp4lab.cli_info.run_info(args) -> int`.
-    run_info = _require("nvfp4lab.cli_info", "run_info", "info")
-    return int(run_info(args))
+    """Print :func:`nvfp4lab.dispatch.info_report`; exit 2 when an environment value is bad."""
+    from nvfp4lab.dispatch import info_report, select_backend
+
+    print(info_report(device=args.device))
+    try:
+        select_backend(args.device)
+    except ValueError:
+        return 2
+    return 0
 
 
 # -- bench -----------------------------------------------------------------------------------
 
 
 def _add_bench(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a short run (seconds, tiny shapes)")
-    parser.add_argument("--out", default="results", help="folder of the results CSV shards")
+    from nvfp4lab.bench import add_arguments
+
+    add_arguments(parser)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    # Hook: the benchmark harness provides `nvfp4lab.bench.run_cli(args) -> int`.
-    run_cli = _require("nvfp4lab.bench", "run_cli", "bench")
+    from nvfp4lab.bench import run_cli
+
     return int(run_cli(args))
 
 
@@ -162,8 +148,4 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nvfp4lab`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
-    try:
-        return int(args._run(args))
-    except CommandUnavailable as exc:
-        print(f"nvfp4lab: {exc}", file=sys.stderr)
-        return 3
+    return int(args._run(args))

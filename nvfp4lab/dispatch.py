@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nvfp4lab import gpus
+
 __all__ = [
     "BACKENDS",
     "BACKEND_ENV",
@@ -60,22 +62,6 @@ EMULATION_ENV = "VLLM_USE_NVFP4_CT_EMULATIONS"
 NATIVE_MIN_CAPABILITY: tuple[int, int] = (10, 0)
 #: Blackwell FP4 needs a CUDA 12.8+ runtime.
 NATIVE_MIN_CUDA: tuple[int, int] = (12, 8)
-
-# Fallback catalogue (name -> CUDA capability) used when nvfp4lab.gpus is not available.
-# Capabilities from NVIDIA's CUDA GPU list; see shared/design/gpu-datasheets.md.
-_FALLBACK_GPUS: tuple[tuple[str, tuple[int, int]], ...] = (
-    ("T4", (7, 5)),
-    ("A100", (8, 0)),
-    ("L40S", (8, 9)),
-    ("RTX 4090", (8, 9)),
-    ("H100", (9, 0)),
-    ("H200", (9, 0)),
-    ("B200", (10, 0)),
-    ("GB200", (10, 0)),
-    ("B300", (10, 3)),
-    ("RTX 5090", (12, 0)),
-    ("DGX Spark (GB10)", (12, 1)),
-)
 
 
 @dataclass(frozen=True)
@@ -151,35 +137,16 @@ def parse_backend_override(value: str | None) -> str:
 
 
 def known_gpus() -> list[tuple[str, tuple[int, int]]]:
-    """(name, capability) of the GPUs nvfp4lab knows, from :mod:`nvfp4lab.gpus` when present."""
-    try:
-        from nvfp4lab import gpus  # optional sibling module (GPU catalogue)
-
-        catalogue = gpus.CATALOGUE
-        entries = catalogue.values() if isinstance(catalogue, Mapping) else catalogue
-        out = [(str(g.name), _as_capability(g.capability)) for g in entries]
-    except (ImportError, AttributeError, TypeError, ValueError):
-        out = []
-    return out or list(_FALLBACK_GPUS)
+    """(name, capability) of every GPU in :data:`nvfp4lab.gpus.CATALOGUE`."""
+    return [(g.name, g.capability) for g in gpus.CATALOGUE.values()]
 
 
 def capability_of(gpu: str) -> tuple[int, int]:
-    """CUDA capability of a GPU named in the catalogue (case-insensitive), e.g. "H100" -> (9, 0)."""
-    try:
-        from nvfp4lab import gpus
+    """CUDA capability of a catalogued GPU, forgiving about case/spacing: "h100" -> (9, 0).
 
-        return _as_capability(gpus.get(gpu).capability)
-    except (ImportError, AttributeError, KeyError, LookupError, TypeError, ValueError):
-        pass
-    key = gpu.strip().lower()
-    for name, cap in known_gpus():
-        if name.lower() == key:
-            return cap
-    for name, cap in known_gpus():  # prefix match: "H100" finds "H100 SXM"
-        if name.lower().startswith(key):
-            return cap
-    names = ", ".join(name for name, _ in known_gpus())
-    raise KeyError(f"unknown GPU {gpu!r}; known: {names}")
+    Unknown names raise :class:`nvfp4lab.gpus.UnknownGPUError` (a KeyError) listing the known.
+    """
+    return gpus.get(gpu).capability
 
 
 def _as_capability(capability: object) -> tuple[int, int]:
@@ -198,7 +165,7 @@ def _sm(capability: tuple[int, int]) -> str:
 
 
 def _gpu_name_for(capability: tuple[int, int]) -> str | None:
-    names = [name for name, cap in known_gpus() if cap == capability]
+    names = [g.name for g in gpus.by_capability(capability)]
     return "/".join(names) if names else None
 
 

@@ -193,15 +193,14 @@ def test_decision_table() -> None:
 
 
 def test_cli_info(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import argparse
 
-    from nvfp4lab.cli_info import run_info
+    from nvfp4lab.cli import main
 
     monkeypatch.delenv(BACKEND_ENV, raising=False)
     monkeypatch.setenv(EMULATION_ENV, "1")
-    assert run_info(argparse.Namespace(device="cpu")) == 0
+    assert main(["info", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "selected backend for cpu: emulation" in out and "B200" in out
     monkeypatch.setenv(EMULATION_ENV, "true")
-    assert run_info(argparse.Namespace(device=None)) == 2
+    assert main(["info"]) == 2
     assert "ERROR" in capsys.readouterr().out

@@ -200,17 +200,6 @@ def test_cli_report_names_failed_notebooks(
     assert seen["notebooks"] == ["01"]
 
 
-def test_cli_unavailable_command_is_clear(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    def missing(args):
-        raise cli.CommandUnavailable("`nvfp4lab info` is not available yet")
-
-    monkeypatch.setitem(cli.COMMANDS, "info", cli.Command("x", lambda p: None, missing))
-    assert cli.main(["info"]) == 3
-    assert "not available yet" in capsys.readouterr().err
-
-
 # -- the real notebooks -----------------------------------------------------------------------
 
 
