@@ -62,6 +62,7 @@ _SUBMODULES = (
     "quantize",
     "reference",
     "reports",
+    "settings",
     "tensor",
     "throughput",
     "timing",

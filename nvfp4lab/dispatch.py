@@ -27,13 +27,13 @@ to pin it. Pass ``env=`` (any mapping) to decide from that mapping instead of ``
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from nvfp4lab import gpus
+from nvfp4lab import gpus, settings
+from nvfp4lab.settings import BACKEND_ENV, EMULATION_ENV
 
 __all__ = [
     "BACKENDS",
@@ -54,10 +54,8 @@ __all__ = [
 
 BACKENDS: tuple[str, ...] = ("native", "emulation", "w4a16")
 #: nvfp4lab's own override: one of ``BACKEND_OVERRIDES``.
-BACKEND_ENV = "NVFP4LAB_BACKEND"
 BACKEND_OVERRIDES: tuple[str, ...] = ("auto", *BACKENDS)
 #: vLLM's switch; parsed like vLLM, ``bool(int(value))``, default "0".
-EMULATION_ENV = "VLLM_USE_NVFP4_CT_EMULATIONS"
 #: FP4 tensor cores: sm_100/103/110 (tcgen05) and sm_120/121 (mma.sync with block scales).
 NATIVE_MIN_CAPABILITY: tuple[int, int] = (10, 0)
 #: Blackwell FP4 needs a CUDA 12.8+ runtime.
@@ -91,10 +89,6 @@ class BackendChoice:
 # ---------------------------------------------------------------------------------------------
 # Environment parsing
 # ---------------------------------------------------------------------------------------------
-
-
-def _environ(env: Mapping[str, str] | None) -> Mapping[str, str]:
-    return os.environ if env is None else env
 
 
 def parse_emulation_switch(value: str | None) -> bool:
@@ -260,9 +254,9 @@ def select_backend(
     Raises ValueError for bad values of the two environment variables. Forcing ``native`` on a
     device without FP4 is reported here (``native_supported=False``); ``linear()`` then raises.
     """
-    environ = _environ(env)
-    override = parse_backend_override(environ.get(BACKEND_ENV))
-    switch = parse_emulation_switch(environ.get(EMULATION_ENV))
+    variables = settings.environ(env)
+    override = parse_backend_override(variables.get(BACKEND_ENV))
+    switch = parse_emulation_switch(variables.get(EMULATION_ENV))
 
     gpu_name: str | None = None
     if gpu is not None:
@@ -344,7 +338,7 @@ def decision_table(env: Mapping[str, str] | None = None) -> list[dict[str, objec
     ``NVFP4LAB_BACKEND`` is taken from ``env`` (or ``os.environ``); the switch is set to "0" and
     "1" in turn. Rows: ``{"gpu", "capability", "native_fp4", "switch_off", "switch_on"}``.
     """
-    base = dict(_environ(env))
+    base = dict(settings.environ(env))
     rows: list[dict[str, object]] = []
     for name, cap in known_gpus():
         off = select_backend(capability=cap, env={**base, EMULATION_ENV: "0"})
@@ -368,7 +362,7 @@ def info_report(
     for ``device`` (default: cuda:0 if available, else CPU) with its reason, and the decision
     for every catalogue GPU with the emulation switch off and on. Never raises for bad
     environment values: the error is part of the text."""
-    environ = _environ(env)
+    variables = settings.environ(env)
     lines = [
         f"torch {torch.__version__}  (CUDA runtime: {torch.version.cuda or 'none (CPU build)'}, "
         f"float4_e2m1fn_x2: {'yes' if hasattr(torch, 'float4_e2m1fn_x2') else 'no'}, "
@@ -387,10 +381,10 @@ def info_report(
         lines.append("  (no CUDA device)")
     lines.append("environment:")
     for var in (BACKEND_ENV, EMULATION_ENV):
-        value = environ.get(var)
+        value = variables.get(var)
         lines.append(f"  {var}={value!r}" if value is not None else f"  {var} (unset)")
     try:
-        choice = select_backend(device, env=environ)
+        choice = select_backend(device, env=variables)
     except ValueError as err:
         lines.append(f"selected backend: ERROR: {err}")
         return "\n".join(lines)
@@ -398,7 +392,7 @@ def info_report(
     lines.append(f"  reason: {choice.reason}")
     lines.append("")
     lines.append("decision per known GPU (VLLM_USE_NVFP4_CT_EMULATIONS off / on):")
-    rows = decision_table(environ)
+    rows = decision_table(variables)
     width = max(len(str(r["gpu"])) for r in rows)
     lines.append(f"  {'GPU':<{width}}  cc    FP4  off        on")
     for r in rows:

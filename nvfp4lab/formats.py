@@ -42,11 +42,11 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from nvfp4lab import variants
 from nvfp4lab.constants import E2M1_MAX, E4M3_MAX
 from nvfp4lab.e2m1 import decode_e2m1, pack_fp4, round_to_e2m1_codes, unpack_fp4
+from nvfp4lab.quantize import split_blocks
 from nvfp4lab.tensor import NVFP4Tensor
 
 __all__ = [
@@ -132,18 +132,7 @@ class QuantFormat:
 
 def _grouped(x: torch.Tensor, group: int, pad: bool, what: str) -> torch.Tensor:
     """float32 ``[..., K/group, group]`` view of ``x`` (zero-padding K when ``pad``)."""
-    if not isinstance(pad, bool):
-        raise ValueError(f"pad must be True or False, got {pad!r}")
-    k = x.shape[-1]
-    if k % group:
-        if not pad:
-            raise ValueError(
-                f"{what} needs the last dimension K to be a multiple of {group}; shape "
-                f"{tuple(x.shape)} has K={k}. Pass pad=True to zero-pad K to "
-                f"{-(-k // group) * group}"
-            )
-        x = F.pad(x, (0, -k % group))
-    return x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    return split_blocks(x, group, pad, what).to(torch.float32)
 
 
 def _flatten_groups(t: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from nvfp4lab import metrics
+from nvfp4lab.settings import CACHE_ENV, environ
 
 __all__ = [
     "MINILM_DISTRIBUTION",
@@ -116,9 +117,9 @@ class ModelPackageMissing(ImportError):
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """nvfp4lab's cache directory: ``$NVFP4LAB_CACHE``, else ``$XDG_CACHE_HOME/nvfp4lab``,
     else ``~/.cache/nvfp4lab`` (``env`` defaults to ``os.environ``; nothing is created)."""
-    env = os.environ if env is None else env
-    if env.get("NVFP4LAB_CACHE"):
-        return Path(env["NVFP4LAB_CACHE"]).expanduser()
+    env = environ(env)
+    if env.get(CACHE_ENV):
+        return Path(env[CACHE_ENV]).expanduser()
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "nvfp4lab"
 

@@ -56,6 +56,7 @@ __all__ = [
     "quantize",
     "quantize_blocks",
     "scale_elements",
+    "split_blocks",
 ]
 
 Convention = Literal["kernel", "compressed-tensors"]
@@ -102,18 +103,26 @@ def _check_finite(x: torch.Tensor, policy: str) -> None:
         )
 
 
-def _blocked(x: torch.Tensor, block_size: int, pad: bool) -> torch.Tensor:
-    """View ``x [..., K]`` as ``[..., K/block, block]``, zero-padding K when ``pad``."""
+def split_blocks(
+    x: torch.Tensor, block_size: int, pad: bool = False, what: str = "NVFP4"
+) -> torch.Tensor:
+    """View ``x [..., K]`` as ``[..., K/block, block]``, zero-padding K when ``pad``.
+
+    A K that is not a multiple of ``block_size`` without ``pad`` raises ValueError naming the
+    shape, the format ``what`` and the fix.
+    """
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 or (
         block_size % 2
     ):
         raise ValueError(f"block_size must be a positive even integer, got {block_size!r}")
+    if not isinstance(pad, bool):
+        raise ValueError(f"pad must be True or False, got {pad!r}")
     k = x.shape[-1]
     if k % block_size:
         if not pad:
             raise ValueError(
-                f"the last dimension K={k} of shape {tuple(x.shape)} is not a multiple of the "
-                f"block size {block_size}; pass pad=True to zero-pad K to "
+                f"{what}: the last dimension K={k} of shape {tuple(x.shape)} is not a multiple "
+                f"of {block_size}; pass pad=True to zero-pad K to "
                 f"{-(-k // block_size) * block_size}"
             )
         x = F.pad(x, (0, -k % block_size))
@@ -235,7 +244,7 @@ def _prepare(
     """Validate; return (blocks [..., nb, block], global scale float32 [1] on x.device)."""
     _check_input(x)
     _check_choice("convention", convention, CONVENTIONS)
-    blocks = _blocked(x, block_size, pad)
+    blocks = split_blocks(x, block_size, pad)
     _check_finite(x, nonfinite)
     if global_scale is None:
         return blocks, compute_global_scale(x, convention=convention)  # type: ignore[arg-type]

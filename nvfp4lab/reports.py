@@ -40,6 +40,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from nvfp4lab.settings import environ
+
 __all__ = [
     "HEADLINE_MIME",
     "Headline",
@@ -268,7 +270,7 @@ def _this_python_kernel_manager_class() -> type:
     from traitlets import default
 
     package_root = str(Path(__file__).resolve().parent.parent)
-    pythonpath = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+    pythonpath = os.pathsep.join(p for p in (package_root, environ().get("PYTHONPATH")) if p)
     # Encrypt the kernel's local TCP channels when pyzmq can (CurveZMQ); ipykernel warns otherwise.
     curve = bool(zmq.has("curve"))
 
