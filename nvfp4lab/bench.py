@@ -151,11 +151,11 @@ def machine_name(device: str = "cpu") -> str:
     return _sanitize(" ".join(parts))
 
 
-def code_revision() -> str:
-    """``git rev-parse --short HEAD`` of the nvfp4lab checkout, or ``"unknown"``."""
+def _git(*args: str) -> str | None:
+    """stdout of ``git ARGS`` run in the package's folder, or None when git cannot answer."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
+            ["git", *args],
             cwd=Path(__file__).resolve().parent,
             capture_output=True,
             text=True,
@@ -163,9 +163,19 @@ def code_revision() -> str:
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def code_revision() -> str:
+    """``git rev-parse --short HEAD`` of the nvfp4lab checkout, ``+dirty`` when tracked files
+    have uncommitted changes (the measured code is then not exactly that commit), or
+    ``"unknown"`` outside a git checkout."""
+    rev = _git("rev-parse", "--short", "HEAD")
+    if not rev:
         return "unknown"
-    rev = out.stdout.strip()
-    return rev if out.returncode == 0 and rev else "unknown"
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".")
+    return f"{rev}+dirty" if dirty else rev
 
 
 def environment(device: str = "cpu") -> dict[str, str | int]:

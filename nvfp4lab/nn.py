@@ -295,7 +295,7 @@ class NVFP4Linear(nn.Module):
             except ValueError as err:  # a bad environment variable
                 backend = f"auto (cannot resolve: {err})"
         else:
-            backend = self.backend
+            backend = f"{self.backend} (fixed when the layer was built; auto would re-select)"
         igs = self.input_global_scale
         if igs is None:
             act = "dynamic"

@@ -89,7 +89,7 @@ def test_machine_name_is_sanitized() -> None:
 
 def test_code_revision_is_a_string() -> None:
     rev = bench.code_revision()
-    assert rev == "unknown" or re.fullmatch(r"[0-9a-f]{4,40}", rev)
+    assert rev == "unknown" or re.fullmatch(r"[0-9a-f]{4,40}(\+dirty)?", rev)
 
 
 def test_parse_shapes() -> None:
