@@ -68,6 +68,7 @@ _SUBMODULES = (
     "timing",
     "tour",
     "variants",
+    "widgets",
 )
 
 __all__ = [

@@ -164,3 +164,19 @@ def test_import_is_light() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_every_public_name_resolves() -> None:
+    """Each name in ``nvfp4lab.__all__`` (eager, lazy and submodules) imports, and the function
+    exports are not shadowed by their same-named submodules."""
+    import importlib
+    import types
+
+    import nvfp4lab
+
+    for name in nvfp4lab.__all__:
+        assert getattr(nvfp4lab, name) is not None, name
+    importlib.import_module("nvfp4lab.quantize")
+    importlib.import_module("nvfp4lab.linear")
+    assert not isinstance(nvfp4lab.quantize, types.ModuleType)
+    assert not isinstance(nvfp4lab.linear, types.ModuleType)
