@@ -33,6 +33,7 @@ import math
 import os
 import secrets
 import shutil
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -53,6 +54,7 @@ __all__ = [
     "QUANTIZED_TENSOR_NAMES",
     "SCHEMES",
     "CheckpointError",
+    "UnsharedGlobalScaleWarning",
     "fused_groups",
     "load",
     "quantization_config",
@@ -104,6 +106,11 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be written or read; the message names the file and tensor."""
+
+
+class UnsharedGlobalScaleWarning(UserWarning):
+    """A fused group (q/k/v, gate/up) is saved with different global scales: vLLM, which
+    decodes all shards of a fused layer with the largest scale, would compute wrong outputs."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,8 +301,8 @@ def _check_shared_global_scales(model: nn.Module, quantized: Mapping[str, nn.Mod
                 raise CheckpointError(
                     f"fused group {members} has different {attr}s ({detail}); vLLM fuses these "
                     "layers and needs one shared scale. Quantize with "
-                    "nvfp4lab.nn.quantize_model(..., share_global_scale=...) first, or pass "
-                    "require_shared_global_scale=False"
+                    "nvfp4lab.nn.quantize_model(..., share_global_scale='auto') first, or pass "
+                    "require_shared_global_scale=False to save it anyway"
                 )
 
 
@@ -522,7 +529,7 @@ def save_pretrained(
     scheme: Scheme | None = None,
     source: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
-    require_shared_global_scale: bool = False,
+    require_shared_global_scale: bool | None = None,
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> Path:
@@ -533,8 +540,10 @@ def save_pretrained(
     layers. Plain ``nn.Linear`` layers stay float and are listed in the config's ``ignore``.
     ``source``: a directory whose tokenizer/generation files are copied (default: the model's
     ``config._name_or_path`` when that is a local directory). ``require_shared_global_scale``:
-    raise unless every fused group (:data:`FUSED_GROUPS`: q/k/v, gate/up, ...) shares its
-    global scales, as vLLM needs. ``dtype``: cast the unquantized floating tensors (embeddings,
+    every fused group (:data:`FUSED_GROUPS`: q/k/v, gate/up, ...) must share its global scales
+    to load correctly in vLLM (it decodes all shards with the max); ``True`` raises when one does
+    not, ``None`` (default) warns with :class:`UnsharedGlobalScaleWarning`, ``False`` is silent.
+    ``dtype``: cast the unquantized floating tensors (embeddings,
     norms, biases, float Linears) to it and record it as the config's dtype; default: keep them.
     ``overwrite``: replace an existing ``path``; ``max_shard_bytes``: split the weights into
     several files (with ``model.safetensors.index.json``) above this size.
@@ -564,8 +573,13 @@ def save_pretrained(
     if "" in quantized:
         raise ValueError("the model itself is an NVFP4Linear; wrap it in a container module")
     resolved = _resolve_scheme(scheme, quantized)
-    if require_shared_global_scale:
-        _check_shared_global_scales(model, quantized)
+    if require_shared_global_scale is not False:
+        try:
+            _check_shared_global_scales(model, quantized)
+        except CheckpointError as err:
+            if require_shared_global_scale:
+                raise
+            warnings.warn(str(err), UnsharedGlobalScaleWarning, stacklevel=2)
     ignore = [
         name
         for name, module in model.named_modules()
@@ -844,6 +858,23 @@ def _check_global_scale(source: _TensorSource, key: str, value: torch.Tensor) ->
     return value.reshape(1)
 
 
+def _check_block_scales(source: _TensorSource, key: str, scales: torch.Tensor) -> torch.Tensor:
+    """Block scales are unsigned in hardware (UE4M3): refuse NaN codes and negative values."""
+    raw = scales.view(torch.uint8)
+    nan = (raw & 0x7F) == 0x7F
+    negative = (raw & 0x80).bool() & ((raw & 0x7F) != 0)
+    bad = nan | negative
+    if bool(bad.any()):
+        first = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise CheckpointError(
+            f"{source.file_of(key)}: tensor {key!r} holds {int(nan.sum())} NaN and "
+            f"{int(negative.sum())} negative E4M3 block scale(s) (first at {first}, byte "
+            f"0x{int(raw[first]):02x}); NVFP4 block scales are non-negative and finite, so this "
+            "checkpoint is corrupt or not NVFP4"
+        )
+    return scales
+
+
 def _quantized_modules(
     model: nn.Module, config: QuantizationConfig, config_file: Path
 ) -> dict[str, QuantizationScheme]:
@@ -912,6 +943,7 @@ def _load_quantized_linear(
     scales = _read_exact(
         source, keys["weight_scale"], torch.float8_e4m3fn, (n, k // BLOCK_SIZE)
     )
+    scales = _check_block_scales(source, keys["weight_scale"], scales)
     gs = _read_exact(source, keys["weight_global_scale"], torch.float32, (1,))
     gs = _check_global_scale(source, keys["weight_global_scale"], gs)
     used = {keys["weight_packed"], keys["weight_scale"], keys["weight_global_scale"]}

@@ -414,10 +414,11 @@ for _fmt in (NVFP4Format(), MXFP4Format(), Int4GroupFormat(), FP8E4M3Format(), B
 
 
 def get(name: str) -> QuantFormat:
-    """The registered format called ``name`` (ValueError listing the available names)."""
+    """The registered format called ``name``, case- and separator-insensitive ("NVFP4",
+    "int4-g128"); unknown names raise ValueError listing the available ones."""
     try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
+        return _REGISTRY[name.strip().lower().replace("-", "_").replace(" ", "_")]
+    except (KeyError, TypeError, AttributeError):
         raise ValueError(
             f"unknown format {name!r}; available formats: {', '.join(_REGISTRY)}"
         ) from None

@@ -474,10 +474,14 @@ def _share_groups(
     """Groups of layer names (from ``names``) sharing one weight global scale."""
     if share is None:
         return []
+    if share == "auto":
+        specs_auto = tuple(dict.fromkeys(g for groups in SHARE_PRESETS.values() for g in groups))
+        return _share_groups(names, specs_auto)
     if isinstance(share, str):
         if share not in SHARE_PRESETS:
             raise ValueError(
-                f"unknown share_global_scale preset {share!r}; presets: {sorted(SHARE_PRESETS)} "
+                f"unknown share_global_scale preset {share!r}; presets: 'auto', "
+                f"{', '.join(repr(p) for p in sorted(SHARE_PRESETS))}, None "
                 "or a sequence of groups of layer names/suffixes"
             )
         specs: Sequence[Sequence[str]] = SHARE_PRESETS[share]
@@ -516,7 +520,7 @@ def quantize_model(
     *,
     backend: str = "auto",
     ignore: Iterable[IgnoreSpec] = ("lm_head",),
-    share_global_scale: str | Sequence[Sequence[str]] | None = None,
+    share_global_scale: str | Sequence[Sequence[str]] | None = "auto",
     convention: str = "kernel",
     cache_dequantized: bool = False,
     bias_mode: str = "output",
@@ -528,10 +532,12 @@ def quantize_model(
     subclasses of nn.Linear (e.g. ``nn.MultiheadAttention.out_proj``, whose parent reads
     ``.weight`` directly), and other modules holding parameters (not nn.Linear).
 
-    ``share_global_scale``: a preset ("llama": q/k/v_proj and gate/up_proj; "bert":
-    query/key/value) or groups of names/suffixes; the members found under one parent share the
-    weight global scale ``min_i 2688/amax(W_i)`` (= 2688 / the group's max amax), as fused
-    shards in vLLM-loadable checkpoints must. Activation scales start dynamic (None); use
+    ``share_global_scale``: ``"auto"`` (default: every preset's groups, where present), a preset
+    ("llama": q/k/v_proj and gate/up_proj; "bert": query/key/value), groups of names/suffixes,
+    or None (every layer its own scale); the members found under one parent share the weight
+    global scale ``min_i 2688/amax(W_i)`` (= 2688 / the group's max amax), as fused shards in
+    vLLM-loadable checkpoints must (vLLM decodes all shards with one scale). Activation scales
+    start dynamic (None); use
     :func:`calibration` / :func:`calibrate_inputs` to set them.
     """
     _check_backend(backend)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -209,7 +210,11 @@ def test_ct_checkpoint_w4a16_layers_equal_ct_decompress(ct_checkpoint: Path) -> 
 
 def test_ct_checkpoint_round_trips_byte_identical(ct_checkpoint: Path, tmp_path: Path) -> None:
     model = checkpoint.load(ct_checkpoint, backend="w4a16")
-    out = checkpoint.save_pretrained(model, tmp_path / "again")
+    # compressed-tensors alone gives q/k/v their own scales (llm-compressor fuses them): the
+    # bytes are re-saved as they are, on purpose
+    out = checkpoint.save_pretrained(
+        model, tmp_path / "again", require_shared_global_scale=False
+    )
     assert_same_tensors(file_tensors(ct_checkpoint), file_tensors(out))
     ours = json.loads((out / "config.json").read_text())["quantization_config"]
     theirs = json.loads((ct_checkpoint / "config.json").read_text())["quantization_config"]
@@ -413,10 +418,17 @@ def test_save_refuses_existing_path_and_float_model(tmp_path: Path) -> None:
 
 def test_require_shared_global_scale(tmp_path: Path) -> None:
     model = tiny_llama()
-    quantize_model(model, backend="w4a16")  # every layer its own global scale
+    # every layer its own global scale
+    quantize_model(model, backend="w4a16", share_global_scale=None)
     with pytest.raises(CheckpointError, match=r"q_proj.*share_global_scale"):
         checkpoint.save_pretrained(model, tmp_path / "x", require_shared_global_scale=True)
     assert not (tmp_path / "x").exists()
+    # the default warns (vLLM would decode the shards wrongly) but saves; False is silent
+    with pytest.warns(checkpoint.UnsharedGlobalScaleWarning, match="q_proj"):
+        checkpoint.save_pretrained(model, tmp_path / "w")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        checkpoint.save_pretrained(model, tmp_path / "v", require_shared_global_scale=False)
     shared = tiny_llama()
     quantize_model(shared, backend="w4a16", share_global_scale="llama")
     path = checkpoint.save_pretrained(shared, tmp_path / "y", require_shared_global_scale=True)
@@ -509,6 +521,25 @@ def test_bad_global_scale(nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
     _rewrite_weights(path, edit)
     with pytest.raises(CheckpointError, match=rf"{KEY}\.weight_global_scale.*> 0"):
         checkpoint.load(path)
+
+
+@pytest.mark.parametrize(("byte", "what"), [(0x7F, "1 NaN"), (0xB8, "1 negative")])
+def test_bad_block_scale(
+    nvfp4lab_checkpoint: Path, tmp_path: Path, byte: int, what: str
+) -> None:
+    """A NaN (0x7f) or negative (sign bit, e.g. 0xb8 = -1.0) E4M3 block scale is corrupt: it
+    would silently flip or poison a block, so loading refuses it naming file and tensor."""
+    path = _copy(nvfp4lab_checkpoint, tmp_path / "c")
+
+    def edit(t: dict[str, torch.Tensor]) -> None:
+        raw = t[f"{KEY}.weight_scale"].view(torch.uint8).clone()
+        raw[3, 1] = byte
+        t[f"{KEY}.weight_scale"] = raw.view(torch.float8_e4m3fn)
+
+    file = _rewrite_weights(path, edit)
+    with pytest.raises(CheckpointError, match=rf"{KEY}\.weight_scale.*{what}.*\(3, 1\)") as err:
+        checkpoint.load(path)
+    assert str(file) in str(err.value)
 
 
 def test_unexpected_tensor(nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:

@@ -301,3 +301,10 @@ def test_bf16_is_a_cast() -> None:
     assert torch.equal(formats.get("bf16").fake_quantize(x), x.bfloat16().float())
     xb = x.bfloat16()
     assert torch.equal(formats.get("bf16").fake_quantize(xb), xb)
+
+
+def test_get_is_forgiving_about_case_and_separators() -> None:
+    assert formats.get("NVFP4") is formats.get("nvfp4")
+    assert formats.get("INT4-G128") is formats.get("int4_g128")
+    with pytest.raises(ValueError, match="available formats: .*mxfp4"):
+        formats.get("nvfp8")

@@ -302,10 +302,22 @@ def test_shared_global_scales() -> None:
         )
     # without sharing, q/k/v scales differ
     unshared = _model()
-    quantize_model(unshared)
+    quantize_model(unshared, share_global_scale=None)
     gs = {float(unshared.get_submodule(f"blocks.0.attn.{p}_proj").weight_global_scale)
           for p in "qkv"}
     assert len(gs) == 3
+    # the default, "auto", shares every preset's groups found in the model
+    auto = _model()
+    report = quantize_model(auto)
+    assert sorted(report.shared_groups) == sorted(
+        quantize_model(_model(), share_global_scale="llama").shared_groups
+    )
+    for i in range(2):
+        gs = {float(auto.get_submodule(f"blocks.{i}.attn.{p}_proj").weight_global_scale)
+              for p in "qkv"}
+        assert len(gs) == 1
+    with pytest.raises(ValueError, match="'auto'"):
+        quantize_model(_model(), share_global_scale="gpt")
 
 
 def test_share_explicit_groups_and_ignore_patterns() -> None:
