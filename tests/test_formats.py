@@ -306,5 +306,5 @@ def test_bf16_is_a_cast() -> None:
 def test_get_is_forgiving_about_case_and_separators() -> None:
     assert formats.get("NVFP4") is formats.get("nvfp4")
     assert formats.get("INT4-G128") is formats.get("int4_g128")
-    with pytest.raises(ValueError, match="available formats: .*mxfp4"):
+    with pytest.raises(ValueError, match=r"available formats: .*mxfp4"):
         formats.get("nvfp8")
