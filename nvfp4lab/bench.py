@@ -14,8 +14,12 @@ machine, never rewriting another machine's shard. Columns: :data:`COLUMNS`.
 
 ``--peers`` times compressed-tensors' NVFP4 quantize path (``generate_gparam`` +
 ``calculate_qparams`` + ``quantize_and_pack_fp4``) against ``nvfp4lab.quantize`` in both
-conventions on the same tensors in the same process, checks they agree bit for bit, and prints
-ratios; torchao's NVFP4 is timed too when it is installed.
+conventions on the same tensors in the same process, on ``--device``, checks they agree bit for
+bit, and prints ratios; torchao's NVFP4 (given a per-tensor scale, like CT) is timed too when it
+is installed.
+
+Settings are validated before anything runs; the CLI reports a bad value as
+``nvfp4lab bench: <message>`` on stderr with exit code 2.
 
 Library functions here return data; only :func:`main` prints (tables to stdout, progress to
 stderr).
@@ -55,6 +59,7 @@ __all__ = [
     "main",
     "parse_shapes",
     "read_results",
+    "resolve_device",
     "run_bench",
     "run_cli",
     "run_peers",
@@ -151,12 +156,16 @@ def machine_name(device: str = "cpu") -> str:
     return _sanitize(" ".join(parts))
 
 
-def _git(*args: str) -> str | None:
-    """stdout of ``git ARGS`` run in the package's folder, or None when git cannot answer."""
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _git(*args: str, cwd: str | Path | None = None) -> str | None:
+    """stdout of ``git ARGS`` run in ``cwd`` (default: the package's folder), or None when git
+    cannot answer."""
     try:
         out = subprocess.run(
             ["git", *args],
-            cwd=Path(__file__).resolve().parent,
+            cwd=Path(cwd) if cwd is not None else _PACKAGE_DIR,
             capture_output=True,
             text=True,
             timeout=10,
@@ -167,15 +176,17 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def code_revision() -> str:
-    """``git rev-parse --short HEAD`` of the nvfp4lab checkout, ``+dirty`` when tracked files
-    have uncommitted changes (the measured code is then not exactly that commit), or
-    ``"unknown"`` outside a git checkout."""
-    rev = _git("rev-parse", "--short", "HEAD")
+def code_revision(package_dir: str | Path | None = None) -> str:
+    """``git rev-parse --short HEAD`` of the nvfp4lab checkout, ``+dirty`` when the package folder
+    differs from that commit — uncommitted changes to tracked files or new untracked
+    (not git-ignored) files in it, since either means the measured code is not exactly that
+    commit — or ``"unknown"`` outside a git checkout. ``package_dir`` defaults to the folder
+    of the installed ``nvfp4lab`` package; only changes under it count."""
+    rev = _git("rev-parse", "--short", "HEAD", cwd=package_dir)
     if not rev:
         return "unknown"
-    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".")
-    return f"{rev}+dirty" if dirty else rev
+    changes = _git("status", "--porcelain", "--untracked-files=all", "--", ".", cwd=package_dir)
+    return f"{rev}+dirty" if changes else rev
 
 
 def environment(device: str = "cpu") -> dict[str, str | int]:
@@ -499,10 +510,12 @@ class PeerResult:
     min_s: float = math.nan
     max_s: float = math.nan
     repeats: int = 0
+    device: str = "cpu"
+    timer: str = "perf_counter"
 
 
 def _ct_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """compressed-tensors 0.20's NVFP4 weight path on CPU, ``x`` ``[N, K]``:
+    """compressed-tensors 0.20's NVFP4 weight path on ``x``'s device, ``x`` ``[N, K]``:
     ``generate_gparam`` → per-16 ``calculate_qparams`` → ``quantize_and_pack_fp4``.
     Returns (packed uint8 ``[N, K/2]``, float8_e4m3fn scales ``[N, K/16]``, global scale)."""
     import torch
@@ -530,6 +543,54 @@ def _torchao_quantizer() -> Callable[[torch.Tensor], Any] | None:
     return AoNVFP4Tensor.to_nvfp4  # type: ignore[no-any-return]
 
 
+def _torchao_closure(
+    to_nvfp4: Callable[..., Any], x: torch.Tensor
+) -> tuple[Callable[[], Any] | None, str | None]:
+    """(closure quantizing ``x`` with torchao, note) — closure None when torchao fails on ``x``.
+
+    compressed-tensors scales two-level (a per-tensor FP32 scale from the tensor's amax, then
+    E4M3 block scales), so torchao is given a per-tensor scale too, computed inside the timed
+    call like CT's: ``to_nvfp4(x, per_tensor_scale=amax / 2688)`` (torchao's DECODE convention,
+    2688 = 448 · 6). A ``to_nvfp4`` without that keyword is timed with block scales only, with a
+    note saying its work is then not comparable.
+    """
+    import inspect
+
+    import torch
+
+    from nvfp4lab.constants import GLOBAL_SCALE_NUMERATOR
+
+    try:
+        params = inspect.signature(to_nvfp4).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    note: str | None = None
+    if "per_tensor_scale" in params:
+
+        def fn() -> Any:
+            scale = x.abs().amax().to(torch.float32) / GLOBAL_SCALE_NUMERATOR
+            return to_nvfp4(x, per_tensor_scale=scale)
+
+    else:
+
+        def fn() -> Any:
+            return to_nvfp4(x)
+
+        note = (
+            "torchao's NVFP4Tensor.to_nvfp4 has no per_tensor_scale argument in this version: "
+            "it was timed with block scales only, less work than compressed-tensors' two-level "
+            "scaling, so its ratio is not like for like"
+        )
+    try:
+        fn()
+    except Exception as exc:  # any failure of a third-party peer: skip it, say why
+        return None, (
+            f"torchao's NVFP4Tensor.to_nvfp4 failed on a {tuple(x.shape)} {x.dtype} tensor on "
+            f"{x.device} ({type(exc).__name__}: {exc}); torchao was skipped"
+        )
+    return fn, note
+
+
 def run_peers(
     shapes: Sequence[tuple[int, int]],
     *,
@@ -537,16 +598,22 @@ def run_peers(
     warmup: int = 2,
     repeats: int = 7,
     seed: int = 0,
+    device: str = "cpu",
 ) -> tuple[list[PeerResult], list[str]]:
     """Time NVFP4 weight quantization of ``[N, K]`` tensors by compressed-tensors, nvfp4lab
     (both conventions) and torchao (if installed) on the same seeded tensors, in this process,
-    interleaved round-robin (:func:`nvfp4lab.timing.time_interleaved`). (results, notes)."""
+    interleaved round-robin (:func:`nvfp4lab.timing.time_interleaved`). (results, notes).
+
+    The tensors are created on ``device`` and every implementation runs there; the one timing
+    helper measures with CUDA events on a GPU and ``perf_counter`` on the CPU.
+    """
     import torch
 
     from nvfp4lab.e2m1 import unpack_fp4
     from nvfp4lab.quantize import quantize
     from nvfp4lab.timing import time_interleaved
 
+    _check_timing(warmup, repeats)
     dt = _dtype(dtype)
     results: list[PeerResult] = []
     notes: list[str] = []
@@ -554,7 +621,7 @@ def run_peers(
     if ao is None:
         notes.append("torchao is not installed: its NVFP4Tensor was skipped")
     for i, (N, K) in enumerate(shapes):
-        x = seeded_randn((N, K), dt, seed + i)
+        x = seeded_randn((N, K), dt, seed + i, device)
         ref_packed, ref_scale, _ = _ct_quantize(x)
         ref_codes = unpack_fp4(ref_packed)
         impls: dict[str, Callable[[], Any]] = {
@@ -565,8 +632,12 @@ def run_peers(
             "nvfp4lab[kernel]": lambda x=x: quantize(x, convention="kernel"),
         }
         if ao is not None:
-            impls["torchao"] = lambda x=x: ao(x)
-        timings = time_interleaved(impls, warmup=warmup, repeats=repeats)
+            ao_fn, ao_note = _torchao_closure(ao, x)
+            if ao_note is not None and ao_note not in notes:
+                notes.append(ao_note)
+            if ao_fn is not None:
+                impls["torchao"] = ao_fn
+        timings = time_interleaved(impls, warmup=warmup, repeats=repeats, device=device)
         t_ct = timings["compressed-tensors"].median_s
         for name, t in timings.items():
             match: bool | None = None
@@ -593,6 +664,8 @@ def run_peers(
                     t.min_s,
                     t.max_s,
                     t.repeats,
+                    t.device,
+                    t.method,
                 )
             )
     return results, notes
@@ -625,7 +698,7 @@ def _peer_rows(results: Sequence[PeerResult], env: dict[str, Any], seed: int) ->
                 "bytes": int(nbytes),
                 "flops": "",
                 "kind": "measured",
-                "timer": "perf_counter",
+                "timer": r.timer,
                 "load_1m": _load(),
                 "seed": seed,
                 **env,
@@ -688,6 +761,94 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-save", action="store_true", help="measure but write no CSV")
 
 
+def resolve_device(name: str | None) -> str:
+    """The torch device string to measure on: ``name`` checked, or ``"cuda"`` when CUDA is
+    usable and ``"cpu"`` otherwise (``name=None``).
+
+    Raises ValueError, naming the value and what to pass instead, for a string torch does not
+    parse, a device type the harness does not time (only ``cpu`` and ``cuda[:N]``), CUDA on a
+    torch without a usable GPU, or a CUDA index beyond the visible devices.
+    """
+    import torch
+
+    if name is None or not str(name).strip():
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(str(name).strip())
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(
+            f"--device {name!r} is not a torch device; use --device cpu or --device cuda[:N]"
+        ) from None
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type != "cuda":
+        raise ValueError(
+            f"--device {name!r}: the bench times only cpu and cuda devices; "
+            "use --device cpu or --device cuda[:N]"
+        )
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {name!r}: CUDA is not usable here (torch {torch.__version__}, "
+            "torch.cuda.is_available() is False); use --device cpu, or run on a machine with an "
+            "NVIDIA GPU and a CUDA build of torch"
+        )
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(
+            f"--device {name!r}: only {count} CUDA device(s) are visible; "
+            f"use --device cuda:0 … cuda:{count - 1}"
+        )
+    return str(dev)
+
+
+def _check_timing(warmup: int, repeats: int) -> None:
+    """ValueError naming the bad ``--warmup``/``--repeats`` value and the fix."""
+    if repeats < 1:
+        raise ValueError(
+            f"--repeats {repeats}: need at least one timed sample per case; pass --repeats 1 "
+            "or more (or leave it out for the default)"
+        )
+    if warmup < 0:
+        raise ValueError(
+            f"--warmup {warmup}: the number of untimed calls cannot be negative; pass --warmup 0 "
+            "or more (or leave it out for the default)"
+        )
+
+
+def _check_shard(path: Path) -> None:
+    """ValueError unless rows can be appended to ``path``: a folder, an unreadable file or a CSV
+    whose header is not :data:`COLUMNS` is refused before anything is measured."""
+    if path.is_dir():
+        raise ValueError(
+            f"--out {str(path)!r} is a folder whose name ends in .csv; pass a file path or "
+            "another folder"
+        )
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(
+                    f"--out {str(path)!r}: {str(parent)!r} is a file, not a folder; "
+                    "pass a path inside a folder"
+                )
+            break
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(
+            f"--out {str(path)!r} cannot be read as a CSV ({exc}); pass a new file or a folder"
+        ) from None
+    if tuple(header) != COLUMNS:
+        shown = ", ".join(header[:6]) + (", …" if len(header) > 6 else "")
+        raise ValueError(
+            f"--out {str(path)!r} is a CSV with another header ({shown}), not a nvfp4lab bench "
+            "shard; rows are never mixed into another layout: pass a new file, or a folder "
+            "(rows then go to <folder>/<machine>.csv)"
+        )
+
+
 def _split(values: Sequence[str] | None) -> list[str] | None:
     if values is None:
         return None
@@ -695,11 +856,9 @@ def _split(values: Sequence[str] | None) -> list[str] | None:
 
 
 def _config(args: argparse.Namespace) -> BenchConfig:
-    import torch
-
     mode = "tiny" if getattr(args, "tiny", False) else ("quick" if args.quick else "full")
     shapes = parse_shapes(_split(args.shapes)) if args.shapes else default_shapes(mode)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     ops = tuple(_split(args.ops) or OPS)
     bad = [o for o in ops if o not in OPS]
     if bad:
@@ -712,14 +871,17 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     for d in dtypes:
         _dtype(d)
     quickish = mode != "full"
+    warmup = args.warmup if args.warmup is not None else 1
+    repeats = args.repeats if args.repeats is not None else (3 if quickish else 5)
+    _check_timing(warmup, repeats)
     return BenchConfig(
         shapes=shapes,
         ops=ops,
         backends=backends,
         dtypes=dtypes,
         device=device,
-        warmup=args.warmup if args.warmup is not None else 1,
-        repeats=args.repeats if args.repeats is not None else (3 if quickish else 5),
+        warmup=warmup,
+        repeats=repeats,
         seed=args.seed,
     )
 
@@ -746,7 +908,18 @@ def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
         )
 
 
-def _run_peers_cli(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class _PeersPlan:
+    shapes: list[tuple[int, int]]
+    dtypes: list[str]
+    device: str
+    warmup: int
+    repeats: int
+    path: Path | None
+
+
+def _peers_plan(args: argparse.Namespace) -> _PeersPlan:
+    """Validated ``--peers`` settings (ValueError naming a bad value and the fix)."""
     if args.tiny:
         shapes = [(256, 256)]
     elif args.quick:
@@ -756,14 +929,34 @@ def _run_peers_cli(args: argparse.Namespace) -> int:
     else:
         shapes = [(1024, 1024), (4096, 4096), (6144, 4096)]
     dtypes = _split(args.dtypes) or ["bfloat16"]
+    for d in dtypes:
+        _dtype(d)
+    device = resolve_device(args.device)
     repeats = args.repeats if args.repeats is not None else (3 if args.quick or args.tiny else 7)
+    warmup = args.warmup if args.warmup is not None else 2
+    _check_timing(warmup, repeats)
+    path = None if args.no_save else shard_path(args.out, device)
+    if path is not None:
+        _check_shard(path)
+    return _PeersPlan(shapes, dtypes, device, warmup, repeats, path)
+
+
+def _run_peers_cli(plan: _PeersPlan, seed: int) -> int:
     all_results: list[PeerResult] = []
     notes: list[str] = []
-    for d in dtypes:
-        res, msgs = run_peers(shapes, dtype=d, repeats=repeats, seed=args.seed)
+    for d in plan.dtypes:
+        res, msgs = run_peers(
+            plan.shapes,
+            dtype=d,
+            warmup=plan.warmup,
+            repeats=plan.repeats,
+            seed=seed,
+            device=plan.device,
+        )
         all_results.extend(res)
         notes.extend(m for m in msgs if m not in notes)
-    print("NVFP4 weight quantize on CPU, same seeded tensors, same process")
+    timer = all_results[0].timer if all_results else ""
+    print(f"NVFP4 weight quantize on {plan.device} ({timer}), same seeded tensors, same process")
     print("speedup = t(compressed-tensors) / t(impl), medians of interleaved samples;")
     print("exact = packed codes and scales equal CT's bit for bit; codes = share of equal codes")
     print(
@@ -779,17 +972,25 @@ def _run_peers_cli(args: argparse.Namespace) -> int:
         )
     for m in notes:
         print(f"note: {m}")
-    if not args.no_save:
-        path = shard_path(args.out, "cpu")
-        n = append_rows(path, _peer_rows(all_results, environment("cpu"), args.seed))
-        print(f"appended {n} rows to {path}")
+    if plan.path is not None:
+        n = append_rows(plan.path, _peer_rows(all_results, environment(plan.device), seed))
+        print(f"appended {n} rows to {plan.path}")
     return 0
+
+
+def _fail(message: object) -> int:
+    print(f"nvfp4lab bench: {message}", file=sys.stderr)
+    return 2
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``nvfp4lab bench`` from parsed arguments (see :func:`add_arguments`); exit code.
 
     Missing attributes take their defaults, so a parser with only ``--quick``/``--out`` works.
+    Every setting is checked before anything is measured: a bad value (``--repeats 0``,
+    ``--warmup -1``, an unusable ``--device``, an ``--out`` CSV with another header, …) prints
+    ``nvfp4lab bench: <what is wrong and what to pass>`` to stderr and returns 2. A run that
+    measures nothing (every case skipped) says so on stderr and returns 1.
     """
     defaults = argparse.Namespace()
     parser = argparse.ArgumentParser(add_help=False)
@@ -800,14 +1001,19 @@ def run_cli(args: argparse.Namespace) -> int:
             setattr(args, k, v)
     try:
         if args.peers:
-            return _run_peers_cli(args)
-        cfg = _config(args)
-    except (ValueError, ImportError) as exc:
-        print(f"nvfp4lab bench: {exc}", file=sys.stderr)
-        return 2
-    path = None if args.no_save else shard_path(args.out, cfg.device)
-    if path is not None and path.exists():
-        append_rows(path, [])  # fail early on a shard with another layout
+            plan = _peers_plan(args)
+        else:
+            cfg = _config(args)
+            path = None if args.no_save else shard_path(args.out, cfg.device)
+            if path is not None:
+                _check_shard(path)
+    except (ValueError, ImportError, OSError) as exc:
+        return _fail(exc)
+    if args.peers:
+        try:
+            return _run_peers_cli(plan, args.seed)
+        except ImportError as exc:
+            return _fail(f"{exc} (the peers comparison needs compressed-tensors installed)")
     from tqdm.auto import tqdm
 
     def progress(cases: Iterable[Any]) -> Iterable[Any]:
@@ -825,13 +1031,21 @@ def run_cli(args: argparse.Namespace) -> int:
             append_rows(path, [row])
 
     rows, skipped = run_bench(cfg, progress=progress, on_row=save)
+    if not rows:
+        why = "; ".join(skipped) if skipped else "the selection has no cases"
+        print(
+            f"nvfp4lab bench: nothing was measured on {cfg.device} ({why}); nothing was written. "
+            "Choose ops/backends that run here, e.g. --backends emulation w4a16 or --ops matmul",
+            file=sys.stderr,
+        )
+        return 1
     _print_rows(rows)
     for msg in skipped:
         print(f"note: {msg}")
     if path is not None:
         print(f"appended {len(rows)} rows to {path}")
     bad = [r for r in rows if not math.isfinite(float(r["median_s"]))]
-    return 1 if bad or not rows else 0
+    return 1 if bad else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -108,6 +108,11 @@ def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
             f"pack_fp4 needs an even last dimension, got shape {tuple(codes.shape)}; "
             "pad K to an even length"
         )
+    if codes.numel() and bool((codes > 0xF).any()):
+        raise ValueError(
+            f"E2M1 codes are 4-bit (0..15); got a maximum of {int(codes.max())}; encode values "
+            "with encode_e2m1 first"
+        )
     pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
     return (pairs[..., 0] & 0xF) | (pairs[..., 1] << 4)
 

@@ -21,7 +21,10 @@ Lookup
 Roofline
     ``predict(gpu, M, N, K, path)`` for ``y[M, N] = x[M, K] @ W[N, K]^T``:
     ``time = max(flops / (peak · eff), bytes / (bandwidth · mem_eff))`` with efficiency factors
-    stated in :data:`EFFICIENCY` (defaults cited from published measurements). The emulation path
+    stated per path in :data:`EFFICIENCY` (defaults cited from published measurements) and per
+    GPU in :data:`GPU_EFFICIENCY` where a GPU has its own published measurement
+    (:data:`MEASUREMENTS`: B200, B300, RTX 5090); :func:`efficiency_for` says which applies.
+    ``peak_tflops=`` supplies a peak the vendor does not publish. The emulation path
     adds the time of its separate dequantize / quant-dequant passes to the 16-bit GEMM, so it is
     never faster than ``bf16``.
 """
@@ -39,18 +42,22 @@ __all__ = [
     "EFFICIENCY",
     "FIGURES",
     "GPU",
+    "GPU_EFFICIENCY",
+    "MEASUREMENTS",
     "MODEL_SHAPES",
     "NATIVE_FP4_CAPABILITIES",
     "NVFP4_BYTES_PER_WEIGHT",
     "PATHS",
     "Efficiency",
     "LinearShape",
+    "Measurement",
     "NotSupportedError",
     "Prediction",
     "UnknownGPUError",
     "by_capability",
     "current",
     "default_m_grid",
+    "efficiency_for",
     "get",
     "has_native_fp4",
     "linear_shapes",
@@ -542,13 +549,36 @@ def get(name: str | GPU) -> GPU:
     )
 
 
-def by_capability(capability: tuple[int, int] | str) -> list[GPU]:
-    """All entries with CUDA compute capability ``(major, minor)`` (or ``"9.0"``); may be empty."""
+def _parse_capability(capability: object) -> tuple[int, int]:
+    """``(major, minor)`` from a pair of ints or a ``"major.minor"`` string (``"9"`` = 9.0)."""
+    expected = (
+        'expects a compute capability as (major, minor), e.g. (9, 0), or "major.minor", e.g. "9.0"'
+    )
     if isinstance(capability, str):
-        major, _, minor = capability.partition(".")
-        cc = (int(major), int(minor or 0))
-    else:
-        cc = (int(capability[0]), int(capability[1]))
+        m = re.fullmatch(r"\s*(\d+)\s*(?:\.\s*(\d+))?\s*", capability)
+        if m is None:
+            raise ValueError(f"by_capability {expected}; got {capability!r}")
+        return int(m.group(1)), int(m.group(2) or 0)
+    try:
+        major, minor = capability  # type: ignore[misc]
+        if isinstance(major, bool) or isinstance(minor, bool):
+            raise TypeError
+        out = (int(major), int(minor))
+        if out != (major, minor):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise ValueError(f"by_capability {expected}; got {capability!r}") from None
+    if min(out) < 0:
+        raise ValueError(f"by_capability {expected}; got {capability!r}")
+    return out
+
+
+def by_capability(capability: tuple[int, int] | str) -> list[GPU]:
+    """All entries with CUDA compute capability ``(major, minor)`` (or ``"9.0"``); may be empty.
+
+    Anything else (``"abc"``, ``(9,)``, ``"9.0.1"``) raises ``ValueError`` saying what is expected.
+    """
+    cc = _parse_capability(capability)
     return [g for g in _ENTRIES if g.capability == cc]
 
 
@@ -606,7 +636,7 @@ EFFICIENCY: dict[str, Efficiency] = {
         5370.0 / 9000.0,
         _MEM_EFF,
         "B200 torch._scaled_mm NVFP4 8192^3: 5,370 of 9,000 TFLOPS = 0.60 (pytorch/ao PR #2427); "
-        "B300 ~5,100 of 13,500 = 0.38 and RTX 5090 1,464 of 1,676 = 0.87 bracket it",
+        "GPUs with their own measurement use it instead (GPU_EFFICIENCY)",
         _MEM_SRC,
     ),
     "w4a16": Efficiency(
@@ -617,6 +647,96 @@ EFFICIENCY: dict[str, Efficiency] = {
     ),
 }
 
+#: Paths whose GEMM runs on the 16-bit tensor cores: a GPU's BF16 measurement applies to all.
+_BF16_MATH_PATHS: tuple[str, ...] = ("bf16", "w4a16", "emulation")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A published achieved rate (10^12 FLOP/s) of one path on one GPU, against the dense peak
+    it is a fraction of, with its source. ``compute`` = ``tflops / peak_tflops``."""
+
+    gpu: str
+    path: str
+    tflops: float
+    peak_tflops: float
+    source: str
+
+    @property
+    def compute(self) -> float:
+        """Achieved fraction of the dense peak."""
+        return self.tflops / self.peak_tflops
+
+
+#: Published measurements of gpu-datasheets.md ("Published measurements worth overlaying") that
+#: set a GPU's own compute efficiency (kernel-only figures, large compute-bound GEMMs).
+MEASUREMENTS: tuple[Measurement, ...] = (
+    Measurement(
+        "B200",
+        "nvfp4_native",
+        5370.0,
+        9000.0,
+        "B200 torch._scaled_mm NVFP4 8192^3: 5,370 of 9,000 TFLOPS = 0.60 (pytorch/ao PR #2427)",
+    ),
+    Measurement(
+        "B200",
+        "bf16",
+        1420.0,
+        2250.0,
+        "B200 torch BF16 GEMM 8192^3: 1,420 of 2,250 TFLOPS = 0.63 (pytorch/ao PR #2427)",
+    ),
+    Measurement(
+        "B300",
+        "nvfp4_native",
+        5100.0,
+        13500.0,
+        "B300 5B-model GEMMs, NVFP4 kernel-only: ~5,100 of 13,500 TFLOPS = 0.38 "
+        "(Transformer Engine GEMM-profiling tutorial)",
+    ),
+    Measurement(
+        "B300",
+        "bf16",
+        1500.0,
+        2250.0,
+        "B300 5B-model GEMMs, BF16: ~1,500 of 2,250 TFLOPS = 0.67 "
+        "(Transformer Engine GEMM-profiling tutorial)",
+    ),
+    Measurement(
+        "RTX 5090",
+        "nvfp4_native",
+        1464.0,
+        1676.0,
+        "RTX 5090 NVFP4 mma peak loop: 1,464 of 1,676 TFLOPS = 0.87 (mmapeak microbenchmark)",
+    ),
+)
+
+
+def _gpu_efficiency() -> dict[tuple[str, str], Efficiency]:
+    out: dict[tuple[str, str], Efficiency] = {}
+    for m in MEASUREMENTS:
+        paths = _BF16_MATH_PATHS if m.path == "bf16" else (m.path,)
+        for path in paths:
+            base = EFFICIENCY[path]
+            src = m.source if path == m.path else f"its GEMM is 16-bit: {m.gpu}'s BF16 ({m.source})"
+            out[(m.gpu, path)] = Efficiency(m.compute, base.memory, src, base.memory_source)
+    return out
+
+
+#: Per-(GPU, path) efficiencies from that GPU's own published measurement (:data:`MEASUREMENTS`);
+#: a BF16 measurement also sets ``w4a16`` and ``emulation`` (their GEMM is a 16-bit GEMM). Pairs
+#: not listed fall back to :data:`EFFICIENCY` ``[path]``.
+GPU_EFFICIENCY: dict[tuple[str, str], Efficiency] = _gpu_efficiency()
+
+
+def efficiency_for(gpu: str | GPU, path: str) -> Efficiency:
+    """The efficiency :func:`predict` uses by default for ``path`` on ``gpu``: the GPU's own
+    measurement (:data:`GPU_EFFICIENCY`) when the datasheet notes give one, else the path
+    default (:data:`EFFICIENCY`)."""
+    if path not in PATHS:
+        raise ValueError(f"unknown path {path!r}; expected one of {PATHS}")
+    g = get(gpu)
+    return GPU_EFFICIENCY.get((g.name, path), EFFICIENCY[path])
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -625,7 +745,8 @@ class Prediction:
     ``time_s`` seconds; ``bound`` "compute" or "memory"; ``flops`` = 2·M·N·K; ``bytes_moved``
     bytes of DRAM traffic assumed (all passes); ``tflops`` achieved 10^12 FLOP/s = flops/time;
     ``compute_time_s``/``memory_time_s`` the two roofline legs; ``passes_time_s`` the extra
-    memory-bound passes that cannot overlap the GEMM (emulation only, else 0).
+    memory-bound passes that cannot overlap the GEMM (emulation only, else 0);
+    ``efficiency_source`` says where the compute efficiency came from.
     """
 
     gpu: str
@@ -645,6 +766,7 @@ class Prediction:
     bandwidth_tb_s: float
     efficiency: float
     mem_efficiency: float
+    efficiency_source: str = ""
 
     @property
     def gb_s(self) -> float:
@@ -692,6 +814,7 @@ def predict(
     *,
     efficiency: float | None = None,
     mem_efficiency: float | None = None,
+    peak_tflops: float | None = None,
     quantize_activations: bool = True,
 ) -> Prediction:
     """Roofline time of ``y[M, N] = x[M, K] @ W[N, K]^T`` on ``gpu`` via ``path``.
@@ -708,8 +831,14 @@ def predict(
     - ``emulation``: a 16-bit GEMM after a weight dequantize pass (read NVFP4, write 16-bit W) and
       an activation quant-dequant pass (read and write 16-bit x) — never faster than ``bf16``.
 
-    ``efficiency``/``mem_efficiency`` default to :data:`EFFICIENCY` ``[path]``. A path whose peak
-    is unpublished or absent (e.g. FP8 on A100) raises :class:`NotSupportedError`.
+    ``efficiency``/``mem_efficiency`` default to :func:`efficiency_for` ``(gpu, path)``: the GPU's
+    own published measurement where there is one (:data:`GPU_EFFICIENCY`), else the path default
+    (:data:`EFFICIENCY`). ``peak_tflops`` (10^12 FLOP/s, dense) replaces the catalogue's peak for
+    the path's math — for a peak the vendor does not publish (DGX Spark's BF16/FP8) or a figure of
+    your own; the efficiency still applies (pass ``efficiency=1.0`` for an achieved rate). A path
+    whose peak is unpublished and not given (e.g. BF16 on DGX Spark) or absent (FP8 on A100)
+    raises :class:`NotSupportedError`; so does ``nvfp4_native`` without FP4 tensor cores, even
+    with ``peak_tflops``.
     """
     g = get(gpu)
     if path not in PATHS:
@@ -722,14 +851,22 @@ def predict(
             f"{g.name} (cc {g.capability_str}) has no FP4 tensor cores, so path 'nvfp4_native' "
             "cannot run there; use 'w4a16' or 'emulation' (native FP4 needs cc >= 10.0)"
         )
-    peak = g.peak_tflops(path)
-    if peak is None:
-        raise NotSupportedError(
-            f"{g.name} has no published dense peak for path {path!r} "
-            f"(bf16={g.bf16_tflops}, fp8={g.fp8_tflops}, nvfp4={g.nvfp4_tflops} TFLOPS)"
-        )
-    eff = EFFICIENCY[path]
+    if peak_tflops is not None:
+        peak = float(peak_tflops)
+        if not (math.isfinite(peak) and peak > 0):
+            raise ValueError(f"peak_tflops must be a positive finite number, got {peak_tflops!r}")
+    else:
+        catalogue_peak = g.peak_tflops(path)
+        if catalogue_peak is None:
+            raise NotSupportedError(
+                f"{g.name} has no published dense peak for path {path!r} "
+                f"(bf16={g.bf16_tflops}, fp8={g.fp8_tflops}, nvfp4={g.nvfp4_tflops} TFLOPS); "
+                "pass peak_tflops=<dense TFLOPS> to predict to model it with a figure of your own"
+            )
+        peak = catalogue_peak
+    eff = efficiency_for(g, path)
     e_c = eff.compute if efficiency is None else float(efficiency)
+    e_src = eff.compute_source if efficiency is None else "given: efficiency argument"
     e_m = eff.memory if mem_efficiency is None else float(mem_efficiency)
     for label, e in (("efficiency", e_c), ("mem_efficiency", e_m)):
         if not 0.0 < e <= 1.0:
@@ -761,6 +898,7 @@ def predict(
         bandwidth_tb_s=g.bandwidth_tb_s,
         efficiency=e_c,
         mem_efficiency=e_m,
+        efficiency_source=e_src,
     )
 
 
@@ -867,6 +1005,7 @@ def predict_block(
         bandwidth_tb_s=first.bandwidth_tb_s,
         efficiency=first.efficiency,
         mem_efficiency=first.mem_efficiency,
+        efficiency_source=first.efficiency_source,
     )
 
 

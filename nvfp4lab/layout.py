@@ -45,7 +45,9 @@ def swizzle_scales(scales: torch.Tensor) -> torch.Tensor:
     """Plain scales ``[rows, cols]`` (or ``[..., cols]``, leading dims flattened) -> blocked 2-D.
 
     Returns a tensor of shape ``padded_scale_shape(rows, cols)`` and the input's dtype whose
-    row-major bytes are the 128x4 blocked layout; padding entries are zero.
+    row-major bytes are the 128x4 blocked layout; padding entries are zero. Leading dims are
+    flattened into one row space (one GEMM operand); for a batch of operands, e.g. MoE experts
+    ``[E, N, K/16]`` whose rows vLLM pads per expert, swizzle each ``scales[e]`` separately.
     """
     if scales.ndim == 0:
         raise ValueError("swizzle_scales needs a [rows, cols] tensor, got a 0-d tensor")

@@ -363,6 +363,8 @@ def _linear(
 ) -> torch.Tensor:
     """:func:`linear` with an optional precomputed ``w_dq = weight.dequantize(x.dtype)``."""
     _check_args(x, weight, bias, bias_mode)
+    if input_global_scale is not None:  # validated on every path, also where it is unused
+        input_global_scale = as_global_scale(input_global_scale, x.device)
     if backend == "auto":
         backend = select_backend(x.device).name
     if backend not in BACKENDS:

@@ -144,6 +144,7 @@ def compute_global_scale(
     ``kernel``: the division in float32. ``compressed-tensors``: amax clamped below at
     ``finfo(x.dtype).tiny`` and the division done in ``x.dtype`` (a bf16 model gets a
     bf16-rounded scale; fp16 overflows for amax < 2688/65504 ≈ 0.041), then cast to float32.
+    NaN/Inf entries are ignored (they only reach here under ``nonfinite="propagate"``).
     Either way a non-finite or non-positive result becomes 1.0 (compressed-tensors' rule); the
     kernel order also caps the scale at ``KERNEL_MAX_GLOBAL_SCALE`` (2**116, reached only for
     amax < 3.2e-32) so that its reciprocal-multiply arithmetic cannot overflow.
@@ -152,6 +153,10 @@ def compute_global_scale(
     _check_choice("convention", convention, CONVENTIONS)
     if x.is_meta:
         return torch.empty(1, dtype=torch.float32, device="meta")
+    x = x.detach()
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        # NaN/Inf (nonfinite="propagate") must not set the scale of the finite values.
+        x = torch.where(torch.isfinite(x), x, 0)
     amax = (
         torch.linalg.vector_norm(x, ord=float("inf")) if x.numel() else x.new_zeros(())
     )
@@ -244,6 +249,7 @@ def _prepare(
     """Validate; return (blocks [..., nb, block], global scale float32 [1] on x.device)."""
     _check_input(x)
     _check_choice("convention", convention, CONVENTIONS)
+    x = x.detach()  # quantization is a non-differentiable rounding
     blocks = split_blocks(x, block_size, pad)
     _check_finite(x, nonfinite)
     if global_scale is None:
@@ -270,7 +276,10 @@ def quantize(
     """Quantize ``x`` (fp32/bf16/fp16, ``[..., K]``) to an :class:`NVFP4Tensor`.
 
     ``global_scale``: ENCODE convention (2688/amax), float or one-element tensor; ``None``
-    computes it from ``amax(|x|)`` with :func:`compute_global_scale` in the chosen convention.
+    computes it from ``amax(|x|)`` with :func:`compute_global_scale`: in the kernel convention
+    a true float32 division ``f32(2688) / f32(amax)`` (NOT torch's ``2688 / t``, which is
+    ``reciprocal(t) * 2688`` and differs by one ulp for about a quarter of amax values); pass
+    the scale explicitly to reproduce another implementation's choice. Not differentiable.
     See the module docstring for the arithmetic, padding and the NaN/Inf policy.
     """
     blocks, gs = _prepare(x, global_scale, block_size, convention, pad, nonfinite)
@@ -281,7 +290,14 @@ def quantize(
     else:
         codes, scales = quantize_blocks(blocks, gs, convention)
         packed = pack_fp4(codes.reshape(*lead, nb * block_size))
-    return NVFP4Tensor(packed=packed, scales=scales, global_scale=gs, shape=x.shape, dtype=x.dtype)
+    return NVFP4Tensor(
+        packed=packed,
+        scales=scales,
+        global_scale=gs,
+        shape=x.shape,
+        dtype=x.dtype,
+        block_size=block_size,
+    )
 
 
 def dequantize(q: NVFP4Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

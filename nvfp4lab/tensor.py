@@ -15,6 +15,7 @@ Conventions
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -34,12 +35,13 @@ def as_global_scale(
     Raises ValueError for a wrong element count, or (off the meta device) a value that is not
     finite and > 0.
     """
-    if isinstance(global_scale, bool) or not isinstance(global_scale, torch.Tensor | float | int):
+    if isinstance(global_scale, bool) or not isinstance(global_scale, torch.Tensor | numbers.Real):
         raise ValueError(
-            f"global_scale must be a float or a one-element tensor, got {type(global_scale)}"
+            f"global_scale must be a real number or a one-element tensor, got {type(global_scale)}"
         )
-    gs = torch.as_tensor(global_scale)
-    if gs.numel() != 1:
+    gs = torch.as_tensor(float(global_scale) if not isinstance(global_scale, torch.Tensor)
+                         else global_scale.detach())
+    if gs.numel() != 1 or gs.ndim > 1:
         raise ValueError(
             f"global_scale must hold exactly one element (shape [1] or []), got shape "
             f"{tuple(gs.shape)}; NVFP4 has one tensor scale per tensor"
@@ -78,8 +80,9 @@ class NVFP4Tensor:
     """An NVFP4-quantized tensor: packed E2M1 codes, E4M3 block scales, FP32 global scale.
 
     Construct it with :func:`nvfp4lab.quantize`, or from checkpoint tensors with keyword
-    arguments ``packed=, scales=, global_scale=`` (``shape`` defaults to ``[..., 2 * Kp/2]`` and
-    ``dtype`` to float32). See the module docstring for the layout and scale conventions.
+    arguments ``packed=, scales=, global_scale=`` (``shape`` defaults to ``[..., 2 * Kp/2]``,
+    ``dtype`` to float32, ``block_size`` to 16, the NVFP4 value; shapes must agree with it).
+    See the module docstring for the layout and scale conventions.
     """
 
     packed: torch.Tensor
@@ -87,6 +90,7 @@ class NVFP4Tensor:
     global_scale: torch.Tensor
     shape: torch.Size | None = None
     dtype: torch.dtype = field(default=torch.float32)
+    block_size: int = BLOCK_SIZE
 
     def __post_init__(self) -> None:
         if not isinstance(self.packed, torch.Tensor) or self.packed.dtype != torch.uint8:
@@ -116,19 +120,20 @@ class NVFP4Tensor:
                 f"NVFP4Tensor fields live on different devices: packed on {packed.device}, "
                 f"scales on {scales.device}"
             )
+        block = self.block_size
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0 or block % 2:
+            raise ValueError(f"NVFP4Tensor.block_size must be a positive even int, got {block!r}")
         padded_k = 2 * packed.shape[-1]
-        n_scales = scales.shape[-1]
-        if (n_scales == 0) != (padded_k == 0) or (
-            n_scales and (padded_k % n_scales or (padded_k // n_scales) % 2)
-        ):
+        if padded_k != scales.shape[-1] * block:
             raise ValueError(
-                f"NVFP4Tensor: {padded_k} elements per row (packed {tuple(packed.shape)}) cannot "
-                f"be split into {n_scales} blocks of an even size (scales {tuple(scales.shape)})"
+                f"NVFP4Tensor shapes do not match: packed {tuple(packed.shape)} holds {padded_k} "
+                f"codes per row but scales {tuple(scales.shape)} cover {scales.shape[-1]} blocks "
+                f"of {block} = {scales.shape[-1] * block}; packed must be [..., K/2] (two codes "
+                "per byte) and scales [..., K/16]"
             )
         shape = torch.Size(self.shape) if self.shape is not None else torch.Size(
             (*packed.shape[:-1], padded_k)
         )
-        block = self.block_size
         if (
             len(shape) != packed.ndim
             or shape[:-1] != packed.shape[:-1]
@@ -141,12 +146,6 @@ class NVFP4Tensor:
         self.shape = shape
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
             raise ValueError(f"NVFP4Tensor.dtype must be a floating torch.dtype, got {self.dtype}")
-
-    @property
-    def block_size(self) -> int:
-        """Elements per block scale (16 for NVFP4)."""
-        n_scales = self.scales.shape[-1]
-        return 2 * self.packed.shape[-1] // n_scales if n_scales else BLOCK_SIZE
 
     @property
     def device(self) -> torch.device:
@@ -168,6 +167,8 @@ class NVFP4Tensor:
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Decode to ``dtype`` (default: the original dtype); returns a tensor of ``self.shape``."""
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dequantize needs a floating dtype, got {dtype}")
         codes = self.codes()
         blocks = codes.reshape(*codes.shape[:-1], self.scales.shape[-1], self.block_size)
         values = decode_blocks(blocks, self.scales, self.global_scale).reshape(codes.shape)
@@ -187,6 +188,7 @@ class NVFP4Tensor:
             global_scale=self.global_scale.to(device),
             shape=self.shape,
             dtype=self.dtype,
+            block_size=self.block_size,
         )
 
     def __repr__(self) -> str:

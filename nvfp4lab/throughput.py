@@ -4,7 +4,8 @@ Two kinds of numbers never mix here; every table has a ``source`` column and eve
 series says which it is:
 
 - **modeled**: :func:`nvfp4lab.gpus.predict` roofline estimates from published peaks and stated
-  efficiency factors (:data:`nvfp4lab.gpus.EFFICIENCY`);
+  efficiency factors (:data:`nvfp4lab.gpus.EFFICIENCY` per path, overridden per GPU by
+  :data:`nvfp4lab.gpus.GPU_EFFICIENCY` where a GPU has its own published measurement);
 - **measured**: rows of ``results/*.csv`` shards written by ``nvfp4lab bench`` (all machines
   merged), timed on real hardware.
 
@@ -32,6 +33,7 @@ __all__ = [
     "block_frame",
     "catalogue_frame",
     "chosen_path_speedup",
+    "efficiency_frame",
     "layer_frame",
     "load_measured",
     "measured_linear_summary",
@@ -77,6 +79,31 @@ def catalogue_frame(with_sources: bool = False) -> pd.DataFrame:
     if with_sources:
         return pd.DataFrame(gpus.sources_table())
     return pd.DataFrame([g.as_dict() for g in gpus.CATALOGUE.values()]).set_index("name")
+
+
+def efficiency_frame(gpu_names: Iterable[str] | None = None) -> pd.DataFrame:
+    """The efficiency factors :func:`nvfp4lab.gpus.predict` uses by default, per GPU and path
+    it can model, with their sources; ``own_measurement`` is True where the GPU's own published
+    rate replaces the path default (:func:`nvfp4lab.gpus.efficiency_for`)."""
+    import pandas as pd
+
+    rows = []
+    for g in (gpus.get(n) for n in (gpu_names or gpus.CATALOGUE)):
+        for path in gpus.supported_paths(g):
+            e = gpus.efficiency_for(g, path)
+            rows.append(
+                {
+                    "source": "modeled",
+                    "gpu": g.name,
+                    "path": path,
+                    "compute": e.compute,
+                    "memory": e.memory,
+                    "own_measurement": (g.name, path) in gpus.GPU_EFFICIENCY,
+                    "compute_source": e.compute_source,
+                    "memory_source": e.memory_source,
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def backend_frame(gpu_names: Iterable[str] | None = None) -> pd.DataFrame:

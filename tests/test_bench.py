@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -144,3 +146,210 @@ def test_run_peers_is_bit_exact_with_ct_convention() -> None:
     assert 0.9 < by["nvfp4lab[kernel]"].code_agreement <= 1.0
     assert all(r.median_s > 0 for r in results)
     assert isinstance(notes, list)
+
+
+# -- code revision ---------------------------------------------------------------------------
+
+
+def test_code_revision_counts_untracked_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, ...]] = []
+    status = {"out": ""}
+
+    def fake_git(*args: str, cwd: object = None) -> str | None:
+        calls.append(args)
+        if args[0] == "rev-parse":
+            return "abc1234"
+        return status["out"]
+
+    monkeypatch.setattr(bench, "_git", fake_git)
+    assert bench.code_revision() == "abc1234"
+    status["out"] = "?? nvfp4lab/new_module.py"  # a new file git does not track yet
+    assert bench.code_revision() == "abc1234+dirty"
+    status["out"] = " M nvfp4lab/bench.py"
+    assert bench.code_revision() == "abc1234+dirty"
+    st = [c for c in calls if c[0] == "status"]
+    assert st and all("--untracked-files=no" not in c for c in st)
+    assert all(c[-2:] == ("--", ".") for c in st)  # only the package folder counts
+
+
+def _git_in(repo: Path, *args: str) -> str:
+    import subprocess
+
+    cmd = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    cmd += ["-c", "commit.gpgsign=false", *args]
+    env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": os.environ["PATH"]}
+    return subprocess.run(
+        cmd, cwd=repo, env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_code_revision_in_a_temp_git_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    repo = tmp_path / "repo"
+    pkg = repo / "nvfp4lab"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("x = 1\n")
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    _git_in(repo, "init", "-q")
+    _git_in(repo, "add", ".")
+    _git_in(repo, "commit", "-q", "-m", "init")
+    rev = _git_in(repo, "rev-parse", "--short", "HEAD")
+    assert bench.code_revision(pkg) == rev
+    (repo / "notes.txt").write_text("outside the package\n")  # does not count
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "x.pyc").write_bytes(b"\0")  # git-ignored: does not count
+    assert bench.code_revision(pkg) == rev
+    (pkg / "sub").mkdir()
+    (pkg / "sub" / "new.py").write_text("y = 2\n")  # untracked, in the package
+    assert bench.code_revision(pkg) == f"{rev}+dirty"
+    assert bench.code_revision(tmp_path / "nowhere") == "unknown"
+
+
+# -- CLI validation: a clear one-line message and exit code 2, no traceback ---------------------
+
+
+def _cli_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    code = bench.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("nvfp4lab bench: ") and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("peers", [False, True], ids=["bench", "peers"])
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--repeats", "0"], r"--repeats 0.*--repeats 1 or more"),
+        (["--warmup", "-1"], r"--warmup -1.*--warmup 0 or more"),
+        (["--device", "xyz"], r"--device 'xyz' is not a torch device.*--device cpu"),
+        (["--device", "mps"], r"--device 'mps'.*only cpu and cuda.*--device cpu"),
+    ],
+)
+def test_bad_values_are_reported_not_raised(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    peers: bool,
+    extra: list[str],
+    expected: str,
+) -> None:
+    out = tmp_path / "x.csv"
+    argv = ["--tiny", "--out", str(out), "--ops", "matmul", *extra] + (["--peers"] if peers else [])
+    assert re.search(expected, _cli_error(capsys, argv))
+    assert not out.exists()  # nothing measured, nothing written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
+@pytest.mark.parametrize("peers", [False, True], ids=["bench", "peers"])
+def test_cuda_on_cpu_only_torch_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], peers: bool
+) -> None:
+    argv = ["--tiny", "--out", str(tmp_path / "x.csv"), "--device", "cuda"]
+    err = _cli_error(capsys, argv + (["--peers"] if peers else []))
+    assert "--device 'cuda'" in err and "CUDA is not usable" in err and "--device cpu" in err
+
+
+def test_resolve_device() -> None:
+    assert bench.resolve_device("cpu") == "cpu"
+    assert bench.resolve_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="cuda"):
+        bench.resolve_device(f"cuda:{torch.cuda.device_count() + 3}")
+
+
+@pytest.mark.parametrize("peers", [False, True], ids=["bench", "peers"])
+def test_out_with_another_header_is_reported_and_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], peers: bool
+) -> None:
+    other = tmp_path / "other.csv"
+    other.write_text("name,value\na,1\n")
+    argv = ["--tiny", "--out", str(other), "--ops", "matmul"] + (["--peers"] if peers else [])
+    err = _cli_error(capsys, argv)
+    assert str(other) in err and "another header" in err and "name, value" in err
+    assert "new file" in err
+    assert other.read_text() == "name,value\na,1\n"
+
+
+def test_nothing_measured_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if bench.native_available("cpu")[0]:
+        pytest.skip("native FP4 runs here")
+    out = tmp_path / "x.csv"
+    code = bench.main(["--tiny", "--out", str(out), "--backends", "native", "--ops", "linear"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "nothing was measured" in err and "linear/native skipped" in err
+    assert "--backends emulation" in err
+    assert not out.exists()
+
+
+# -- peers on --device, torchao given a per-tensor scale -------------------------------------
+
+
+def test_peers_time_on_the_requested_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvfp4lab import timing
+
+    seen: list[object] = []
+    real = timing.time_interleaved
+
+    def spy(fns: dict, **kwargs: object) -> dict:
+        seen.append(kwargs.get("device"))
+        return real(fns, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(timing, "time_interleaved", spy)
+    results, _ = bench.run_peers([(32, 64)], repeats=1, device="cpu")
+    assert seen == ["cpu"]
+    assert {r.device for r in results} == {"cpu"} and {r.timer for r in results} == {"perf_counter"}
+    rows = bench._peer_rows(results, bench.environment("cpu"), 0)
+    assert {r["timer"] for r in rows} == {"perf_counter"} and {r["device"] for r in rows} == {"cpu"}
+    with pytest.raises(ValueError, match="--repeats 0"):
+        bench.run_peers([(32, 64)], repeats=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_peers_on_cuda_use_cuda_events(tmp_path: Path) -> None:
+    results, _ = bench.run_peers([(256, 256)], repeats=2, device="cuda")
+    assert {r.timer for r in results} == {"cuda_events"}
+    assert {r.device for r in results} == {"cuda"}
+    by = {r.impl: r for r in results}
+    assert by["nvfp4lab[compressed-tensors]"].matches_ct is True
+    out = tmp_path / "p.csv"
+    assert bench.main(["--peers", "--tiny", "--device", "cuda", "--out", str(out)]) == 0
+    _, rows = _read(out)
+    assert {r["timer"] for r in rows} == {"cuda_events"}
+    assert all(r["capability"] for r in rows)
+
+
+def test_torchao_gets_a_decode_convention_per_tensor_scale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scales: list[torch.Tensor | None] = []
+
+    def to_nvfp4(data_hp: torch.Tensor, block_size: int = 16, per_tensor_scale=None) -> object:
+        scales.append(per_tensor_scale)
+        return data_hp
+
+    monkeypatch.setattr(bench, "_torchao_quantizer", lambda: to_nvfp4)
+    results, notes = bench.run_peers([(32, 64)], repeats=2, warmup=0)
+    assert "torchao" in {r.impl for r in results}
+    x = bench.seeded_randn((32, 64), torch.bfloat16, 0)
+    expected = x.abs().amax().float() / 2688.0
+    assert scales and all(s is not None and torch.equal(s, expected) for s in scales)
+    assert not any("torchao" in n for n in notes)
+
+
+def test_torchao_without_per_tensor_scale_or_failing_is_noted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bench, "_torchao_quantizer", lambda: lambda data_hp: data_hp)
+    results, notes = bench.run_peers([(32, 64)], repeats=1)
+    assert "torchao" in {r.impl for r in results}
+    assert any("no per_tensor_scale" in n and "not like for like" in n for n in notes)
+
+    def broken(data_hp: torch.Tensor, per_tensor_scale: object = None) -> object:
+        raise NotImplementedError("no CPU kernel")
+
+    monkeypatch.setattr(bench, "_torchao_quantizer", lambda: broken)
+    results, notes = bench.run_peers([(32, 64)], repeats=1)
+    assert "torchao" not in {r.impl for r in results}
+    assert any("failed" in n and "no CPU kernel" in n and "skipped" in n for n in notes)

@@ -149,17 +149,25 @@ def test_3d_input_matches_flattened_compressed_tensors() -> None:
     assert torch.equal(q.scales.view(torch.uint8).reshape(12, 4), scale_bytes)
 
 
-def test_fake_quantize_matches_compressed_tensors_values() -> None:
-    """Decoded values: CT's unpack * (scale / gs) equals nvfp4lab's fake_quantize."""
-    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+def test_fake_quantize_matches_compressed_tensors_decompressor() -> None:
+    """Decoded values: compressed-tensors' own NVFP4 decompressor (what transformers runs when
+    loading a checkpoint; it always decodes to bfloat16) equals nvfp4lab's dequantize."""
+    from compressed_tensors.compressors.nvfp4 import NVFP4PackedCompressor
+    from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
 
     x = make("student_t", (16, 128), torch.bfloat16, seed=6)
     packed, scale_bytes, gs = ct_quantize(x)
-    values = unpack_fp4_from_uint8(packed, 16, 128, dtype=torch.float32)
-    factor = scale_bytes.view(torch.float8_e4m3fn).float() / gs
-    ct_values = (values.reshape(16, 8, 16) * factor.unsqueeze(-1)).reshape(16, 128)
-    ours = fake_quantize(x, convention="compressed-tensors")
-    assert torch.equal(ours, ct_values.to(torch.bfloat16))
+    state = {
+        "weight_packed": packed,
+        "weight_scale": scale_bytes.view(torch.float8_e4m3fn),
+        "weight_global_scale": gs,
+    }
+    scheme = preset_name_to_scheme("NVFP4", ["Linear"])
+    ct_values = NVFP4PackedCompressor.decompress(state, scheme)["weight"]
+    assert ct_values.dtype == torch.bfloat16
+    ours = quantize(x, convention="compressed-tensors")
+    assert torch.equal(ours.dequantize(torch.bfloat16), ct_values)
+    assert torch.equal(fake_quantize(x, convention="compressed-tensors"), ct_values)
 
 
 def test_kernel_and_ct_disagree_on_a_small_fraction_for_bf16() -> None:

@@ -182,3 +182,10 @@ def test_pack_odd_k_raises() -> None:
         pack_fp4(torch.zeros(3, 5, dtype=torch.uint8))
     with pytest.raises(TypeError, match="float32"):
         pack_fp4(torch.zeros(4))
+
+
+def test_pack_rejects_codes_above_15() -> None:
+    from nvfp4lab.e2m1 import pack_fp4
+
+    with pytest.raises(ValueError, match="maximum of 16"):
+        pack_fp4(torch.tensor([16, 1], dtype=torch.uint8))

@@ -27,6 +27,26 @@ DATASHEET_GPUS = (
     "DGX Spark (GB10)",
 )
 ALL = list(CATALOGUE.values())
+
+#: The table of ../shared/design/gpu-datasheets.md, transcribed by hand:
+#: name: (cc, BF16 TF, FP8 TF, NVFP4 TF, mem GB, TB/s). "—" and "unpublished" are None;
+#: "~1008" is 1008; "165.2 (fp32 acc)" is 165.2; "288 (270 usable)" is 288; "128 (unified)" 128.
+DATASHEET: dict[str, tuple[str, float | None, float | None, float | None, float, float]] = {
+    "A100 SXM 80GB": ("8.0", 312, None, None, 80, 2.039),
+    "L40S": ("8.9", 362, 733, None, 48, 0.864),
+    "L4": ("8.9", 121, 242, None, 24, 0.300),
+    "RTX 4090": ("8.9", 165.2, 330.3, None, 24, 1.008),
+    "H100 SXM": ("9.0", 989, 1979, None, 80, 3.35),
+    "H100 PCIe": ("9.0", 756, 1513, None, 80, 2.0),
+    "H200 SXM": ("9.0", 989, 1979, None, 141, 4.8),
+    "B200": ("10.0", 2250, 4500, 9000, 180, 7.7),
+    "GB200": ("10.0", 2500, 5000, 10000, 186, 8.0),
+    "B300": ("10.3", 2250, 4500, 13500, 288, 8.0),
+    "GB300": ("10.3", 2500, 5000, 15000, 279, 8.0),
+    "RTX 5090": ("12.0", 209.5, 419, 1676, 32, 1.792),
+    "RTX PRO 6000 Blackwell WS": ("12.0", 503.8, 1008, 2015, 96, 1.792),
+    "DGX Spark (GB10)": ("12.1", None, None, 500, 128, 0.273),
+}
 LLAMA8_QKV = (6144, 4096)
 
 
@@ -35,7 +55,18 @@ LLAMA8_QKV = (6144, 4096)
 
 def test_every_datasheet_gpu_is_catalogued() -> None:
     assert set(DATASHEET_GPUS) <= set(CATALOGUE)
+    assert set(DATASHEET) == set(DATASHEET_GPUS)
     assert gpus.names() == list(CATALOGUE)
+
+
+@pytest.mark.parametrize("name", list(DATASHEET))
+def test_catalogue_equals_the_datasheet_table(name: str) -> None:
+    g = CATALOGUE[name]
+    cc, bf16, fp8, fp4, mem, bw = DATASHEET[name]
+    got = (g.capability_str, g.bf16_tflops, g.fp8_tflops, g.nvfp4_tflops, g.memory_gb)
+    assert got == (cc, bf16, fp8, fp4, mem)
+    assert g.bandwidth_tb_s == bw
+    assert g.as_dict()["capability"] == cc
 
 
 @pytest.mark.parametrize("g", ALL, ids=lambda g: g.name)
@@ -140,7 +171,15 @@ def test_unknown_name_lists_known_ones(bad: str) -> None:
 def test_by_capability() -> None:
     assert {g.name for g in gpus.by_capability((9, 0))} == {"H100 SXM", "H100 PCIe", "H200 SXM"}
     assert {g.name for g in gpus.by_capability("8.9")} == {"L40S", "L4", "RTX 4090"}
+    assert {g.name for g in gpus.by_capability(" 12.1 ")} == {"DGX Spark (GB10)"}
+    assert gpus.by_capability("9") == gpus.by_capability((9, 0))
     assert gpus.by_capability((7, 5)) == []
+
+
+@pytest.mark.parametrize("bad", ["abc", "", "9.x", "9.0.1", "-1.0", (9,), (9, 0, 1), ("a", 0), 9])
+def test_by_capability_rejects_clearly(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"\(major, minor\).*\"major\.minor\""):
+        gpus.by_capability(bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -181,6 +220,76 @@ def test_efficiency_defaults_cite_measurements() -> None:
         e = EFFICIENCY[path]
         assert 0 < e.compute <= 1 and 0 < e.memory <= 1
         assert e.compute_source and e.memory_source
+
+
+#: Published measurements (gpu-datasheets.md notes) -> (GPU, path, TFLOPS, shape M, N, K).
+#: B200's were taken at 8192^3; B300's on "5B-model GEMMs" and RTX 5090's in an mma loop, for
+#: which the large compute-bound 16384 x 4096 x 4096 stands in. All are kernel-only figures.
+PUBLISHED = [
+    ("B200", "nvfp4_native", 5370.0, (8192, 8192, 8192)),
+    ("B200", "bf16", 1420.0, (8192, 8192, 8192)),
+    ("B300", "nvfp4_native", 5100.0, (16384, 4096, 4096)),
+    ("B300", "bf16", 1500.0, (16384, 4096, 4096)),
+    ("RTX 5090", "nvfp4_native", 1464.0, (16384, 4096, 4096)),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "tflops", "shape"), PUBLISHED)
+def test_published_measurements_are_reproduced(
+    name: str, path: str, tflops: float, shape: tuple[int, int, int]
+) -> None:
+    for quantize_activations in (False, True):
+        p = gpus.predict(name, *shape, path, quantize_activations=quantize_activations)
+        assert p.bound == "compute"
+        assert p.tflops == pytest.approx(tflops, rel=0.10)
+        assert p.efficiency_source == gpus.efficiency_for(name, path).compute_source
+        assert p.efficiency_source and name in p.efficiency_source
+
+
+def test_every_measurement_has_an_override_with_its_source() -> None:
+    for m in gpus.MEASUREMENTS:
+        e = gpus.GPU_EFFICIENCY[(m.gpu, m.path)]
+        assert e.compute == pytest.approx(m.tflops / m.peak_tflops)
+        assert e.compute_source == m.source and m.gpu in m.source
+        assert m.peak_tflops == CATALOGUE[m.gpu].peak_tflops(m.path)
+    # a BF16 measurement also sets the 16-bit-math paths of that GPU
+    assert gpus.efficiency_for("B300", "w4a16").compute == pytest.approx(1500 / 2250)
+    assert gpus.efficiency_for("B300", "emulation").compute == pytest.approx(1500 / 2250)
+
+
+def test_efficiency_falls_back_to_the_path_default() -> None:
+    assert gpus.efficiency_for("H100", "bf16") is EFFICIENCY["bf16"]
+    assert gpus.efficiency_for("GB300", "nvfp4_native") is EFFICIENCY["nvfp4_native"]
+    assert gpus.efficiency_for("RTX 5090", "bf16") is EFFICIENCY["bf16"]
+    assert gpus.efficiency_for("B300", "fp8") is EFFICIENCY["fp8"]
+    with pytest.raises(ValueError):
+        gpus.efficiency_for("B300", "int4")
+
+
+def test_efficiency_argument_overrides_the_gpu_measurement() -> None:
+    p = gpus.predict("B300", 16384, 16384, 16384, "nvfp4_native", efficiency=1.0)
+    assert p.bound == "compute"
+    assert p.efficiency == 1.0 and p.tflops == pytest.approx(13500)
+    assert "given" in p.efficiency_source
+
+
+def test_peak_tflops_override() -> None:
+    with pytest.raises(gpus.NotSupportedError, match="peak_tflops="):
+        gpus.predict("DGX Spark", 16384, 4096, 4096, "bf16")
+    for path in ("bf16", "fp8", "w4a16", "emulation"):
+        p = gpus.predict("DGX Spark", 16384, 4096, 4096, path, peak_tflops=125.0)
+        assert p.peak_tflops == 125.0 and math.isfinite(p.time_s) and p.time_s > 0
+    p = gpus.predict("DGX Spark", 16384, 4096, 4096, "bf16", peak_tflops=125.0, efficiency=1.0)
+    assert p.bound == "compute" and p.tflops == pytest.approx(125.0)
+    # it replaces a published peak too, and cannot create FP4 tensor cores
+    assert gpus.predict("H100", 8192, 8192, 8192, "bf16", peak_tflops=500.0).peak_tflops == 500.0
+    with pytest.raises(gpus.NotSupportedError, match="no FP4 tensor cores"):
+        gpus.predict("H100", 16, 64, 64, "nvfp4_native", peak_tflops=5000.0)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="peak_tflops"):
+            gpus.predict("DGX Spark", 16, 64, 64, "bf16", peak_tflops=bad)
+    block = gpus.predict_block("DGX Spark", "Llama-3-8B", 1, "w4a16", peak_tflops=125.0)
+    assert block.peak_tflops == 125.0 and block.bound == "memory"
 
 
 def test_hand_computed_memory_bound_case() -> None:

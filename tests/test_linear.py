@@ -281,3 +281,11 @@ def test_top_level_linear_is_the_function_after_submodule_import() -> None:
     import nvfp4lab.nn  # imports the submodule nvfp4lab.linear
 
     assert callable(nvfp4lab.linear), type(nvfp4lab.linear)
+
+
+def test_bad_input_global_scale_is_refused_on_every_backend() -> None:
+    w = quantize(torch.randn(16, 32))
+    x = torch.randn(2, 32)
+    for backend in ("emulation", "w4a16"):
+        with pytest.raises(ValueError, match="finite and > 0"):
+            linear_mod.linear(x, w, input_global_scale=-5.0, backend=backend)

@@ -74,7 +74,7 @@ def test_per_block_nmse_and_summary() -> None:
     assert summary["p99_nmse"] == pytest.approx(0.09 + 0.97 * 0.07)
     assert summary["max_nmse"] == pytest.approx(0.16)
     assert summary["worst_block"] == 3
-    assert summary["zero_blocks"] == 0
+    assert summary["exact_blocks"] == 0 and summary["zero_reference_blocks"] == 0
 
 
 def test_per_block_nmse_zero_blocks() -> None:
@@ -86,9 +86,11 @@ def test_per_block_nmse_zero_blocks() -> None:
     assert per_block[0, 0].item() == pytest.approx(1 / 64)
     assert per_block[1, 0].item() == 0.0  # zero reference, zero error
     approx[1, 5] = 1.0
-    assert math.isnan(metrics.per_block_nmse(ref, approx)[1, 0].item())
+    assert math.isinf(metrics.per_block_nmse(ref, approx)[1, 0].item())  # like nmse()
     summary = metrics.block_error_summary(ref, approx)
-    assert summary["mean_nmse"] == pytest.approx(1 / 64)  # NaN blocks are left out
+    assert summary["mean_nmse"] == pytest.approx(1 / 64)  # zero-reference blocks left out
+    assert summary["zero_reference_blocks"] == 1 and summary["exact_blocks"] == 0
+    assert summary["worst_block"] == 0
     with pytest.raises(ValueError, match="no block"):
         metrics.block_error_summary(torch.zeros(1, 16), torch.ones(1, 16))
 

@@ -432,3 +432,65 @@ def test_e2m1_ties_inside_a_block(dtype: torch.dtype, convention: str) -> None:
     assert q.scales.float().item() == 1.0
     expected = [7, 0, 2, 2, 4, 4, 6, 6]
     assert unpack_fp4(q.packed)[0].tolist() == expected + [c | 8 for c in expected]
+
+
+# --------------------------------------------------------------------------------------------
+# review follow-ups: NaN under "propagate", explicit block size, field validation
+# --------------------------------------------------------------------------------------------
+
+
+def test_propagate_nan_does_not_set_the_global_scale() -> None:
+    """A NaN/Inf must not replace the global scale of the finite values by 1.0."""
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(3)) * 1e4
+    clean = x.clone()
+    x[0, 0] = float("nan")
+    x[1, 5] = float("inf")
+    gs = compute_global_scale(x)
+    finite = torch.where(torch.isfinite(x), x, 0)
+    assert torch.equal(gs, compute_global_scale(finite))
+    q = quantize(x, nonfinite="propagate")
+    assert torch.equal(q.global_scale, gs)
+    # rows 2 and 3 hold only finite values: decoded as without the NaN/Inf
+    assert torch.equal(q.dequantize()[2:], quantize(clean, gs).dequantize()[2:])
+    assert bool(torch.isnan(q.dequantize()[0, :16]).all())  # the NaN block is poisoned
+
+
+def test_nvfp4tensor_shapes_must_match_the_block_size() -> None:
+    q = quantize(torch.randn(8, 64))
+    with pytest.raises(ValueError, match="cover 4 blocks of 16"):
+        NVFP4Tensor(packed=q.codes(), scales=q.scales, global_scale=q.global_scale)
+    with pytest.raises(ValueError, match="cover 8 blocks of 16"):
+        NVFP4Tensor(
+            packed=q.packed, scales=torch.cat([q.scales] * 2, -1), global_scale=q.global_scale
+        )
+    other = quantize(torch.randn(8, 64), block_size=32)
+    assert other.block_size == 32 and other.scales.shape == (8, 2)
+    assert torch.equal(other.to("cpu").dequantize(), other.dequantize())
+    with pytest.raises(ValueError, match="cover 2 blocks of 16"):
+        NVFP4Tensor(packed=other.packed, scales=other.scales, global_scale=other.global_scale)
+
+
+def test_global_scale_forms() -> None:
+    import numpy as np
+
+    x = torch.randn(2, 16)
+    assert torch.equal(quantize(x, np.float32(448.0)).packed, quantize(x, 448.0).packed)
+    with pytest.raises(ValueError, match=r"shape \[1\] or \[\]"):
+        quantize(x, torch.ones(1, 1))
+
+
+def test_dequantize_needs_a_float_dtype() -> None:
+    with pytest.raises(TypeError, match="int32"):
+        quantize(torch.randn(2, 16)).dequantize(torch.int32)
+
+
+def test_inputs_that_require_grad_are_detached_quietly() -> None:
+    import warnings
+
+    x = torch.randn(2, 32, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q = quantize(x)
+        y = fake_quantize(x)
+    assert not y.requires_grad
+    assert torch.equal(y, q.dequantize())

@@ -24,6 +24,20 @@ def test_backend_frame_follows_the_native_flag() -> None:
         assert row["reason"]
 
 
+def test_efficiency_frame_shows_per_gpu_overrides() -> None:
+    eff = tp.efficiency_frame()
+    own = eff[eff["own_measurement"]]
+    assert {(r.gpu, r.path) for r in own.itertuples()} == set(gpus.GPU_EFFICIENCY)
+    b300 = eff.query("gpu == 'B300' and path == 'nvfp4_native'").iloc[0]
+    assert b300["compute"] == pytest.approx(5100 / 13500)
+    assert "Transformer Engine" in b300["compute_source"]
+    h100 = eff.query("gpu == 'H100 SXM' and path == 'bf16'").iloc[0]
+    assert not h100["own_measurement"]
+    assert h100["compute"] == gpus.EFFICIENCY["bf16"].compute
+    assert eff.query("gpu == 'H100 SXM' and path == 'nvfp4_native'").empty
+    assert (eff["compute_source"].str.len() > 0).all()
+
+
 def test_block_frame_is_modeled_and_skips_impossible_paths() -> None:
     blocks = tp.block_frame(["Llama-3-8B"], ["H100 SXM", "B200"], ms=[1, 4096])
     assert set(blocks["source"]) == {"modeled"}
