@@ -46,7 +46,7 @@ import torch
 from nvfp4lab import variants
 from nvfp4lab.constants import E2M1_MAX, E4M3_MAX
 from nvfp4lab.e2m1 import decode_e2m1, pack_fp4, round_to_e2m1_codes, unpack_fp4
-from nvfp4lab.quantize import split_blocks
+from nvfp4lab.quantize import abs_max, split_blocks
 from nvfp4lab.tensor import NVFP4Tensor
 
 __all__ = [
@@ -217,7 +217,7 @@ class MXFP4Format(QuantFormat):
     def exponents(blocks: torch.Tensor) -> torch.Tensor:
         """int32 ``floor(log2 amax) - 2`` per block of ``[..., nb, 32]``, clamped to the E8M0
         range [-127, 127]; an all-zero block gets -127 (its codes are zero anyway)."""
-        amax = torch.linalg.vector_norm(blocks, ord=float("inf"), dim=-1).to(torch.float32)
+        amax = abs_max(blocks, -1).to(torch.float32)
         _, e = torch.frexp(amax)  # amax = m · 2^e, m in [0.5, 1): floor(log2 amax) = e - 1
         exp = torch.where(amax > 0, e - 1 - E2M1_EMAX, -E8M0_BIAS)
         return exp.clamp(-E8M0_BIAS, E8M0_BIAS).to(torch.int32)
@@ -280,7 +280,7 @@ class Int4GroupFormat(QuantFormat):
         underflows to 0 (amax below ~4e-7) zeroes its group."""
         variants.check_input(x)
         groups = _grouped(x, INT4_GROUP_SIZE, opts["pad"], "int4_g128")
-        amax = torch.linalg.vector_norm(groups, ord=float("inf"), dim=-1)
+        amax = abs_max(groups, -1)
         scales = (amax / INT4_QMAX).clamp_(max=_FP16_MAX).to(torch.float16)
         s = scales.to(torch.float32).unsqueeze(-1)
         ratio = torch.where(s > 0, groups / torch.where(s > 0, s, 1.0), 0.0)
@@ -339,9 +339,9 @@ class FP8E4M3Format(QuantFormat):
         if xf.numel() == 0:
             amax = xf.new_zeros(1 if granularity == "tensor" else (*xf.shape[:-1], 1))
         elif granularity == "tensor":
-            amax = torch.linalg.vector_norm(xf, ord=float("inf")).reshape(1)
+            amax = abs_max(xf).reshape(1)
         else:
-            amax = torch.linalg.vector_norm(xf, ord=float("inf"), dim=-1, keepdim=True)
+            amax = abs_max(xf, -1).unsqueeze(-1)
         scale = amax / E4M3_MAX
         scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, 1.0)
         data = (xf / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)

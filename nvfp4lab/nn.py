@@ -30,7 +30,7 @@ from torch import nn
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.dispatch import BACKENDS, BackendChoice, select_backend
 from nvfp4lab.linear import BIAS_MODES, _linear
-from nvfp4lab.quantize import CONVENTIONS, compute_global_scale, quantize
+from nvfp4lab.quantize import CONVENTIONS, abs_max, compute_global_scale, quantize
 from nvfp4lab.tensor import NVFP4Tensor, as_global_scale
 
 __all__ = [
@@ -650,7 +650,7 @@ def calibration(model: nn.Module, *, convention: str = "kernel") -> Iterator[Cal
             x = args[0]
             if not isinstance(x, torch.Tensor) or x.numel() == 0:
                 return
-            amax = torch.linalg.vector_norm(x.detach(), ord=float("inf"))
+            amax = abs_max(x.detach())
             prev = running.get(name)
             running[name] = amax if prev is None else torch.maximum(prev, amax.to(prev.dtype))
 

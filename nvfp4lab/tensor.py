@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,11 @@ from nvfp4lab.constants import BLOCK_SIZE, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 from nvfp4lab.layout import swizzle_scales
 
-__all__ = ["NVFP4Tensor", "as_global_scale", "decode_blocks"]
+__all__ = ["NVFP4Tensor", "as_global_scale", "block_chunks", "decode_blocks"]
+
+#: On the CPU, elementwise passes over ~2**18 elements at a time stay in cache: about 2x faster
+#: than whole-tensor passes, and no full-size float32 temporaries. Other devices take one chunk.
+CPU_CHUNK_ELEMENTS = 1 << 18
 
 
 def as_global_scale(
@@ -58,6 +63,13 @@ def as_global_scale(
                 "per_tensor_scale) must be inverted first: pass 1/scale."
             )
     return gs
+
+
+def block_chunks(blocks: int, block_size: int, device: torch.device) -> Iterator[slice]:
+    """Slices over ``blocks`` flattened blocks of ``block_size`` elements, one per work chunk."""
+    per = max(1, CPU_CHUNK_ELEMENTS // max(block_size, 1)) if device.type == "cpu" else blocks
+    for start in range(0, blocks, max(per, 1)):
+        yield slice(start, min(start + per, blocks))
 
 
 def decode_blocks(
@@ -169,12 +181,17 @@ class NVFP4Tensor:
         """Decode to ``dtype`` (default: the original dtype); returns a tensor of ``self.shape``."""
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dequantize needs a floating dtype, got {dtype}")
-        codes = self.codes()
-        blocks = codes.reshape(*codes.shape[:-1], self.scales.shape[-1], self.block_size)
-        values = decode_blocks(blocks, self.scales, self.global_scale).reshape(codes.shape)
-        if values.shape[-1] != self.shape[-1]:
-            values = values[..., : self.shape[-1]]
-        return values.to(dtype or self.dtype)
+        half = self.block_size // 2
+        packed = self.packed.reshape(-1, half)  # one row of bytes per block
+        scales = self.scales.reshape(-1)
+        out = torch.empty(
+            (packed.shape[0], self.block_size), dtype=dtype or self.dtype, device=self.device
+        )
+        for part in block_chunks(packed.shape[0], self.block_size, self.device):
+            values = decode_blocks(unpack_fp4(packed[part]), scales[part], self.global_scale)
+            out[part] = values
+        out = out.reshape(*self.packed.shape[:-1], 2 * self.packed.shape[-1])
+        return out if out.shape[-1] == self.shape[-1] else out[..., : self.shape[-1]]
 
     def swizzled_scales(self) -> torch.Tensor:
         """Block scales in the 128x4 blocked layout (2-D, leading dims flattened into rows)."""

@@ -79,6 +79,7 @@ from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.quantize import (
     CONVENTIONS,
+    abs_max,
     block_scales,
     compute_global_scale,
     quantize_blocks,
@@ -270,14 +271,7 @@ def global_scale_for(
     ``numerator`` 2688 (= 448·6) is :func:`nvfp4lab.quantize.compute_global_scale`; Four Over
     Six uses 1536 (= 256·6). Same division order per convention as that function.
     """
-    if numerator == GLOBAL_SCALE_NUMERATOR:
-        return compute_global_scale(x, convention=convention)  # type: ignore[arg-type]
-    amax = torch.linalg.vector_norm(x, ord=float("inf")) if x.numel() else x.new_zeros(())
-    if convention == "kernel":
-        gs = numerator / amax.to(torch.float32)
-    else:
-        gs = (numerator / amax.clamp(min=torch.finfo(x.dtype).tiny)).to(torch.float32)
-    return torch.where(torch.isfinite(gs) & (gs > 0), gs, torch.ones_like(gs)).reshape(1)
+    return compute_global_scale(x, convention=convention, numerator=numerator)  # type: ignore[arg-type]
 
 
 def stochastic_round_to_e2m1_codes(
@@ -327,7 +321,7 @@ def quantize_blocks_variant(
     """
     if tuple(targets) == (E2M1_MAX,) and rounding == "rne":
         return quantize_blocks(blocks, global_scale, convention)  # type: ignore[arg-type]
-    amax = torch.linalg.vector_norm(blocks, ord=float("inf"), dim=-1)
+    amax = abs_max(blocks, -1)
     best_scales = best_codes = best_err = None
     for target in targets:
         scales = block_scales(amax, global_scale, convention, target)
