@@ -19,6 +19,8 @@ from compressed_tensors.quantization.utils.helpers import (
     calculate_qparams,
     generate_gparam,
 )
+from sample_data import KINDS as ALL_KINDS
+from sample_data import make
 
 from nvfp4lab import reference
 from nvfp4lab.e2m1 import unpack_fp4
@@ -37,29 +39,7 @@ def ct_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return packed, scales.to(torch.float8_e4m3fn).view(torch.uint8), gs
 
 
-def make(kind: str, shape: tuple[int, int], dtype: torch.dtype, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g)
-    if kind == "student_t":
-        chi2 = (torch.randn((*shape, 3), generator=g) ** 2).sum(-1)
-        x = x / torch.sqrt(chi2 / 3)
-    elif kind == "outliers":
-        x = torch.where(torch.rand(shape, generator=g) < 0.01, x * 1000, x)
-    elif kind == "zero_blocks":
-        blocks = x.reshape(shape[0], -1, 16)
-        blocks[torch.rand(blocks.shape[:-1], generator=g) < 0.3] = 0.0
-        x = blocks.reshape(shape)
-    elif kind == "small_amax":
-        x = x / x.abs().max() * 0.03  # fp16: 2688 / 0.03 overflows float16
-    elif kind == "tiny_blocks":
-        # blocks spanning 8 decades: E4M3-subnormal and underflowing (-> 0.125) block scales
-        x = x * torch.pow(10.0, -torch.arange(shape[1] // 16).repeat_interleave(16).float())
-    elif kind != "normal":
-        raise AssertionError(kind)
-    return x.to(dtype)
-
-
-KINDS = ["normal", "student_t", "outliers", "zero_blocks", "small_amax", "tiny_blocks"]
+KINDS = list(ALL_KINDS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

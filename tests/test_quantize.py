@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from sample_data import make
 
 from nvfp4lab import reference
 from nvfp4lab.e2m1 import unpack_fp4
@@ -16,26 +17,6 @@ from nvfp4lab.tensor import NVFP4Tensor
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 KINDS = ["normal", "student_t", "outliers", "zero_blocks"]
-
-
-def make(kind: str, shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """Seeded test matrices: normal, Student-t (df=3), normal with x1000 outliers, normal with
-    some all-zero 16-blocks."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g)
-    if kind == "student_t":
-        chi2 = (torch.randn((*shape, 3), generator=g) ** 2).sum(-1)
-        x = x / torch.sqrt(chi2 / 3)
-    elif kind == "outliers":
-        mask = torch.rand(shape, generator=g) < 0.01
-        x = torch.where(mask, x * 1000, x)
-    elif kind == "zero_blocks":
-        blocks = x.reshape(*shape[:-1], -1, 16)
-        blocks[torch.rand(blocks.shape[:-1], generator=g) < 0.3] = 0.0
-        x = blocks.reshape(shape)
-    elif kind != "normal":
-        raise AssertionError(kind)
-    return x.to(dtype)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
