@@ -169,7 +169,8 @@ class NVFP4Format(QuantFormat):
     def dequantize(
         self, q: Any, dtype: torch.dtype | None = None, *, hadamard: int | None = None
     ) -> torch.Tensor:
-        """Decode an :class:`NVFP4Tensor`; ``hadamard=seed`` undoes a rotation of quantize."""
+        """Decode an :class:`NVFP4Tensor` (a rotated one rotates back by itself; ``hadamard=``
+        names the seed for a plain tensor holding rotated codes)."""
         return variants.dequantize(q, dtype, hadamard=hadamard)
 
     def _bits(self, shape: tuple[int, ...], numel: int, opts: dict[str, Any]) -> float:

@@ -103,6 +103,12 @@ def _check_args(
         raise TypeError(
             f"weight must be an NVFP4Tensor (see nvfp4lab.quantize), got {type(weight).__name__}"
         )
+    if weight.transform is not None:
+        raise ValueError(
+            f"weight holds a transformed tensor ({weight.transform}), not W itself; rotate the "
+            "activations the same way (nvfp4lab.hadamard.rotate_gemm_operands) and decode with "
+            "dequantize_rotated(), or quantize W without the transform"
+        )
     if len(weight.shape) != 2:
         raise ValueError(f"weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
     n, k = weight.shape

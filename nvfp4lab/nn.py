@@ -154,6 +154,11 @@ class NVFP4Linear(nn.Module):
         """
         if not isinstance(weight, NVFP4Tensor):
             raise TypeError(f"weight must be an NVFP4Tensor, got {type(weight).__name__}")
+        if weight.transform is not None:
+            raise ValueError(
+                f"weight holds a transformed tensor ({weight.transform}), not W itself: a layer "
+                "(and a checkpoint) would use it as W; quantize W without the transform"
+            )
         if len(weight.shape) != 2 or weight.block_size != BLOCK_SIZE:
             raise ValueError(
                 f"weight must be a 2-D NVFP4Tensor with block size 16, got shape "

@@ -164,6 +164,13 @@ class NVFP4Tensor:
         return self.packed.device
 
     @property
+    def transform(self) -> str | None:
+        """None for a plain NVFP4 tensor; a description when the codes encode a transformed
+        tensor (e.g. Hadamard-rotated, :class:`nvfp4lab.variants.RotatedNVFP4Tensor`) that a GEMM
+        or a checkpoint must not consume as the original weight."""
+        return None
+
+    @property
     def nbytes(self) -> int:
         """Storage bytes of packed codes, block scales and the global scale."""
         return self.packed.nbytes + self.scales.nbytes + self.global_scale.nbytes

@@ -29,9 +29,10 @@ Options
     kernel reads it; storage is 4 + 8/256 bits/element when the tile scales are kept once.
 ``hadamard``: ``None`` (default) | int seed: rotate along K by the seeded 16-point block
     Hadamard of :mod:`nvfp4lab.hadamard` before quantizing. ``fake_quantize`` rotates back, so
-    its error is comparable with the other options; ``quantize`` returns the ROTATED tensor (what
-    a GEMM consumes; rotate the other operand with :func:`nvfp4lab.hadamard.rotate_gemm_operands`)
-    and :func:`dequantize` with the same ``hadamard=`` rotates back.
+    its error is comparable with the other options; ``quantize`` returns a
+    :class:`RotatedNVFP4Tensor` holding the ROTATED tensor's codes (what a GEMM consumes; rotate
+    the other operand with :func:`nvfp4lab.hadamard.rotate_gemm_operands`) whose ``dequantize``
+    rotates back; ``linear``/``NVFP4Linear`` refuse it.
 ``global_scale``: ``"amax"`` (default: ``2688/amax``, or ``1536/amax`` for the non-default scale
     selections) | an explicit ENCODE-convention float or ``[1]`` tensor | ``None``: no tensor
     scale (``gs = 1``, block scales alone must cover the data's range — E4M3 spans 2^-9..448, so
@@ -98,6 +99,7 @@ __all__ = [
     "ROUNDINGS",
     "SCALE_SELECTIONS",
     "NVFP4Options",
+    "RotatedNVFP4Tensor",
     "check_input",
     "dequantize",
     "fake_quantize",
@@ -451,6 +453,8 @@ def fake_quantize(x: torch.Tensor, **options: Any) -> torch.Tensor:
         return _nvfp4_fake_quantize(
             x, gs, convention=opts.convention, pad=opts.pad, nonfinite=opts.nonfinite,  # type: ignore[arg-type]
         )
+    if opts.hadamard is not None:  # decode in float32, rotate back, one rounding to x.dtype
+        return quantize(x, **options).dequantize(x.dtype)
     xp = _prepare(x, opts)
     if opts.foundation_path:
         gs = None if opts.global_scale == "amax" else _global_scale(xp, opts)
@@ -461,25 +465,63 @@ def fake_quantize(x: torch.Tensor, **options: Any) -> torch.Tensor:
         codes, scales, gs = _encode(xp, opts)
         blocks = codes.reshape(*codes.shape[:-1], codes.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
         values = decode_blocks(blocks, scales, gs).reshape(xp.shape).to(x.dtype)
-    if opts.hadamard is not None:
-        values = hadamard_transform(values, opts.hadamard, inverse=True)
     return values[..., : x.shape[-1]].to(x.dtype)
 
 
-def quantize(x: torch.Tensor, **options: Any) -> NVFP4Tensor:
-    """NVFP4-quantize ``x`` with research options into a standard :class:`NVFP4Tensor`.
+@dataclass(repr=False)
+class RotatedNVFP4Tensor(NVFP4Tensor):
+    """NVFP4 codes and scales of the Hadamard-rotated tensor ``x Q`` (``hadamard`` = the seed).
 
-    With ``hadamard=seed`` the result holds the ROTATED tensor ``x Q`` (see the module
-    docstring); with ``block_shape=(16, 16)`` each tile scale is repeated on its 16 rows.
+    :meth:`dequantize` undoes the rotation (it returns an approximation of ``x``);
+    :meth:`dequantize_rotated` returns ``x Q`` itself, what a GEMM whose other operand was rotated
+    with the same seed consumes (:func:`nvfp4lab.hadamard.rotate_gemm_operands`). ``linear`` and
+    ``NVFP4Linear`` refuse it (its :attr:`transform` is set): they would use ``x Q`` as ``x``.
+    """
+
+    hadamard: int = 0
+
+    @property
+    def transform(self) -> str | None:
+        return f"Hadamard-rotated along K (seed {self.hadamard})"
+
+    def dequantize_rotated(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Decode the rotated tensor ``x Q`` as stored."""
+        return super().dequantize(dtype)
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Decode and rotate back: ``dequantize_rotated() Q^T`` (in float32), then ``dtype``."""
+        rotated = super().dequantize(torch.float32)
+        back = hadamard_transform(rotated, self.hadamard, inverse=True)
+        return back.to(dtype or self.dtype)
+
+    def to(self, device: torch.device | str) -> RotatedNVFP4Tensor:
+        moved = super().to(device)
+        return RotatedNVFP4Tensor(**{**vars(moved), "hadamard": self.hadamard})
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", hadamard={self.hadamard})"
+
+
+def _rotated(q: NVFP4Tensor, seed: int | None) -> NVFP4Tensor:
+    return q if seed is None else RotatedNVFP4Tensor(**vars(q), hadamard=seed)
+
+
+def quantize(x: torch.Tensor, **options: Any) -> NVFP4Tensor:
+    """NVFP4-quantize ``x`` with research options into an :class:`NVFP4Tensor`.
+
+    With ``hadamard=seed`` the result is a :class:`RotatedNVFP4Tensor` holding ``x Q`` (see the
+    module docstring) that dequantizes back to ``x``; with ``block_shape=(16, 16)`` each tile
+    scale is repeated on its 16 rows.
     """
     opts = nvfp4_options(**options)
     check_input(x, opts.nonfinite)
     if opts.foundation_path and not x.is_meta:
         xp = _prepare(x, opts) if opts.hadamard is not None else x
         gs = None if opts.global_scale == "amax" else _global_scale(xp, opts)
-        return _nvfp4_quantize(
+        q = _nvfp4_quantize(
             xp, gs, convention=opts.convention, pad=opts.pad, nonfinite=opts.nonfinite,  # type: ignore[arg-type]
         )
+        return _rotated(q, opts.hadamard)
     xp = _prepare(x, opts)
     if x.is_meta:
         lead, kp = xp.shape[:-1], xp.shape[-1]
@@ -492,18 +534,29 @@ def quantize(x: torch.Tensor, **options: Any) -> NVFP4Tensor:
             dtype=x.dtype,
         )
     codes, scales, gs = _encode(xp, opts)
-    return NVFP4Tensor(
+    q = NVFP4Tensor(
         packed=pack_fp4(codes), scales=scales, global_scale=gs, shape=x.shape, dtype=x.dtype
     )
+    return _rotated(q, opts.hadamard)
 
 
 def dequantize(
     q: NVFP4Tensor, dtype: torch.dtype | None = None, *, hadamard: int | None = None
 ) -> torch.Tensor:
-    """Decode ``q``; with ``hadamard=seed`` also undo the rotation applied by :func:`quantize`."""
+    """Decode ``q``; with ``hadamard=seed`` also undo a rotation of a plain tensor's codes.
+
+    A :class:`RotatedNVFP4Tensor` knows its seed and rotates back by itself (a different
+    ``hadamard=`` is an error).
+    """
     if not isinstance(q, NVFP4Tensor):
         raise TypeError(f"dequantize expects an NVFP4Tensor, got {type(q).__name__}")
     out_dtype = dtype or q.dtype
+    if isinstance(q, RotatedNVFP4Tensor):
+        if hadamard not in (None, q.hadamard):
+            raise ValueError(
+                f"q was rotated with hadamard={q.hadamard}, not {hadamard}; omit hadamard="
+            )
+        return q.dequantize(out_dtype)
     if hadamard is None:
         return q.dequantize(out_dtype)
     check_seed(hadamard, "hadamard")

@@ -257,9 +257,33 @@ def test_hadamard_option(normal: torch.Tensor, rtn_nmse: float) -> None:
     assert metrics.nmse(normal, y) == pytest.approx(rtn_nmse, rel=0.02)  # Gaussian stays Gaussian
     x = normal[:32, :64]
     q = NV.quantize(x, hadamard=5)
-    assert torch.equal(q.dequantize(), nvfp4_quantize(hadamard.hadamard_transform(x, 5))
-                       .dequantize())  # the packed form holds the rotated tensor
-    assert torch.equal(NV.dequantize(q, hadamard=5), NV.fake_quantize(x, hadamard=5))
+    assert isinstance(q, variants.RotatedNVFP4Tensor) and q.hadamard == 5
+    rotated = nvfp4_quantize(hadamard.hadamard_transform(x, 5))
+    assert torch.equal(q.packed, rotated.packed)  # the packed form holds the rotated tensor
+    assert torch.equal(q.dequantize_rotated(), rotated.dequantize())
+    # ... and decodes back to the original basis by itself
+    back = hadamard.hadamard_transform(rotated.dequantize(torch.float32), 5, inverse=True)
+    assert torch.equal(q.dequantize(), back)
+    assert torch.equal(NV.dequantize(q), NV.fake_quantize(x, hadamard=5))
+    assert torch.equal(NV.dequantize(q, hadamard=5), q.dequantize())
+    with pytest.raises(ValueError, match="rotated with hadamard=5, not 6"):
+        NV.dequantize(q, hadamard=6)
+    moved = q.to("cpu")
+    assert isinstance(moved, variants.RotatedNVFP4Tensor) and moved.hadamard == 5
+    # bf16: the rotation is undone in float32, one rounding at the end
+    xb = x.bfloat16()
+    assert torch.equal(NV.fake_quantize(xb, hadamard=5), NV.quantize(xb, hadamard=5).dequantize())
+
+
+def test_rotated_weights_are_refused_where_they_would_be_used_as_w() -> None:
+    from nvfp4lab.linear import linear
+    from nvfp4lab.nn import NVFP4Linear
+
+    w = NV.quantize(torch.randn(16, 32), hadamard=1)
+    with pytest.raises(ValueError, match="Hadamard-rotated"):
+        linear(torch.randn(2, 32), w, backend="w4a16")
+    with pytest.raises(ValueError, match="Hadamard-rotated"):
+        NVFP4Linear.from_quantized(w)
 
 
 def test_hadamard_measured_effects() -> None:
