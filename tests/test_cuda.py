@@ -1,0 +1,77 @@
+"""CUDA checks: skipped on machines without a GPU (CI), run on a lent device.
+
+The CPU results are the oracle: quantization is elementwise IEEE float32 arithmetic plus exact
+reductions, so CUDA must agree bit for bit. The native FP4 GEMM is checked on FP4 GPUs only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sample_data import make
+
+from nvfp4lab.dispatch import native_fp4_status, select_backend
+from nvfp4lab.linear import linear, native_scaled_mm_args, reference_scaled_mm
+from nvfp4lab.quantize import fake_quantize, quantize
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+CONVENTIONS = ["kernel", "compressed-tensors"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("convention", CONVENTIONS)
+@pytest.mark.parametrize("kind", ["normal", "student_t", "outliers", "zero_blocks"])
+def test_cuda_quantize_equals_cpu(dtype: torch.dtype, convention: str, kind: str) -> None:
+    x = make(kind, (96, 512), dtype, seed=7)
+    cpu = quantize(x, convention=convention)
+    gpu = quantize(x.cuda(), convention=convention)
+    assert torch.equal(gpu.global_scale.cpu(), cpu.global_scale)
+    assert torch.equal(gpu.packed.cpu(), cpu.packed)
+    assert torch.equal(gpu.scales.cpu().view(torch.uint8), cpu.scales.view(torch.uint8))
+    assert torch.equal(gpu.dequantize().cpu(), cpu.dequantize())
+    assert torch.equal(fake_quantize(x.cuda(), convention=convention).cpu(), cpu.dequantize())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_emulation_operands_equal_cpu(dtype: torch.dtype) -> None:
+    """The emulated GEMM's operands are bit-identical; the GEMM itself is cuBLAS vs CPU BLAS."""
+    w = quantize(make("normal", (64, 256), torch.float32, seed=1))
+    x = make("student_t", (8, 256), dtype, seed=2)
+    bias = torch.randn(64).to(dtype)
+    cpu = linear(x, w, bias, backend="emulation")
+    gpu = linear(x.cuda(), w.to("cuda"), bias.cuda(), backend="emulation")
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=tol, atol=tol)
+
+
+def test_backend_selection_on_this_gpu() -> None:
+    choice = select_backend("cuda", env={})
+    native, why = native_fp4_status("cuda")
+    assert choice.name == ("native" if native else "w4a16"), (choice, why)
+    assert choice.reason
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not native_fp4_status("cuda")[0],
+    reason="needs a GPU with native FP4 (capability >= 10.0)",
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_native_matches_reference_and_emulation(dtype: torch.dtype) -> None:
+    w = quantize(make("normal", (96, 256), torch.float32, seed=3)).to("cuda")
+    x = make("normal", (40, 256), dtype, seed=4).cuda()
+    bias = torch.randn(96, device="cuda").to(dtype)
+    args = native_scaled_mm_args(x, w, bias)
+    raw = torch._scaled_mm(args.mat_a, args.mat_b, **args.scaled_mm_kwargs())
+    expected = reference_scaled_mm(args)
+    # fp32 tensor-core accumulation vs the exact sum rounded once
+    atol = 1e-5 * float(expected.abs().max())
+    torch.testing.assert_close(raw.float(), expected, rtol=1e-5, atol=atol)
+    native = linear(x, w, bias, backend="native")
+    emulated = linear(x, w, bias, backend="emulation")
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(native, emulated, rtol=tol, atol=tol)
