@@ -184,10 +184,10 @@ class NVFP4Format(QuantFormat):
 
 
 @dataclass
-class MXFP4Tensor:
-    """Packed MXFP4: ``packed`` uint8 ``[..., Kp/2]`` (E2M1 pairs, low nibble first), ``scales``
-    uint8 ``[..., Kp/32]`` (E8M0 biased exponents, ``2^(byte - 127)``; view as
-    ``torch.float8_e8m0fnu`` if wanted), original ``shape`` and ``dtype``."""
+class PackedGroups:
+    """Base of the packed comparator formats: 4-bit codes two per byte (``packed`` uint8
+    ``[..., Kp/2]``, low nibble first), one scale per group (``scales``), the original ``shape``
+    and ``dtype``. Subclasses define :meth:`dequantize`."""
 
     packed: torch.Tensor
     scales: torch.Tensor
@@ -197,6 +197,15 @@ class MXFP4Tensor:
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales.nbytes
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass
+class MXFP4Tensor(PackedGroups):
+    """Packed MXFP4: E2M1 codes; ``scales`` uint8 ``[..., Kp/32]`` (E8M0 biased exponents,
+    ``2^(byte - 127)``; view as ``torch.float8_e8m0fnu`` if wanted)."""
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         codes = unpack_fp4(self.packed)
@@ -245,18 +254,8 @@ class MXFP4Format(QuantFormat):
 
 
 @dataclass
-class Int4Tensor:
-    """Packed symmetric INT4: ``packed`` uint8 ``[..., Kp/2]`` (two's-complement nibbles, low
-    first), ``scales`` float16 ``[..., Kp/128]``, original ``shape`` and ``dtype``."""
-
-    packed: torch.Tensor
-    scales: torch.Tensor
-    shape: torch.Size
-    dtype: torch.dtype = field(default=torch.float32)
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.nbytes + self.scales.nbytes
+class Int4Tensor(PackedGroups):
+    """Packed symmetric INT4: two's-complement nibbles; ``scales`` float16 ``[..., Kp/128]``."""
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         nibbles = unpack_fp4(self.packed).to(torch.int8)
