@@ -143,17 +143,6 @@ def capability_of(gpu: str) -> tuple[int, int]:
     return gpus.get(gpu).capability
 
 
-def _as_capability(capability: object) -> tuple[int, int]:
-    if isinstance(capability, str):
-        major, _, minor = capability.partition(".")
-        return int(major), int(minor or 0)
-    if isinstance(capability, float):
-        major = int(capability)
-        return major, round((capability - major) * 10)
-    major, minor = capability  # type: ignore[misc]
-    return int(major), int(minor)
-
-
 def _sm(capability: tuple[int, int]) -> str:
     return f"sm_{capability[0]}{capability[1]}"
 
@@ -200,7 +189,7 @@ def native_fp4_status(
     """
     missing = _torch_fp4_status()
     if capability is not None:
-        cap = _as_capability(capability)
+        cap = gpus.parse_capability(capability, "capability=")
         where = f"simulated {_sm(cap)}"
         if cap < NATIVE_MIN_CAPABILITY:
             return False, f"{where} has no FP4 tensor cores (they start at sm_100)"
@@ -263,7 +252,7 @@ def select_backend(
         capability = capability_of(gpu)
         gpu_name = gpu
     if capability is not None:
-        cap: tuple[int, int] | None = _as_capability(capability)
+        cap: tuple[int, int] | None = gpus.parse_capability(capability, "capability=")
         where = "simulated"
         gpu_name = gpu_name or _gpu_name_for(cap)  # type: ignore[arg-type]
         native, why = native_fp4_status(capability=cap)

@@ -63,6 +63,7 @@ __all__ = [
     "linear_shapes",
     "match_device_name",
     "names",
+    "parse_capability",
     "predict",
     "predict_block",
     "sources_table",
@@ -549,15 +550,16 @@ def get(name: str | GPU) -> GPU:
     )
 
 
-def _parse_capability(capability: object) -> tuple[int, int]:
-    """``(major, minor)`` from a pair of ints or a ``"major.minor"`` string (``"9"`` = 9.0)."""
+def parse_capability(capability: object, what: str = "by_capability") -> tuple[int, int]:
+    """``(major, minor)`` from a pair of ints or a ``"major.minor"`` string (``"9"`` = 9.0);
+    anything else raises ValueError naming ``what`` and the expected forms."""
     expected = (
         'expects a compute capability as (major, minor), e.g. (9, 0), or "major.minor", e.g. "9.0"'
     )
     if isinstance(capability, str):
         m = re.fullmatch(r"\s*(\d+)\s*(?:\.\s*(\d+))?\s*", capability)
         if m is None:
-            raise ValueError(f"by_capability {expected}; got {capability!r}")
+            raise ValueError(f"{what} {expected}; got {capability!r}")
         return int(m.group(1)), int(m.group(2) or 0)
     try:
         major, minor = capability  # type: ignore[misc]
@@ -567,9 +569,9 @@ def _parse_capability(capability: object) -> tuple[int, int]:
         if out != (major, minor):
             raise TypeError
     except (TypeError, ValueError):
-        raise ValueError(f"by_capability {expected}; got {capability!r}") from None
+        raise ValueError(f"{what} {expected}; got {capability!r}") from None
     if min(out) < 0:
-        raise ValueError(f"by_capability {expected}; got {capability!r}")
+        raise ValueError(f"{what} {expected}; got {capability!r}")
     return out
 
 
@@ -578,7 +580,7 @@ def by_capability(capability: tuple[int, int] | str) -> list[GPU]:
 
     Anything else (``"abc"``, ``(9,)``, ``"9.0.1"``) raises ``ValueError`` saying what is expected.
     """
-    cc = _parse_capability(capability)
+    cc = parse_capability(capability)
     return [g for g in _ENTRIES if g.capability == cc]
 
 
