@@ -1,10 +1,10 @@
 """nvfp4lab: exact NVFP4 numerics, execution paths, checkpoints and studies.
 
-The numerics and execution layers (torch only) are imported eagerly; this also keeps the functions
-``nvfp4lab.quantize`` and ``nvfp4lab.linear`` from being shadowed by their same-named submodules.
-Everything else (checkpoints, models, benchmarks, plots, reports) is resolved lazily on first use,
-and optional dependencies (matplotlib, papermill, transformers, ipywidgets) are imported only by
-the functions that need them, so ``import nvfp4lab`` stays light.
+The numerics and execution layers (torch only) are imported eagerly and their main names are
+re-exported here. Every subpackage and module (checkpoints, formats, models, benchmarks, studies,
+reports) is imported on first use as ``nvfp4lab.<name>``, and optional dependencies (matplotlib,
+papermill, transformers, ipywidgets) only by the functions that need them, so
+``import nvfp4lab`` stays light. The layers are described in ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -12,29 +12,29 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from nvfp4lab.dispatch import BackendChoice, info_report, select_backend
+from nvfp4lab.codec import compute_global_scale, dequantize, fake_quantize, quantize
 from nvfp4lab.e2m1 import decode_e2m1, encode_e2m1, pack_fp4, unpack_fp4
-from nvfp4lab.layout import swizzle_scales, unswizzle_scales
-from nvfp4lab.linear import DroppedBiasWarning, linear
-from nvfp4lab.nn import (
+from nvfp4lab.execution import (
+    BackendChoice,
+    DroppedBiasWarning,
     NVFP4Linear,
     QuantizeReport,
     calibrate_inputs,
     calibration,
+    info_report,
+    linear,
     quantize_model,
+    select_backend,
 )
-from nvfp4lab.quantize import (
-    CONVENTIONS,
-    compute_global_scale,
-    decode_to_encode_scale,
-    dequantize,
-    encode_to_decode_scale,
-    fake_quantize,
-    quantize,
-)
-from nvfp4lab.tensor import NVFP4Tensor
+from nvfp4lab.layout import swizzle_scales, unswizzle_scales
+from nvfp4lab.scales import decode_to_encode_scale, encode_to_decode_scale
+from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor
+from nvfp4lab.vocab import Backend, BiasMode, Convention
 
 __version__ = "0.1.0"
+
+#: Conventions (arithmetic orders) of quantize/fake_quantize.
+CONVENTIONS: tuple[str, ...] = tuple(Convention)
 
 # public name -> module that defines it, imported on first use
 _LAZY: dict[str, str] = {
@@ -43,38 +43,34 @@ _LAZY: dict[str, str] = {
 
 _SUBMODULES = (
     "bench",
-    "bias_study",
     "checkpoint",
     "cli",
+    "codec",
     "constants",
-    "dispatch",
     "e2m1",
-    "format_study",
+    "execution",
     "formats",
     "gpus",
     "hadamard",
     "layout",
-    "linear",
     "metrics",
     "models",
-    "nn",
     "plots",
-    "quantize",
     "reference",
     "reports",
+    "roofline",
+    "scales",
     "settings",
+    "studies",
     "tensor",
-    "throughput",
-    "timing",
-    "tour",
-    "variants",
-    "widgets",
+    "vocab",
 )
 
 __all__ = [
     # numerics
     "CONVENTIONS",
     "NVFP4Tensor",
+    "RotatedNVFP4Tensor",
     "compute_global_scale",
     "decode_e2m1",
     "decode_to_encode_scale",
@@ -87,6 +83,10 @@ __all__ = [
     "swizzle_scales",
     "unpack_fp4",
     "unswizzle_scales",
+    # vocabulary
+    "Backend",
+    "BiasMode",
+    "Convention",
     # execution
     "BackendChoice",
     "DroppedBiasWarning",

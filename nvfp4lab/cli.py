@@ -49,8 +49,8 @@ def _add_info(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    """Print :func:`nvfp4lab.dispatch.info_report`; exit 2 when an environment value is bad."""
-    from nvfp4lab.dispatch import info_report, select_backend
+    """Print :func:`~nvfp4lab.execution.dispatch.info_report`; exit 2 on a bad environment value."""
+    from nvfp4lab.execution.dispatch import info_report, select_backend
 
     print(info_report(device=args.device))
     try:
@@ -64,13 +64,13 @@ def _run_info(args: argparse.Namespace) -> int:
 
 
 def _add_bench(parser: argparse.ArgumentParser) -> None:
-    from nvfp4lab.bench import add_arguments
+    from nvfp4lab.bench.cli import add_arguments
 
     add_arguments(parser)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from nvfp4lab.bench import run_cli
+    from nvfp4lab.bench.cli import run_cli
 
     return int(run_cli(args))
 

@@ -18,6 +18,7 @@ __all__ = [
     "encode_e2m1",
     "pack_fp4",
     "round_to_e2m1_codes",
+    "stochastic_round_to_e2m1_codes",
     "unpack_fp4",
 ]
 
@@ -126,3 +127,23 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     codes = torch.stack((packed & 0xF, packed >> 4), dim=-1)
     return codes.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
+
+def stochastic_round_to_e2m1_codes(
+    values: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """Stochastically round ``values`` (float, any shape, within [-6, 6]) to E2M1 codes (uint8).
+
+    Rounds up to the next E2M1 magnitude with probability equal to the fractional distance, so
+    ``E[decode(code)] = value``. The sign bit is set exactly when the value is < 0 (as RNE).
+    Uniforms come from ``generator`` (on its own device, then moved to the values' device).
+    """
+    v = values.to(torch.float32)
+    magnitude = v.abs().clamp_(max=E2M1_MAX)
+    step = torch.where(magnitude < 2.0, 0.5, torch.where(magnitude < 4.0, 1.0, 2.0))
+    low = torch.floor(magnitude / step) * step  # exact: step is a power of two
+    frac = (magnitude - low) / step
+    u = torch.rand(v.shape, generator=generator, device=generator.device, dtype=torch.float32)
+    rounded = low + step * (u.to(v.device) < frac)
+    codes = round_to_e2m1_codes(rounded)  # on-grid values: RNE is the identity
+    codes |= (v < 0).to(torch.uint8) * E2M1_SIGN_BIT
+    return codes

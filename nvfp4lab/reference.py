@@ -1,7 +1,7 @@
 """Slow, readable reference ("oracle") for NVFP4 numerics.
 
-Written independently of the fast implementation, from the format notes
-(``shared/design/nvfp4-format.md``), so that tests can compare the two bit for bit.
+Written independently of the fast implementation, from the format's definition (the facts are
+restated in ``docs/nvfp4-format.md``), so that tests can compare the two bit for bit.
 
 Everything here favours obviousness over speed:
 
@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------
-# Constants (restated from the format notes on purpose: no import from the fast path)
+# Constants (restated on purpose: no import from the fast path)
 # --------------------------------------------------------------------------------------------
 
 BLOCK: int = 16

@@ -5,7 +5,7 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
 ``os.environ``. The variables:
 
 * ``NVFP4LAB_BACKEND`` — auto | native | emulation | w4a16: forces a backend (read by
-  :func:`nvfp4lab.dispatch.select_backend` at every call).
+  :func:`nvfp4lab.execution.dispatch.select_backend` at every call).
 * ``VLLM_USE_NVFP4_CT_EMULATIONS`` — vLLM's switch, an integer: nonzero selects emulation.
 * ``NVFP4LAB_CACHE`` / ``XDG_CACHE_HOME`` — where packaged models are extracted.
 """

@@ -14,8 +14,6 @@ Conventions
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -23,46 +21,15 @@ import torch
 
 from nvfp4lab.constants import BLOCK_SIZE, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
+from nvfp4lab.hadamard import hadamard_transform
 from nvfp4lab.layout import swizzle_scales
+from nvfp4lab.scales import as_global_scale
 
-__all__ = ["NVFP4Tensor", "as_global_scale", "block_chunks", "decode_blocks"]
+__all__ = ["NVFP4Tensor", "RotatedNVFP4Tensor", "block_chunks", "decode_blocks"]
 
 #: On the CPU, elementwise passes over ~2**18 elements at a time stay in cache: about 2x faster
 #: than whole-tensor passes, and no full-size float32 temporaries. Other devices take one chunk.
 CPU_CHUNK_ELEMENTS = 1 << 18
-
-
-def as_global_scale(
-    global_scale: torch.Tensor | float, device: torch.device | str | None = None
-) -> torch.Tensor:
-    """Validate an ENCODE-convention global scale and return it as float32 ``[1]`` on ``device``.
-
-    Raises ValueError for a wrong element count, or (off the meta device) a value that is not
-    finite and > 0.
-    """
-    if isinstance(global_scale, bool) or not isinstance(global_scale, torch.Tensor | numbers.Real):
-        raise ValueError(
-            f"global_scale must be a real number or a one-element tensor, got {type(global_scale)}"
-        )
-    gs = torch.as_tensor(float(global_scale) if not isinstance(global_scale, torch.Tensor)
-                         else global_scale.detach())
-    if gs.numel() != 1 or gs.ndim > 1:
-        raise ValueError(
-            f"global_scale must hold exactly one element (shape [1] or []), got shape "
-            f"{tuple(gs.shape)}; NVFP4 has one tensor scale per tensor"
-        )
-    if not (gs.is_floating_point() or gs.dtype in (torch.int32, torch.int64)):
-        raise ValueError(f"global_scale must be a real number, got dtype {gs.dtype}")
-    gs = gs.reshape(1).to(device=device if device is not None else gs.device, dtype=torch.float32)
-    if not gs.is_meta:
-        value = float(gs)
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(
-                f"global_scale must be finite and > 0 (ENCODE convention, 2688/amax), got {value}. "
-                "A DECODE-convention scale (amax/2688, e.g. ModelOpt weight_scale_2 or torchao "
-                "per_tensor_scale) must be inverted first: pass 1/scale."
-            )
-    return gs
 
 
 def block_chunks(blocks: int, block_size: int, device: torch.device) -> Iterator[slice]:
@@ -166,7 +133,7 @@ class NVFP4Tensor:
     @property
     def transform(self) -> str | None:
         """None for a plain NVFP4 tensor; a description when the codes encode a transformed
-        tensor (e.g. Hadamard-rotated, :class:`nvfp4lab.variants.RotatedNVFP4Tensor`) that a GEMM
+        tensor (e.g. Hadamard-rotated, :class:`RotatedNVFP4Tensor`) that a GEMM
         or a checkpoint must not consume as the original weight."""
         return None
 
@@ -222,3 +189,37 @@ class NVFP4Tensor:
             f"block_size={self.block_size}, global_scale={gs}, device={self.device}, "
             f"nbytes={self.nbytes})"
         )
+
+
+@dataclass(repr=False)
+class RotatedNVFP4Tensor(NVFP4Tensor):
+    """NVFP4 codes and scales of the Hadamard-rotated tensor ``x Q`` (``hadamard`` = the seed).
+
+    :meth:`dequantize` undoes the rotation (it returns an approximation of ``x``);
+    :meth:`dequantize_rotated` returns ``x Q`` itself, what a GEMM whose other operand was rotated
+    with the same seed consumes (:func:`nvfp4lab.hadamard.rotate_gemm_operands`). ``linear`` and
+    ``NVFP4Linear`` refuse it (its :attr:`transform` is set): they would use ``x Q`` as ``x``.
+    """
+
+    hadamard: int = 0
+
+    @property
+    def transform(self) -> str | None:
+        return f"Hadamard-rotated along K (seed {self.hadamard})"
+
+    def dequantize_rotated(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Decode the rotated tensor ``x Q`` as stored."""
+        return super().dequantize(dtype)
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Decode and rotate back: ``dequantize_rotated() Q^T`` (in float32), then ``dtype``."""
+        rotated = super().dequantize(torch.float32)
+        back = hadamard_transform(rotated, self.hadamard, inverse=True)
+        return back.to(dtype or self.dtype)
+
+    def to(self, device: torch.device | str) -> RotatedNVFP4Tensor:
+        moved = super().to(device)
+        return RotatedNVFP4Tensor(**{**vars(moved), "hadamard": self.hadamard})
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", hadamard={self.hadamard})"

@@ -1,4 +1,4 @@
-"""Seeded test matrices shared by the numerics tests (imported as ``from sample_data import``;
+"""Seeded test matrices shared by the numerics tests (imported as ``from tests.sample_data import``;
 pytest puts tests/ on sys.path)."""
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ from compressed_tensors.quantization.utils.helpers import (
     calculate_qparams,
     generate_gparam,
 )
-from sample_data import KINDS as ALL_KINDS
-from sample_data import make
 
 from nvfp4lab import reference
+from nvfp4lab.codec import compute_global_scale, fake_quantize, quantize
 from nvfp4lab.e2m1 import unpack_fp4
-from nvfp4lab.quantize import compute_global_scale, fake_quantize, quantize
+from tests.sample_data import KINDS as ALL_KINDS
+from tests.sample_data import make
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 WEIGHT_ARGS = preset_name_to_scheme("NVFP4", ["Linear"]).weights

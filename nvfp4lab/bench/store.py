@@ -1,0 +1,334 @@
+"""The one results store: benchmark CSV shards under ``results/``, one per machine.
+
+Every row carries its context (device, capability, torch version, threads, date, code revision)
+in the columns of :data:`COLUMNS`. ``nvfp4lab bench`` appends rows (:func:`append_rows`); the
+throughput study reads every shard back (:func:`read_shards`). Rows of another machine's shard
+are never rewritten; a file with another header is refused.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import os
+import platform
+import re
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from nvfp4lab.bench.timing import Timing
+
+__all__ = [
+    "COLUMNS",
+    "append_rows",
+    "check_shard",
+    "code_revision",
+    "environment",
+    "load_average",
+    "machine_name",
+    "measured_row",
+    "read_shards",
+    "shard_path",
+]
+
+COLUMNS: tuple[str, ...] = (
+    "op",
+    "shape",
+    "M",
+    "N",
+    "K",
+    "dtype",
+    "backend",
+    "convention",
+    "median_s",
+    "spread_s",
+    "spread_kind",
+    "min_s",
+    "max_s",
+    "repeats",
+    "number",
+    "gb_s",
+    "tflop_s",
+    "bytes",
+    "flops",
+    "kind",
+    "timer",
+    "device",
+    "device_name",
+    "capability",
+    "torch_version",
+    "threads",
+    "load_1m",
+    "machine",
+    "date",
+    "code_revision",
+    "seed",
+)
+
+#: Elementwise ops and the linear op; ``--ops`` picks a subset.
+
+
+def _sanitize(text: str) -> str:
+    """Lower-case ``[a-z0-9]`` words joined by ``-``."""
+    return "-".join(re.findall(r"[a-z0-9]+", text.lower())) or "unknown"
+
+
+def _cpu_model() -> str:
+    """CPU model string (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _device_label(device: str) -> tuple[str, str]:
+    """(device name, capability "major.minor" or "") of a torch device string."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        return torch.cuda.get_device_name(dev), f"{major}.{minor}"
+    return _cpu_model(), ""
+
+
+def machine_name(device: str = "cpu") -> str:
+    """Shard name of this machine: OS, arch, CPU model, core count and device, sanitized.
+
+    e.g. ``linux-x86_64-amd-epyc-2c-cpu`` or ``linux-x86_64-...-nvidia-h200``.
+    """
+    dev_name, _ = _device_label(device)
+    cores = os.cpu_count() or 0
+    parts = [platform.system(), platform.machine(), _cpu_model(), f"{cores}c"]
+    parts.append("cpu" if device.startswith("cpu") else dev_name)
+    return _sanitize(" ".join(parts))
+
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _git(*args: str, cwd: str | Path | None = None) -> str | None:
+    """stdout of ``git ARGS`` run in ``cwd`` (default: the package's folder), or None when git
+    cannot answer."""
+    try:
+        out = subprocess.run(
+            ["git", *args],
+            cwd=Path(cwd) if cwd is not None else _PACKAGE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def code_revision(package_dir: str | Path | None = None) -> str:
+    """``git rev-parse --short HEAD`` of the nvfp4lab checkout, ``+dirty`` when the package folder
+    differs from that commit — uncommitted changes to tracked files or new untracked
+    (not git-ignored) files in it, since either means the measured code is not exactly that
+    commit — or ``"unknown"`` outside a git checkout. ``package_dir`` defaults to the folder
+    of the installed ``nvfp4lab`` package; only changes under it count."""
+    rev = _git("rev-parse", "--short", "HEAD", cwd=package_dir)
+    if not rev:
+        return "unknown"
+    changes = _git("status", "--porcelain", "--untracked-files=all", "--", ".", cwd=package_dir)
+    return f"{rev}+dirty" if changes else rev
+
+
+def environment(device: str = "cpu") -> dict[str, str | int]:
+    """The per-row context columns: device, capability, torch version, threads, date, revision."""
+    import torch
+
+    dev_name, cap = _device_label(device)
+    return {
+        "device": str(torch.device(device)),
+        "device_name": dev_name,
+        "capability": cap,
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": machine_name(device),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "code_revision": code_revision(),
+    }
+
+
+def load_average() -> str:
+    """1-minute load average (runnable processes) when the OS reports it, else ""."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except (AttributeError, OSError):
+        return ""
+
+
+def shard_path(out: str | Path | None, device: str = "cpu") -> Path:
+    """Where rows go: ``out`` itself when it ends in ``.csv``, else ``<out>/<machine>.csv``.
+
+    ``out=None`` means the folder ``results``.
+    """
+    target = Path("results" if out is None else out)
+    if target.suffix.lower() == ".csv":
+        return target
+    return target / f"{machine_name(device)}.csv"
+
+
+def append_rows(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
+    """Append ``rows`` to the CSV at ``path`` (header written when new); returns rows written.
+
+    An existing file must have exactly :data:`COLUMNS` as header (ValueError otherwise: use a
+    new ``--out`` file rather than mixing layouts). Unknown keys in a row raise ValueError.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    if not new:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+        if tuple(header) != COLUMNS:
+            raise ValueError(
+                f"{path} has columns {header}, expected {list(COLUMNS)}; "
+                "write to a new file with --out"
+            )
+    n = 0
+    with path.open("a", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="raise", restval="")
+        if new:
+            writer.writeheader()
+        for row in rows:
+            writer.writerow(row)
+            n += 1
+    return n
+
+
+def check_shard(path: Path) -> None:
+    """ValueError unless rows can be appended to ``path``: a folder, an unreadable file or a CSV
+    whose header is not :data:`COLUMNS` is refused before anything is measured."""
+    if path.is_dir():
+        raise ValueError(
+            f"--out {str(path)!r} is a folder whose name ends in .csv; pass a file path or "
+            "another folder"
+        )
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(
+                    f"--out {str(path)!r}: {str(parent)!r} is a file, not a folder; "
+                    "pass a path inside a folder"
+                )
+            break
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(
+            f"--out {str(path)!r} cannot be read as a CSV ({exc}); pass a new file or a folder"
+        ) from None
+    if tuple(header) != COLUMNS:
+        shown = ", ".join(header[:6]) + (", …" if len(header) > 6 else "")
+        raise ValueError(
+            f"--out {str(path)!r} is a CSV with another header ({shown}), not a nvfp4lab bench "
+            "shard; rows are never mixed into another layout: pass a new file, or a folder "
+            "(rows then go to <folder>/<machine>.csv)"
+        )
+
+
+def measured_row(
+    *,
+    op: str,
+    shape: str,
+    M: int | str,
+    N: int,
+    K: int,
+    dtype: str,
+    backend: str,
+    convention: str,
+    timing: Timing,
+    nbytes: float,
+    flops: float,
+    env: dict[str, Any],
+    seed: int,
+) -> dict[str, Any]:
+    """One shard row: the case, the timing summary, derived ``gb_s`` (10^9 B/s of ``nbytes``)
+    or ``tflop_s`` (10^12 FLOP/s of ``flops``), and the context columns ``env``."""
+    t = timing.median_s
+    return {
+        "op": op,
+        "shape": shape,
+        "M": M,
+        "N": N,
+        "K": K,
+        "dtype": dtype,
+        "backend": backend,
+        "convention": convention,
+        "median_s": f"{t:.6g}",
+        "spread_s": f"{timing.spread_s:.3g}",
+        "spread_kind": "iqr",
+        "min_s": f"{timing.min_s:.6g}",
+        "max_s": f"{timing.max_s:.6g}",
+        "repeats": timing.repeats,
+        "number": timing.number,
+        "gb_s": f"{nbytes / t / 1e9:.4g}" if nbytes else "",
+        "tflop_s": f"{flops / t / 1e12:.4g}" if flops else "",
+        "bytes": int(nbytes) if nbytes else "",
+        "flops": int(flops) if flops else "",
+        "kind": "measured",
+        "timer": timing.method,
+        "load_1m": load_average(),
+        "seed": seed,
+        **env,
+    }
+
+
+#: Columns read back as numbers.
+NUMERIC_COLUMNS: tuple[str, ...] = (
+    "M",
+    "N",
+    "K",
+    "median_s",
+    "spread_s",
+    "min_s",
+    "max_s",
+    "gb_s",
+    "tflop_s",
+    "threads",
+    "load_1m",
+)
+
+
+def _shard_files(results: str | Path | Iterable[str | Path]) -> list[Path]:
+    if isinstance(results, str | Path):
+        p = Path(results)
+        return sorted(p.glob("*.csv")) if p.is_dir() else ([p] if p.exists() else [])
+    return [Path(f) for f in results]
+
+
+def read_shards(results: str | Path | Iterable[str | Path] = "results") -> pd.DataFrame:
+    """All rows of every ``*.csv`` shard in a folder (or the given files), merged, with a
+    ``source="measured"`` column and a ``shard`` column (file stem); numeric columns converted.
+    An empty frame when there is no shard."""
+    import pandas as pd
+
+    frames = [
+        pd.read_csv(f, dtype=str, keep_default_na=False).assign(shard=f.stem)
+        for f in _shard_files(results)
+    ]
+    if not frames:
+        return pd.DataFrame(columns=["source", "shard"])
+    df = pd.concat(frames, ignore_index=True)
+    for col in NUMERIC_COLUMNS:
+        if col in df:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    df.insert(0, "source", "measured")
+    return df

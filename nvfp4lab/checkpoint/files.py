@@ -1,0 +1,237 @@
+"""On-disk plumbing shared by every checkpoint format: names, JSON, safetensors streaming.
+
+Tensors are read lazily from memory-mapped safetensors files (:class:`TensorSource`), never
+unpickled (pickle files are refused). Writes go to a hidden temporary sibling folder that is
+renamed into place at the end (:func:`fresh_dir`, :func:`replace_dir`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "CONFIG_NAME",
+    "PICKLE_SUFFIXES",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "CheckpointError",
+    "TensorSource",
+    "fresh_dir",
+    "missing_tensor",
+    "read_exact",
+    "read_json",
+    "read_like",
+    "refuse_pickle",
+    "replace_dir",
+    "weight_files",
+]
+
+CONFIG_NAME = "config.json"
+
+WEIGHTS_NAME = "model.safetensors"
+
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+#: Per-module tensors of a quantized Linear, as compressed-tensors names them.
+
+PICKLE_SUFFIXES: tuple[str, ...] = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or read; the message names the file and tensor."""
+
+
+def read_json(file: Path) -> dict[str, Any]:
+    try:
+        with open(file, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        raise CheckpointError(f"{file} not found: not a checkpoint directory") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{file}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def refuse_pickle(file: Path) -> CheckpointError:
+    return CheckpointError(
+        f"{file} is a pickle file ({file.suffix}); nvfp4lab never unpickles checkpoints "
+        "(unpickling runs arbitrary code). Convert it to safetensors with a trusted tool first"
+    )
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory, refusing pickles."""
+    index = directory / WEIGHTS_INDEX_NAME
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index} has no weight_map")
+        files = sorted({directory / str(v) for v in weight_map.values()})
+        for file in files:
+            if file.suffix in PICKLE_SUFFIXES:
+                raise refuse_pickle(file)
+        return files
+    single = directory / WEIGHTS_NAME
+    if single.is_file():
+        return [single]
+    found = sorted(directory.glob("*.safetensors"))
+    if found:
+        return found
+    pickles = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise refuse_pickle(pickles[0])
+    raise CheckpointError(f"{directory} holds no .safetensors weight file")
+
+
+class TensorSource:
+    """Lazy access to the tensors of several safetensors files (memory-mapped, no unpickling).
+
+    ``entries`` maps the model-side key to (file, stored key); :meth:`rekey` renames keys.
+    """
+
+    def __init__(self, files: Sequence[Path], device: torch.device, stack: contextlib.ExitStack):
+        from safetensors import safe_open
+
+        self.entries: dict[str, tuple[Path, str]] = {}
+        self._handles: dict[Path, Any] = {}
+        for file in files:
+            if not file.is_file():
+                raise CheckpointError(f"{file} is listed in the checkpoint but does not exist")
+            try:
+                handle = stack.enter_context(
+                    safe_open(str(file), framework="pt", device=str(device))
+                )
+                keys = list(handle.keys())
+            except Exception as exc:  # SafetensorError for truncated / corrupt headers
+                raise CheckpointError(
+                    f"{file}: cannot read it as safetensors ({exc}); the file is truncated, "
+                    "corrupt or not a safetensors file"
+                ) from exc
+            self._handles[file] = handle
+            for key in keys:
+                self.entries.setdefault(key, (file, key))
+
+    def rekey(self, strip: str, add: str) -> None:
+        """Rename every key ``k`` to ``add + k.removeprefix(strip)``."""
+        self.entries = {add + k.removeprefix(strip): v for k, v in self.entries.items()}
+
+    def file_of(self, key: str) -> Path | None:
+        entry = self.entries.get(key)
+        return None if entry is None else entry[0]
+
+    def files(self) -> str:
+        return ", ".join(sorted({str(f) for f, _ in self.entries.values()}))
+
+    def get(self, key: str) -> torch.Tensor:
+        file, stored = self.entries[key]
+        try:
+            return self._handles[file].get_tensor(stored)
+        except Exception as exc:
+            raise CheckpointError(f"{file}: cannot read tensor {stored!r} ({exc})") from exc
+
+    def meta(self, key: str) -> tuple[str, list[int]]:
+        """(safetensors dtype string such as "U8", shape) without reading the data."""
+        file, stored = self.entries[key]
+        view = self._handles[file].get_slice(stored)
+        return view.get_dtype(), list(view.get_shape())
+
+
+ST_DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+}
+
+
+def missing_tensor(source: TensorSource, key: str) -> CheckpointError:
+    return CheckpointError(
+        f"missing tensor {key!r}: it is in none of the checkpoint's weight files "
+        f"({source.files()})"
+    )
+
+
+def stored_meta(source: TensorSource, key: str) -> tuple[Path, torch.dtype | str, list[int]]:
+    file = source.file_of(key)
+    if file is None:
+        raise missing_tensor(source, key)
+    st_dtype, shape = source.meta(key)
+    return file, ST_DTYPES.get(st_dtype, st_dtype), shape
+
+
+def read_exact(
+    source: TensorSource, key: str, dtype: torch.dtype, shape: Sequence[int]
+) -> torch.Tensor:
+    """Read ``key`` after checking its stored dtype and shape (errors name file and tensor)."""
+    file, found, found_shape = stored_meta(source, key)
+    if found != dtype:
+        raise CheckpointError(f"{file}: tensor {key!r} has dtype {found}, expected {dtype}")
+    if found_shape != list(shape):
+        raise CheckpointError(
+            f"{file}: tensor {key!r} has shape {found_shape}, expected {list(shape)}"
+        )
+    return source.get(key)
+
+
+def read_like(source: TensorSource, key: str, like: torch.Tensor) -> torch.Tensor:
+    """Read ``key`` for a parameter/buffer shaped like ``like``; floats are cast to its dtype."""
+    file, found, found_shape = stored_meta(source, key)
+    if found_shape != list(like.shape):
+        raise CheckpointError(
+            f"{file}: tensor {key!r} has shape {found_shape}, the model expects "
+            f"{list(like.shape)}"
+        )
+    if not isinstance(found, torch.dtype) or found.is_floating_point != like.is_floating_point():
+        raise CheckpointError(
+            f"{file}: tensor {key!r} has dtype {found}, the model expects {like.dtype}"
+        )
+    return source.get(key).to(like.dtype)
+
+
+def fresh_dir(target: Path, tag: str) -> Path:
+    """A new hidden sibling ``.<name>.<tag>-<random>`` of ``target`` (mode from the umask)."""
+    for _ in range(100):
+        candidate = target.parent / f".{target.name}.{tag}-{secrets.token_hex(4)}"
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise FileExistsError(f"cannot create a temporary directory next to {target}")
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Move the finished ``tmp`` to ``target``; an old ``target`` is removed only afterwards."""
+    if not target.exists():
+        os.replace(tmp, target)
+        return
+    old = fresh_dir(target, "old")
+    old.rmdir()
+    os.replace(target, old)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        os.replace(old, target)
+        raise
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink(missing_ok=True)

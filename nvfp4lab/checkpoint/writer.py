@@ -1,0 +1,409 @@
+"""Write a model whose quantized Linears are NVFP4Linear as a compressed-tensors checkpoint.
+
+The directory is assembled under a hidden temporary name and renamed into place only when
+everything is written, so a failed save never leaves a directory that looks like a checkpoint.
+Tokenizer / generation / sentence-transformers files are copied from the source model folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from nvfp4lab.checkpoint.config import (
+    CT_FORMAT,
+    Scheme,
+    check_scheme,
+    quantization_config,
+)
+from nvfp4lab.checkpoint.files import (
+    CONFIG_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    fresh_dir,
+    read_json,
+    replace_dir,
+)
+from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.execution.model import FUSED_GROUPS
+
+__all__ = [
+    "COPIED_FILES",
+    "DEFAULT_MAX_SHARD_BYTES",
+    "UnsharedGlobalScaleWarning",
+    "fused_groups",
+    "save_pretrained",
+]
+
+COPIED_FILES: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+)
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
+
+
+class UnsharedGlobalScaleWarning(UserWarning):
+    """A fused group (q/k/v, gate/up) is saved with different global scales: vLLM, which
+    decodes all shards of a fused layer with the largest scale, would compute wrong outputs."""
+
+
+def fused_groups(
+    model: nn.Module, groups: Sequence[Sequence[str]] = FUSED_GROUPS
+) -> list[list[str]]:
+    """Full module names of sibling Linears that engines fuse (q/k/v, gate/up, ...).
+
+    Only groups whose members all exist under the same parent are returned.
+    """
+    names = {name for name, _ in model.named_modules()}
+    found: list[list[str]] = []
+    for parent, _ in model.named_modules():
+        prefix = f"{parent}." if parent else ""
+        for group in groups:
+            members = [prefix + leaf for leaf in group]
+            if all(member in names for member in members):
+                found.append(members)
+    return found
+
+
+def _check_shared_global_scales(model: nn.Module, quantized: Mapping[str, nn.Module]) -> None:
+    for members in fused_groups(model):
+        if not all(m in quantized for m in members):
+            continue
+        for attr in ("weight_global_scale", "input_global_scale"):
+            values = [getattr(quantized[m], attr, None) for m in members]
+            if any(v is None for v in values):
+                continue
+            floats = [float(v) for v in values]
+            if len(set(floats)) > 1:
+                detail = ", ".join(f"{m}={v:.9g}" for m, v in zip(members, floats, strict=True))
+                raise CheckpointError(
+                    f"fused group {members} has different {attr}s ({detail}); vLLM fuses these "
+                    "layers and needs one shared scale. Quantize with "
+                    "nvfp4lab.quantize_model(..., share_global_scale='auto') first, or pass "
+                    "require_shared_global_scale=False to save it anyway"
+                )
+
+
+def _resolve_scheme(scheme: str | None, quantized: Mapping[str, nn.Module]) -> str:
+    with_input = [
+        n for n, m in quantized.items() if getattr(m, "input_global_scale", None) is not None
+    ]
+    if scheme is None:
+        if len(with_input) == len(quantized):
+            return "NVFP4"
+        if not with_input:
+            return "NVFP4A16"
+        missing = sorted(set(quantized) - set(with_input))
+        raise ValueError(
+            f"{len(with_input)} of {len(quantized)} NVFP4Linear layers have an "
+            f"input_global_scale (missing e.g. {missing[0]!r}); pass scheme='NVFP4A16' to save "
+            "weight-only, or calibrate all layers for scheme='NVFP4'"
+        )
+    check_scheme(scheme)
+    if scheme == "NVFP4" and len(with_input) != len(quantized):
+        missing = sorted(set(quantized) - set(with_input))
+        raise ValueError(
+            f"scheme 'NVFP4' (W4A4) needs an input_global_scale on every quantized layer; "
+            f"{len(missing)} have none (e.g. {missing[0]!r}). Calibrate with "
+            "nvfp4lab.calibrate_inputs, or save with scheme='NVFP4A16'"
+        )
+    return scheme
+
+
+def _quantized_tensors(name: str, module: nn.Module, scheme: str) -> dict[str, torch.Tensor]:
+    """The compressed-tensors tensors of one NVFP4Linear, validated."""
+    out: dict[str, torch.Tensor] = {}
+    packed = module.weight_packed
+    scale = module.weight_scale
+    n, k = int(module.out_features), int(module.in_features)
+    if k % BLOCK_SIZE:
+        raise CheckpointError(
+            f"{name}: in_features={k} is not a multiple of {BLOCK_SIZE}; the "
+            f"{CT_FORMAT} format cannot store a padded NVFP4 weight"
+        )
+    expected = {
+        "weight_packed": (packed, torch.uint8, (n, k // 2)),
+        "weight_scale": (scale, torch.float8_e4m3fn, (n, k // BLOCK_SIZE)),
+        "weight_global_scale": (module.weight_global_scale, torch.float32, (1,)),
+    }
+    if scheme == "NVFP4":
+        expected["input_global_scale"] = (module.input_global_scale, torch.float32, (1,))
+    for leaf, (tensor, dtype, shape) in expected.items():
+        if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+            raise CheckpointError(
+                f"{name}.{leaf}: expected {dtype} {list(shape)}, the module holds "
+                f"{tensor.dtype} {list(tensor.shape)}"
+            )
+        out[leaf] = tensor
+    bias = getattr(module, "bias", None)
+    if bias is not None:
+        out["bias"] = bias
+    return {f"{name}.{leaf}": t for leaf, t in out.items()}
+
+
+def _state_to_save(
+    model: nn.Module, quantized: Mapping[str, nn.Module], scheme: str, dtype: torch.dtype | None
+) -> dict[str, torch.Tensor]:
+    """Name -> tensor in ``model.state_dict()`` order; tied (aliased) tensors written once.
+
+    ``dtype``: cast unquantized floating tensors (and biases) to it; packed weights, block
+    scales and float32 global scales are never touched.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    for name, module in quantized.items():
+        for key, tensor in _quantized_tensors(name, module, scheme).items():
+            if dtype is not None and key.endswith(".bias"):
+                tensor = tensor.to(dtype)
+            tensors[key] = tensor
+    skip = {"" if not name else f"{name}." for name in quantized}
+    tied_targets = _tied_targets(model)
+    seen: dict[tuple[int, int, tuple[int, ...], torch.dtype], str] = {}
+    ordered: dict[str, torch.Tensor] = {}
+    for key, tensor in model.state_dict(keep_vars=False).items():
+        owner = next((p for p in skip if key.startswith(p)), None)
+        if owner is not None:
+            if key in tensors:
+                ordered[key] = tensors[key]
+            continue
+        if tensor.device.type == "meta":
+            raise CheckpointError(f"{key} is on the meta device (never loaded); cannot save it")
+        ident = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.dtype,
+        )
+        if tensor.numel() and ident in seen:
+            if key in tied_targets:
+                continue  # transformers re-ties it from the source on load
+            if seen[ident] in tied_targets:
+                del ordered[seen[ident]]
+            else:
+                continue
+        seen[ident] = key
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        ordered[key] = tensor
+    for key, tensor in tensors.items():
+        ordered.setdefault(key, tensor)
+    return ordered
+
+
+def _tied_targets(model: nn.Module) -> set[str]:
+    keys = getattr(model, "_tied_weights_keys", None)
+    if isinstance(keys, Mapping):
+        return set(keys)
+    if isinstance(keys, list | tuple | set):
+        return set(keys)
+    return set()
+
+
+def _write_shards(
+    tensors: Mapping[str, torch.Tensor], directory: Path, max_shard_bytes: int
+) -> list[str]:
+    from safetensors.torch import save_file
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensor.detach().to("cpu").contiguous()
+        size += nbytes
+    if len(shards) == 1:
+        names = [WEIGHTS_NAME]
+    else:
+        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map: dict[str, str] = {}
+    for name, shard in zip(names, shards, strict=True):
+        save_file(shard, str(directory / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    if len(shards) > 1:
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        with open(directory / WEIGHTS_INDEX_NAME, "w", encoding="utf-8") as handle:
+            json.dump(index, handle, indent=2, sort_keys=True)
+    return names
+
+
+def _model_dtype(model: nn.Module, quantized: Mapping[str, nn.Module]) -> torch.dtype:
+    for module in quantized.values():
+        dtype = getattr(module, "dtype", None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def _write_config(
+    model: nn.Module, directory: Path, source: Path | None, dtype: torch.dtype
+) -> None:
+    """config.json as transformers writes it (diff against defaults); the quantization config is
+    added afterwards by compressed-tensors' ``ModelCompressor.update_config``."""
+    config = getattr(model, "config", None)
+    file = directory / CONFIG_NAME
+    if config is not None and hasattr(config, "to_json_file"):
+        config = copy.deepcopy(config)
+        if type(model).__module__.startswith("transformers."):
+            config.architectures = [type(model).__name__]
+        config.dtype = dtype
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.to_json_file(str(file), use_diff=True)
+        return
+    if source is not None and (source / CONFIG_NAME).is_file():
+        data = read_json(source / CONFIG_NAME)
+        data.pop("quantization_config", None)
+    else:
+        data = {}
+    with open(file, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+
+
+def _source_dir(model: nn.Module, source: str | os.PathLike[str] | None) -> Path | None:
+    if source is not None:
+        path = Path(source)
+        if not path.is_dir():
+            raise FileNotFoundError(f"source={str(source)!r} is not a directory")
+        return path
+    config = getattr(model, "config", None)
+    for candidate in (
+        getattr(config, "_name_or_path", None),
+        getattr(model, "name_or_path", None),
+    ):
+        if isinstance(candidate, str) and candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+def _copy_side_files(source: Path | None, directory: Path, written: set[str]) -> list[str]:
+    copied: list[str] = []
+    if source is None:
+        return copied
+    for rel in COPIED_FILES:
+        src = source / rel
+        if rel in written or not src.is_file():
+            continue
+        dst = directory / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+        copied.append(rel)
+    return copied
+
+
+def save_pretrained(
+    model: nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    scheme: Scheme | None = None,
+    source: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    require_shared_global_scale: bool | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Path:
+    """Write ``model`` (quantized Linears are NVFP4Linear) as a compressed-tensors checkpoint.
+
+    ``scheme``: "NVFP4" (W4A4; every quantized layer needs ``input_global_scale``),
+    "NVFP4A16" (weight-only; input scales are not written), or None to infer it from the
+    layers. Plain ``nn.Linear`` layers stay float and are listed in the config's ``ignore``.
+    ``source``: a directory whose tokenizer/generation files are copied (default: the model's
+    ``config._name_or_path`` when that is a local directory). ``require_shared_global_scale``:
+    every fused group (:data:`FUSED_GROUPS`: q/k/v, gate/up, ...) must share its global scales
+    to load correctly in vLLM (it decodes all shards with the max); ``True`` raises when one does
+    not, ``None`` (default) warns with :class:`UnsharedGlobalScaleWarning`, ``False`` is silent.
+    ``dtype``: cast the unquantized floating tensors (embeddings,
+    norms, biases, float Linears) to it and record it as the config's dtype; default: keep them.
+    ``overwrite``: replace an existing ``path``; ``max_shard_bytes``: split the weights into
+    several files (with ``model.safetensors.index.json``) above this size.
+
+    The packed bytes and scales are written exactly as the modules hold them. The directory is
+    assembled under a temporary name and renamed into place at the end. Returns ``path``.
+
+    Note: compressed-tensors 0.20 decompresses NVFP4 weights to bfloat16 whatever the model
+    dtype (fixed upstream later, compressed-tensors PR #839), so transformers can run a
+    checkpoint only in bfloat16: save with ``dtype=torch.bfloat16`` or load it with
+    ``from_pretrained(..., dtype=torch.bfloat16)``.
+    """
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.utils.match import is_match
+
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
+    quantized = {n: m for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
+    if not quantized:
+        raise ValueError(
+            "the model has no NVFP4Linear layer; quantize it first "
+            "(nvfp4lab.quantize_model) or save it with transformers"
+        )
+    if "" in quantized:
+        raise ValueError("the model itself is an NVFP4Linear; wrap it in a container module")
+    resolved = _resolve_scheme(scheme, quantized)
+    if require_shared_global_scale is not False:
+        try:
+            _check_shared_global_scales(model, quantized)
+        except CheckpointError as err:
+            if require_shared_global_scale:
+                raise
+            warnings.warn(str(err), UnsharedGlobalScaleWarning, stacklevel=2)
+    ignore = [
+        name
+        for name, module in model.named_modules()
+        if name and not isinstance(module, NVFP4Linear) and is_match(name, module, "Linear")
+    ]
+    config = quantization_config(resolved, ignore=ignore)  # type: ignore[arg-type]
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    tensors = _state_to_save(model, quantized, resolved, dtype)
+    src = _source_dir(model, source)
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = fresh_dir(target, "tmp")
+    try:
+        shards = _write_shards(tensors, tmp, max_shard_bytes)
+        _write_config(model, tmp, src, dtype or _model_dtype(model, quantized))
+        ModelCompressor(quantization_config=config).update_config(str(tmp))
+        written = {CONFIG_NAME, *shards}
+        generation = getattr(model, "generation_config", None)
+        if generation is not None and hasattr(generation, "save_pretrained") and (
+            src is None or not (src / "generation_config.json").is_file()
+        ):
+            generation.save_pretrained(str(tmp))
+            written.add("generation_config.json")
+        _copy_side_files(src, tmp, written)
+        replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

@@ -1,0 +1,590 @@
+"""NVFP4 quantize / dequantize / fake_quantize: ONE block pipeline, plain NVFP4 by default.
+
+Every call runs the same steps: check the input once, pad/rotate it, choose the tensor scale,
+cut it into blocks, then per block pick an E4M3 scale and round the elements to E2M1 codes.
+Plain NVFP4 is the default of every option; the research options change one step each.
+
+Arithmetic (``convention``, the order of operations; see :mod:`nvfp4lab.scales`)
+    ``"kernel"`` (default): vLLM's float32 reference of its CUDA kernel, per 16-block ``b``::
+
+        s_b  = e4m3(clamp(gs * (amax_b * f32(1/6)), -448, 448))
+        code = RNE_E2M1(clamp(x * (1 / (s_b * (1/gs))), -6, 6))      (0 where s_b == 0)
+
+    ``"compressed-tensors"``: compressed-tensors 0.20 bit for bit (``amax_b / 6`` in the input
+    dtype, a division by ``s_b / gs``, zero scales replaced by 0.125, ``gs`` computed in the
+    input dtype). Both decode as ``value(code) * (s_b / gs)`` in float32, cast to the wanted
+    dtype; they disagree on a small fraction of codes (mostly bf16/fp16 inputs).
+
+Tensor scale (``global_scale``, ENCODE convention ``2688 / amax``)
+    ``None`` (default) computes it from ``amax(|x|)`` (:func:`compute_global_scale`; with a
+    non-default ``scale_selection`` the numerator is 1536 = 256·6, see below); a float or a
+    one-element tensor is used as given; ``1.0`` means "no tensor scale" (the block scales alone
+    must then cover the data's range, E4M3 spanning 2^-9..448). A DECODE-convention scale
+    (ModelOpt ``weight_scale_2``, torchao ``per_tensor_scale``) must be inverted first.
+
+Blocks (``block_size``)
+    ``16`` (default) or any positive even int: one scale per that many elements along K.
+    ``(rows, cols)``: one scale per ``rows × cols`` tile of a 2-D ``[M, K]`` tensor, e.g.
+    ``(16, 16)``; the packed form repeats each tile's scale on its rows, so any NVFP4 kernel
+    reads it. ``pad=True`` zero-pads K to a whole number of blocks (1-D blocks only).
+
+Research options (defaults reproduce plain NVFP4 bit for bit)
+    ``rounding``: ``"rne"`` | ``"stochastic"`` (round up with probability equal to the fractional
+    distance, so ``E[q] = v`` inside ±6; needs ``generator=``, a ``torch.Generator`` or an int
+    seed for a new generator on the input's device).
+    ``scale_selection``: ``"amax"`` (block max → 6) | ``"four_over_six"`` (try max → 6 and max → 4,
+    keep the lower block squared error; "Four Over Six", arXiv 2512.02010) | ``"mse_search"``
+    (try each of ``search_targets``, default :data:`DEFAULT_SEARCH_TARGETS`). The non-default
+    selections compute the tensor scale with 256 in place of E4M3's 448 (the paper's choice), so
+    a 1.5× larger block scale still fits E4M3.
+    ``hadamard``: ``None`` | int seed: rotate along K by the seeded 16-point block Hadamard of
+    :mod:`nvfp4lab.hadamard` first. :func:`fake_quantize` rotates back (float32, one rounding);
+    :func:`quantize` returns a :class:`~nvfp4lab.tensor.RotatedNVFP4Tensor`.
+
+Input policy: fp32/bf16/fp16 tensors ``[..., K]`` (any strides, any device; meta gives shapes).
+NaN/Inf raise by default (``nonfinite="raise"``, naming the count and first index);
+``"propagate"`` runs the arithmetic as is (a NaN makes its block's scale NaN). An all-zero tensor,
+or one whose amax is so small that ``2688/amax`` is not finite, gets ``global_scale = 1.0``
+(compressed-tensors' rule) and quantizes to zeros. Not differentiable.
+
+Measured on seeded 2048×2048 float32 tensors (NMSE; tests/formats/test_nvfp4.py pins them):
+defaults 9.04e-3 on N(0,1) (20.44 dB) and 8.22e-3 on Student-t(ν=3); four_over_six 7.56e-3 /
+7.57e-3; mse_search 6.77e-3 / 7.08e-3; stochastic 2.08e-2 / 2.03e-2; 16×16 tiles 1.24e-2 /
+3.29e-2; hadamard 9.04e-3 / 9.69e-3 (with 16-element blocks an outlier only costs its own block;
+rotating makes heavy-tailed blocks Gaussian, whose NMSE is higher).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
+from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes, stochastic_round_to_e2m1_codes
+from nvfp4lab.hadamard import check_seed, hadamard_transform
+from nvfp4lab.scales import (
+    KERNEL_MAX_GLOBAL_SCALE,
+    abs_max,
+    as_global_scale,
+    block_scales,
+    global_scale_from_amax,
+    scale_elements,
+)
+from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor, block_chunks, decode_blocks
+from nvfp4lab.vocab import (
+    Convention,
+    NonFinite,
+    Rounding,
+    ScaleSelection,
+    check_choice,
+    check_dtype,
+)
+
+__all__ = [
+    "DEFAULT_SEARCH_TARGETS",
+    "FOUR_OVER_SIX_SCALE_MAX",
+    "NVFP4Options",
+    "check_input",
+    "compute_global_scale",
+    "dequantize",
+    "fake_quantize",
+    "finite_amax",
+    "nvfp4_options",
+    "quantize",
+    "quantize_blocks",
+    "split_blocks",
+]
+
+#: E4M3 "max" in the tensor scale of the non-default scale selections (Four Over Six paper).
+FOUR_OVER_SIX_SCALE_MAX: float = 256.0
+#: Targets (the value a block's max maps to) tried by ``scale_selection="mse_search"``.
+DEFAULT_SEARCH_TARGETS: tuple[float, ...] = (6.0, 7.0, 6.5, 5.5, 5.0, 4.5, 4.0, 3.5)
+_FOUR_OVER_SIX_TARGETS: tuple[float, ...] = (6.0, 4.0)
+
+
+# --------------------------------------------------------------------------------------------
+# options
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NVFP4Options:
+    """Validated options of the pipeline (build with :func:`nvfp4_options`).
+
+    ``block_shape`` is ``(rows, cols)``: ``(1, 16)`` for plain NVFP4 blocks along K.
+    """
+
+    block_shape: tuple[int, int] = (1, BLOCK_SIZE)
+    convention: Convention = Convention.KERNEL
+    pad: bool = False
+    nonfinite: NonFinite = NonFinite.RAISE
+    rounding: Rounding = Rounding.RNE
+    generator: torch.Generator | int | None = None
+    scale_selection: ScaleSelection = ScaleSelection.AMAX
+    search_targets: tuple[float, ...] | None = None
+    hadamard: int | None = None
+
+    @property
+    def targets(self) -> tuple[float, ...]:
+        """Block-max targets tried per block (6 = plain amax scaling)."""
+        if self.scale_selection == ScaleSelection.FOUR_OVER_SIX:
+            return _FOUR_OVER_SIX_TARGETS
+        if self.scale_selection == ScaleSelection.MSE_SEARCH:
+            return self.search_targets or DEFAULT_SEARCH_TARGETS
+        return (E2M1_MAX,)
+
+    @property
+    def global_scale_numerator(self) -> float:
+        """2688 (= 448·6) for amax scaling; 1536 (= 256·6) for the other selections."""
+        if self.scale_selection == ScaleSelection.AMAX:
+            return GLOBAL_SCALE_NUMERATOR
+        return FOUR_OVER_SIX_SCALE_MAX * E2M1_MAX
+
+    @property
+    def block_elements(self) -> int:
+        return self.block_shape[0] * self.block_shape[1]
+
+    @property
+    def bits_per_element(self) -> float:
+        """Storage bits per element, tensor scale excluded (4 + 8 / elements per block scale)."""
+        return 4.0 + 8.0 / self.block_elements
+
+
+def _block_shape(block_size: object) -> tuple[int, int]:
+    shape = tuple(block_size) if isinstance(block_size, tuple | list) else (1, block_size)
+
+    def ok(n: object, even: bool) -> bool:
+        return isinstance(n, int) and not isinstance(n, bool) and n > 0 and not (even and n % 2)
+
+    if len(shape) != 2 or not (ok(shape[0], False) and ok(shape[1], True)):
+        raise ValueError(
+            f"block_size must be a positive even integer (elements per scale along K) or a "
+            f"(rows, cols) tile with cols even, e.g. 16 or (16, 16); got {block_size!r}"
+        )
+    return shape  # type: ignore[return-value]
+
+
+def _search_targets(targets: object) -> tuple[float, ...]:
+    try:
+        if isinstance(targets, str | bytes):
+            raise TypeError
+        values = tuple(float(t) for t in targets)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        values = ()
+    if not values or not all(0.0 < t < float("inf") for t in values):
+        raise ValueError(
+            f"search_targets must be a non-empty sequence of finite numbers > 0 (the value a "
+            f"block's max maps to; 6 = amax scaling), got {targets!r}"
+        )
+    return values
+
+
+def nvfp4_options(
+    *,
+    block_size: int | tuple[int, int] = BLOCK_SIZE,
+    convention: str = Convention.KERNEL,
+    pad: bool = False,
+    nonfinite: str = NonFinite.RAISE,
+    rounding: str = Rounding.RNE,
+    generator: torch.Generator | int | None = None,
+    scale_selection: str = ScaleSelection.AMAX,
+    search_targets: Sequence[float] | None = None,
+    hadamard: int | None = None,
+) -> NVFP4Options:
+    """Validate the pipeline's options; ValueError names the bad one and the accepted values."""
+    shape = _block_shape(block_size)
+    conv = check_choice("convention", convention, Convention)
+    policy = check_choice("nonfinite policy", nonfinite, NonFinite)
+    rnd = check_choice("rounding", rounding, Rounding)
+    selection = check_choice("scale_selection", scale_selection, ScaleSelection)
+    if not isinstance(pad, bool):
+        raise ValueError(f"pad must be True or False, got {pad!r}")
+    if pad and shape[0] != 1:
+        raise ValueError(f"pad=True only applies to 1-D blocks along K, got block_size {shape}")
+    if rnd == Rounding.STOCHASTIC and generator is None:
+        raise ValueError(
+            "rounding='stochastic' needs generator=<torch.Generator or int seed> so that results "
+            "are reproducible"
+        )
+    if rnd == Rounding.STOCHASTIC and not isinstance(generator, torch.Generator):
+        check_seed(generator, "generator")
+    if rnd == Rounding.RNE and generator is not None:
+        raise ValueError("generator= only applies to rounding='stochastic' (rounding is 'rne')")
+    if search_targets is not None:
+        if selection != ScaleSelection.MSE_SEARCH:
+            raise ValueError("search_targets= only applies to scale_selection='mse_search'")
+        search_targets = _search_targets(search_targets)
+    if hadamard is not None:
+        check_seed(hadamard, "hadamard")
+        if pad:
+            raise ValueError(
+                "pad=True cannot be combined with hadamard (the rotation needs K % 16 == 0)"
+            )
+    return NVFP4Options(
+        shape, conv, pad, policy, rnd, generator, selection, search_targets, hadamard  # type: ignore[arg-type]
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# input checks and blocks
+# --------------------------------------------------------------------------------------------
+
+
+def check_input(x: torch.Tensor, what: str = "x") -> None:
+    """TypeError/ValueError unless ``x`` is a ≥1-d fp32/bf16/fp16 tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    check_dtype(x.dtype, f"NVFP4 quantization input {what} (dtype)")
+    if x.ndim == 0:
+        raise ValueError(f"{what} must have at least one dimension (the K axis), got a 0-d tensor")
+
+
+def finite_amax(
+    x: torch.Tensor, nonfinite: str = NonFinite.RAISE, *, fix: str | None = None
+) -> torch.Tensor:
+    """``abs_max(x)`` of the finite values (0-d, x.dtype); raises under ``nonfinite="raise"``
+    when ``x`` holds NaN/Inf, naming the count, the first index and ``fix`` (the remedy).
+
+    One ``aminmax`` pass in the common all-finite case (NaN and Inf propagate into it).
+    """
+    amax = abs_max(x)
+    if x.is_meta or bool(torch.isfinite(amax)):
+        return amax
+    finite = torch.isfinite(x)
+    if nonfinite == NonFinite.RAISE:
+        bad = ~finite
+        first = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise ValueError(
+            f"input of shape {tuple(x.shape)} holds {int(bad.sum())} NaN/Inf value(s), first at "
+            f"index {first} (value {x[first].item()}); "
+            + (fix or "clean the input, or pass nonfinite='propagate' to quantize it anyway "
+               "(NaN blocks get NaN scales)")
+        )
+    return abs_max(torch.where(finite, x, 0))  # NaN/Inf must not set the finite values' scale
+
+
+def split_blocks(
+    x: torch.Tensor, block_size: int, pad: bool = False, what: str = "NVFP4"
+) -> torch.Tensor:
+    """View ``x [..., K]`` as ``[..., K/block, block]``, zero-padding K when ``pad``.
+
+    A K that is not a multiple of ``block_size`` without ``pad`` raises ValueError naming the
+    shape, the format ``what`` and the fix.
+    """
+    _block_shape(block_size)
+    if not isinstance(pad, bool):
+        raise ValueError(f"pad must be True or False, got {pad!r}")
+    k = x.shape[-1]
+    if k % block_size:
+        if not pad:
+            raise ValueError(
+                f"{what}: the last dimension K={k} of shape {tuple(x.shape)} is not a multiple "
+                f"of {block_size}; pass pad=True to zero-pad K to "
+                f"{-(-k // block_size) * block_size}"
+            )
+        x = F.pad(x, (0, -k % block_size))
+    return x.reshape(*x.shape[:-1], x.shape[-1] // block_size, block_size)
+
+
+def _to_blocks(x: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """``[..., K]`` → ``[..., K/c, c]`` for ``(1, c)``; ``[M, K]`` → ``[M/r, K/c, r·c]`` tiles."""
+    rows, cols = shape
+    if rows == 1:
+        return x.reshape(*x.shape[:-1], x.shape[-1] // cols, cols)
+    m, k = x.shape
+    tiles = x.reshape(m // rows, rows, k // cols, cols).permute(0, 2, 1, 3)
+    return tiles.reshape(m // rows, k // cols, rows * cols)
+
+
+def _from_blocks(values: torch.Tensor, like: torch.Size, shape: tuple[int, int]) -> torch.Tensor:
+    """Inverse of :func:`_to_blocks`, back to the shape ``like``."""
+    rows, cols = shape
+    if rows == 1:
+        return values.reshape(like)
+    m, k = like
+    tiles = values.reshape(m // rows, k // cols, rows, cols).permute(0, 2, 1, 3)
+    return tiles.reshape(m, k)
+
+
+def _check_geometry(x: torch.Tensor, opts: NVFP4Options) -> None:
+    rows, cols = opts.block_shape
+    if rows > 1 and (x.ndim != 2 or x.shape[0] % rows or x.shape[1] % cols):
+        raise ValueError(
+            f"block_size {opts.block_shape} needs a 2-D tensor [M, K] with M a multiple of "
+            f"{rows} and K of {cols}, got shape {tuple(x.shape)}"
+        )
+    k = x.shape[-1]
+    if rows == 1 and k % cols and not opts.pad:
+        raise ValueError(
+            f"NVFP4: the last dimension K={k} of shape {tuple(x.shape)} is not a multiple of "
+            f"{cols}; pass pad=True to zero-pad K to {-(-k // cols) * cols}"
+        )
+
+
+def _prepare(
+    x: torch.Tensor, global_scale: torch.Tensor | float | None, opts: NVFP4Options
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one input check; returns (x padded and rotated as the options say, encode gs [1])."""
+    check_input(x)
+    _check_geometry(x, opts)
+    x = x.detach()  # quantization is a non-differentiable rounding
+    cols = opts.block_shape[1]
+    if x.shape[-1] % cols:
+        x = F.pad(x, (0, -x.shape[-1] % cols))
+    if x.is_meta:
+        gs = global_scale if global_scale is not None else torch.empty(1, device="meta")
+        return x, as_global_scale(gs, "meta")
+    amax = finite_amax(x, opts.nonfinite)
+    if opts.hadamard is not None:
+        x = hadamard_transform(x, opts.hadamard)
+        amax = finite_amax(x, NonFinite.PROPAGATE)
+    if global_scale is None:
+        return x, global_scale_from_amax(amax, opts.convention, opts.global_scale_numerator)
+    gs = as_global_scale(global_scale, x.device)
+    if opts.convention == Convention.KERNEL and float(gs) > KERNEL_MAX_GLOBAL_SCALE:
+        raise ValueError(
+            f"global_scale {float(gs):.4g} exceeds {KERNEL_MAX_GLOBAL_SCALE:.4g} (2**116): the "
+            "kernel order's 1/(s * (1/gs)) overflows float32 there; use a smaller global scale "
+            "(any value <= 2688/amax is valid) or convention='compressed-tensors'"
+        )
+    return x, gs
+
+
+# --------------------------------------------------------------------------------------------
+# blocks: scale selection and element rounding
+# --------------------------------------------------------------------------------------------
+
+
+def quantize_blocks(
+    blocks: torch.Tensor,
+    global_scale: torch.Tensor,
+    convention: str = Convention.KERNEL,
+    *,
+    targets: Sequence[float] = (E2M1_MAX,),
+    rounding: str = Rounding.RNE,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Core arithmetic on ``blocks [..., nb, B]`` (any B) with float32 ``global_scale [1]``.
+
+    Returns (codes uint8 of the blocks' shape, scales float8_e4m3fn ``[..., nb]``). For each
+    block and each target ``t`` the scale maps the block max to ``t``; with several targets the
+    candidate with the lowest squared error (RNE codes) wins, earlier targets winning ties, and
+    stochastic rounding then encodes with the chosen scale. No checks.
+    """
+    amax = abs_max(blocks, -1)
+    scales = block_scales(amax, global_scale, convention, targets[0])
+    codes: torch.Tensor | None = None
+    if len(targets) > 1:
+        scales, codes = _best_scales(blocks, amax, global_scale, convention, targets)
+    if rounding == Rounding.STOCHASTIC:
+        if generator is None:
+            raise ValueError("stochastic rounding needs a torch.Generator")
+        scaled = scale_elements(blocks, scales, global_scale, convention)
+        codes = stochastic_round_to_e2m1_codes(scaled, generator)
+    elif codes is None:
+        codes = round_to_e2m1_codes(scale_elements(blocks, scales, global_scale, convention))
+    return codes, scales.to(torch.float8_e4m3fn)
+
+
+def _best_scales(
+    blocks: torch.Tensor,
+    amax: torch.Tensor,
+    global_scale: torch.Tensor,
+    convention: str,
+    targets: Sequence[float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 scales, RNE codes) of the lowest-squared-error target per block."""
+    reference = blocks.to(torch.float32)
+    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    for target in targets:
+        scales = block_scales(amax, global_scale, convention, target)
+        codes = round_to_e2m1_codes(scale_elements(blocks, scales, global_scale, convention))
+        err = (decode_blocks(codes, scales, global_scale) - reference).square_().sum(-1)
+        if best is None:
+            best = (scales, codes, err)
+            continue
+        better = err < best[2]
+        best = (
+            torch.where(better, scales, best[0]),
+            torch.where(better.unsqueeze(-1), codes, best[1]),
+            torch.where(better, err, best[2]),
+        )
+    assert best is not None
+    return best[0], best[1]
+
+
+def _generator(opts: NVFP4Options, device: torch.device) -> torch.Generator | None:
+    gen = opts.generator
+    if gen is None or isinstance(gen, torch.Generator):
+        return gen
+    return torch.Generator(device=device if device.type != "meta" else "cpu").manual_seed(gen)
+
+
+def _encode_blocks(
+    blocks: torch.Tensor,
+    gs: torch.Tensor,
+    opts: NVFP4Options,
+    sink: Callable[[slice, torch.Tensor, torch.Tensor], None],
+) -> None:
+    """Quantize ``blocks [nb, B]`` chunk by chunk (cache-sized on CPU); ``sink(part, codes,
+    scales)`` consumes each chunk's uint8 codes ``[n, B]`` and e4m3 scales ``[n]``."""
+    generator = _generator(opts, blocks.device)
+    for part in block_chunks(blocks.shape[0], blocks.shape[1], blocks.device):
+        codes, scales = quantize_blocks(
+            blocks[part], gs, opts.convention,
+            targets=opts.targets, rounding=opts.rounding, generator=generator,
+        )
+        sink(part, codes, scales)
+
+
+# --------------------------------------------------------------------------------------------
+# public entry points
+# --------------------------------------------------------------------------------------------
+
+
+def compute_global_scale(
+    x: torch.Tensor,
+    *,
+    convention: str = Convention.KERNEL,
+    numerator: float = GLOBAL_SCALE_NUMERATOR,
+) -> torch.Tensor:
+    """ENCODE-convention global scale ``numerator / amax(|x|)`` as float32 ``[1]``.
+
+    ``numerator``: 2688 = 448·6 for NVFP4 (Four Over Six uses 1536 = 256·6). ``kernel``: the
+    division in float32 (NOT torch's ``2688 / t``, which is ``reciprocal(t) * 2688`` and differs
+    by one ulp for about a quarter of amax values); ``compressed-tensors``: in ``x.dtype`` (a
+    bf16 model gets a bf16-rounded scale; fp16 overflows for amax < 2688/65504 ≈ 0.041). NaN/Inf
+    entries are ignored; a non-finite or non-positive result becomes 1.0; the kernel order caps
+    the scale at 2**116 (amax < 3.2e-32) so its reciprocal arithmetic cannot overflow.
+    """
+    check_input(x)
+    conv = check_choice("convention", convention, Convention)
+    if x.is_meta:
+        return torch.empty(1, dtype=torch.float32, device="meta")
+    return global_scale_from_amax(finite_amax(x.detach(), NonFinite.PROPAGATE), conv, numerator)
+
+
+def quantize(
+    x: torch.Tensor,
+    global_scale: torch.Tensor | float | None = None,
+    *,
+    block_size: int | tuple[int, int] = BLOCK_SIZE,
+    convention: str = Convention.KERNEL,
+    pad: bool = False,
+    nonfinite: str = NonFinite.RAISE,
+    **options: Any,
+) -> NVFP4Tensor:
+    """Quantize ``x`` (fp32/bf16/fp16, ``[..., K]``) to an :class:`NVFP4Tensor`.
+
+    ``global_scale``: ENCODE convention (2688/amax); None computes it. ``options``: the research
+    options ``rounding``, ``generator``, ``scale_selection``, ``search_targets``, ``hadamard``.
+    With ``hadamard`` the result is a :class:`RotatedNVFP4Tensor` holding ``x Q`` that
+    dequantizes back to ``x``; with 2-D tiles each tile scale is repeated on its rows. See the
+    module docstring for the arithmetic, padding and the NaN/Inf policy.
+    """
+    opts = nvfp4_options(
+        block_size=block_size, convention=convention, pad=pad, nonfinite=nonfinite, **options
+    )
+    xp, gs = _prepare(x, global_scale, opts)
+    rows, cols = opts.block_shape
+    lead, kp = xp.shape[:-1], xp.shape[-1]
+    packed = torch.empty((*lead, kp // 2), dtype=torch.uint8, device=xp.device)
+    scales = torch.empty((*lead, kp // cols), dtype=torch.float8_e4m3fn, device=xp.device)
+    if not xp.is_meta:
+        blocks = _to_blocks(xp, opts.block_shape)
+        flat = blocks.reshape(-1, blocks.shape[-1])
+        if rows == 1:
+            packed_rows, scale_rows = packed.view(-1, cols // 2), scales.view(-1)
+
+            def sink(part: slice, codes: torch.Tensor, s: torch.Tensor) -> None:
+                packed_rows[part] = pack_fp4(codes)
+                scale_rows[part] = s
+
+            _encode_blocks(flat, gs, opts, sink)
+        else:
+            packed, scales = _quantize_tiles(flat, blocks.shape, xp.shape, gs, opts)
+    q = NVFP4Tensor(packed, scales, gs, shape=x.shape, dtype=x.dtype, block_size=cols)
+    return q if opts.hadamard is None else RotatedNVFP4Tensor(**vars(q), hadamard=opts.hadamard)
+
+
+def _quantize_tiles(
+    flat: torch.Tensor,
+    tiles_shape: torch.Size,
+    like: torch.Size,
+    gs: torch.Tensor,
+    opts: NVFP4Options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed codes ``[M, K/2]`` and per-row scales ``[M, K/cols]`` of 2-D tiles."""
+    codes = torch.empty(flat.shape, dtype=torch.uint8, device=flat.device)
+    scales = torch.empty(flat.shape[0], dtype=torch.float8_e4m3fn, device=flat.device)
+
+    def sink(part: slice, c: torch.Tensor, s: torch.Tensor) -> None:
+        codes[part], scales[part] = c, s
+
+    _encode_blocks(flat, gs, opts, sink)
+    packed = pack_fp4(_from_blocks(codes.reshape(tiles_shape), like, opts.block_shape))
+    per_tile = scales.reshape(tiles_shape[:-1])
+    return packed, per_tile.repeat_interleave(opts.block_shape[0], dim=0)
+
+
+def fake_quantize(
+    x: torch.Tensor,
+    global_scale: torch.Tensor | float | None = None,
+    *,
+    block_size: int | tuple[int, int] = BLOCK_SIZE,
+    convention: str = Convention.KERNEL,
+    pad: bool = False,
+    nonfinite: str = NonFinite.RAISE,
+    **options: Any,
+) -> torch.Tensor:
+    """Quantize then dequantize, returning ``x.dtype`` and ``x.shape`` (no packing round trip).
+
+    Equal bit for bit to ``dequantize(quantize(x, ...), x.dtype)``; a Hadamard rotation is undone
+    in float32 before the one rounding to ``x.dtype``. Arguments as :func:`quantize`.
+    """
+    opts = nvfp4_options(
+        block_size=block_size, convention=convention, pad=pad, nonfinite=nonfinite, **options
+    )
+    xp, gs = _prepare(x, global_scale, opts)
+    if xp.is_meta:
+        return torch.empty_like(x)
+    blocks = _to_blocks(xp, opts.block_shape)
+    flat = blocks.reshape(-1, blocks.shape[-1])
+    rotated = opts.hadamard is not None
+    out = torch.empty(flat.shape, dtype=torch.float32 if rotated else x.dtype, device=x.device)
+
+    def sink(part: slice, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        out[part] = decode_blocks(codes, scales, gs)
+
+    _encode_blocks(flat, gs, opts, sink)
+    values = _from_blocks(out.reshape(blocks.shape), xp.shape, opts.block_shape)
+    if rotated:
+        values = hadamard_transform(values, opts.hadamard, inverse=True).to(x.dtype)  # type: ignore[arg-type]
+    return values if values.shape[-1] == x.shape[-1] else values[..., : x.shape[-1]]
+
+
+def dequantize(
+    q: NVFP4Tensor, dtype: torch.dtype | None = None, *, hadamard: int | None = None
+) -> torch.Tensor:
+    """Decode ``q`` to ``dtype`` (default: its original dtype), shape ``q.shape``.
+
+    A :class:`RotatedNVFP4Tensor` knows its seed and rotates back by itself (a different
+    ``hadamard=`` is an error); ``hadamard=seed`` also undoes a rotation of a plain tensor's codes.
+    """
+    if not isinstance(q, NVFP4Tensor):
+        raise TypeError(f"dequantize expects an NVFP4Tensor, got {type(q).__name__}")
+    if isinstance(q, RotatedNVFP4Tensor):
+        if hadamard not in (None, q.hadamard):
+            raise ValueError(
+                f"q was rotated with hadamard={q.hadamard}, not {hadamard}; omit hadamard="
+            )
+        return q.dequantize(dtype)
+    if hadamard is None:
+        return q.dequantize(dtype)
+    check_seed(hadamard, "hadamard")
+    values = hadamard_transform(q.dequantize(torch.float32), hadamard, inverse=True)
+    return values.to(dtype or q.dtype)

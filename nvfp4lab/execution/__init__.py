@@ -1,0 +1,47 @@
+"""Execution: how an NVFP4 linear layer runs, and the layers and models that use it.
+
+==================  ===========================================================================
+module              holds
+==================  ===========================================================================
+``dispatch``        :func:`select_backend`: which backend runs on a device, and why
+``gemm``            :func:`linear` on the ``native`` / ``emulation`` / ``w4a16`` backends and
+                    the bias epilogues
+``layers``          :class:`NVFP4Linear` (compressed-tensors buffer names)
+``model``           :func:`quantize_model` and its report; the fused groups
+``calibrate``       activation-scale calibration
+==================  ===========================================================================
+
+A new backend goes into :class:`nvfp4lab.vocab.Backend`, gets its branch in ``gemm.linear``
+and its rule in ``dispatch``.
+"""
+
+from __future__ import annotations
+
+from nvfp4lab.execution.calibrate import CalibrationResult, calibrate_inputs, calibration
+from nvfp4lab.execution.dispatch import BackendChoice, info_report, select_backend
+from nvfp4lab.execution.gemm import DroppedBiasWarning, linear
+from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.execution.model import (
+    FUSED_GROUPS,
+    SHARE_PRESETS,
+    QuantizeReport,
+    UnmatchedIgnoreWarning,
+    quantize_model,
+)
+
+__all__ = [
+    "FUSED_GROUPS",
+    "SHARE_PRESETS",
+    "BackendChoice",
+    "CalibrationResult",
+    "DroppedBiasWarning",
+    "NVFP4Linear",
+    "QuantizeReport",
+    "UnmatchedIgnoreWarning",
+    "calibrate_inputs",
+    "calibration",
+    "info_report",
+    "linear",
+    "quantize_model",
+    "select_backend",
+]

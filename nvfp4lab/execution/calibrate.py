@@ -1,0 +1,101 @@
+"""Activation-scale calibration: record each NVFP4Linear's input amax, set its
+``input_global_scale`` (ENCODE convention, 2688/amax)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from nvfp4lab.codec import compute_global_scale
+from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.scales import abs_max
+from nvfp4lab.vocab import Convention, check_choice
+
+__all__ = ["CalibrationResult", "calibrate_inputs", "calibration"]
+
+
+@dataclass
+class CalibrationResult:
+    """Running max |input| per NVFP4Linear (filled during :func:`calibration`).
+
+    ``amax``: layer name -> amax (float, input units); ``global_scales``: name -> the ENCODE
+    scale set on exit; ``not_seen``: layers that received no input (their scale is unchanged).
+    """
+
+    amax: dict[str, float] = field(default_factory=dict)
+    global_scales: dict[str, float] = field(default_factory=dict)
+    not_seen: list[str] = field(default_factory=list)
+
+
+@contextmanager
+def calibration(
+    model: nn.Module, *, convention: str = Convention.KERNEL
+) -> Iterator[CalibrationResult]:
+    """Record each NVFP4Linear's running max |input|; on a normal exit set its
+    ``input_global_scale = 2688/amax`` (:func:`compute_global_scale` semantics: float32 for
+    "kernel", the input dtype for "compressed-tensors"; amax 0 -> 1.0).
+
+    While inside, the layers run weight-only (activations are observed unquantized, as
+    compressed-tensors calibrates with activation quantization disabled). On an exception the
+    hooks are removed and no scale is changed.
+    """
+    check_choice("convention", convention, Convention)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
+    running: dict[str, torch.Tensor] = {}
+    result = CalibrationResult()
+
+    def make_hook(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0]
+            if not isinstance(x, torch.Tensor) or x.numel() == 0:
+                return
+            amax = abs_max(x.detach())
+            prev = running.get(name)
+            running[name] = amax if prev is None else torch.maximum(prev, amax.to(prev.dtype))
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(make_hook(n)) for n, m in layers.items()]
+    for m in layers.values():
+        m._calibrating = True
+    ok = False
+    try:
+        yield result
+        ok = True
+    finally:
+        for h in handles:
+            h.remove()
+        for m in layers.values():
+            m._calibrating = False
+    if ok:
+        for name, layer in layers.items():
+            amax = running.get(name)
+            if amax is None:
+                result.not_seen.append(name)
+                continue
+            gs = compute_global_scale(amax.reshape(1), convention=convention)
+            layer.set_input_global_scale(gs)
+            result.amax[name] = float(amax)
+            result.global_scales[name] = float(gs)
+
+
+def calibrate_inputs(
+    model: nn.Module, batches: Iterable[Any], *, convention: str = Convention.KERNEL
+) -> CalibrationResult:
+    """Run ``batches`` through ``model`` inside :func:`calibration` (no grad) and return the
+    result. A batch is passed as ``model(**b)`` for a mapping, ``model(*b)`` for a tuple/list,
+    else ``model(b)``."""
+    with torch.no_grad(), calibration(model, convention=convention) as result:
+        for batch in batches:
+            if isinstance(batch, Mapping):
+                model(**batch)
+            elif isinstance(batch, tuple | list):
+                model(*batch)
+            else:
+                model(batch)
+    return result

@@ -1,0 +1,359 @@
+"""``NVFP4Linear``, whole-model quantization and activation-scale calibration.
+
+:class:`NVFP4Linear` stores its weight with exactly the tensor names of a compressed-tensors
+"nvfp4-pack-quantized" checkpoint, so a checkpoint's per-layer state dict loads with
+``load_state_dict``:
+
+=======================  ==========================  ==========================================
+name                     dtype / shape               meaning
+=======================  ==========================  ==========================================
+``weight_packed``        uint8 ``[N, K/2]``          E2M1 codes, element 2i in the low nibble
+``weight_scale``         float8_e4m3fn ``[N, K/16]`` block scales, plain row-major layout
+``weight_global_scale``  float32 ``[1]``             ENCODE convention, 2688/amax(W)
+``input_global_scale``   float32 ``[1]`` or None     ENCODE convention for the activations;
+                                                     None -> computed from each call's input
+``bias``                 ``dtype`` ``[N]`` or None   a Parameter, untouched by quantization
+=======================  ==========================  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from nvfp4lab.codec import quantize
+from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.execution.dispatch import BackendChoice, select_backend
+from nvfp4lab.execution.gemm import linear
+from nvfp4lab.scales import as_global_scale
+from nvfp4lab.tensor import NVFP4Tensor
+from nvfp4lab.vocab import (
+    AUTO,
+    SUPPORTED_DTYPES,
+    Backend,
+    BiasMode,
+    Convention,
+    check_choice,
+    check_dtype,
+)
+
+__all__ = ["NVFP4Linear"]
+
+
+class NVFP4Linear(nn.Module):
+    """A Linear layer with an NVFP4 weight; forward is :func:`nvfp4lab.execution.gemm.linear`.
+
+    ``in_features`` (K) must be a multiple of 16. ``dtype`` is the dtype of the bias and the
+    default dtype of :meth:`weight_nvfp4` dequantization; ``forward`` computes in the INPUT's
+    dtype (fp32/bf16/fp16), as :func:`~nvfp4lab.execution.gemm.linear` does.
+
+    ``backend``: "auto" resolves :func:`~nvfp4lab.execution.dispatch.select_backend` for the input's
+    device at EVERY forward (so the environment variables are read per call); a concrete backend
+    pins it. ``bias_mode``: "output" (default) | "fp32" | "dropped" (see ``linear``).
+    ``input_global_scale`` None means dynamic: computed from each forward's input.
+
+    ``cache_dequantized=True`` keeps ``weight.dequantize(dtype)`` for the emulation and w4a16
+    paths, per (dtype, device), rebuilt when a weight buffer changes. Memory: N*K*2 bytes for
+    bf16/fp16 (N*K*4 for fp32) per cached dtype, i.e. 3.6x (7.1x) the packed weight's
+    0.5625 B/weight. The cache is not part of the state dict.
+    """
+
+    weight_packed: torch.Tensor
+    weight_scale: torch.Tensor
+    weight_global_scale: torch.Tensor
+    input_global_scale: torch.Tensor | None
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        backend: str = AUTO,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+        cache_dequantized: bool = False,
+        bias_mode: str = "output",
+    ) -> None:
+        super().__init__()
+        if in_features <= 0 or in_features % BLOCK_SIZE:
+            raise ValueError(
+                f"NVFP4Linear needs in_features (K) to be a positive multiple of {BLOCK_SIZE}, "
+                f"got {in_features}"
+            )
+        if out_features <= 0:
+            raise ValueError(f"out_features must be positive, got {out_features}")
+        check_dtype(dtype, "NVFP4Linear dtype")
+        check_choice("backend", backend, Backend, extra=(AUTO,))
+        check_choice("bias_mode", bias_mode, BiasMode)
+        self.in_features = in_features
+        self.out_features = out_features
+        self.backend = backend
+        self.bias_mode = bias_mode
+        self.dtype = dtype
+        self.cache_dequantized = cache_dequantized
+        self._calibrating = False
+        self._dq_cache: dict[tuple[Any, ...], torch.Tensor] = {}
+        n, k = out_features, in_features
+        self.register_buffer(
+            "weight_packed", torch.zeros(n, k // 2, dtype=torch.uint8, device=device)
+        )
+        self.register_buffer(
+            "weight_scale",
+            torch.zeros(n, k // BLOCK_SIZE, dtype=torch.float8_e4m3fn, device=device),
+        )
+        self.register_buffer(
+            "weight_global_scale", torch.ones(1, dtype=torch.float32, device=device)
+        )
+        self.register_buffer("input_global_scale", None)
+        if bias:
+            self.bias: nn.Parameter | None = nn.Parameter(
+                torch.zeros(n, dtype=dtype, device=device), requires_grad=False
+            )
+        else:
+            self.register_parameter("bias", None)
+
+    # -- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def from_quantized(
+        cls,
+        weight: NVFP4Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        input_global_scale: torch.Tensor | float | None = None,
+        backend: str = AUTO,
+        cache_dequantized: bool = False,
+        bias_mode: str = "output",
+    ) -> NVFP4Linear:
+        """Wrap an NVFP4Tensor ``[N, K]`` (K a multiple of 16, unpadded) and an optional bias.
+
+        The layer's dtype is the bias dtype, else the weight's original dtype.
+        """
+        if not isinstance(weight, NVFP4Tensor):
+            raise TypeError(f"weight must be an NVFP4Tensor, got {type(weight).__name__}")
+        if weight.transform is not None:
+            raise ValueError(
+                f"weight holds a transformed tensor ({weight.transform}), not W itself: a layer "
+                "(and a checkpoint) would use it as W; quantize W without the transform"
+            )
+        if len(weight.shape) != 2 or weight.block_size != BLOCK_SIZE:
+            raise ValueError(
+                f"weight must be a 2-D NVFP4Tensor with block size 16, got shape "
+                f"{tuple(weight.shape)} and block size {weight.block_size}"
+            )
+        n, k = weight.shape
+        if k != 2 * weight.packed.shape[-1]:
+            raise ValueError(
+                f"weight was quantized with K={k} padded to {2 * weight.packed.shape[-1]}; "
+                "NVFP4Linear (like compressed-tensors) needs K to be a multiple of 16"
+            )
+        dtype = bias.dtype if bias is not None else weight.dtype
+        if dtype not in SUPPORTED_DTYPES:
+            dtype = torch.bfloat16
+        layer = cls(
+            k,
+            n,
+            bias is not None,
+            backend=backend,
+            device=weight.device,
+            dtype=dtype,
+            cache_dequantized=cache_dequantized,
+            bias_mode=bias_mode,
+        )
+        with torch.no_grad():
+            layer.weight_packed.copy_(weight.packed)
+            layer.weight_scale.copy_(weight.scales)
+            layer.weight_global_scale.copy_(weight.global_scale)
+            if bias is not None and layer.bias is not None:
+                layer.bias.copy_(bias.detach())
+        layer.set_input_global_scale(input_global_scale)
+        return layer
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        *,
+        backend: str = AUTO,
+        input_global_scale: torch.Tensor | float | None = None,
+        weight_global_scale: torch.Tensor | float | None = None,
+        convention: str = Convention.KERNEL,
+        cache_dequantized: bool = False,
+        bias_mode: str = "output",
+    ) -> NVFP4Linear:
+        """Quantize an ``nn.Linear`` (weight ``[N, K]``, K a multiple of 16).
+
+        ``weight_global_scale`` (ENCODE convention) defaults to ``2688/amax(W)``;
+        ``convention`` is the quantization arithmetic ("kernel" or "compressed-tensors").
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
+        w = linear.weight.detach()
+        check_dtype(w.dtype, "the Linear's weight (dtype)")
+        if w.shape[1] % BLOCK_SIZE:
+            raise ValueError(
+                f"in_features={w.shape[1]} is not a multiple of {BLOCK_SIZE}: cannot quantize to "
+                "NVFP4 (leave this layer unquantized)"
+            )
+        q = quantize(w, weight_global_scale, convention=convention)
+        bias = linear.bias.detach() if linear.bias is not None else None
+        return cls.from_quantized(
+            q,
+            bias,
+            input_global_scale=input_global_scale,
+            backend=backend,
+            cache_dequantized=cache_dequantized,
+            bias_mode=bias_mode,
+        )
+
+    # -- accessors -----------------------------------------------------------------------------
+
+    def weight_nvfp4(self) -> NVFP4Tensor:
+        """The weight as an :class:`NVFP4Tensor` sharing this layer's buffers (no copy)."""
+        return NVFP4Tensor(
+            packed=self.weight_packed,
+            scales=self.weight_scale,
+            global_scale=self.weight_global_scale,
+            shape=torch.Size((self.out_features, self.in_features)),
+            dtype=self.dtype,
+        )
+
+    def set_input_global_scale(self, value: torch.Tensor | float | None) -> None:
+        """Set the ENCODE-convention activation scale (2688/amax); None -> dynamic per call."""
+        if value is None:
+            self.input_global_scale = None
+            return
+        self.input_global_scale = as_global_scale(value, self.weight_packed.device).clone()
+
+    def backend_choice(self, device: torch.device | str | None = None, *,
+                       env: Mapping[str, str] | None = None) -> BackendChoice | None:
+        """The selection "auto" makes for ``device`` (default: the buffers' device) now.
+
+        None when the layer was built with a concrete backend.
+        """
+        if self.backend != "auto":
+            return None
+        return select_backend(device if device is not None else self.weight_packed.device, env=env)
+
+    def _resolve_backend(self, x: torch.Tensor) -> str:
+        if self._calibrating:
+            return "w4a16"  # observe unquantized activations while calibrating
+        if self.backend == "auto":
+            return select_backend(x.device).name
+        return self.backend
+
+    def _cached_weight(self, dtype: torch.dtype) -> torch.Tensor | None:
+        if not self.cache_dequantized:
+            return None
+        bufs = (self.weight_packed, self.weight_scale, self.weight_global_scale)
+        key = (dtype, self.weight_packed.device, *((b.data_ptr(), b._version) for b in bufs))
+        cached = self._dq_cache.get(key)
+        if cached is None:
+            self._dq_cache.clear()
+            cached = self.weight_nvfp4().dequantize(dtype)
+            self._dq_cache[key] = cached
+        return cached
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., K]`` (fp32/bf16/fp16) -> ``[..., N]`` in ``x.dtype``."""
+        backend = self._resolve_backend(x)
+        w_dq = self._cached_weight(x.dtype) if backend != "native" else None
+        return linear(
+            x,
+            self.weight_nvfp4(),
+            self.bias,
+            input_global_scale=self.input_global_scale,
+            backend=backend,
+            bias_mode=self.bias_mode,
+            dequantized_weight=w_dq,
+        )
+
+    def extra_repr(self) -> str:
+        if self.backend == "auto":
+            try:
+                choice = self.backend_choice()
+                backend = f"auto → {choice.name} ({choice.reason})" if choice else "auto"
+            except ValueError as err:  # a bad environment variable
+                backend = f"auto (cannot resolve: {err})"
+        else:
+            backend = f"{self.backend} (fixed when the layer was built; auto would re-select)"
+        igs = self.input_global_scale
+        if igs is None:
+            act = "dynamic"
+        elif igs.is_meta:
+            act = "static"
+        else:
+            act = f"{float(igs):.6g}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, dtype={self.dtype}, input_global_scale={act}, "
+            f"bias_mode={self.bias_mode}, backend={backend}"
+        )
+
+    # -- dtype/device moves ----------------------------------------------------------------------
+
+    _QUANTIZED_BUFFERS: tuple[str, ...] = (
+        "weight_packed",
+        "weight_scale",
+        "weight_global_scale",
+        "input_global_scale",
+    )
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        """``.to(device)`` moves everything; ``.to(dtype)`` / ``.half()`` / ``.bfloat16()`` cast
+        only the bias (and the layer's ``dtype``): the quantized buffers keep their formats
+        (a float32 global scale cast to bf16 would be rounded)."""
+        order = list(self._buffers)
+        held = {
+            name: self._buffers.pop(name)
+            for name in self._QUANTIZED_BUFFERS
+            if self._buffers.get(name) is not None
+        }
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for name, buf in held.items():
+                moved = fn(buf)
+                if moved.dtype != buf.dtype:
+                    moved = buf.to(device=moved.device)
+                self._buffers[name] = moved
+            for name in self._QUANTIZED_BUFFERS:  # None-valued buffers stay registered
+                self._buffers.setdefault(name, None)
+            ordered = [(name, self._buffers[name]) for name in order if name in self._buffers]
+            self._buffers.clear()
+            self._buffers.update(ordered)
+        new_dtype = fn(torch.empty(0, dtype=self.dtype)).dtype
+        if new_dtype in SUPPORTED_DTYPES:
+            self.dtype = new_dtype
+        self._dq_cache.clear()
+        return self
+
+    # -- state dict ----------------------------------------------------------------------------
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Mapping[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """Accept an ``input_global_scale`` when the layer is dynamic (None), and treat its
+        absence (weight-only NVFP4A16 checkpoints) as dynamic activation scaling."""
+        key = prefix + "input_global_scale"
+        if key in state_dict and self.input_global_scale is None:
+            self.input_global_scale = torch.ones(
+                1, dtype=torch.float32, device=self.weight_packed.device
+            )
+        elif key not in state_dict and self.input_global_scale is not None:
+            self.input_global_scale = None
+        self._dq_cache.clear()
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )

@@ -1,0 +1,332 @@
+"""Whole-model quantization: replace ``nn.Linear`` layers by :class:`NVFP4Linear`, and report.
+
+Fused groups: inference engines fuse sibling Linears (q/k/v into one ``qkv_proj``, gate/up into
+``gate_up_proj``) into one GEMM and decode all shards with ONE weight global scale (vLLM takes
+the max over the shards' encode scales). :data:`SHARE_PRESETS` names those groups per model
+family; :data:`FUSED_GROUPS` is all of them, the one list both quantization and checkpoints use.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from nvfp4lab.codec import compute_global_scale
+from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.vocab import (
+    AUTO,
+    SUPPORTED_DTYPES,
+    Backend,
+    BiasMode,
+    Convention,
+    check_choice,
+)
+
+__all__ = [
+    "DEFAULT_IGNORE",
+    "FUSED_GROUPS",
+    "SHARE_PRESETS",
+    "QuantizeReport",
+    "ReplacedLayer",
+    "SkippedLayer",
+    "UnmatchedIgnoreWarning",
+    "quantize_model",
+]
+
+#: Fused groups whose shards must share one weight global scale to load in vLLM.
+SHARE_PRESETS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "llama": (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")),
+    "bert": (("query", "key", "value"),),
+}
+#: Every preset's groups, once each.
+FUSED_GROUPS: tuple[tuple[str, ...], ...] = tuple(
+    dict.fromkeys(group for groups in SHARE_PRESETS.values() for group in groups)
+)
+
+
+#: An ``ignore`` entry: an exact name, a dotted suffix, ``"re:<regex>"``, or a compiled pattern.
+IgnoreSpec = str | re.Pattern[str]
+
+
+#: What ``quantize_model(ignore=None)`` leaves unquantized (where present).
+DEFAULT_IGNORE: tuple[str, ...] = ("lm_head",)
+
+
+class UnmatchedIgnoreWarning(UserWarning):
+    """An ``ignore`` entry of :func:`quantize_model` matched no Linear layer (a typo?)."""
+
+
+@dataclass(frozen=True)
+class ReplacedLayer:
+    """A Linear replaced by an NVFP4Linear. ``weight_global_scale``: ENCODE convention."""
+
+    name: str
+    in_features: int
+    out_features: int
+    bias: bool
+    weight_global_scale: float
+    shared_with: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SkippedLayer:
+    """A module left as it was, and why."""
+
+    name: str
+    type: str
+    reason: str
+
+
+@dataclass
+class QuantizeReport:
+    """What :func:`quantize_model` replaced and skipped (and why)."""
+
+    replaced: list[ReplacedLayer] = field(default_factory=list)
+    skipped: list[SkippedLayer] = field(default_factory=list)
+    shared_groups: list[tuple[str, ...]] = field(default_factory=list)
+    #: ``ignore`` entries that matched no Linear layer
+    unmatched_ignore: list[IgnoreSpec] = field(default_factory=list)
+
+    @property
+    def replaced_names(self) -> list[str]:
+        return [r.name for r in self.replaced]
+
+    @property
+    def skipped_names(self) -> list[str]:
+        return [s.name for s in self.skipped]
+
+    def rows(self) -> list[dict[str, object]]:
+        """One dict per layer (for a pandas DataFrame)."""
+        out: list[dict[str, object]] = [
+            {
+                "name": r.name,
+                "action": "replaced",
+                "shape": f"{r.out_features}x{r.in_features}",
+                "weight_global_scale": r.weight_global_scale,
+                "detail": f"shared with {', '.join(r.shared_with)}" if r.shared_with else "",
+            }
+            for r in self.replaced
+        ]
+        out += [
+            {"name": s.name, "action": "skipped", "shape": "", "weight_global_scale": None,
+             "detail": f"{s.type}: {s.reason}"}
+            for s in self.skipped
+        ]
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"replaced {len(self.replaced)} Linear layer(s), skipped {len(self.skipped)}"]
+        for r in self.replaced:
+            shared = (
+                f"  (global scale shared with {', '.join(r.shared_with)})" if r.shared_with else ""
+            )
+            lines.append(
+                f"  + {r.name}: [{r.out_features}, {r.in_features}] gs={r.weight_global_scale:.6g}"
+                f"{shared}"
+            )
+        lines += [f"  - {s.name} ({s.type}): {s.reason}" for s in self.skipped]
+        lines += [f"  ! ignore entry {s!r} matched no Linear layer" for s in self.unmatched_ignore]
+        return "\n".join(lines)
+
+
+
+def _ignored_by(name: str, ignore: Iterable[IgnoreSpec]) -> IgnoreSpec | None:
+    """``"re:<pattern>"`` -> ``re.match`` (compressed-tensors' syntax); a compiled pattern ->
+    ``search``; a plain string -> the exact name or a dotted suffix ("lm_head" matches
+    "model.lm_head")."""
+    for spec in ignore:
+        if isinstance(spec, re.Pattern):
+            if spec.search(name):
+                return spec
+        elif spec.startswith("re:"):
+            if re.match(spec[3:], name):
+                return spec
+        elif name == spec or name.endswith("." + spec):
+            return spec
+    return None
+
+
+def _share_groups(
+    names: Sequence[str], share: str | Sequence[Sequence[str]] | None
+) -> list[tuple[str, ...]]:
+    """Groups of layer names (from ``names``) sharing one weight global scale."""
+    if share is None:
+        return []
+    if share == AUTO:
+        return _share_groups(names, FUSED_GROUPS)
+    if isinstance(share, str):
+        if share not in SHARE_PRESETS:
+            raise ValueError(
+                f"unknown share_global_scale preset {share!r}; presets: 'auto', "
+                f"{', '.join(repr(p) for p in sorted(SHARE_PRESETS))}, None "
+                "or a sequence of groups of layer names/suffixes"
+            )
+        specs: Sequence[Sequence[str]] = SHARE_PRESETS[share]
+    else:
+        specs = share
+    present = set(names)
+    groups: list[tuple[str, ...]] = []
+    taken: set[str] = set()
+    for spec in specs:
+        if isinstance(spec, str):
+            raise ValueError(
+                f"share_global_scale groups must be sequences of names, got the string {spec!r}"
+            )
+        by_parent: dict[str, list[str]] = {}
+        for member in spec:
+            for name in names:
+                if name == member or name.endswith("." + member):
+                    parent = name[: len(name) - len(member)]
+                    by_parent.setdefault(parent, []).append(name)
+        for members in by_parent.values():
+            group = tuple(dict.fromkeys(m for m in members if m in present and m not in taken))
+            if len(group) > 1:
+                groups.append(group)
+                taken.update(group)
+    return groups
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def _skip_reason(module: nn.Linear) -> str | None:
+    """Why a (non-ignored) Linear cannot become an NVFP4Linear, or None."""
+    if type(module) is not nn.Linear:
+        return "subclass of nn.Linear: its owner may read .weight"
+    if module.in_features % BLOCK_SIZE:
+        return f"K={module.in_features} is not a multiple of {BLOCK_SIZE}"
+    if module.weight.dtype not in SUPPORTED_DTYPES:
+        return f"weight dtype {module.weight.dtype} is not fp32/bf16/fp16"
+    return None
+
+
+def _candidates(
+    model: nn.Module, ignore: Sequence[IgnoreSpec], report: QuantizeReport
+) -> dict[str, nn.Linear]:
+    """The Linear layers to replace; every other module with parameters goes to the report."""
+    candidates: dict[str, nn.Linear] = {}
+    matched: set[int] = set()
+    for name, module in model.named_modules():
+        if not name or isinstance(module, NVFP4Linear):
+            continue
+        kind = type(module).__name__
+        if not isinstance(module, nn.Linear):
+            if any(True for _ in module.parameters(recurse=False)):
+                report.skipped.append(SkippedLayer(name, kind, "not nn.Linear"))
+            continue
+        spec = _ignored_by(name, ignore)
+        if spec is not None:
+            matched.add(ignore.index(spec))
+            report.skipped.append(SkippedLayer(name, kind, f"ignored (matches {spec!r})"))
+        elif (reason := _skip_reason(module)) is not None:
+            report.skipped.append(SkippedLayer(name, kind, reason))
+        else:
+            candidates[name] = module
+    report.unmatched_ignore = [spec for i, spec in enumerate(ignore) if i not in matched]
+    return candidates
+
+
+def _shared_scales(
+    candidates: Mapping[str, nn.Linear], groups: Sequence[tuple[str, ...]], convention: str
+) -> dict[str, torch.Tensor]:
+    """Member name -> the group's weight global scale ``min_i 2688/amax(W_i)``."""
+    shared: dict[str, torch.Tensor] = {}
+    for group in groups:
+        scales = [
+            compute_global_scale(candidates[m].weight.detach(), convention=convention)
+            for m in group
+        ]
+        gs = torch.stack([s.to(scales[0].device) for s in scales]).min(dim=0).values
+        shared.update(dict.fromkeys(group, gs))
+    return shared
+
+
+def _ignore_specs(ignore: str | re.Pattern[str] | Iterable[IgnoreSpec]) -> tuple[IgnoreSpec, ...]:
+    """A single string or pattern is ONE spec (never iterated character by character)."""
+    if isinstance(ignore, str | re.Pattern):
+        return (ignore,)
+    specs = tuple(ignore)
+    for spec in specs:
+        if not isinstance(spec, str | re.Pattern):
+            raise TypeError(
+                f"ignore entries must be layer names, 're:<regex>' strings or compiled patterns, "
+                f"got {spec!r} ({type(spec).__name__})"
+            )
+    return specs
+
+
+def quantize_model(
+    model: nn.Module,
+    *,
+    backend: str = AUTO,
+    ignore: str | re.Pattern[str] | Iterable[IgnoreSpec] | None = None,
+    share_global_scale: str | Sequence[Sequence[str]] | None = AUTO,
+    convention: str = Convention.KERNEL,
+    cache_dequantized: bool = False,
+    bias_mode: str = BiasMode.OUTPUT,
+) -> QuantizeReport:
+    """Replace ``nn.Linear`` layers of ``model`` in place by :class:`NVFP4Linear`.
+
+    Skipped, with the reason in the report: names matched by ``ignore`` (a name or a sequence of
+    them: exact names, dotted suffixes, ``"re:<regex>"`` or compiled patterns), Linear layers
+    with K not a multiple of 16, subclasses of nn.Linear (e.g.
+    ``nn.MultiheadAttention.out_proj``, whose parent reads ``.weight`` directly), and other
+    modules holding parameters (not nn.Linear). ``ignore=None`` (default) ignores ``lm_head``
+    where there is one; given entries that match no Linear are listed in
+    ``report.unmatched_ignore`` and warned about (:class:`UnmatchedIgnoreWarning`).
+
+    ``share_global_scale``: ``"auto"`` (default: every preset's groups, where present), a preset
+    ("llama": q/k/v_proj and gate/up_proj; "bert": query/key/value), groups of names/suffixes,
+    or None (every layer its own scale); the members found under one parent share the weight
+    global scale ``min_i 2688/amax(W_i)`` (= 2688 / the group's max amax), as fused shards in
+    vLLM-loadable checkpoints must (vLLM decodes all shards with one scale). Activation scales
+    start dynamic (None); use :func:`~nvfp4lab.execution.calibrate.calibration` to set them.
+    """
+    check_choice("backend", backend, Backend, extra=(AUTO,))
+    check_choice("convention", convention, Convention)
+    specs = _ignore_specs(DEFAULT_IGNORE if ignore is None else ignore)
+    report = QuantizeReport()
+    candidates = _candidates(model, specs, report)
+    if ignore is None:
+        report.unmatched_ignore = []
+    elif report.unmatched_ignore:
+        shown = ", ".join(repr(s) for s in report.unmatched_ignore)
+        warnings.warn(
+            f"quantize_model: ignore entries {shown} match no Linear layer of "
+            f"{type(model).__name__}; check the names (exact, dotted suffix or 're:<regex>')",
+            UnmatchedIgnoreWarning,
+            stacklevel=2,
+        )
+    report.shared_groups = _share_groups(list(candidates), share_global_scale)
+    shared_gs = _shared_scales(candidates, report.shared_groups, convention)
+    partners = {m: tuple(o for o in g if o != m) for g in report.shared_groups for m in g}
+    for name, module in candidates.items():
+        layer = NVFP4Linear.from_linear(
+            module,
+            backend=backend,
+            weight_global_scale=shared_gs.get(name),
+            convention=convention,
+            cache_dequantized=cache_dequantized,
+            bias_mode=bias_mode,
+        )
+        _set_submodule(model, name, layer)
+        report.replaced.append(
+            ReplacedLayer(
+                name=name,
+                in_features=layer.in_features,
+                out_features=layer.out_features,
+                bias=layer.bias is not None,
+                weight_global_scale=float(layer.weight_global_scale),
+                shared_with=partners.get(name, ()),
+            )
+        )
+    return report

@@ -1,0 +1,17 @@
+"""Studies: the logic behind each notebook, with its figures and its ipywidgets explorer.
+
+=================  ==========================================  ============================
+module             studies                                     notebook
+=================  ==========================================  ============================
+``tour``           E2M1 rounding, the E4M3 grid, one block,    ``01_format_tour``
+                   the swizzled layout
+``bias``           the bias epilogue and the seed's bug        ``02_bias_study``
+``throughput``     modeled (roofline) and measured throughput  ``03_throughput``
+``formats``        error of every format and NVFP4 option      ``04_formats``
+``models``         fidelity of a real model (MiniLM)           (no notebook yet)
+``explorer``       the plumbing the explorers share
+=================  ==========================================  ============================
+
+A new study is one module here (pure functions returning rows, ``plot_*`` functions drawing with
+:func:`nvfp4lab.plots.new_figure`, one ``*_explorer``) and one thin notebook that calls it.
+"""

@@ -1,0 +1,143 @@
+"""The one vocabulary of nvfp4lab: every named choice, declared once, checked one way.
+
+Each vocabulary is a ``StrEnum``: members compare equal to their plain strings, so callers pass
+``"emulation"`` or ``Backend.EMULATION`` alike, and :func:`check_choice` turns either into the
+member or raises the one error wording, ``unknown <what> <value>; accepted values: …``.
+
+=====================  ==============================================================  ========
+vocabulary             values                                                          used by
+=====================  ==============================================================  ========
+:class:`Backend`       native, emulation, w4a16 (``"auto"`` asks the dispatcher)        execution
+:class:`GemmPath`      the backends plus bf16 and fp8 (roofline paths)                 roofline
+:class:`BiasMode`      output, fp32, dropped                                           execution
+:class:`Convention`    kernel, compressed-tensors (arithmetic orders)                  codec
+:class:`Rounding`      rne, stochastic                                                 codec
+:class:`ScaleSelection`  amax, four_over_six, mse_search                               codec
+:class:`NonFinite`     raise, propagate                                                codec
+=====================  ==============================================================  ========
+
+:data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import TypeVar
+
+import torch
+
+__all__ = [
+    "AUTO",
+    "SUPPORTED_DTYPES",
+    "Backend",
+    "BiasMode",
+    "Convention",
+    "GemmPath",
+    "NonFinite",
+    "Rounding",
+    "ScaleSelection",
+    "check_choice",
+    "check_dtype",
+    "dtype_name",
+]
+
+#: The backend request that lets :func:`nvfp4lab.select_backend` decide.
+AUTO = "auto"
+
+
+class Backend(StrEnum):
+    """How an NVFP4 linear layer runs (the three paths vLLM chooses between)."""
+
+    NATIVE = "native"  #: FP4 tensor cores (torch._scaled_mm), capability >= 10.0
+    EMULATION = "emulation"  #: W4A4 emulated: fake-quantized activations, 16-bit GEMM
+    W4A16 = "w4a16"  #: weight-only: dequantized weights, 16-bit activations
+
+
+class GemmPath(StrEnum):
+    """Roofline paths: the backends, plus the unquantized 16-bit and FP8 GEMMs."""
+
+    BF16 = "bf16"
+    FP8 = "fp8"
+    NATIVE = "native"
+    W4A16 = "w4a16"
+    EMULATION = "emulation"
+
+
+class BiasMode(StrEnum):
+    """Where the bias enters a linear layer's output."""
+
+    OUTPUT = "output"  #: after the GEMM output is rounded (native kernels, vLLM)
+    FP32 = "fp32"  #: in float32 before the single rounding
+    DROPPED = "dropped"  #: not at all: the seed's emulation bug, reproduced on purpose
+
+
+class Convention(StrEnum):
+    """Arithmetic order of quantization (see :mod:`nvfp4lab.codec`)."""
+
+    KERNEL = "kernel"
+    COMPRESSED_TENSORS = "compressed-tensors"
+
+
+class Rounding(StrEnum):
+    """Element rounding to E2M1."""
+
+    RNE = "rne"
+    STOCHASTIC = "stochastic"
+
+
+class ScaleSelection(StrEnum):
+    """How each block's E4M3 scale is chosen."""
+
+    AMAX = "amax"  #: block max maps to 6
+    FOUR_OVER_SIX = "four_over_six"  #: try max -> 6 and max -> 4, keep the lower error
+    MSE_SEARCH = "mse_search"  #: try several targets, keep the lowest error
+
+
+class NonFinite(StrEnum):
+    """What quantization does with NaN/Inf inputs."""
+
+    RAISE = "raise"
+    PROPAGATE = "propagate"
+
+
+#: Floating dtypes NVFP4 quantizes from and computes in.
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def check_choice(
+    what: str, value: object, vocabulary: type[E], *, extra: Iterable[str] = ()
+) -> E | str:
+    """``value`` as a member of ``vocabulary`` (or one of ``extra``, returned as the string).
+
+    Raises ValueError ``unknown <what> <value>; accepted values: 'a', 'b', …`` otherwise.
+    """
+    extras = tuple(extra)
+    if isinstance(value, str):
+        if value in extras:
+            return value
+        try:
+            return vocabulary(value)
+        except ValueError:
+            pass
+    accepted = ", ".join(repr(v) for v in (*extras, *(m.value for m in vocabulary)))
+    raise ValueError(f"unknown {what} {value!r}; accepted values: {accepted}")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def check_dtype(dtype: object, what: str = "dtype") -> torch.dtype:
+    """``dtype`` if it is one of :data:`SUPPORTED_DTYPES`, else TypeError naming ``what``."""
+    if dtype not in SUPPORTED_DTYPES:
+        hint = ""
+        if isinstance(dtype, torch.dtype) and (dtype.is_floating_point or dtype.is_complex):
+            hint = " (convert with .float())"
+        raise TypeError(
+            f"{what} must be float32, bfloat16 or float16, got {dtype}{hint}"
+        )
+    return dtype  # type: ignore[return-value]

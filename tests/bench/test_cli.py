@@ -1,0 +1,189 @@
+"""``nvfp4lab bench``: runs, rows, validation. Rows are checked for shape and sanity, never for
+speed."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from nvfp4lab.bench import cli as bench
+from nvfp4lab.bench import runner, store
+from nvfp4lab.execution.dispatch import native_fp4_status
+
+
+def _read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def _positive_finite(text: str) -> bool:
+    value = float(text)
+    return math.isfinite(value) and value > 0
+
+
+def _git_in(repo: Path, *args: str) -> str:
+    import subprocess
+
+    cmd = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    cmd += ["-c", "commit.gpgsign=false", *args]
+    env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": os.environ["PATH"]}
+    return subprocess.run(
+        cmd, cwd=repo, env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _cli_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    code = bench.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("nvfp4lab bench: ") and "Traceback" not in err
+    return err
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    out = tmp_path_factory.mktemp("bench") / "x.csv"
+    code = bench.main(["--quick", "--out", str(out)])
+    return out, code
+
+
+def test_quick_run_writes_well_formed_rows(quick_run: tuple[Path, int]) -> None:
+    out, code = quick_run
+    assert code == 0
+    header, rows = _read(out)
+    assert tuple(header) == store.COLUMNS
+    assert rows
+    assert {r["op"] for r in rows} == set(runner.OPS)
+    assert {"emulation", "w4a16"} <= {r["backend"] for r in rows if r["op"] == "linear"}
+    for r in rows:
+        for col in ("median_s", "min_s", "max_s"):
+            assert _positive_finite(r[col]), (col, r)
+        assert float(r["spread_s"]) >= 0 and r["spread_kind"] == "iqr"
+        derived = r["tflop_s"] if r["op"] in ("linear", "matmul") else r["gb_s"]
+        assert _positive_finite(derived), r
+        assert r["kind"] == "measured"
+        for col in ("device", "device_name", "torch_version", "date", "code_revision", "machine"):
+            assert r[col], col
+        assert int(r["threads"]) >= 1
+        assert r["torch_version"] == torch.__version__
+
+
+def test_rows_are_appended_not_overwritten(tmp_path: Path) -> None:
+    out = tmp_path / "shard.csv"
+    args = ["--tiny", "--out", str(out), "--ops", "quantize", "dequantize"]
+    assert bench.main(args) == 0
+    _, first = _read(out)
+    assert bench.main(args) == 0
+    _, second = _read(out)
+    assert len(second) == 2 * len(first)
+    assert out.read_text().count("median_s") == 1  # one header
+
+
+def test_folder_out_writes_machine_shard_and_leaves_others(tmp_path: Path) -> None:
+    other = tmp_path / "some-other-machine.csv"
+    other.write_text("keep me\n")
+    assert bench.main(["--tiny", "--out", str(tmp_path), "--ops", "matmul"]) == 0
+    shard = tmp_path / f"{store.machine_name()}.csv"
+    assert shard.exists()
+    assert other.read_text() == "keep me\n"
+
+
+def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+    assert bench.main(["--tiny", "--out", str(tmp_path / "x.csv"), "--backends", "marlin"]) == 2
+    assert bench.main(["--tiny", "--out", str(tmp_path / "x.csv"), "--shapes", "1x2"]) == 2
+
+
+def test_run_cli_accepts_a_minimal_namespace(tmp_path: Path) -> None:
+    # the CLI hook may pass only --quick/--out; the rest takes defaults
+    ns = argparse.Namespace(
+        quick=False, out=str(tmp_path / "y.csv"), shapes=["4x64x64"], ops=["matmul"]
+    )
+    assert bench.run_cli(ns) == 0
+    _, rows = _read(tmp_path / "y.csv")
+    assert [r["shape"] for r in rows] == ["4x64x64"]
+
+
+def test_peers_prints_ratios_and_matches_compressed_tensors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "peers.csv"
+    assert bench.main(["--peers", "--tiny", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "compressed-tensors" in text and "speedup" in text
+    _, rows = _read(out)
+    impls = {r["backend"] for r in rows}
+    assert {"compressed-tensors", "nvfp4lab[compressed-tensors]", "nvfp4lab[kernel]"} <= impls
+    assert all(r["op"] == "peer_quantize" and _positive_finite(r["median_s"]) for r in rows)
+
+
+@pytest.mark.parametrize("peers", [False, True], ids=["bench", "peers"])
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--repeats", "0"], r"--repeats 0.*--repeats 1 or more"),
+        (["--warmup", "-1"], r"--warmup -1.*--warmup 0 or more"),
+        (["--device", "xyz"], r"--device 'xyz' is not a torch device.*--device cpu"),
+        (["--device", "mps"], r"--device 'mps'.*only cpu and cuda.*--device cpu"),
+    ],
+)
+def test_bad_values_are_reported_not_raised(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    peers: bool,
+    extra: list[str],
+    expected: str,
+) -> None:
+    out = tmp_path / "x.csv"
+    argv = ["--tiny", "--out", str(out), "--ops", "matmul", *extra] + (["--peers"] if peers else [])
+    assert re.search(expected, _cli_error(capsys, argv))
+    assert not out.exists()  # nothing measured, nothing written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
+@pytest.mark.parametrize("peers", [False, True], ids=["bench", "peers"])
+def test_cuda_on_cpu_only_torch_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], peers: bool
+) -> None:
+    argv = ["--tiny", "--out", str(tmp_path / "x.csv"), "--device", "cuda"]
+    err = _cli_error(capsys, argv + (["--peers"] if peers else []))
+    assert "--device 'cuda'" in err and "CUDA is not usable" in err and "--device cpu" in err
+
+
+def test_resolve_device() -> None:
+    assert bench.resolve_device("cpu") == "cpu"
+    assert bench.resolve_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="cuda"):
+        bench.resolve_device(f"cuda:{torch.cuda.device_count() + 3}")
+
+
+@pytest.mark.parametrize("peers", [False, True], ids=["bench", "peers"])
+def test_out_with_another_header_is_reported_and_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], peers: bool
+) -> None:
+    other = tmp_path / "other.csv"
+    other.write_text("name,value\na,1\n")
+    argv = ["--tiny", "--out", str(other), "--ops", "matmul"] + (["--peers"] if peers else [])
+    err = _cli_error(capsys, argv)
+    assert str(other) in err and "another header" in err and "name, value" in err
+    assert "new file" in err
+    assert other.read_text() == "name,value\na,1\n"
+
+
+def test_nothing_measured_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if native_fp4_status("cpu")[0]:
+        pytest.skip("native FP4 runs here")
+    out = tmp_path / "x.csv"
+    code = bench.main(["--tiny", "--out", str(out), "--backends", "native", "--ops", "linear"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "nothing was measured" in err and "linear/native skipped" in err
+    assert "--backends emulation" in err
+    assert not out.exists()

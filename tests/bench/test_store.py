@@ -1,0 +1,86 @@
+"""The results store: shards, machine names, code revisions."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nvfp4lab.bench import store
+
+
+def _git_in(repo: Path, *args: str) -> str:
+    import subprocess
+
+    cmd = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    cmd += ["-c", "commit.gpgsign=false", *args]
+    env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": os.environ["PATH"]}
+    return subprocess.run(
+        cmd, cwd=repo, env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_refuses_to_mix_layouts(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="columns"):
+        store.append_rows(bad, [])
+
+
+def test_machine_name_is_sanitized() -> None:
+    assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", store.machine_name())
+    assert store.shard_path("results").name == f"{store.machine_name()}.csv"
+    assert store.shard_path("x/y.csv") == Path("x/y.csv")
+
+
+def test_code_revision_is_a_string() -> None:
+    rev = store.code_revision()
+    assert rev == "unknown" or re.fullmatch(r"[0-9a-f]{4,40}(\+dirty)?", rev)
+
+
+def test_code_revision_counts_untracked_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, ...]] = []
+    status = {"out": ""}
+
+    def fake_git(*args: str, cwd: object = None) -> str | None:
+        calls.append(args)
+        if args[0] == "rev-parse":
+            return "abc1234"
+        return status["out"]
+
+    monkeypatch.setattr(store, "_git", fake_git)
+    assert store.code_revision() == "abc1234"
+    status["out"] = "?? nvfp4lab/new_module.py"  # a new file git does not track yet
+    assert store.code_revision() == "abc1234+dirty"
+    status["out"] = " M nvfp4lab/bench/store.py"
+    assert store.code_revision() == "abc1234+dirty"
+    st = [c for c in calls if c[0] == "status"]
+    assert st and all("--untracked-files=no" not in c for c in st)
+    assert all(c[-2:] == ("--", ".") for c in st)  # only the package folder counts
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_code_revision_in_a_temp_git_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    repo = tmp_path / "repo"
+    pkg = repo / "nvfp4lab"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("x = 1\n")
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    _git_in(repo, "init", "-q")
+    _git_in(repo, "add", ".")
+    _git_in(repo, "commit", "-q", "-m", "init")
+    rev = _git_in(repo, "rev-parse", "--short", "HEAD")
+    assert store.code_revision(pkg) == rev
+    (repo / "notes.txt").write_text("outside the package\n")  # does not count
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "x.pyc").write_bytes(b"\0")  # git-ignored: does not count
+    assert store.code_revision(pkg) == rev
+    (pkg / "sub").mkdir()
+    (pkg / "sub" / "new.py").write_text("y = 2\n")  # untracked, in the package
+    assert store.code_revision(pkg) == f"{rev}+dirty"
+    assert store.code_revision(tmp_path / "nowhere") == "unknown"

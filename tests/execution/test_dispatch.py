@@ -1,0 +1,206 @@
+"""Backend selection: the rule table, environment parsing, simulated GPUs, the info report."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from nvfp4lab.execution import dispatch
+from nvfp4lab.execution.dispatch import (
+    BACKEND_ENV,
+    EMULATION_ENV,
+    BackendChoice,
+    info_report,
+    parse_backend_override,
+    parse_emulation_switch,
+    select_backend,
+)
+
+CAPABILITIES = [(7, 5), (8, 0), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0)]
+SWITCH_VALUES = [None, "0", "1", "2", "00", " 1 ", "-1"]
+OVERRIDES = [None, "", "auto", "native", "emulation", "w4a16", "AUTO", " Emulation "]
+
+
+def _expected(cap: tuple[int, int], switch: str | None, override: str | None) -> tuple[str, bool]:
+    """The rules of the issue, written out independently: (backend, forced)."""
+    forced = override is not None and override.strip().lower() not in ("", "auto")
+    if forced:
+        return override.strip().lower(), True  # type: ignore[union-attr]
+    if switch is not None and int(switch) != 0:
+        return "emulation", False
+    if cap >= (10, 0):
+        return "native", False
+    return "w4a16", False
+
+
+@pytest.mark.parametrize(
+    ("cap", "switch", "override"), list(itertools.product(CAPABILITIES, SWITCH_VALUES, OVERRIDES))
+)
+def test_selection_table(
+    cap: tuple[int, int], switch: str | None, override: str | None
+) -> None:
+    env = {}
+    if switch is not None:
+        env[EMULATION_ENV] = switch
+    if override is not None:
+        env[BACKEND_ENV] = override
+    choice = select_backend(capability=cap, env=env)
+    name, forced = _expected(cap, switch, override)
+    assert choice.name == name
+    assert choice.forced is forced
+    assert choice.capability == cap
+    assert choice.native_supported is (cap >= (10, 0))
+    assert choice.emulation_switch is (switch is not None and int(switch) != 0)
+    assert choice.reason  # always explained
+    assert f"sm_{cap[0]}{cap[1]}" in choice.reason
+
+
+def test_reasons_are_specific() -> None:
+    hopper = select_backend(capability=(9, 0), env={})
+    assert hopper.name == "w4a16"
+    assert "no FP4 tensor cores" in hopper.reason and "Marlin" in hopper.reason
+    assert EMULATION_ENV in hopper.reason
+    blackwell_emu = select_backend(capability=(10, 0), env={EMULATION_ENV: "1"})
+    assert blackwell_emu.name == "emulation"
+    assert "even though it has FP4 tensor cores" in blackwell_emu.reason
+    forced = select_backend(capability=(8, 9), env={BACKEND_ENV: "native"})
+    assert forced.name == "native" and forced.forced and not forced.native_supported
+    assert "will raise" in forced.reason and BACKEND_ENV in forced.reason
+    turing = select_backend(capability=(7, 5), env={})
+    assert "sm_75" in turing.reason
+
+
+@pytest.mark.parametrize("value", ["true", "True", "yes", "on", "", "1.0", "0x1", "enabled"])
+def test_bad_emulation_switch_values(value: str) -> None:
+    with pytest.raises(ValueError) as err:
+        select_backend(capability=(10, 0), env={EMULATION_ENV: value})
+    msg = str(err.value)
+    assert EMULATION_ENV in msg and repr(value) in msg and "accepted values" in msg
+
+
+@pytest.mark.parametrize("value", ["gpu", "marlin", "fp4", "cuda", "native2"])
+def test_bad_backend_override_values(value: str) -> None:
+    with pytest.raises(ValueError) as err:
+        select_backend(capability=(10, 0), env={BACKEND_ENV: value})
+    msg = str(err.value)
+    assert BACKEND_ENV in msg and repr(value) in msg
+    for name in ("auto", "native", "emulation", "w4a16"):
+        assert name in msg
+
+
+def test_switch_parsing_matches_vllm() -> None:
+    # vLLM: bool(int(os.getenv(name, "0")))
+    for value in ["0", "1", "2", "-1", "01", " 3", "+1", "00"]:
+        assert parse_emulation_switch(value) is bool(int(value))
+    assert parse_emulation_switch(None) is False
+    assert parse_backend_override(None) == "auto"
+    assert parse_backend_override("  W4A16 ") == "w4a16"
+
+
+def test_environment_is_read_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(EMULATION_ENV, raising=False)
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    assert select_backend(capability=(10, 0)).name == "native"
+    monkeypatch.setenv(EMULATION_ENV, "1")
+    assert select_backend(capability=(10, 0)).name == "emulation"
+    monkeypatch.setenv(BACKEND_ENV, "w4a16")
+    assert select_backend(capability=(10, 0)).name == "w4a16"
+    # an explicit env mapping replaces os.environ entirely
+    assert select_backend(capability=(10, 0), env={}).name == "native"
+
+
+def test_cpu_device() -> None:
+    choice = select_backend("cpu", env={})
+    assert choice.name == "w4a16" and choice.device == "cpu" and choice.capability is None
+    assert select_backend("cpu", env={EMULATION_ENV: "1"}).name == "emulation"
+    assert select_backend(torch.device("cpu"), env={BACKEND_ENV: "native"}).name == "native"
+
+
+def test_named_gpus() -> None:
+    assert select_backend(gpu="H100", env={}).name == "w4a16"
+    b200 = select_backend(gpu="B200", env={})
+    assert b200.name == "native" and b200.capability == (10, 0) and b200.gpu_name == "B200"
+    assert dispatch.capability_of("h200") == (9, 0)
+    with pytest.raises(KeyError):
+        dispatch.capability_of("no such gpu")
+    names = [name for name, _ in dispatch.known_gpus()]
+    assert any("H100" in n for n in names) and any("B200" in n for n in names)
+
+
+def test_choice_is_frozen() -> None:
+    choice = select_backend(capability=(9, 0), env={})
+    assert isinstance(choice, BackendChoice)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        choice.name = "native"  # type: ignore[misc]
+    assert str(choice).startswith("w4a16: ")
+
+
+def test_torch_without_fp4_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(torch, "float4_e2m1fn_x2")
+    choice = select_backend(capability=(10, 0), env={})
+    assert choice.name == "w4a16" and "float4_e2m1fn_x2" in choice.reason
+
+
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, cap: tuple[int, int], runtime: str) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "FakeGPU")
+    monkeypatch.setattr(torch.version, "cuda", runtime)
+
+
+@pytest.mark.parametrize(
+    ("cap", "runtime", "expected"),
+    [
+        ((10, 0), "12.8", "native"),
+        ((12, 0), "13.0", "native"),
+        ((10, 0), "12.4", "w4a16"),  # Blackwell but an old CUDA runtime
+        ((9, 0), "12.8", "w4a16"),
+    ],
+)
+def test_real_device_branch(
+    monkeypatch: pytest.MonkeyPatch, cap: tuple[int, int], runtime: str, expected: str
+) -> None:
+    _fake_cuda(monkeypatch, cap, runtime)
+    choice = select_backend("cuda:0", env={})
+    assert choice.name == expected
+    assert choice.device == "cuda:0" and choice.capability == cap
+    assert "FakeGPU" in choice.reason
+    if runtime == "12.4":
+        assert "12.4" in choice.reason and "12.8" in choice.reason
+
+
+def test_info_report() -> None:
+    text = info_report(env={EMULATION_ENV: "1"})
+    assert torch.__version__ in text
+    assert BACKEND_ENV in text and EMULATION_ENV in text
+    assert "selected backend" in text and "reason" in text
+    assert "B200" in text and "H100" in text
+    text_bad = info_report(env={EMULATION_ENV: "true"})
+    assert "ERROR" in text_bad and "'true'" in text_bad
+
+
+def test_decision_table() -> None:
+    rows = dispatch.decision_table(env={})
+    by_cc = {r["capability"]: r for r in rows}
+    assert by_cc["9.0"]["switch_off"] == "w4a16" and by_cc["9.0"]["switch_on"] == "emulation"
+    assert by_cc["10.0"]["switch_off"] == "native" and by_cc["10.0"]["switch_on"] == "emulation"
+    forced = dispatch.decision_table(env={BACKEND_ENV: "w4a16"})
+    assert {r["switch_on"] for r in forced} == {"w4a16"}
+
+
+def test_cli_info(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+
+    from nvfp4lab.cli import main
+
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    monkeypatch.setenv(EMULATION_ENV, "1")
+    assert main(["info", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "selected backend for cpu: emulation" in out and "B200" in out
+    monkeypatch.setenv(EMULATION_ENV, "true")
+    assert main(["info"]) == 2
+    assert "ERROR" in capsys.readouterr().out

@@ -1,0 +1,152 @@
+"""Modeled/measured tables behind notebooks/03_throughput.ipynb (nvfp4lab.studies.throughput)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+
+from nvfp4lab import gpus, roofline  # noqa: E402
+from nvfp4lab.bench.store import COLUMNS, read_shards  # noqa: E402
+from nvfp4lab.studies import throughput as tp  # noqa: E402
+from tests.studies.widgets import control, text  # noqa: E402
+
+
+def test_backend_frame_follows_the_native_flag() -> None:
+    frame = tp.backend_frame()
+    assert list(frame.index) == list(gpus.CATALOGUE)
+    for name, row in frame.iterrows():
+        native = gpus.get(name).native_fp4
+        assert row["modeled_path"] == ("native" if native else "w4a16")
+        assert row["with VLLM_USE_NVFP4_CT_EMULATIONS=1"] == "emulation"
+        assert row["reason"]
+
+
+def test_efficiency_frame_shows_per_gpu_overrides() -> None:
+    eff = tp.efficiency_frame()
+    own = eff[eff["own_measurement"]]
+    assert {(r.gpu, r.path) for r in own.itertuples()} == set(roofline.GPU_EFFICIENCY)
+    b300 = eff.query("gpu == 'B300' and path == 'native'").iloc[0]
+    assert b300["compute"] == pytest.approx(5100 / 13500)
+    assert "Transformer Engine" in b300["compute_source"]
+    h100 = eff.query("gpu == 'H100 SXM' and path == 'bf16'").iloc[0]
+    assert not h100["own_measurement"]
+    assert h100["compute"] == roofline.EFFICIENCY["bf16"].compute
+    assert eff.query("gpu == 'H100 SXM' and path == 'native'").empty
+    assert (eff["compute_source"].str.len() > 0).all()
+
+
+def test_block_frame_is_modeled_and_skips_impossible_paths() -> None:
+    blocks = tp.block_frame(["Llama-3-8B"], ["H100 SXM", "B200"], ms=[1, 4096])
+    assert set(blocks["source"]) == {"modeled"}
+    assert blocks.query("gpu == 'H100 SXM' and path == 'native'").empty
+    assert not blocks.query("gpu == 'B200' and path == 'native'").empty
+    assert (blocks["time_s"] > 0).all()
+
+
+def test_chosen_path_is_never_slower_than_bf16() -> None:
+    speedup = tp.chosen_path_speedup(tp.block_frame(["Llama-3-70B"], ms=[1, 64, 16384]))
+    assert set(speedup["gpu"]) == {g.name for g in gpus.CATALOGUE.values() if g.bf16_tflops}
+    assert (speedup["speedup_vs_bf16"] >= 0.99).all()
+    b200 = speedup.query("gpu == 'B200' and M == 16384")["speedup_vs_bf16"].item()
+    assert b200 > 3
+
+
+def _shard(path: Path, rows: list[dict[str, object]]) -> None:
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _row(op: str, backend: str, median: float, **kw: object) -> dict[str, object]:
+    base = {
+        "op": op,
+        "backend": backend,
+        "shape": "16x4096x4096",
+        "M": 16,
+        "N": 4096,
+        "K": 4096,
+        "dtype": "bfloat16",
+        "median_s": median,
+        "tflop_s": 1.0,
+        "machine": "m",
+        "device_name": "AMD EPYC",
+        "capability": "",
+    }
+    return base | kw
+
+
+def test_load_and_summarise_measured_shards(tmp_path: Path) -> None:
+    _shard(tmp_path / "cpu.csv", [_row("matmul", "torch", 1e-3), _row("linear", "w4a16", 4e-3)])
+    gpu = {"machine": "g", "device_name": "NVIDIA H100 80GB HBM3", "capability": "9.0"}
+    _shard(
+        tmp_path / "gpu.csv",
+        [_row("matmul", "torch", 1e-4, **gpu), _row("linear", "emulation", 5e-4, **gpu)],
+    )
+    measured = read_shards(tmp_path)
+    assert len(measured) == 4 and set(measured["source"]) == {"measured"}
+    assert set(measured["shard"]) == {"cpu", "gpu"}
+    summary = tp.measured_linear_summary(measured)
+    w4 = summary.query("machine == 'm' and backend == 'w4a16'")["x_matmul_time"].item()
+    assert w4 == pytest.approx(4.0)
+    compare = tp.measured_vs_modeled(measured)
+    assert set(compare["gpu"]) == {"H100 SXM"}  # the CPU shard has no model
+    assert set(compare["path"]) == {"bf16", "emulation"}
+    assert (compare["modeled_s"] > 0).all()
+
+
+def test_read_shards_of_nothing_is_empty(tmp_path: Path) -> None:
+    assert read_shards(tmp_path).empty
+    assert tp.measured_linear_summary(read_shards(tmp_path)).empty
+
+
+def test_figures_have_titles_and_labels() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    blocks = tp.block_frame(["Llama-3-8B"], ms=[1, 256, 4096])
+    fig = tp.plot_block_times(blocks, "Llama-3-8B", ["H100 SXM", "B200"])
+    assert "Modeled" in fig._suptitle.get_text()
+    assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes if ax.get_visible())
+    fig2 = tp.plot_chosen_speedup(tp.chosen_path_speedup(blocks), "Llama-3-8B")
+    ax = fig2.axes[0]
+    assert ax.get_title() and "modeled" in ax.get_ylabel()
+
+
+# -- explorer --------------------------------------------------------------------------------------
+
+
+def test_roofline_table() -> None:
+    table = tp.roofline_table("H100 SXM", "Llama-3-8B", 4096)
+    shapes = roofline.linear_shapes("Llama-3-8B")
+    assert list(table.index) == [*(s.layer for s in shapes), "block total"]
+    assert list(table.columns) == ["bf16", "fp8", "w4a16", "emulation"]  # no FP4 cores
+    qkv = shapes[0]
+    expected = roofline.predict("H100 SXM", 4096, qkv.N, qkv.K, "bf16").time_s * 1e6
+    assert table.loc["qkv_proj", "bf16"] == pytest.approx(expected, rel=1e-12)
+    block = roofline.predict_block("H100 SXM", "Llama-3-8B", 4096, "w4a16").time_s * 1e6
+    assert table.loc["block total", "w4a16"] == pytest.approx(block, rel=1e-12)
+
+
+def test_roofline_explorer_follows_its_controls() -> None:
+    m_grid = [1, 16, 256, 4096]  # notebook SMOKE grid
+    box = tp.roofline_explorer(["Llama-3-8B", "Llama-3-70B"], m_grid)
+    assert "B200: backend 'native' → roofline path 'native'" in text(box)
+    assert "M = 256" in text(box) and "native" in box.children[-1].outputs[1]["data"][
+        "text/html"]
+    control(box, "GPU").value = "H100 SXM"
+    control(box, "model").value = "Llama-3-70B"
+    control(box, "tokens M").value = 4096
+    shown = text(box)
+    assert "H100 SXM: backend 'w4a16' → roofline path 'w4a16'" in shown
+    assert "Llama-3-70B block at M = 4096" in shown
+    table = tp.roofline_table("H100 SXM", "Llama-3-70B", 4096)
+    assert table.to_string(float_format="{:.4g}".format) in shown
+    assert "native" not in shown.split("µs:")[1]
+
+
