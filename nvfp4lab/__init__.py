@@ -14,11 +14,16 @@ from typing import Any
 
 from nvfp4lab.codec import compute_global_scale, dequantize, fake_quantize, quantize
 from nvfp4lab.e2m1 import decode_e2m1, encode_e2m1, pack_fp4, unpack_fp4
-from nvfp4lab.execution import (
+from nvfp4lab import execution as _execution
+from nvfp4lab.execution import (  # the whole of nvfp4lab.execution.__all__
+    FUSED_GROUPS,
+    SHARE_PRESETS,
     BackendChoice,
+    CalibrationResult,
     DroppedBiasWarning,
     NVFP4Linear,
     QuantizeReport,
+    UnmatchedIgnoreWarning,
     calibrate_inputs,
     calibration,
     info_report,
@@ -88,16 +93,7 @@ __all__ = [
     "BiasMode",
     "Convention",
     # execution
-    "BackendChoice",
-    "DroppedBiasWarning",
-    "NVFP4Linear",
-    "QuantizeReport",
-    "calibrate_inputs",
-    "calibration",
-    "info_report",
-    "linear",
-    "quantize_model",
-    "select_backend",
+    *_execution.__all__,
     # lazy
     *_LAZY,
     *_SUBMODULES,

@@ -532,23 +532,16 @@ def _quantize_tiles(
 
 
 def fake_quantize(
-    x: torch.Tensor,
-    global_scale: torch.Tensor | float | None = None,
-    *,
-    block_size: int | tuple[int, int] = BLOCK_SIZE,
-    convention: str = Convention.KERNEL,
-    pad: bool = False,
-    nonfinite: str = NonFinite.RAISE,
-    **options: Any,
+    x: torch.Tensor, global_scale: torch.Tensor | float | None = None, **options: Any
 ) -> torch.Tensor:
     """Quantize then dequantize, returning ``x.dtype`` and ``x.shape`` (no packing round trip).
 
     Equal bit for bit to ``dequantize(quantize(x, ...), x.dtype)``; a Hadamard rotation is undone
-    in float32 before the one rounding to ``x.dtype``. Arguments as :func:`quantize`.
+    in float32 before the one rounding to ``x.dtype``. ``options``: the keywords of
+    :func:`quantize` (``block_size``, ``convention``, ``pad``, ``nonfinite`` and the research
+    options).
     """
-    opts = nvfp4_options(
-        block_size=block_size, convention=convention, pad=pad, nonfinite=nonfinite, **options
-    )
+    opts = nvfp4_options(**options)
     xp, gs = _prepare(x, global_scale, opts)
     if xp.is_meta:
         return torch.empty_like(x)

@@ -19,14 +19,8 @@ from torch import nn
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
-from nvfp4lab.vocab import (
-    AUTO,
-    SUPPORTED_DTYPES,
-    Backend,
-    BiasMode,
-    Convention,
-    check_choice,
-)
+from nvfp4lab import vocab
+from nvfp4lab.vocab import AUTO, BiasMode, Convention
 
 __all__ = [
     "DEFAULT_IGNORE",
@@ -204,7 +198,7 @@ def _skip_reason(module: nn.Linear) -> str | None:
         return "subclass of nn.Linear: its owner may read .weight"
     if module.in_features % BLOCK_SIZE:
         return f"K={module.in_features} is not a multiple of {BLOCK_SIZE}"
-    if module.weight.dtype not in SUPPORTED_DTYPES:
+    if module.weight.dtype not in vocab.SUPPORTED_DTYPES:
         return f"weight dtype {module.weight.dtype} is not fp32/bf16/fp16"
     return None
 
@@ -291,8 +285,8 @@ def quantize_model(
     vLLM-loadable checkpoints must (vLLM decodes all shards with one scale). Activation scales
     start dynamic (None); use :func:`~nvfp4lab.execution.calibrate.calibration` to set them.
     """
-    check_choice("backend", backend, Backend, extra=(AUTO,))
-    check_choice("convention", convention, Convention)
+    vocab.check_choice("backend", backend, vocab.Backend, extra=(AUTO,))
+    vocab.check_choice("convention", convention, Convention)
     specs = _ignore_specs(DEFAULT_IGNORE if ignore is None else ignore)
     report = QuantizeReport()
     candidates = _candidates(model, specs, report)

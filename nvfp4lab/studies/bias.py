@@ -2,10 +2,10 @@
 
 One random layer ``y = x @ W.T + b`` (``x`` ``[M, K]``, ``W`` ``[N, K]``, both N(0, 1) scaled so
 that ``y`` has unit RMS) is run through :func:`~nvfp4lab.execution.gemm.linear` with each bias
-epilogue (``"output"``, ``"fp32"``, ``"dropped"``) while the bias grows. The bias has a random direction
-and an RMS of ``bias_scale`` times the RMS of ``x @ W.T`` (a unitless ratio). The truth is the
-float layer evaluated exactly (float64 on the layer's own ``dtype`` values). Nothing here plots
-except the ``plot_*`` functions, which return figures (matplotlib imported inside them).
+epilogue (``"output"``, ``"fp32"``, ``"dropped"``) while the bias grows. The bias has a random
+direction and an RMS of ``bias_scale`` times the RMS of ``x @ W.T`` (a unitless ratio). The truth
+is the float layer evaluated exactly (float64 on the layer's own ``dtype`` values). Nothing here
+plots except the ``plot_*`` functions, which return figures (matplotlib imported inside them).
 """
 
 from __future__ import annotations

@@ -335,13 +335,13 @@ def plot_tensor_scale_sweep(rows: Sequence[dict[str, float]]) -> Figure:
         "NVFP4 error vs data magnitude: why the FP32 tensor scale exists",
         "data magnitude m (x = m·N(0,1), unitless, log scale)",
         "NMSE (unitless, log scale)",
+        xscale="log",
+        yscale="log",
     )
     m = [r["magnitude"] for r in rows]
     ax.plot(m, [r["nmse_tensor_scale"] for r in rows], marker="o", label="with tensor scale")
     ax.plot(m, [r["nmse_no_tensor_scale"] for r in rows], marker="s",
             label="block scales only (global_scale=1, no tensor scale)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
     ax.legend(loc="center")
     return fig
 
@@ -350,16 +350,16 @@ def plot_stochastic_bias(rows: Sequence[dict[str, float]]) -> Figure:
     """RMS of the seed-averaged error vs number of seeds, with the 1/sqrt(n) reference."""
     fig, ax = new_figure(
         "Stochastic rounding is unbiased: the seed-averaged error shrinks like 1/√n",
-        "number of seeds averaged n (count, log scale)",
+        "number of seeds averaged n (count, log₂ scale)",
         "RMS of mean error (data units, log scale)",
+        yscale="log",
     )
+    ax.set_xscale("log", base=2)
     n = [r["seeds"] for r in rows]
     rms = [r["rms_mean_error"] for r in rows]
     ax.plot(n, rms, marker="o", label="stochastic rounding, mean over n seeds")
     ax.plot(n, [rms[0] / math.sqrt(k) for k in n], linestyle="--", label="1/√n from n = 1")
     ax.axhline(rows[0]["rne_rms_error"], color="C2", linestyle=":", label="RNE error (RMS)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
     ax.legend(loc="lower left")
     return fig
 

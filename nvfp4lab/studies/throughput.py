@@ -17,7 +17,7 @@ pandas and matplotlib are imported inside the functions (the ``notebooks`` extra
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nvfp4lab import gpus, roofline
@@ -125,32 +125,32 @@ def backend_frame(gpu_names: Iterable[str] | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("gpu")
 
 
-def _predict_rows(
-    gpu_names: Iterable[str], model: str, ms: Sequence[int], paths: Sequence[str]
+def _modeled_rows(
+    predict: Callable[[str, int], roofline.Prediction],
+    paths: Sequence[str],
+    ms: Sequence[int],
+    **keys: Any,
 ) -> list[dict[str, Any]]:
+    """One "modeled" row per (path, M) that ``predict(path, M)`` can model, led by ``keys``."""
     rows = []
-    for name in gpu_names:
-        g = gpus.get(name)
-        for path in paths:
-            for m in ms:
-                try:
-                    p = roofline.predict_block(g, model, m, path)
-                except NotSupportedError:
-                    continue
-                rows.append(
-                    {
-                        "source": "modeled",
-                        "gpu": g.name,
-                        "architecture": g.architecture,
-                        "model": model,
-                        "path": path,
-                        "M": m,
-                        "time_s": p.time_s,
-                        "bound": p.bound,
-                        "tflops": p.tflops,
-                        "bytes": p.bytes_moved,
-                    }
-                )
+    for path in paths:
+        for m in ms:
+            try:
+                p = predict(path, m)
+            except NotSupportedError:
+                continue
+            rows.append(
+                {
+                    "source": "modeled",
+                    **keys,
+                    "path": path,
+                    "M": m,
+                    "time_s": p.time_s,
+                    "bound": p.bound,
+                    "tflops": p.tflops,
+                    "bytes": p.bytes_moved,
+                }
+            )
     return rows
 
 
@@ -164,9 +164,16 @@ def block_frame(
     per GPU, model, path and M (tokens); paths a GPU cannot run are absent."""
     import pandas as pd
 
-    names = list(gpu_names or gpus.CATALOGUE)
     grid = list(ms or roofline.default_m_grid())
-    rows = [r for model in models for r in _predict_rows(names, model, grid, paths)]
+    rows = []
+    for model in models:
+        for g in (gpus.get(n) for n in (gpu_names or gpus.CATALOGUE)):
+
+            def block(path: str, m: int, g: gpus.GPU = g, model: str = model) -> Any:
+                return roofline.predict_block(g, model, m, path)
+
+            keys = {"gpu": g.name, "architecture": g.architecture, "model": model}
+            rows += _modeled_rows(block, paths, grid, **keys)
     return pd.DataFrame(rows)
 
 
@@ -176,27 +183,14 @@ def layer_frame(
     """Modeled time per linear layer of ``model`` on one GPU (rows: layer, path, M)."""
     import pandas as pd
 
+    grid = list(ms or roofline.default_m_grid())
     rows = []
     for s in roofline.linear_shapes(model):
-        for path in paths:
-            for m in ms or roofline.default_m_grid():
-                try:
-                    p = roofline.predict(gpu_name, m, s.N, s.K, path)
-                except NotSupportedError:
-                    continue
-                rows.append(
-                    {
-                        "source": "modeled",
-                        "layer": s.layer,
-                        "N": s.N,
-                        "K": s.K,
-                        "path": path,
-                        "M": m,
-                        "time_s": p.time_s,
-                        "bound": p.bound,
-                        "tflops": p.tflops,
-                    }
-                )
+
+        def layer(path: str, m: int, s: roofline.LinearShape = s) -> Any:
+            return roofline.predict(gpu_name, m, s.N, s.K, path)
+
+        rows += _modeled_rows(layer, paths, grid, layer=s.layer, N=s.N, K=s.K)
     return pd.DataFrame(rows)
 
 
