@@ -14,7 +14,7 @@ Everything here favours obviousness over speed:
   the float32 result rounded (RNE) to the narrow type.
 * Block quantization loops over 16-element blocks in Python.
 
-Two block-quantization orders are provided (see the format notes):
+Two block-quantization orders are provided (see docs/nvfp4-format.md):
 
 ``"kernel"``
     vLLM's reference for its CUDA kernel; everything in float32 with reciprocal multiplies.

@@ -1,7 +1,7 @@
 """Tests of the slow reference (oracle) itself: it must be right before it judges the fast path.
 
 The oracle is checked against torch's own conversions (float8_e4m3fn, bfloat16, float16,
-float32), hand-computed tables from the format notes, and its scalar and vectorized versions
+float32), hand-computed tables from docs/nvfp4-format.md, and its scalar and vectorized versions
 against each other.
 """
 
