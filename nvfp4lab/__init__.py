@@ -12,9 +12,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from nvfp4lab import execution as _execution
 from nvfp4lab.codec import compute_global_scale, dequantize, fake_quantize, quantize
 from nvfp4lab.e2m1 import decode_e2m1, encode_e2m1, pack_fp4, unpack_fp4
-from nvfp4lab import execution as _execution
 from nvfp4lab.execution import (  # the whole of nvfp4lab.execution.__all__
     FUSED_GROUPS,
     SHARE_PRESETS,

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from nvfp4lab import vocab
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
-from nvfp4lab import vocab
 from nvfp4lab.vocab import AUTO, BiasMode, Convention
 
 __all__ = [
