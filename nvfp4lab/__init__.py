@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from nvfp4lab import execution as _execution
 from nvfp4lab.codec import compute_global_scale, dequantize, fake_quantize, quantize
 from nvfp4lab.e2m1 import decode_e2m1, encode_e2m1, pack_fp4, unpack_fp4
 from nvfp4lab.execution import (  # the whole of nvfp4lab.execution.__all__
@@ -72,10 +71,22 @@ _SUBMODULES = (
 )
 
 __all__ = [
-    # numerics
     "CONVENTIONS",
+    "FUSED_GROUPS",
+    "SHARE_PRESETS",
+    "Backend",
+    "BackendChoice",
+    "BiasMode",
+    "CalibrationResult",
+    "Convention",
+    "DroppedBiasWarning",
+    "NVFP4Linear",
     "NVFP4Tensor",
+    "QuantizeReport",
     "RotatedNVFP4Tensor",
+    "UnmatchedIgnoreWarning",
+    "calibrate_inputs",
+    "calibration",
     "compute_global_scale",
     "decode_e2m1",
     "decode_to_encode_scale",
@@ -83,17 +94,15 @@ __all__ = [
     "encode_e2m1",
     "encode_to_decode_scale",
     "fake_quantize",
+    "info_report",
+    "linear",
     "pack_fp4",
     "quantize",
+    "quantize_model",
+    "select_backend",
     "swizzle_scales",
     "unpack_fp4",
     "unswizzle_scales",
-    # vocabulary
-    "Backend",
-    "BiasMode",
-    "Convention",
-    # execution
-    *_execution.__all__,
     # lazy
     *_LAZY,
     *_SUBMODULES,

@@ -348,6 +348,8 @@ def plot_tensor_scale_sweep(rows: Sequence[dict[str, float]]) -> Figure:
 
 def plot_stochastic_bias(rows: Sequence[dict[str, float]]) -> Figure:
     """RMS of the seed-averaged error vs number of seeds, with the 1/sqrt(n) reference."""
+    n = [r["seeds"] for r in rows]
+    rms = [r["rms_mean_error"] for r in rows]
     fig, ax = new_figure(
         "Stochastic rounding is unbiased: the seed-averaged error shrinks like 1/√n",
         "number of seeds averaged n (count, log₂ scale)",
@@ -355,8 +357,6 @@ def plot_stochastic_bias(rows: Sequence[dict[str, float]]) -> Figure:
         yscale="log",
     )
     ax.set_xscale("log", base=2)
-    n = [r["seeds"] for r in rows]
-    rms = [r["rms_mean_error"] for r in rows]
     ax.plot(n, rms, marker="o", label="stochastic rounding, mean over n seeds")
     ax.plot(n, [rms[0] / math.sqrt(k) for k in n], linestyle="--", label="1/√n from n = 1")
     ax.axhline(rows[0]["rne_rms_error"], color="C2", linestyle=":", label="RNE error (RMS)")
@@ -384,19 +384,13 @@ def format_row(
 
 
 def format_text(
-    config: StudyConfig,
-    distribution: str,
-    log10_magnitude: float,
-    *,
-    seed: int,
-    df: int,
-    shape: Sequence[int] = (256, 1024),
+    row: dict[str, Any], log10_magnitude: float, df: int, shape: Sequence[int]
 ) -> str:
-    """What :func:`format_explorer` shows for one configuration, distribution and magnitude."""
-    row = format_row(config, distribution, log10_magnitude, seed=seed, df=df, shape=shape)
-    data = f"{distribution}{f'(ν={df})' if distribution == 'student_t' else ''}"
+    """What :func:`format_explorer` shows for one :func:`format_row` row."""
+    dist = row["distribution"]
+    data = f"{dist}{f'(ν={df})' if dist == 'student_t' else ''}"
     return (
-        f"{config.label} on {data} × 10^{log10_magnitude:g} ({shape[0]}×{shape[1]}): "
+        f"{row['label']} on {data} × 10^{log10_magnitude:g} ({shape[0]}×{shape[1]}): "
         f"NMSE {row['nmse']:.3e} | SQNR {row['sqnr_db']:.2f} dB | "
         f"{row['bits']:.3f} bits/element"
     )
@@ -422,9 +416,9 @@ def format_explorer(
         value=0.0, min=-5.0, max=5.0, step=0.5, description="log10 |x| scale",
         continuous_update=False,
     )
-    return explorer(
-        widgets,
-        [label, dist, mag],
-        lambda: (stream_output(format_text(by_label[label.value], dist.value, mag.value, seed=seed,
-                                      df=df, shape=shape)),),
-    )
+    def render() -> tuple[dict[str, Any], ...]:
+        config = by_label[label.value]
+        row = format_row(config, dist.value, mag.value, seed=seed, df=df, shape=shape)
+        return (stream_output(format_text(row, mag.value, df, shape)),)
+
+    return explorer(widgets, [label, dist, mag], render)

@@ -34,9 +34,7 @@ def test_format_text_shows_tensor_scale_underflow() -> None:
     (no_gs,) = [c for c in fs.default_configs(0, fast=True) if c.label == "nvfp4 no tensor scale"]
     row = fs.format_row(no_gs, "normal", -5.0, seed=0, df=3, shape=SHAPE)
     assert row["nmse"] > 0.5  # E4M3 block scales alone underflow at 1e-5
-    assert f"NMSE {row['nmse']:.3e}" in fs.format_text(
-        no_gs, "normal", -5.0, seed=0, df=3, shape=SHAPE
-    )
+    assert f"NMSE {row['nmse']:.3e}" in fs.format_text(row, -5.0, 3, SHAPE)
 
 
 def test_errors_are_shown_in_the_output() -> None:

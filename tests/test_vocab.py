@@ -1,0 +1,44 @@
+"""The one vocabulary: members compare equal to their strings, one error wording."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nvfp4lab import vocab
+from nvfp4lab.vocab import AUTO, Backend, BiasMode, Convention, GemmPath, check_choice, check_dtype
+
+
+def test_members_are_their_strings() -> None:
+    assert Backend.EMULATION == "emulation" and str(Backend.NATIVE) == "native"
+    assert [str(m) for m in BiasMode] == ["output", "fp32", "dropped"]
+    assert [str(m) for m in Convention] == ["kernel", "compressed-tensors"]
+
+
+def test_roofline_paths_are_named_after_the_backends() -> None:
+    assert {str(b) for b in Backend} <= {str(p) for p in GemmPath}
+    assert {str(p) for p in GemmPath} - {str(b) for b in Backend} == {"bf16", "fp8"}
+
+
+def test_check_choice_returns_the_member() -> None:
+    assert check_choice("backend", "w4a16", Backend) is Backend.W4A16
+    assert check_choice("backend", Backend.NATIVE, Backend) is Backend.NATIVE
+    assert check_choice("backend", AUTO, Backend, extra=(AUTO,)) == "auto"
+
+
+@pytest.mark.parametrize("bad", ["Native", "", 3, None, ("native",)])
+def test_check_choice_error_wording(bad: object) -> None:
+    with pytest.raises(ValueError) as err:
+        check_choice("backend", bad, Backend, extra=(AUTO,))
+    assert str(err.value) == (
+        f"unknown backend {bad!r}; accepted values: 'auto', 'native', 'emulation', 'w4a16'"
+    )
+
+
+def test_check_dtype() -> None:
+    assert check_dtype(torch.bfloat16) is torch.bfloat16
+    with pytest.raises(TypeError, match=r"x must be float32, bfloat16 or float16.*\.float\(\)"):
+        check_dtype(torch.float64, "x")
+    with pytest.raises(TypeError, match=r"got torch\.int32$"):
+        check_dtype(torch.int32, "x")
+    assert vocab.dtype_name(torch.float16) == "float16"
