@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvfp4lab.bench.store import environment, measured_row
 from nvfp4lab.bench.timing import time_fn
-from nvfp4lab.vocab import SUPPORTED_DTYPES, Backend
+from nvfp4lab.vocab import SUPPORTED_DTYPES, Backend, Convention
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -146,7 +146,7 @@ def _cases(cfg: BenchConfig) -> list[_Case]:
             if (N, K, dtype) not in seen_w:  # weight ops once per weight shape
                 seen_w.add((N, K, dtype))
                 if "quantize" in cfg.ops:
-                    for conv in ("kernel", "compressed-tensors"):
+                    for conv in map(str, Convention):
                         cases.append(_Case("quantize", 0, N, K, dtype, "torch", conv))
                 if "dequantize" in cfg.ops:
                     cases.append(_Case("dequantize", 0, N, K, dtype, "torch", "kernel"))
