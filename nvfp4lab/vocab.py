@@ -14,6 +14,8 @@ vocabulary             values                                                   
 :class:`Rounding`      rne, stochastic                                                 codec
 :class:`ScaleSelection`  amax, four_over_six, mse_search                               codec
 :class:`NonFinite`     raise, propagate                                                codec
+:class:`QuantMethod`   rtn, gptq (how quantize_model picks the weight codes)           execution
+:class:`ScaleTiming`   original, updated (when GPTQ fixes a group's block scale)       execution
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.
@@ -35,8 +37,10 @@ __all__ = [
     "Convention",
     "GemmPath",
     "NonFinite",
+    "QuantMethod",
     "Rounding",
     "ScaleSelection",
+    "ScaleTiming",
     "check_choice",
     "check_dtype",
     "dtype_name",
@@ -99,6 +103,20 @@ class NonFinite(StrEnum):
 
     RAISE = "raise"
     PROPAGATE = "propagate"
+
+
+class QuantMethod(StrEnum):
+    """How :func:`nvfp4lab.quantize_model` chooses a weight's codes."""
+
+    RTN = "rtn"  #: round to nearest, each weight on its own (no data needed)
+    GPTQ = "gptq"  #: GPTQ: column by column, rounding errors fed forward through calibration data
+
+
+class ScaleTiming(StrEnum):
+    """When GPTQ fixes a 16-column group's block scale (:mod:`nvfp4lab.execution.gptq`)."""
+
+    ORIGINAL = "original"  #: up front, from the original weights (llm-compressor >= 0.4)
+    UPDATED = "updated"  #: at the group's first column, from the error-updated weights
 
 
 #: Floating dtypes NVFP4 quantizes from and computes in.
