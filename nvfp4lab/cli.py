@@ -93,6 +93,11 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--notebook-dir", default=None, help="folder of NN_*.ipynb notebooks")
     parser.add_argument("--kernel", default=None,
                         help="Jupyter kernel name (default: this Python interpreter)")
+    parser.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS",
+        help="wall-clock limit per notebook; a notebook past it fails and the next one runs "
+        "(default: 1800)",
+    )
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -108,6 +113,7 @@ def _run_report(args: argparse.Namespace) -> int:
             smoke=args.smoke,
             kernel_name=args.kernel,
             notebook_dir=args.notebook_dir,
+            **({} if args.timeout is None else {"timeout_s": args.timeout}),
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"nvfp4lab report: {exc}", file=sys.stderr)

@@ -43,9 +43,11 @@ from typing import Any
 from nvfp4lab.settings import environ
 
 __all__ = [
+    "DEFAULT_TIMEOUT_S",
     "HEADLINE_MIME",
     "Headline",
     "ReportResult",
+    "check_out_dir",
     "check_parameters",
     "default_notebook_dir",
     "discover_notebooks",
@@ -223,8 +225,15 @@ def notebook_parameters(nb_or_path: Any) -> dict[str, str]:
             f"a report notebook needs exactly one code cell tagged 'parameters', found {len(cells)}"
         )
     source = cells[0].source
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ValueError(
+            f"its parameters cell is not valid Python (line {exc.lineno}: {exc.msg}: "
+            f"{(exc.text or '').strip()!r}); fix the cell"
+        ) from None
     names: dict[str, str] = {}
-    for node in ast.parse(source).body:
+    for node in tree.body:
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):
             targets = node.targets
@@ -256,17 +265,35 @@ def check_parameters(notebook: str | Path, parameters: Mapping[str, Any]) -> Non
 # execution
 
 
-def _this_python_kernel_manager_class() -> type:
-    """A jupyter KernelManager whose kernel is ``sys.executable -m ipykernel_launcher``.
+class _KernelWatch:
+    """The kernels a report run started, so that a notebook past its time limit can be stopped
+    (its kernel killed: nbclient then fails the notebook within about a second)."""
 
-    The kernel's PYTHONPATH starts with the folder holding this ``nvfp4lab`` so the notebook
-    imports the same package as the runner, even without an install.
+    def __init__(self) -> None:
+        self.managers: list[Any] = []
+        self.expired = False
+
+    def kill(self) -> None:
+        self.expired = True
+        for km in self.managers:
+            process = getattr(getattr(km, "provisioner", None), "process", None)
+            if process is not None and process.poll() is None:
+                process.kill()
+
+
+def _kernel_manager_class(kernel_name: str | None, watch: _KernelWatch) -> type:
+    """An ASYNC jupyter kernel manager (nbclient must poll the kernel's liveness while a cell runs;
+    a blocking client waits forever on a dead kernel) that registers itself with ``watch``.
+
+    ``kernel_name=None``: the kernel is ``sys.executable -m ipykernel_launcher``, with the folder
+    holding this ``nvfp4lab`` first on its PYTHONPATH so the notebook imports the same package as
+    the runner, even without an install. Otherwise the installed kernelspec of that name.
     """
     import os
 
     import zmq
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
     package_root = str(Path(__file__).resolve().parent.parent)
@@ -285,19 +312,35 @@ def _this_python_kernel_manager_class() -> type:
                 resource_dir="",
             )
 
-    class ThisPythonKernelManager(KernelManager):
-        @default("kernel_spec_manager")
-        def _default_ksm(self) -> KernelSpecManager:
-            return ThisPythonKernelSpecManager()
+    class WatchedKernelManager(AsyncKernelManager):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            watch.managers.append(self)
 
-        @default("transport_encryption")
-        def _default_encryption(self) -> str:
-            return "auto" if curve else "disabled"
+        if kernel_name is None:
 
-    return ThisPythonKernelManager
+            @default("kernel_spec_manager")
+            def _default_ksm(self) -> KernelSpecManager:
+                return ThisPythonKernelSpecManager()
+
+            @default("transport_encryption")
+            def _default_encryption(self) -> str:
+                return "auto" if curve else "disabled"
+
+    return WatchedKernelManager
 
 
-def _error_text(exc: BaseException) -> str:
+def _error_text(exc: BaseException, timed_out: float | None = None) -> str:
+    if timed_out is not None:
+        return (
+            f"timed out: still running after the {timed_out:g} s limit (--timeout); its kernel "
+            "was stopped"
+        )
+    if type(exc).__name__ == "DeadKernelError":
+        return (
+            "kernel died: the notebook's Python process ended while a cell ran (killed, e.g. by "
+            "the out-of-memory killer, or os._exit); run the notebook alone to see where"
+        )
     ename = getattr(exc, "ename", None)
     if ename:  # papermill.PapermillExecutionError
         cell = getattr(exc, "exec_count", None)
@@ -315,40 +358,60 @@ def _render_html(nb: Any, out_path: Path, title: str) -> None:
     out_path.write_text(body, encoding="utf-8")
 
 
-def _run_one(
-    path: Path,
-    out_dir: Path,
-    parameters: dict[str, Any],
-    kernel_name: str | None,
-    cell_timeout_s: float | None,
-) -> ReportResult:
+#: Default time limit of one notebook (seconds): generous, so that only a stuck notebook hits it.
+DEFAULT_TIMEOUT_S: float = 1800.0
+
+
+def _execute(
+    path: Path, out_ipynb: Path, parameters: dict[str, Any], kernel_name: str | None,
+    timeout_s: float,
+) -> str | None:
+    """Run one notebook with papermill; the error text, or None when it ran through.
+
+    A watchdog kills the notebook's kernel once ``timeout_s`` has passed; each cell is also
+    limited to ``timeout_s`` (nbclient's own execution timeout).
+    """
+    import threading
+
     import papermill
 
-    name = path.stem
-    out_ipynb = out_dir / f"{name}.ipynb"
-    out_html = out_dir / f"{name}.html"
-    for stale in (out_ipynb, out_html):
-        stale.unlink(missing_ok=True)
-    engine_kwargs: dict[str, Any] = {}
-    if kernel_name is None:
-        engine_kwargs["kernel_manager_class"] = _this_python_kernel_manager_class()
-    if cell_timeout_s is not None:
-        engine_kwargs["execution_timeout"] = cell_timeout_s
-    error: str | None = None
-    start = time.perf_counter()
+    watch = _KernelWatch()
+    timer = threading.Timer(timeout_s, watch.kill)
+    timer.daemon = True
+    timer.start()
     try:
         papermill.execute_notebook(
             str(path),
             str(out_ipynb),
             parameters=parameters or None,
             kernel_name=kernel_name or "python3",
+            kernel_manager_class=_kernel_manager_class(kernel_name, watch),
+            execution_timeout=timeout_s,
             cwd=str(path.parent),
             progress_bar=False,
             log_output=False,
-            **engine_kwargs,
         )
     except Exception as exc:  # keep going: the index and the partial HTML show what failed
-        error = _error_text(exc)
+        return _error_text(exc, timeout_s if watch.expired else None)
+    finally:
+        timer.cancel()
+    return None
+
+
+def _run_one(
+    path: Path,
+    out_dir: Path,
+    parameters: dict[str, Any],
+    kernel_name: str | None,
+    timeout_s: float,
+) -> ReportResult:
+    name = path.stem
+    out_ipynb = out_dir / f"{name}.ipynb"
+    out_html = out_dir / f"{name}.html"
+    for stale in (out_ipynb, out_html):
+        stale.unlink(missing_ok=True)
+    start = time.perf_counter()
+    error = _execute(path, out_ipynb, parameters, kernel_name, timeout_s)
     duration = time.perf_counter() - start
 
     nb = _read_notebook(out_ipynb) if out_ipynb.exists() else _read_notebook(path)
@@ -371,6 +434,31 @@ def _run_one(
     )
 
 
+def check_out_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` as a writable folder (created if missing), or ValueError naming the problem:
+    an existing file, a path under a file, or a folder this user cannot write to."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file, not a folder; pass a folder for the HTML")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(
+                    f"--out {str(out)!r}: {str(parent)!r} is a file, so no folder can be made "
+                    "under it; pass another folder"
+                )
+            break
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {str(out)!r} cannot be created ({exc.strerror})") from None
+    import os
+
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {str(out)!r} is not writable by this user; pass another folder")
+    return out
+
+
 def run_reports(
     notebooks: Sequence[str | Path] | None = None,
     out_dir: str | Path = "reports",
@@ -379,17 +467,21 @@ def run_reports(
     kernel_name: str | None = None,
     *,
     notebook_dir: str | Path | None = None,
-    cell_timeout_s: float | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> list[ReportResult]:
     """Execute report notebooks into ``out_dir`` (HTML + executed ``.ipynb`` + ``index.html``).
 
     ``notebooks``: paths, or names/prefixes of notebooks in ``notebook_dir`` (default: all
     ``NN_*.ipynb`` of :func:`default_notebook_dir`). ``parameters`` are injected into every
     notebook; ``smoke=True`` adds ``SMOKE=True``. Every name is checked against each notebook's
-    ``parameters`` cell before anything runs (ValueError on an unknown name). ``kernel_name=None``
-    runs the notebooks in this interpreter; a name picks an installed Jupyter kernelspec.
-    Failures do not raise: see each result's ``status`` and ``error``.
+    ``parameters`` cell, and ``out_dir`` for writability, before anything runs (ValueError).
+    ``kernel_name=None`` runs the notebooks in this interpreter; a name picks an installed Jupyter
+    kernelspec. ``timeout_s``: wall-clock limit per notebook (seconds). Failures do not raise: a
+    failing cell, a dead kernel ("kernel died") or a timeout is the result's ``status`` and
+    ``error``, and the next notebook still runs.
     """
+    if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s!r}")
     paths = (
         _resolve(notebooks, notebook_dir)
         if notebooks is not None
@@ -403,10 +495,8 @@ def run_reports(
         params["SMOKE"] = True
     for path in paths:
         check_parameters(path, params)
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    results = [_run_one(p, out, params, kernel_name, cell_timeout_s) for p in paths]
+    out = check_out_dir(out_dir)
+    results = [_run_one(p, out, params, kernel_name, float(timeout_s)) for p in paths]
     write_index(results, out / "index.html")
     return results
 

@@ -14,9 +14,17 @@ import os
 import platform
 import re
 import subprocess
-from collections.abc import Iterable
+import tempfile
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
+
+try:  # POSIX advisory locks; elsewhere appends are not locked
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -25,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "COLUMNS",
+    "ShardWarning",
     "append_rows",
     "check_shard",
     "code_revision",
@@ -182,27 +191,76 @@ def shard_path(out: str | Path | None, device: str = "cpu") -> Path:
     return target / f"{machine_name(device)}.csv"
 
 
+def _header_problem(path: Path) -> str | None:
+    """Why rows cannot be appended to the CSV at ``path`` (its header), or None."""
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot be read as a CSV ({exc}); pass a new file or a folder"
+    if tuple(header) == COLUMNS:
+        return None
+    shown = ", ".join(header[:6]) + (", …" if len(header) > 6 else "")
+    return (
+        f"is a CSV with another header ({shown}), not a nvfp4lab bench shard; rows are never "
+        "mixed into another layout: pass a new file, or a folder (rows then go to "
+        "<folder>/<machine>.csv)"
+    )
+
+
+def _torn_tail(path: Path) -> str | None:
+    """The last line when it has no final newline (an interrupted write), else None."""
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        if size == 0:
+            return None
+        fh.seek(max(0, size - 65536))
+        tail = fh.read()
+    if tail.endswith(b"\n"):
+        return None
+    return tail.rsplit(b"\n", 1)[-1].decode("utf-8", errors="replace")
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[TextIO]:
+    """``path`` opened for appending under an exclusive lock (``fcntl.flock`` where the OS has
+    it), so that processes appending at once never interleave rows or write two headers."""
+    with path.open("a", newline="", encoding="utf-8") as fh:
+        if fcntl is not None:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        yield fh
+
+
 def append_rows(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
     """Append ``rows`` to the CSV at ``path`` (header written when new); returns rows written.
 
-    An existing file must have exactly :data:`COLUMNS` as header (ValueError otherwise: use a
-    new ``--out`` file rather than mixing layouts). Unknown keys in a row raise ValueError.
+    Appends are atomic with respect to one another (a file lock). An existing file must have
+    exactly :data:`COLUMNS` as header (ValueError otherwise: use a new ``--out`` file rather than
+    mixing layouts). A last line without its newline (an interrupted write) is completed when it
+    holds a whole row and refused, naming the line, otherwise. Unknown keys raise ValueError.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
-    if not new:
-        with path.open(newline="", encoding="utf-8") as fh:
-            header = next(csv.reader(fh), [])
-        if tuple(header) != COLUMNS:
-            raise ValueError(
-                f"{path} has columns {header}, expected {list(COLUMNS)}; "
-                "write to a new file with --out"
-            )
     n = 0
-    with path.open("a", newline="", encoding="utf-8") as fh:
+    with _locked(path) as fh:
+        if path.stat().st_size:
+            problem = _header_problem(path)
+            if problem:
+                raise ValueError(f"{path} {problem}")
+            torn = _torn_tail(path)
+            if torn is not None:
+                fields = next(csv.reader([torn]), [])
+                if len(fields) != len(COLUMNS):
+                    line = sum(1 for _ in path.open("rb"))
+                    raise ValueError(
+                        f"{path}: its last line (line {line}) is cut short, {len(fields)} of "
+                        f"{len(COLUMNS)} fields ({torn[:60]!r}...): an interrupted write; delete "
+                        "that line and run again"
+                    )
+                fh.write("\n")
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="raise", restval="")
-        if new:
+        if not path.stat().st_size:
             writer.writeheader()
         for row in rows:
             writer.writerow(row)
@@ -210,9 +268,23 @@ def append_rows(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
     return n
 
 
+def _probe_writable(path: Path) -> str | None:
+    """Why ``path`` cannot be appended to (trying it, without leaving anything), or None."""
+    try:
+        if path.exists():
+            with path.open("a", encoding="utf-8"):
+                return None
+        parent = next(p for p in path.parents if p.exists())
+        with tempfile.TemporaryFile(dir=parent):
+            return None
+    except OSError as exc:
+        return f"cannot be written ({exc.strerror or exc}); pass another file or folder"
+
+
 def check_shard(path: Path) -> None:
-    """ValueError unless rows can be appended to ``path``: a folder, an unreadable file or a CSV
-    whose header is not :data:`COLUMNS` is refused before anything is measured."""
+    """ValueError unless rows can be appended to ``path``, checked before anything is measured:
+    a folder, a path under a file, an unwritable place, an unreadable file or a CSV whose
+    header is not :data:`COLUMNS` is refused, naming the path and what to pass instead."""
     if path.is_dir():
         raise ValueError(
             f"--out {str(path)!r} is a folder whose name ends in .csv; pass a file path or "
@@ -226,22 +298,11 @@ def check_shard(path: Path) -> None:
                     "pass a path inside a folder"
                 )
             break
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            header = next(csv.reader(fh), [])
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(
-            f"--out {str(path)!r} cannot be read as a CSV ({exc}); pass a new file or a folder"
-        ) from None
-    if tuple(header) != COLUMNS:
-        shown = ", ".join(header[:6]) + (", …" if len(header) > 6 else "")
-        raise ValueError(
-            f"--out {str(path)!r} is a CSV with another header ({shown}), not a nvfp4lab bench "
-            "shard; rows are never mixed into another layout: pass a new file, or a folder "
-            "(rows then go to <folder>/<machine>.csv)"
-        )
+    problem = _probe_writable(path)
+    if problem is None and path.exists() and path.stat().st_size:
+        problem = _header_problem(path)
+    if problem:
+        raise ValueError(f"--out {str(path)!r} {problem}")
 
 
 def measured_row(
@@ -314,16 +375,46 @@ def _shard_files(results: str | Path | Iterable[str | Path]) -> list[Path]:
     return [Path(f) for f in results]
 
 
+class ShardWarning(UserWarning):
+    """A results shard holds lines that are not rows (cut short, or a repeated header)."""
+
+
+def _shard_rows(path: Path) -> list[list[str]]:
+    """The data rows of one shard; malformed lines are skipped with a :class:`ShardWarning`
+    naming the file, the line and what is wrong with it."""
+    with path.open(newline="", encoding="utf-8") as fh:
+        lines = list(csv.reader(fh))
+    if not lines:
+        return []
+    header, rows, bad = lines[0], [], []
+    for number, fields in enumerate(lines[1:], start=2):
+        if fields == header:
+            bad.append(f"line {number} repeats the header")
+        elif len(fields) != len(header):
+            bad.append(f"line {number} has {len(fields)} fields, not {len(header)}")
+        else:
+            rows.append(fields)
+    if bad:
+        warnings.warn(
+            f"{path}: skipped {len(bad)} malformed line(s): {'; '.join(bad[:5])}",
+            ShardWarning,
+            stacklevel=3,
+        )
+    return [header, *rows]
+
+
 def read_shards(results: str | Path | Iterable[str | Path] = "results") -> pd.DataFrame:
     """All rows of every ``*.csv`` shard in a folder (or the given files), merged, with a
     ``source="measured"`` column and a ``shard`` column (file stem); numeric columns converted.
-    An empty frame when there is no shard."""
+    Malformed lines are skipped with a :class:`ShardWarning` that names them. An empty frame when
+    there is no shard."""
     import pandas as pd
 
-    frames = [
-        pd.read_csv(f, dtype=str, keep_default_na=False).assign(shard=f.stem)
-        for f in _shard_files(results)
-    ]
+    frames = []
+    for f in _shard_files(results):
+        table = _shard_rows(f)
+        if table:
+            frames.append(pd.DataFrame(table[1:], columns=table[0]).assign(shard=f.stem))
     if not frames:
         return pd.DataFrame(columns=["source", "shard"])
     df = pd.concat(frames, ignore_index=True)

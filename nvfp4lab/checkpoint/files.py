@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "WEIGHTS_NAME",
     "CheckpointError",
     "TensorSource",
+    "WeightFiles",
     "fresh_dir",
     "missing_tensor",
     "read_exact",
@@ -69,57 +71,103 @@ def refuse_pickle(file: Path) -> CheckpointError:
     )
 
 
-def weight_files(directory: Path) -> list[Path]:
-    """The safetensors files of a checkpoint directory, refusing pickles."""
+@dataclass(frozen=True)
+class WeightFiles:
+    """The safetensors files of a checkpoint and, when it has an index, its ``weight_map``
+    (tensor name -> the file that holds it; the index is the authority)."""
+
+    files: list[Path]
+    weight_map: dict[str, Path] | None = None
+
+
+def _index_map(directory: Path, index: Path) -> dict[str, Path]:
+    """``weight_map`` of ``index`` with every file checked to lie inside ``directory``."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index} has no weight_map")
+    root = directory.resolve()
+    out: dict[str, Path] = {}
+    for key, name in weight_map.items():
+        rel = Path(str(name))
+        target = (directory / rel).resolve()
+        if rel.is_absolute() or not target.is_relative_to(root):
+            raise CheckpointError(
+                f"{index}: weight_map sends {key!r} to {str(name)!r}, outside the checkpoint "
+                "folder; a checkpoint's files must lie inside its folder"
+            )
+        if rel.suffix in PICKLE_SUFFIXES:
+            raise refuse_pickle(directory / rel)
+        out[str(key)] = directory / rel
+    return out
+
+
+def weight_files(directory: Path) -> WeightFiles:
+    """The safetensors files of a checkpoint directory (and its index's map), refusing pickles."""
     index = directory / WEIGHTS_INDEX_NAME
     if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index} has no weight_map")
-        files = sorted({directory / str(v) for v in weight_map.values()})
-        for file in files:
-            if file.suffix in PICKLE_SUFFIXES:
-                raise refuse_pickle(file)
-        return files
+        weight_map = _index_map(directory, index)
+        return WeightFiles(sorted(set(weight_map.values())), weight_map)
     single = directory / WEIGHTS_NAME
     if single.is_file():
-        return [single]
+        return WeightFiles([single])
     found = sorted(directory.glob("*.safetensors"))
     if found:
-        return found
+        return WeightFiles(found)
     pickles = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise refuse_pickle(pickles[0])
     raise CheckpointError(f"{directory} holds no .safetensors weight file")
 
 
+def _open(file: Path, device: torch.device, stack: contextlib.ExitStack) -> tuple[Any, list[str]]:
+    from safetensors import safe_open
+
+    if not file.is_file():
+        raise CheckpointError(f"{file} is listed in the checkpoint but does not exist")
+    try:
+        handle = stack.enter_context(safe_open(str(file), framework="pt", device=str(device)))
+        return handle, list(handle.keys())
+    except Exception as exc:  # SafetensorError for truncated / corrupt headers
+        raise CheckpointError(
+            f"{file}: cannot read it as safetensors ({exc}); the file is truncated, "
+            "corrupt or not a safetensors file"
+        ) from exc
+
+
 class TensorSource:
     """Lazy access to the tensors of several safetensors files (memory-mapped, no unpickling).
 
-    ``entries`` maps the model-side key to (file, stored key); :meth:`rekey` renames keys.
+    ``entries`` maps the model-side key to (file, stored key); :meth:`rekey` renames keys. With an
+    index, every key comes from the file its ``weight_map`` names (a copy of it in another file is
+    ignored); without one, a key held by two files is an error naming both.
     """
 
-    def __init__(self, files: Sequence[Path], device: torch.device, stack: contextlib.ExitStack):
-        from safetensors import safe_open
-
+    def __init__(
+        self, weights: WeightFiles, device: torch.device, stack: contextlib.ExitStack
+    ) -> None:
         self.entries: dict[str, tuple[Path, str]] = {}
         self._handles: dict[Path, Any] = {}
-        for file in files:
-            if not file.is_file():
-                raise CheckpointError(f"{file} is listed in the checkpoint but does not exist")
-            try:
-                handle = stack.enter_context(
-                    safe_open(str(file), framework="pt", device=str(device))
-                )
-                keys = list(handle.keys())
-            except Exception as exc:  # SafetensorError for truncated / corrupt headers
-                raise CheckpointError(
-                    f"{file}: cannot read it as safetensors ({exc}); the file is truncated, "
-                    "corrupt or not a safetensors file"
-                ) from exc
-            self._handles[file] = handle
+        held: dict[Path, set[str]] = {}
+        for file in weights.files:
+            self._handles[file], keys = _open(file, device, stack)
+            held[file] = set(keys)
+            if weights.weight_map is not None:
+                continue
             for key in keys:
-                self.entries.setdefault(key, (file, key))
+                if key in self.entries:
+                    raise CheckpointError(
+                        f"tensor {key!r} is stored in two weight files, {self.entries[key][0]} "
+                        f"and {file}, and no {WEIGHTS_INDEX_NAME} says which one counts; remove "
+                        "the stale copy or add an index"
+                    )
+                self.entries[key] = (file, key)
+        for key, file in (weights.weight_map or {}).items():
+            if key not in held[file]:
+                raise CheckpointError(
+                    f"{file}: the index maps tensor {key!r} to this file, but the file does not "
+                    "hold it"
+                )
+            self.entries[key] = (file, key)
 
     def rekey(self, strip: str, add: str) -> None:
         """Rename every key ``k`` to ``add + k.removeprefix(strip)``."""

@@ -344,15 +344,15 @@ class NVFP4Linear(nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        """Accept an ``input_global_scale`` when the layer is dynamic (None), and treat its
-        absence (weight-only NVFP4A16 checkpoints) as dynamic activation scaling."""
+        """Accept an ``input_global_scale`` when the layer is dynamic (None). Otherwise every key
+        behaves like any buffer's: a calibrated ``input_global_scale`` absent from
+        ``state_dict`` is kept and listed in ``missing_keys`` (use
+        :meth:`set_input_global_scale(None) <set_input_global_scale>` to make a layer dynamic)."""
         key = prefix + "input_global_scale"
         if key in state_dict and self.input_global_scale is None:
             self.input_global_scale = torch.ones(
                 1, dtype=torch.float32, device=self.weight_packed.device
             )
-        elif key not in state_dict and self.input_global_scale is not None:
-            self.input_global_scale = None
         self._dq_cache.clear()
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

@@ -26,7 +26,7 @@ def _git_in(repo: Path, *args: str) -> str:
 def test_refuses_to_mix_layouts(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
-    with pytest.raises(ValueError, match="columns"):
+    with pytest.raises(ValueError, match="another header"):
         store.append_rows(bad, [])
 
 

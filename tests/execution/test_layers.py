@@ -100,8 +100,13 @@ def test_load_compressed_tensors_state_dict() -> None:
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     expected = linear(x, q, lin.bias, input_global_scale=321.0, backend="emulation")
     assert torch.equal(layer(x), expected)
-    # a weight-only (NVFP4A16) checkpoint has no input_global_scale: dynamic scaling
+    # a weight-only (NVFP4A16) state dict has no input_global_scale: into a calibrated layer it
+    # is a missing key like any other (issue 10: it used to be dropped silently)
     del ckpt["input_global_scale"]
+    with pytest.raises(RuntimeError, match="Missing key.*input_global_scale"):
+        layer.load_state_dict(ckpt)
+    # into a dynamic layer it loads, and the layer stays dynamic
+    layer.set_input_global_scale(None)
     layer.load_state_dict(ckpt)
     assert layer.input_global_scale is None
     assert torch.equal(layer(x), linear(x, q, lin.bias, backend="emulation"))
