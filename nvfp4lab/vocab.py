@@ -16,6 +16,11 @@ vocabulary             values                                                   
 :class:`NonFinite`     raise, propagate                                                codec
 :class:`QuantMethod`   rtn, gptq (how quantize_model picks the weight codes)           execution
 :class:`ScaleTiming`   original, updated (when GPTQ fixes a group's block scale)       execution
+:class:`Platform`      cuda, rocm, xpu, cpu (vLLM's platforms)                         execution
+:class:`Scheme`        NVFP4 (W4A4), NVFP4A16 (weight-only) checkpoint schemes         execution
+:class:`Numerics`      native, emulation, w4a16, w4a8 (what a vLLM kernel computes)    execution
+:class:`VllmPackage`   flashinfer, humming, b12x, fbgemm (optional kernel packages)    execution
+:class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.
@@ -37,10 +42,15 @@ __all__ = [
     "Convention",
     "GemmPath",
     "NonFinite",
+    "Numerics",
+    "Platform",
     "QuantMethod",
     "Rounding",
     "ScaleSelection",
     "ScaleTiming",
+    "Scheme",
+    "VllmAlias",
+    "VllmPackage",
     "check_choice",
     "check_dtype",
     "dtype_name",
@@ -117,6 +127,51 @@ class ScaleTiming(StrEnum):
 
     ORIGINAL = "original"  #: up front, from the original weights (llm-compressor >= 0.4)
     UPDATED = "updated"  #: at the group's first column, from the error-updated weights
+
+
+class Platform(StrEnum):
+    """A vLLM platform (``vllm.platforms.PlatformEnum``) the dispatcher can model."""
+
+    CUDA = "cuda"
+    ROCM = "rocm"
+    XPU = "xpu"
+    CPU = "cpu"
+
+
+class Scheme(StrEnum):
+    """An NVFP4 checkpoint scheme (compressed-tensors preset names)."""
+
+    NVFP4 = "NVFP4"  #: W4A4: FP4 weights and FP4 activations (input_global_scale stored)
+    NVFP4A16 = "NVFP4A16"  #: weight-only: FP4 weights, 16-bit activations
+
+
+class Numerics(StrEnum):
+    """What a vLLM NVFP4 kernel computes (the numerics class of a kernel).
+
+    The first three are :class:`Backend` paths nvfp4lab runs; ``w4a8`` is not (nvfp4lab has no
+    FP8-activation path and runs ``w4a16`` in its place).
+    """
+
+    NATIVE = "native"  #: W4A4: FP4 x FP4 block-scaled products, fp32 accumulation
+    EMULATION = "emulation"  #: W4A4 fake-quantized in 16 bits, then a 16-bit GEMM
+    W4A16 = "w4a16"  #: weight-only: FP4 weights decoded, 16-bit activations
+    W4A8 = "w4a8"  #: FP4 weights, activations quantized per token to FP8 E4M3 (Humming sm_89/90)
+
+
+class VllmPackage(StrEnum):
+    """Optional packages whose presence changes vLLM's NVFP4 kernel choice."""
+
+    FLASHINFER = "flashinfer"  #: flashinfer-python (with cubins or nvcc)
+    HUMMING = "humming"  #: humming-kernels
+    B12X = "b12x"  #: b12x (``pip install vllm[b12x]``)
+    FBGEMM = "fbgemm"  #: fbgemm-gpu-genai
+
+
+class VllmAlias(StrEnum):
+    """Named vLLM rule sets accepted where a release string is."""
+
+    SEED = "seed"  #: the rules as PR #19879 merged them (first released in 0.9.2)
+    LATEST = "latest"  #: the newest modelled release
 
 
 #: Floating dtypes NVFP4 quantizes from and computes in.

@@ -1,6 +1,6 @@
-"""Backend selection for NVFP4 linear layers: which path runs, and why.
+"""Backend selection for NVFP4 linear layers: what vLLM would run, what nvfp4lab runs, and why.
 
-Three execution paths exist (see :mod:`nvfp4lab.execution.gemm`):
+nvfp4lab runs its own numerics on three paths (:mod:`nvfp4lab.execution.gemm`):
 
 ``native``
     FP4 tensor cores through ``torch._scaled_mm`` (CUDA capability >= 10.0, CUDA runtime
@@ -8,15 +8,33 @@ Three execution paths exist (see :mod:`nvfp4lab.execution.gemm`):
 ``emulation``
     W4A4 emulated: activations fake-quantized, weights dequantized, a 16-bit GEMM.
 ``w4a16``
-    weight-only: weights dequantized, activations untouched (the numerics of vLLM's Marlin
-    fallback on GPUs without FP4 tensor cores).
+    weight-only: weights dequantized, activations untouched (the numerics of vLLM's Marlin).
 
-Rules of :func:`select_backend`, in order (mirroring vLLM's choice, PR #19879):
+:func:`select_backend` answers two questions at once:
 
-1. ``NVFP4LAB_BACKEND`` in {auto, native, emulation, w4a16} forces a backend unless ``auto``.
-2. ``VLLM_USE_NVFP4_CT_EMULATIONS`` truthy -> ``emulation``, even where native FP4 exists.
-3. native FP4 supported -> ``native``.
-4. otherwise -> ``w4a16``.
+1. **What would vLLM do?** The rules of one vLLM release (``vllm="0.33.0"``, any release from
+   0.9.1 to 0.33.0, ``"seed"`` = the rules PR #19879 merged, first released in 0.9.2, or
+   ``"latest"`` = 0.33.0, the default) on a platform (cuda, rocm, xpu, cpu) for a checkpoint
+   scheme (NVFP4 or NVFP4A16), with vLLM's environment variables, ``--linear-backend`` and the
+   optional packages installed. The answer is ``choice.kernel`` (the vLLM kernel class, e.g.
+   ``MarlinNvFp4LinearKernel``) with its ``numerics`` class and ``bias`` handling, or
+   ``kernel=None`` with ``error`` holding the load error vLLM would raise. The rules, era by
+   era, with their sources: :mod:`nvfp4lab.execution.vllm_select` and
+   :mod:`nvfp4lab.execution.vllm_rules`.
+2. **What does nvfp4lab run?** ``choice.name``, always one of the three paths above, so that
+   ``linear(..., backend="auto")`` runs everywhere (on this CPU as before: w4a16). It is the
+   numerics class of vLLM's kernel when nvfp4lab can run it on the target; otherwise a
+   stand-in, said in the reason: ``emulation`` when emulation was asked for in a way the release
+   honours (its switch, ``--linear-backend emulation``, ``VLLM_BATCH_INVARIANT``), else
+   ``w4a16``. That covers "vLLM has no kernel here" (e.g. 0.33.0 on a CPU or XPU), a native
+   kernel where nvfp4lab's native path cannot run (no FP4 in torch, CUDA runtime < 12.8) and
+   Humming's W4A8 (nvfp4lab has no FP8-activation path). Both answers are in every choice:
+   nvfp4lab never pretends a kernel exists, and never fails for lack of one.
+
+``NVFP4LAB_BACKEND`` in {auto, native, emulation, w4a16} overrides ``name`` whatever the rules
+say (the vLLM answer is still reported). Under rules that no longer read a variable (e.g.
+``VLLM_USE_NVFP4_CT_EMULATIONS`` from 0.24.0 on) setting it changes nothing and the reason says
+since when it is ignored and what replaced it.
 
 When the environment is read: at every call of :func:`select_backend` (nothing is cached),
 through :func:`nvfp4lab.settings.environ`, the one place nvfp4lab reads ``os.environ``.
@@ -27,14 +45,16 @@ to pin it. Pass ``env=`` (any mapping) to decide from that mapping instead of ``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
 from nvfp4lab import gpus, settings
-from nvfp4lab.settings import BACKEND_ENV, EMULATION_ENV
-from nvfp4lab.vocab import AUTO, Backend, check_choice
+from nvfp4lab.execution import vllm_rules, vllm_select
+from nvfp4lab.execution.vllm_rules import parse_emulation_switch
+from nvfp4lab.settings import BACKEND_ENV, EMULATION_ENV, VLLM_ENV_VARS
+from nvfp4lab.vocab import AUTO, Backend, BiasMode, Numerics, Platform, Scheme, check_choice
 
 __all__ = [
     "BACKEND_ENV",
@@ -57,13 +77,23 @@ NATIVE_MIN_CUDA: tuple[int, int] = (12, 8)
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """The backend chosen for a device, with the human-readable reason.
+    """The backend nvfp4lab runs (``name``) and what vLLM would do, with the reason.
 
-    ``device``: the device the decision is for ("cuda:0", "cpu"), or "simulated" when a
-    ``capability`` was passed. ``capability``: CUDA (major, minor) or None (CPU).
-    ``gpu_name``: device or catalogue name when known. ``emulation_switch``: the parsed value of
-    ``VLLM_USE_NVFP4_CT_EMULATIONS``. ``forced``: ``NVFP4LAB_BACKEND`` chose the backend.
-    ``native_supported``: whether native FP4 would run there.
+    ``name``: native | emulation | w4a16, what ``linear(..., backend="auto")`` runs.
+    ``reason``: one paragraph saying why. ``device``: "cuda:0", "cpu", or "simulated" when a
+    ``capability``/``gpu`` was passed. ``capability``: CUDA (major, minor) or None.
+    ``gpu_name``: device or catalogue name when known. ``emulation_switch``: the value of
+    ``VLLM_USE_NVFP4_CT_EMULATIONS`` as the applied release reads it (False where it is not
+    read). ``forced``: ``NVFP4LAB_BACKEND`` chose ``name``. ``native_supported``: whether
+    nvfp4lab's native path would run there.
+
+    The vLLM side: ``vllm`` (the release whose rules were applied), ``era`` (its key and title),
+    ``platform``, ``scheme``, ``linear_backend`` (normalised, "auto" when not given),
+    ``kernel`` (vLLM's kernel class, or None: vLLM selects none and raises ``error`` at load),
+    ``numerics`` (what that kernel computes), ``bias`` (the :class:`BiasMode` that reproduces its
+    bias handling: "output", or "dropped" in 0.9.1's emulation), ``defect`` (a known wrong
+    result of that release's path), ``ignored`` (variables set but not read, each a sentence),
+    ``steps`` (the rule steps, each with its source).
     """
 
     name: str
@@ -74,33 +104,26 @@ class BackendChoice:
     emulation_switch: bool = False
     forced: bool = False
     native_supported: bool = False
+    vllm: str = vllm_rules.LATEST_MODELLED
+    era: str = ""
+    platform: str = Platform.CUDA.value
+    scheme: str = Scheme.NVFP4.value
+    linear_backend: str = AUTO
+    kernel: str | None = None
+    numerics: str | None = None
+    bias: str | None = None
+    error: str | None = None
+    defect: str | None = None
+    ignored: tuple[str, ...] = field(default=())
+    steps: tuple[str, ...] = field(default=())
+
+    @property
+    def supported(self) -> bool:
+        """Whether vLLM selects a kernel (False: it would raise :attr:`error` at load)."""
+        return self.kernel is not None
 
     def __str__(self) -> str:
         return f"{self.name}: {self.reason}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Environment parsing
-# ---------------------------------------------------------------------------------------------
-
-
-def parse_emulation_switch(value: str | None) -> bool:
-    """Parse ``VLLM_USE_NVFP4_CT_EMULATIONS`` like vLLM: ``bool(int(value))``, unset -> off.
-
-    vLLM crashes on values such as "true"; nvfp4lab raises a ValueError that names the
-    variable, the value and the accepted values.
-    """
-    if value is None:
-        return False
-    try:
-        return bool(int(value))
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{EMULATION_ENV}={value!r} is not an integer. vLLM parses it as bool(int(value)) "
-            "(and would crash on this value); accepted values: an integer, 0 = off (the default "
-            "when unset), any nonzero integer such as 1 = on. Example: "
-            f"export {EMULATION_ENV}=1"
-        ) from None
 
 
 def parse_backend_override(value: str | None) -> str:
@@ -110,6 +133,8 @@ def parse_backend_override(value: str | None) -> str:
         return str(check_choice(f"{BACKEND_ENV} value", name, Backend, extra=(AUTO,)))
     except ValueError as err:
         raise ValueError(f"{err} (unset = auto); got {BACKEND_ENV}={value!r}") from None
+
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,7 +242,8 @@ def _resolve_device(device: torch.device | str | int | None) -> torch.device:
 
 @dataclass(frozen=True)
 class _Target:
-    """The device a decision is for: where, capability, name, a subject phrase, FP4 support."""
+    """The device a decision is for: where, capability, name, a subject phrase, FP4 support,
+    vLLM's platform for it and whether its CUDA runtime is new enough for CUTLASS FP4."""
 
     where: str
     capability: tuple[int, int] | None
@@ -225,56 +251,90 @@ class _Target:
     subject: str
     native: bool
     why: str
+    platform: Platform
+    cuda_ok: bool = True
+
+
+def _device_platform(dev: torch.device) -> Platform:
+    if dev.type == "cuda":
+        return Platform.ROCM if getattr(torch.version, "hip", None) else Platform.CUDA
+    return Platform.XPU if dev.type == "xpu" else Platform.CPU
 
 
 def _target(
-    device: torch.device | str | int | None, capability: object, gpu: str | None
+    device: torch.device | str | int | None, capability: object, gpu: str | None,
+    platform: str | None,
 ) -> _Target:
-    """A simulated GPU (``gpu`` name or ``capability``) or a real device."""
+    """A simulated GPU (``gpu`` name or ``capability``) or a real device, on ``platform``."""
+    plat = None if platform is None else Platform(check_choice("platform", platform, Platform))
     gpu_name: str | None = None
     if gpu is not None:
         capability, gpu_name = capability_of(gpu), gpu
     if capability is not None:
+        if plat in (Platform.CPU, Platform.XPU):
+            raise ValueError(
+                f"platform={plat.value!r} has no compute capability; drop capability=/gpu= or "
+                "pass platform='cuda' or 'rocm'"
+            )
         cap = gpus.parse_capability(capability, "capability=")
         gpu_name = gpu_name or _gpu_name_for(cap)
         native, why = native_fp4_status(capability=cap)
         subject = _sm(cap) + (f" ({gpu_name})" if gpu_name else "")
-        return _Target("simulated", cap, gpu_name, subject, native, why)
+        return _Target("simulated", cap, gpu_name, subject, native, why, plat or Platform.CUDA)
     dev = _resolve_device(device)
     native, why = native_fp4_status(dev)
+    own = _device_platform(dev)
+    if plat == Platform.CUDA and own != Platform.CUDA:
+        raise ValueError(
+            f"platform='cuda' needs a compute capability but {dev} has none; pass "
+            "capability=(major, minor) or gpu='H100', or platform='cpu'"
+        )
     if dev.type == "cuda" and torch.cuda.is_available():
         cap = tuple(torch.cuda.get_device_capability(dev))
         name = torch.cuda.get_device_name(dev)
-        return _Target(str(dev), cap, name, f"{dev} is {_sm(cap)} ({name})", native, why)  # type: ignore[arg-type]
-    return _Target(str(dev), None, None, str(dev), native, why)
+        runtime = _cuda_runtime()
+        ok = runtime is not None and runtime >= NATIVE_MIN_CUDA
+        return _Target(str(dev), cap, name, f"{dev} is {_sm(cap)} ({name})", native, why,  # type: ignore[arg-type]
+                       plat or own, ok)
+    return _Target(str(dev), None, None, str(dev), native, why, plat or own)
 
 
-def _decide(target: _Target, override: str, switch: bool) -> tuple[str, str]:
-    """(backend, reason) by the rules of the module docstring."""
+def _stand_in(outcome: vllm_select.Outcome, target: _Target) -> tuple[str, str]:
+    """(nvfp4lab backend, note) for a vLLM outcome: the kernel's numerics where nvfp4lab can run
+    them on the target, else the stand-in described in the module docstring."""
+    fallback = Backend.EMULATION if outcome.emulation_asked else Backend.W4A16
+    numerics = outcome.numerics
+    if numerics is None:
+        return fallback, f"nvfp4lab runs {fallback} in its place"
+    if numerics == Numerics.W4A8:
+        return Backend.W4A16, (
+            "W4A8 (per-token FP8 activations) has no nvfp4lab path: nvfp4lab runs w4a16, the "
+            "nearest")
+    if numerics == Numerics.NATIVE and not target.native:
+        return fallback, f"but {target.why}: nvfp4lab runs {fallback} instead"
+    return str(numerics), ""
+
+
+def _reason(target: _Target, outcome: vllm_select.Outcome, rel: str, era: str,
+            ignored: tuple[str, ...], note: str, override: str) -> str:
+    """The choice's one-paragraph explanation."""
+    if outcome.kernel is not None:
+        said = f"vLLM {rel} ({era}) picks {outcome.kernel} ({outcome.numerics})"
+    else:
+        said = f"vLLM {rel} ({era}) selects no kernel; its load fails: {outcome.error.strip()}"  # type: ignore[union-attr]
+    parts = [f"{target.subject}: {target.why}", said + (f", {note}" if note else "")]
+    if outcome.steps:
+        parts.append("rules: " + " → ".join(outcome.steps))
+    if outcome.bias == BiasMode.DROPPED:
+        parts.append("this path DROPS the bias")
+    if outcome.defect and outcome.defect != "bias dropped":
+        parts.append(f"known defect: {outcome.defect}")
+    parts.extend(ignored)
     if override != AUTO:
-        note = ""
-        if override == Backend.NATIVE and not target.native:
-            note = f" — but {target.why}, so native GEMMs will raise"
-        switch_text = f"{EMULATION_ENV}={'on' if switch else 'off'}"
-        forced = f"{BACKEND_ENV}={override} forces it ({target.subject}; {switch_text}){note}"
-        return override, forced
-    if switch:
-        hw = "even though it has FP4 tensor cores" if target.native else "which has no native FP4"
-        return Backend.EMULATION, (
-            f"{target.subject}: {EMULATION_ENV} is on → W4A4 emulation (fake-quantized "
-            f"activations, dequantized weights, 16-bit GEMM), {hw}, as vLLM does"
-        )
-    if target.native:
-        return Backend.NATIVE, (
-            f"{target.why}; {EMULATION_ENV} unset/0 → native FP4 GEMM (torch._scaled_mm)"
-        )
-    marlin = ""
-    if target.capability is not None and target.capability < (7, 5):
-        marlin = " (vLLM's Marlin kernel itself needs sm_75+; nvfp4lab's w4a16 runs anywhere)"
-    return Backend.W4A16, (
-        f"{target.why}; {EMULATION_ENV} unset/0 → w4a16 weight-only, as vLLM's Marlin "
-        f"fallback{marlin}"
-    )
+        warn = f" — but {target.why}, so native GEMMs will raise" if (
+            override == Backend.NATIVE and not target.native) else ""
+        parts.insert(0, f"{BACKEND_ENV}={override} forces it{warn}")
+    return "; ".join(parts)
 
 
 def select_backend(
@@ -283,29 +343,70 @@ def select_backend(
     capability: tuple[int, int] | None = None,
     env: Mapping[str, str] | None = None,
     gpu: str | None = None,
+    vllm: str | None = None,
+    platform: str | None = None,
+    linear_backend: str | None = None,
+    scheme: str = Scheme.NVFP4,
+    packages: Iterable[str] | None = None,
 ) -> BackendChoice:
-    """Choose the NVFP4 linear backend for ``device`` and say why (rules in the module docs).
+    """Choose the NVFP4 linear backend and say what vLLM would do (see the module docstring).
 
     ``device``: default ``cuda:0`` when CUDA is available, else CPU. ``capability=(major,
-    minor)`` simulates a GPU without having it (the device is then ignored); ``gpu`` names a
-    catalogue GPU instead ("H100", "B200"). ``env`` replaces ``os.environ`` for the decision.
-    Raises ValueError for bad values of the two environment variables. Forcing ``native`` on a
-    device without FP4 is reported here (``native_supported=False``); ``linear()`` then raises.
+    minor)`` simulates a GPU (the device is then ignored); ``gpu`` names a catalogue GPU instead
+    ("H100", "B200"). ``env`` replaces ``os.environ``. ``vllm``: a release "0.9.1".."0.33.0",
+    "seed" or "latest" (None = latest). ``platform``: cuda | rocm | xpu | cpu; None = cuda for a
+    simulated GPU or CUDA device, the device's own platform otherwise. ``linear_backend``:
+    vLLM's ``--linear-backend`` (0.22.0+; None = not given). ``scheme``: "NVFP4" (W4A4) or
+    "NVFP4A16" (weight-only). ``packages``: the optional packages installed (flashinfer,
+    humming, b12x, fbgemm); None = what ``pip install vllm`` of that release brings.
+    Raises ValueError for values vLLM itself rejects (a bad variable the release reads, an
+    unknown ``--linear-backend``) and for a bad ``NVFP4LAB_BACKEND``.
     """
     variables = settings.environ(env)
     override = parse_backend_override(variables.get(BACKEND_ENV))
-    switch = parse_emulation_switch(variables.get(EMULATION_ENV))
-    target = _target(device, capability, gpu)
-    name, reason = _decide(target, override, switch)
+    rel = vllm_rules.release(vllm)
+    era = vllm_rules.era_of(rel)
+    target = _target(device, capability, gpu, platform)
+    plat = target.platform
+    cc = None if target.capability is None or plat in (Platform.CPU, Platform.XPU) else (
+        target.capability[0] * 10 + target.capability[1])
+    req = vllm_select.Request(
+        rel=rel, platform=plat, cc=cc,
+        scheme=Scheme(check_choice("scheme", scheme, Scheme)),
+        env={k: variables[k] for k in VLLM_ENV_VARS if k in variables},
+        linear_backend=linear_backend,
+        packages=vllm_rules.default_packages(rel, plat) if packages is None
+        else vllm_rules.check_packages(packages),
+        cuda_ok=target.cuda_ok,
+    )
+    outcome = vllm_select.decide(req)
+    ignored = vllm_select.ignored_variables(req)
+    name, note = _stand_in(outcome, target)
+    if override != AUTO:
+        name = override
+    reads_switch = not any(s.startswith(EMULATION_ENV) for s in ignored) and (
+        vllm_rules.VARIABLES[EMULATION_ENV].read_by(rel))
     return BackendChoice(
         name=str(name),
-        reason=reason,
+        reason=_reason(target, outcome, rel, f"{era.key} {era.title}", ignored, note, override),
         device=target.where,
         capability=target.capability,
         gpu_name=target.gpu_name,
-        emulation_switch=switch,
+        emulation_switch=reads_switch and parse_emulation_switch(variables.get(EMULATION_ENV)),
         forced=override != AUTO,
         native_supported=target.native,
+        vllm=rel,
+        era=f"{era.key} {era.title}",
+        platform=plat.value,
+        scheme=req.scheme.value,
+        linear_backend=vllm_select.check_linear_backend(linear_backend, rel),
+        kernel=outcome.kernel,
+        numerics=None if outcome.numerics is None else str(outcome.numerics),
+        bias=None if outcome.bias is None else str(outcome.bias),
+        error=outcome.error,
+        defect=outcome.defect,
+        ignored=ignored,
+        steps=outcome.steps,
     )
 
 
@@ -314,17 +415,19 @@ def select_backend(
 # ---------------------------------------------------------------------------------------------
 
 
-def decision_table(env: Mapping[str, str] | None = None) -> list[dict[str, object]]:
-    """For every catalogue GPU: the backend with the emulation switch off and on.
-
-    ``NVFP4LAB_BACKEND`` is taken from ``env`` (or ``os.environ``); the switch is set to "0" and
-    "1" in turn. Rows: ``{"gpu", "capability", "native_fp4", "switch_off", "switch_on"}``.
-    """
+def decision_table(
+    env: Mapping[str, str] | None = None, *, vllm: str | None = None
+) -> list[dict[str, object]]:
+    """For every catalogue GPU: the backend with the emulation switch off and on, under the rules
+    of ``vllm`` (default latest). ``NVFP4LAB_BACKEND`` and the other variables come from ``env``
+    (or ``os.environ``); the switch is set to "0" and "1" in turn. Rows: ``{"gpu",
+    "capability", "native_fp4", "switch_off", "switch_on", "kernel_off", "kernel_on",
+    "vllm"}`` (a kernel is None where vLLM selects none)."""
     base = dict(settings.environ(env))
     rows: list[dict[str, object]] = []
     for name, cap in known_gpus():
-        off = select_backend(capability=cap, env={**base, EMULATION_ENV: "0"})
-        on = select_backend(capability=cap, env={**base, EMULATION_ENV: "1"})
+        off = select_backend(capability=cap, env={**base, EMULATION_ENV: "0"}, vllm=vllm)
+        on = select_backend(capability=cap, env={**base, EMULATION_ENV: "1"}, vllm=vllm)
         rows.append(
             {
                 "gpu": name,
@@ -332,18 +435,33 @@ def decision_table(env: Mapping[str, str] | None = None) -> list[dict[str, objec
                 "native_fp4": off.native_supported,
                 "switch_off": off.name,
                 "switch_on": on.name,
+                "kernel_off": off.kernel,
+                "kernel_on": on.kernel,
+                "vllm": off.vllm,
             }
         )
     return rows
 
 
+def _env_lines(variables: Mapping[str, str]) -> list[str]:
+    lines = ["environment:"]
+    for var in (BACKEND_ENV, *VLLM_ENV_VARS):
+        value = variables.get(var)
+        lines.append(f"  {var}={value!r}" if value is not None else f"  {var} (unset)")
+    return lines
+
+
 def info_report(
-    env: Mapping[str, str] | None = None, device: torch.device | str | int | None = None
+    env: Mapping[str, str] | None = None,
+    device: torch.device | str | int | None = None,
+    *,
+    vllm: str | None = None,
 ) -> str:
-    """Text for ``nvfp4lab info``: torch/CUDA, devices, the two variables, the backend selected
-    for ``device`` (default: cuda:0 if available, else CPU) with its reason, and the decision
-    for every catalogue GPU with the emulation switch off and on. Never raises for bad
-    environment values: the error is part of the text."""
+    """Text for ``nvfp4lab info``: torch/CUDA, devices, the variables, the vLLM rules applied
+    (release and era), the backend selected for ``device`` (default: cuda:0 if available, else
+    CPU) with vLLM's kernel and the reason, and the decision for every catalogue GPU with the
+    emulation switch off and on. Never raises for bad environment values: the error is part of
+    the text."""
     variables = settings.environ(env)
     lines = [
         f"torch {torch.__version__}  (CUDA runtime: {torch.version.cuda or 'none (CPU build)'}, "
@@ -361,26 +479,28 @@ def info_report(
             )
     else:
         lines.append("  (no CUDA device)")
-    lines.append("environment:")
-    for var in (BACKEND_ENV, EMULATION_ENV):
-        value = variables.get(var)
-        lines.append(f"  {var}={value!r}" if value is not None else f"  {var} (unset)")
+    lines.extend(_env_lines(variables))
     try:
-        choice = select_backend(device, env=variables)
+        rel = vllm_rules.release(vllm)
+        era = vllm_rules.era_of(rel)
+        lines.append(f"vLLM rules applied: {rel} ({era.key} {era.title}: {era.rule})")
+        choice = select_backend(device, env=variables, vllm=vllm)
+        rows = decision_table(variables, vllm=vllm)
     except ValueError as err:
         lines.append(f"selected backend: ERROR: {err}")
         return "\n".join(lines)
     lines.append(f"selected backend for {choice.device}: {choice.name}")
+    lines.append(f"  vLLM {choice.vllm} on {choice.platform}: "
+                 f"{choice.kernel or 'no kernel (' + (choice.error or '').strip() + ')'}")
     lines.append(f"  reason: {choice.reason}")
     lines.append("")
-    lines.append("decision per known GPU (VLLM_USE_NVFP4_CT_EMULATIONS off / on):")
-    rows = decision_table(variables)
+    lines.append(f"decision per known GPU under vLLM {rel} ({EMULATION_ENV} off / on):")
     width = max(len(str(r["gpu"])) for r in rows)
-    lines.append(f"  {'GPU':<{width}}  cc    FP4  off        on")
+    lines.append(f"  {'GPU':<{width}}  cc    FP4  off        on         vLLM kernel (off)")
     for r in rows:
         fp4 = "yes" if r["native_fp4"] else "no"
         lines.append(
             f"  {r['gpu']!s:<{width}}  {r['capability']!s:<4}  {fp4:<3}  "
-            f"{r['switch_off']!s:<9}  {r['switch_on']}"
+            f"{r['switch_off']!s:<9}  {r['switch_on']!s:<9}  {r['kernel_off'] or 'none'}"
         )
     return "\n".join(lines)

@@ -1,4 +1,10 @@
-"""Backend selection: the rule table, environment parsing, simulated GPUs, the info report."""
+"""Backend selection: the rule table, environment parsing, simulated GPUs, the info report.
+
+The seed's rules (``vllm="seed"``, PR #19879 as released in 0.9.2) keep the tests this module had
+before version-aware dispatch; the default (latest, 0.33.0) rules are checked against a table
+derived from vLLM 0.33.0's ``init_nvfp4_linear_kernel`` (see ``LATEST`` below). The release-by-
+release rule table is tested in ``test_vllm_rules.py``.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,11 @@ from nvfp4lab.execution.dispatch import (
     parse_emulation_switch,
     select_backend,
 )
+from nvfp4lab.settings import (
+    BATCH_INVARIANT_ENV,
+    GEMM_BACKEND_ENV,
+    VLLM_ENV_VARS,
+)
 
 CAPABILITIES = [(7, 5), (8, 0), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0)]
 SWITCH_VALUES = [None, "0", "1", "2", "00", " 1 ", "-1"]
@@ -25,7 +36,9 @@ OVERRIDES = [None, "", "auto", "native", "emulation", "w4a16", "AUTO", " Emulati
 
 
 def _expected(cap: tuple[int, int], switch: str | None, override: str | None) -> tuple[str, bool]:
-    """The rules of the issue, written out independently: (backend, forced)."""
+    """The seed's rules (PR #19879, as the seed modelled them), written out independently:
+    (backend, forced). Below cc 8.0 vLLM itself refuses the checkpoint ("Min capability: 80",
+    compressed_tensors.py@0.9.2); nvfp4lab then runs the path that was asked for."""
     forced = override is not None and override.strip().lower() not in ("", "auto")
     if forced:
         return override.strip().lower(), True  # type: ignore[union-attr]
@@ -47,7 +60,7 @@ def test_selection_table(
         env[EMULATION_ENV] = switch
     if override is not None:
         env[BACKEND_ENV] = override
-    choice = select_backend(capability=cap, env=env)
+    choice = select_backend(capability=cap, env=env, vllm="seed")
     name, forced = _expected(cap, switch, override)
     assert choice.name == name
     assert choice.forced is forced
@@ -59,26 +72,32 @@ def test_selection_table(
 
 
 def test_reasons_are_specific() -> None:
-    hopper = select_backend(capability=(9, 0), env={})
-    assert hopper.name == "w4a16"
+    hopper = select_backend(capability=(9, 0), env={}, vllm="seed")
+    assert hopper.name == "w4a16" and hopper.kernel == "MarlinNvFp4LinearKernel"
     assert "no FP4 tensor cores" in hopper.reason and "Marlin" in hopper.reason
-    assert EMULATION_ENV in hopper.reason
-    blackwell_emu = select_backend(capability=(10, 0), env={EMULATION_ENV: "1"})
+    assert EMULATION_ENV in hopper.reason and "0.9.2" in hopper.reason
+    blackwell_emu = select_backend(capability=(10, 0), env={EMULATION_ENV: "1"}, vllm="seed")
     assert blackwell_emu.name == "emulation"
-    assert "even though it has FP4 tensor cores" in blackwell_emu.reason
+    assert "has FP4 tensor cores" in blackwell_emu.reason
+    assert blackwell_emu.kernel == "EmulationNvFp4LinearKernel" and blackwell_emu.bias == "output"
     forced = select_backend(capability=(8, 9), env={BACKEND_ENV: "native"})
     assert forced.name == "native" and forced.forced and not forced.native_supported
     assert "will raise" in forced.reason and BACKEND_ENV in forced.reason
-    turing = select_backend(capability=(7, 5), env={})
-    assert "sm_75" in turing.reason
+    turing = select_backend(capability=(7, 5), env={}, vllm="seed")
+    assert "sm_75" in turing.reason and turing.kernel is None
+    assert "Min capability: 80" in turing.error  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("value", ["true", "True", "yes", "on", "", "1.0", "0x1", "enabled"])
 def test_bad_emulation_switch_values(value: str) -> None:
     with pytest.raises(ValueError) as err:
-        select_backend(capability=(10, 0), env={EMULATION_ENV: value})
+        select_backend(capability=(10, 0), env={EMULATION_ENV: value}, vllm="seed")
     msg = str(err.value)
     assert EMULATION_ENV in msg and repr(value) in msg and "accepted values" in msg
+    # 0.24.0+ no longer reads the variable: any value is ignored, and the reason says so
+    latest = select_backend(capability=(10, 0), env={EMULATION_ENV: value})
+    assert latest.name == "native" and not latest.emulation_switch
+    assert f"{EMULATION_ENV} is ignored: vLLM has not read it since 0.24.0" in latest.reason
 
 
 @pytest.mark.parametrize("value", ["gpu", "marlin", "fp4", "cuda", "native2"])
@@ -101,26 +120,44 @@ def test_switch_parsing_matches_vllm() -> None:
 
 
 def test_environment_is_read_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(EMULATION_ENV, raising=False)
-    monkeypatch.delenv(BACKEND_ENV, raising=False)
-    assert select_backend(capability=(10, 0)).name == "native"
+    for var in (EMULATION_ENV, BACKEND_ENV, *VLLM_ENV_VARS):
+        monkeypatch.delenv(var, raising=False)
+    assert select_backend(capability=(10, 0), vllm="seed").name == "native"
     monkeypatch.setenv(EMULATION_ENV, "1")
-    assert select_backend(capability=(10, 0)).name == "emulation"
+    assert select_backend(capability=(10, 0), vllm="seed").name == "emulation"
+    assert select_backend(capability=(10, 0)).name == "native"  # ignored by 0.33.0
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1")  # 0.33.0: CUTLASS where supported
+    assert select_backend(capability=(10, 0)).kernel == "CutlassNvFp4LinearKernel"
     monkeypatch.setenv(BACKEND_ENV, "w4a16")
-    assert select_backend(capability=(10, 0)).name == "w4a16"
+    assert select_backend(capability=(10, 0), vllm="seed").name == "w4a16"
     # an explicit env mapping replaces os.environ entirely
-    assert select_backend(capability=(10, 0), env={}).name == "native"
+    assert select_backend(capability=(10, 0), env={}, vllm="seed").name == "native"
 
 
 def test_cpu_device() -> None:
-    choice = select_backend("cpu", env={})
+    # seed: nvfp4lab's CPU behaviour as before (w4a16; emulation with the switch)
+    choice = select_backend("cpu", env={}, vllm="seed")
     assert choice.name == "w4a16" and choice.device == "cpu" and choice.capability is None
-    assert select_backend("cpu", env={EMULATION_ENV: "1"}).name == "emulation"
+    assert select_backend("cpu", env={EMULATION_ENV: "1"}, vllm="seed").name == "emulation"
     assert select_backend(torch.device("cpu"), env={BACKEND_ENV: "native"}).name == "native"
+    # latest: vLLM 0.33.0 has no NVFP4 kernel on its CPU platform (no registry entry,
+    # kernels/linear/__init__.py@0.33.0 L592-613); nvfp4lab still runs w4a16 there
+    latest = select_backend("cpu", env={})
+    assert latest.platform == "cpu" and latest.kernel is None and not latest.supported
+    assert latest.error.startswith("Failed to find a kernel that can implement")  # type: ignore[union-attr]
+    assert latest.name == "w4a16" and "nvfp4lab runs w4a16 in its place" in latest.reason
+    # only VLLM_BATCH_INVARIANT reaches a kernel there (forced Emulation, checked on vLLM's
+    # real CPU platform in the research notes, section 6.4)
+    batch = select_backend("cpu", env={BATCH_INVARIANT_ENV: "1"})
+    assert batch.kernel == "EmulationNvFp4LinearKernel" and batch.name == "emulation"
+    # --linear-backend emulation does not help: the CPU list is empty
+    flag = select_backend("cpu", env={}, linear_backend="emulation")
+    assert flag.kernel is None and flag.name == "emulation"
 
 
 def test_named_gpus() -> None:
     assert select_backend(gpu="H100", env={}).name == "w4a16"
+    assert select_backend(gpu="H100", env={}, vllm="seed").kernel == "MarlinNvFp4LinearKernel"
     b200 = select_backend(gpu="B200", env={})
     assert b200.name == "native" and b200.capability == (10, 0) and b200.gpu_name == "B200"
     assert dispatch.capability_of("h200") == (9, 0)
@@ -131,7 +168,7 @@ def test_named_gpus() -> None:
 
 
 def test_choice_is_frozen() -> None:
-    choice = select_backend(capability=(9, 0), env={})
+    choice = select_backend(capability=(9, 0), env={}, vllm="seed")
     assert isinstance(choice, BackendChoice)
     with pytest.raises(dataclasses.FrozenInstanceError):
         choice.name = "native"  # type: ignore[misc]
@@ -179,28 +216,42 @@ def test_info_report() -> None:
     assert BACKEND_ENV in text and EMULATION_ENV in text
     assert "selected backend" in text and "reason" in text
     assert "B200" in text and "H100" in text
-    text_bad = info_report(env={EMULATION_ENV: "true"})
+    assert "vLLM rules applied: 0.33.0 (E6 flag-only registry" in text
+    assert "ignored: vLLM has not read it since 0.24.0" in text
+    seed = info_report(env={EMULATION_ENV: "1"}, vllm="seed")
+    assert "vLLM rules applied: 0.9.2 (E1 seed switch" in seed
+    text_bad = info_report(env={EMULATION_ENV: "true"}, vllm="seed")
     assert "ERROR" in text_bad and "'true'" in text_bad
+    assert "ERROR" not in info_report(env={EMULATION_ENV: "true"})  # not read by 0.33.0
 
 
 def test_decision_table() -> None:
-    rows = dispatch.decision_table(env={})
+    rows = dispatch.decision_table(env={}, vllm="seed")
     by_cc = {r["capability"]: r for r in rows}
     assert by_cc["9.0"]["switch_off"] == "w4a16" and by_cc["9.0"]["switch_on"] == "emulation"
     assert by_cc["10.0"]["switch_off"] == "native" and by_cc["10.0"]["switch_on"] == "emulation"
-    forced = dispatch.decision_table(env={BACKEND_ENV: "w4a16"})
+    assert by_cc["10.0"]["kernel_off"] == "CutlassNvFp4LinearKernel"
+    forced = dispatch.decision_table(env={BACKEND_ENV: "w4a16"}, vllm="seed")
     assert {r["switch_on"] for r in forced} == {"w4a16"}
+    latest = {r["capability"]: r for r in dispatch.decision_table(env={})}
+    assert latest["10.0"]["switch_on"] == "native"  # the switch is ignored by 0.33.0
+    assert latest["9.0"]["kernel_off"] == latest["9.0"]["kernel_on"] == "HummingNvFp4LinearKernel"
+    assert {r["vllm"] for r in latest.values()} == {"0.33.0"}
 
 
 def test_cli_info(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
 
     from nvfp4lab.cli import main
 
-    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    for var in (BACKEND_ENV, *VLLM_ENV_VARS):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(EMULATION_ENV, "1")
     assert main(["info", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "selected backend for cpu: emulation" in out and "B200" in out
-    monkeypatch.setenv(EMULATION_ENV, "true")
+    assert "selected backend for cpu: w4a16" in out and "B200" in out
+    assert "vLLM rules applied: 0.33.0" in out and "ignored" in out
+    monkeypatch.setenv(GEMM_BACKEND_ENV, "bogus")  # not read by 0.33.0 either
+    assert main(["info"]) == 0
+    monkeypatch.setenv(BACKEND_ENV, "gpu")
     assert main(["info"]) == 2
     assert "ERROR" in capsys.readouterr().out

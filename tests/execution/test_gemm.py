@@ -11,7 +11,7 @@ from nvfp4lab import reference
 from nvfp4lab.codec import quantize
 from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.execution import gemm as linear_mod
-from nvfp4lab.execution.dispatch import BACKEND_ENV, EMULATION_ENV
+from nvfp4lab.execution.dispatch import BACKEND_ENV
 from nvfp4lab.execution.gemm import (
     DroppedBiasWarning,
     linear,
@@ -19,6 +19,7 @@ from nvfp4lab.execution.gemm import (
     reference_scaled_mm,
 )
 from nvfp4lab.layout import unswizzle_scales
+from nvfp4lab.settings import BATCH_INVARIANT_ENV
 from nvfp4lab.tensor import NVFP4Tensor
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -127,12 +128,13 @@ def test_bias_in_output_dtype_is_not_fp32() -> None:
 def test_auto_follows_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     x, w, b = _data(torch.float32, (4,), seed=6)
     monkeypatch.delenv(BACKEND_ENV, raising=False)
-    monkeypatch.delenv(EMULATION_ENV, raising=False)
+    monkeypatch.delenv(BATCH_INVARIANT_ENV, raising=False)
     assert torch.equal(linear(x, w, b), linear(x, w, b, backend="w4a16"))  # CPU: no FP4
-    monkeypatch.setenv(EMULATION_ENV, "1")
+    # vLLM 0.33.0 (the default rules) forces its Emulation kernel under VLLM_BATCH_INVARIANT
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1")
     assert torch.equal(linear(x, w, b), linear(x, w, b, backend="emulation"))
-    monkeypatch.setenv(EMULATION_ENV, "true")
-    with pytest.raises(ValueError, match=EMULATION_ENV):
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "true")
+    with pytest.raises(ValueError, match=BATCH_INVARIANT_ENV):
         linear(x, w, b)
 
 

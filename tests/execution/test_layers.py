@@ -10,7 +10,8 @@ from nvfp4lab.codec import quantize
 from nvfp4lab.execution import (
     NVFP4Linear,
 )
-from nvfp4lab.execution.dispatch import BACKEND_ENV, EMULATION_ENV
+from nvfp4lab.execution.dispatch import BACKEND_ENV
+from nvfp4lab.settings import BATCH_INVARIANT_ENV
 from nvfp4lab.execution.gemm import linear
 
 BACKENDS = ["emulation", "w4a16"]
@@ -134,10 +135,10 @@ def test_auto_backend_resolved_per_forward(monkeypatch: pytest.MonkeyPatch) -> N
     x = torch.randn(4, 64)
     q = layer.weight_nvfp4()
     monkeypatch.delenv(BACKEND_ENV, raising=False)
-    monkeypatch.delenv(EMULATION_ENV, raising=False)
+    monkeypatch.delenv(BATCH_INVARIANT_ENV, raising=False)
     assert torch.equal(layer(x), linear(x, q, lin.bias, backend="w4a16"))
     assert "w4a16" in repr(layer) and "no FP4 tensor cores" in repr(layer)
-    monkeypatch.setenv(EMULATION_ENV, "1")
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1")  # vLLM 0.33.0 forces Emulation
     assert torch.equal(layer(x), linear(x, q, lin.bias, backend="emulation"))
     assert "emulation" in repr(layer)
     choice = layer.backend_choice(env={})
@@ -145,7 +146,7 @@ def test_auto_backend_resolved_per_forward(monkeypatch: pytest.MonkeyPatch) -> N
     pinned = NVFP4Linear.from_linear(lin, backend="w4a16")
     assert pinned.backend_choice() is None
     assert torch.equal(pinned(x), linear(x, q, lin.bias, backend="w4a16"))  # env ignored
-    monkeypatch.setenv(EMULATION_ENV, "yes")
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "yes")
     assert "cannot resolve" in repr(layer)
 
 
