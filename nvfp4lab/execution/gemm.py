@@ -12,9 +12,16 @@ Backends (``backend="auto"`` asks :func:`nvfp4lab.execution.dispatch.select_back
 ``"emulation"`` (W4A4), exactly vLLM's ``run_nvfp4_emulations`` followed by the bias::
 
     x_dq = fake_quantize(x2d, gs_x, convention="kernel")   # value*(s/gs_x) in f32 -> x.dtype
-    w_dq = weight.dequantize(x.dtype)                       # value*(s/gs_w) in f32 -> x.dtype
+    w_dq = vllm_dequantize(weight, x.dtype)                 # value*(s*(1/gs_w)) in f32 -> x.dtype
     out  = torch.matmul(x_dq, w_dq.T)                       # in x.dtype
     out  = out + bias.to(x.dtype)                           # bias_mode="output"
+
+  The weight is decoded as vLLM does, NOT by ``weight.dequantize``: vLLM's compressed-tensors
+  loader inverts the ENCODE global scale once (``1.0 / weight_global_scale``,
+  compressed_tensors_w4a4_nvfp4.py@0.33.0 L111-112) and ``dequantize_to_dtype`` multiplies by
+  it (nvfp4_emulation_utils.py@0.33.0 L621), where ``dequantize`` divides. In float32 the two
+  differ by one ulp in many blocks (the only cause of the fp32 mismatch with vLLM; bf16/fp16
+  rounding hides it almost always); tests/peers/test_vllm.py checks both bit for bit.
 
   ``gs_x`` is ``input_global_scale`` (ENCODE convention, 2688/amax, e.g. a calibrated
   ``input_global_scale`` of a compressed-tensors checkpoint); when None it is computed from THIS
@@ -68,6 +75,7 @@ __all__ = [
     "linear",
     "native_scaled_mm_args",
     "reference_scaled_mm",
+    "vllm_dequantize",
 ]
 
 # torch._scaled_mm operand constraints for FP4 on CUDA (torch/_meta_registrations.py,
@@ -166,6 +174,22 @@ def _gemm(
         out_f32 = torch.matmul(a.to(torch.float32), w_dq.to(torch.float32).T)
         return _epilogue(None, out_f32, bias, bias_mode, a.dtype)
     return _epilogue(torch.matmul(a, w_dq.T), None, bias, bias_mode, a.dtype)
+
+
+def vllm_dequantize(weight: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``weight`` decoded with vLLM's arithmetic: ``value * (scale * (1/gs))`` in float32, then
+    ``dtype`` (``gs`` = the ENCODE global scale; its reciprocal is vLLM's stored decode scale).
+
+    ``NVFP4Tensor.dequantize`` computes ``value * (scale / gs)`` instead (the compressed-
+    tensors/reference order), which differs by an ulp in float32 for some scales.
+    """
+    decode = torch.reciprocal(weight.global_scale.to(torch.float32))
+    values = decode_e2m1(unpack_fp4(weight.packed), torch.float32)
+    blocks = values.reshape(*weight.scales.shape, weight.block_size)
+    factor = (weight.scales.to(torch.float32) * decode).unsqueeze(-1)
+    out = (blocks * factor).reshape(values.shape).to(dtype)
+    k = weight.shape[-1]  # type: ignore[index]
+    return out if out.shape[-1] == k else out[..., :k]
 
 
 def _emulation(
@@ -379,11 +403,13 @@ def linear(
     x2d = x.reshape(-1, k)
     if chosen == Backend.NATIVE:
         out = _native(x2d, weight, bias, input_global_scale, mode)
+    elif chosen == Backend.EMULATION:
+        w_dq = dequantized_weight
+        if w_dq is None:
+            w_dq = vllm_dequantize(weight, x.dtype)
+        gs_x = _input_scale(x2d, input_global_scale)
+        out = _emulation(x2d, w_dq, bias, gs_x, mode)
     else:
         w_dq = dequantized_weight if dequantized_weight is not None else weight.dequantize(x.dtype)
-        if chosen == Backend.EMULATION:
-            gs_x = _input_scale(x2d, input_global_scale)
-            out = _emulation(x2d, w_dq, bias, gs_x, mode)
-        else:
-            out = _gemm(x2d, w_dq, bias, mode)
+        out = _gemm(x2d, w_dq, bias, mode)
     return out.reshape(*x.shape[:-1], n)

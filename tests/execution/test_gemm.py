@@ -40,13 +40,25 @@ def _manual_weight(weight: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
     return reference.dequantize_blocks(codes, weight.scales, float(weight.global_scale)).to(dtype)
 
 
+def _vllm_weight(weight: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Independent weight decode in vLLM's order (dequantize_to_dtype@0.33.0 with the CT
+    loader's decode scale): value * (scale * (1/gs)) in float32, from a table of E2M1 values."""
+    codes = unpack_fp4(weight.packed).long()
+    table = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    values = table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    decode = torch.tensor([1.0], dtype=torch.float32) / weight.global_scale
+    factor = weight.scales.float() * decode
+    out = values.reshape(*factor.shape, -1) * factor.unsqueeze(-1)
+    return out.reshape(values.shape)[..., : weight.shape[-1]].to(dtype)
+
+
 def _manual_emulation(x, weight, bias, gs=None):
     """vLLM's run_nvfp4_emulations + bias, with the slow reference for the quantization."""
     x2d = x.reshape(-1, x.shape[-1])
     gs_x = reference.global_scale(x2d) if gs is None else gs
     codes, scales = reference.quantize_blocks(x2d, gs_x, "kernel")
     x_dq = reference.dequantize_blocks(codes, scales, gs_x).to(x.dtype)
-    out = torch.matmul(x_dq, _manual_weight(weight, x.dtype).T)
+    out = torch.matmul(x_dq, _vllm_weight(weight, x.dtype).T)
     if bias is not None:
         out = out + bias.to(x.dtype)
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -108,9 +120,10 @@ def test_fp32_bias_mode(dtype, backend) -> None:
         gs = reference.global_scale(x)
         codes, scales = reference.quantize_blocks(x, gs, "kernel")
         a = reference.dequantize_blocks(codes, scales, gs).to(dtype)
+        w_dq = _vllm_weight(w, dtype)
     else:
         a = x
-    w_dq = _manual_weight(w, dtype)
+        w_dq = _manual_weight(w, dtype)
     expected = (torch.matmul(a.float(), w_dq.float().T) + b.float()).to(dtype)
     assert torch.equal(out, expected)
     if dtype == torch.float32:  # one rounding either way in fp32
@@ -153,7 +166,7 @@ def test_padded_weight_emulation() -> None:
     out = linear(x, q, backend="emulation")
     from nvfp4lab.codec import fake_quantize
 
-    expected = torch.matmul(fake_quantize(x, pad=True), q.dequantize(torch.float32).T)
+    expected = torch.matmul(fake_quantize(x, pad=True), _vllm_weight(q, torch.float32).T)
     assert torch.equal(out, expected)
 
 
