@@ -50,8 +50,17 @@ def _add_info(parser: argparse.ArgumentParser) -> None:
 
 def _run_info(args: argparse.Namespace) -> int:
     """Print :func:`~nvfp4lab.execution.dispatch.info_report`; exit 2 on a bad environment value."""
+    import torch
+
     from nvfp4lab.execution.dispatch import info_report, select_backend
 
+    if args.device is not None:
+        try:
+            torch.device(args.device)
+        except (RuntimeError, ValueError) as exc:
+            print(f"nvfp4lab info: --device {args.device!r} is not a torch device ({exc}); "
+                  "use --device cpu or --device cuda[:N]", file=sys.stderr)
+            return 2
     print(info_report(device=args.device))
     try:
         select_backend(args.device)

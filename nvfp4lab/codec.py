@@ -56,8 +56,8 @@ rotating makes heavy-tailed blocks Gaussian, whose NMSE is higher).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -66,6 +66,7 @@ import torch.nn.functional as F
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes, stochastic_round_to_e2m1_codes
 from nvfp4lab.hadamard import check_seed, hadamard_transform
+from nvfp4lab.options import NVFP4Options, block_shape, nvfp4_options
 from nvfp4lab.scales import (
     KERNEL_MAX_GLOBAL_SCALE,
     abs_max,
@@ -79,155 +80,21 @@ from nvfp4lab.vocab import (
     Convention,
     NonFinite,
     Rounding,
-    ScaleSelection,
     check_choice,
     check_dtype,
 )
 
 __all__ = [
-    "DEFAULT_SEARCH_TARGETS",
-    "FOUR_OVER_SIX_SCALE_MAX",
-    "NVFP4Options",
+    "ScaleUnderflowWarning",
     "check_input",
     "compute_global_scale",
     "dequantize",
     "fake_quantize",
     "finite_amax",
-    "nvfp4_options",
     "quantize",
     "quantize_blocks",
     "split_blocks",
 ]
-
-#: E4M3 "max" in the tensor scale of the non-default scale selections (Four Over Six paper).
-FOUR_OVER_SIX_SCALE_MAX: float = 256.0
-#: Targets (the value a block's max maps to) tried by ``scale_selection="mse_search"``.
-DEFAULT_SEARCH_TARGETS: tuple[float, ...] = (6.0, 7.0, 6.5, 5.5, 5.0, 4.5, 4.0, 3.5)
-_FOUR_OVER_SIX_TARGETS: tuple[float, ...] = (6.0, 4.0)
-
-
-# --------------------------------------------------------------------------------------------
-# options
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NVFP4Options:
-    """Validated options of the pipeline (build with :func:`nvfp4_options`).
-
-    ``block_shape`` is ``(rows, cols)``: ``(1, 16)`` for plain NVFP4 blocks along K.
-    """
-
-    block_shape: tuple[int, int] = (1, BLOCK_SIZE)
-    convention: Convention = Convention.KERNEL
-    pad: bool = False
-    nonfinite: NonFinite = NonFinite.RAISE
-    rounding: Rounding = Rounding.RNE
-    generator: torch.Generator | int | None = None
-    scale_selection: ScaleSelection = ScaleSelection.AMAX
-    search_targets: tuple[float, ...] | None = None
-    hadamard: int | None = None
-
-    @property
-    def targets(self) -> tuple[float, ...]:
-        """Block-max targets tried per block (6 = plain amax scaling)."""
-        if self.scale_selection == ScaleSelection.FOUR_OVER_SIX:
-            return _FOUR_OVER_SIX_TARGETS
-        if self.scale_selection == ScaleSelection.MSE_SEARCH:
-            return self.search_targets or DEFAULT_SEARCH_TARGETS
-        return (E2M1_MAX,)
-
-    @property
-    def global_scale_numerator(self) -> float:
-        """2688 (= 448·6) for amax scaling; 1536 (= 256·6) for the other selections."""
-        if self.scale_selection == ScaleSelection.AMAX:
-            return GLOBAL_SCALE_NUMERATOR
-        return FOUR_OVER_SIX_SCALE_MAX * E2M1_MAX
-
-    @property
-    def block_elements(self) -> int:
-        return self.block_shape[0] * self.block_shape[1]
-
-    @property
-    def bits_per_element(self) -> float:
-        """Storage bits per element, tensor scale excluded (4 + 8 / elements per block scale)."""
-        return 4.0 + 8.0 / self.block_elements
-
-
-def _block_shape(block_size: object) -> tuple[int, int]:
-    shape = tuple(block_size) if isinstance(block_size, tuple | list) else (1, block_size)
-
-    def ok(n: object, even: bool) -> bool:
-        return isinstance(n, int) and not isinstance(n, bool) and n > 0 and not (even and n % 2)
-
-    if len(shape) != 2 or not (ok(shape[0], False) and ok(shape[1], True)):
-        raise ValueError(
-            f"block_size must be a positive even integer (elements per scale along K) or a "
-            f"(rows, cols) tile with cols even, e.g. 16 or (16, 16); got {block_size!r}"
-        )
-    return shape  # type: ignore[return-value]
-
-
-def _search_targets(targets: object) -> tuple[float, ...]:
-    try:
-        if isinstance(targets, str | bytes):
-            raise TypeError
-        values = tuple(float(t) for t in targets)  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        values = ()
-    if not values or not all(0.0 < t < float("inf") for t in values):
-        raise ValueError(
-            f"search_targets must be a non-empty sequence of finite numbers > 0 (the value a "
-            f"block's max maps to; 6 = amax scaling), got {targets!r}"
-        )
-    return values
-
-
-def nvfp4_options(
-    *,
-    block_size: int | tuple[int, int] = BLOCK_SIZE,
-    convention: str = Convention.KERNEL,
-    pad: bool = False,
-    nonfinite: str = NonFinite.RAISE,
-    rounding: str = Rounding.RNE,
-    generator: torch.Generator | int | None = None,
-    scale_selection: str = ScaleSelection.AMAX,
-    search_targets: Sequence[float] | None = None,
-    hadamard: int | None = None,
-) -> NVFP4Options:
-    """Validate the pipeline's options; ValueError names the bad one and the accepted values."""
-    shape = _block_shape(block_size)
-    conv = check_choice("convention", convention, Convention)
-    policy = check_choice("nonfinite policy", nonfinite, NonFinite)
-    rnd = check_choice("rounding", rounding, Rounding)
-    selection = check_choice("scale_selection", scale_selection, ScaleSelection)
-    if not isinstance(pad, bool):
-        raise ValueError(f"pad must be True or False, got {pad!r}")
-    if pad and shape[0] != 1:
-        raise ValueError(f"pad=True only applies to 1-D blocks along K, got block_size {shape}")
-    if rnd == Rounding.STOCHASTIC and generator is None:
-        raise ValueError(
-            "rounding='stochastic' needs generator=<torch.Generator or int seed> so that results "
-            "are reproducible"
-        )
-    if rnd == Rounding.STOCHASTIC and not isinstance(generator, torch.Generator):
-        check_seed(generator, "generator")
-    if rnd == Rounding.RNE and generator is not None:
-        raise ValueError("generator= only applies to rounding='stochastic' (rounding is 'rne')")
-    if search_targets is not None:
-        if selection != ScaleSelection.MSE_SEARCH:
-            raise ValueError("search_targets= only applies to scale_selection='mse_search'")
-        search_targets = _search_targets(search_targets)
-    if hadamard is not None:
-        check_seed(hadamard, "hadamard")
-        if pad:
-            raise ValueError(
-                "pad=True cannot be combined with hadamard (the rotation needs K % 16 == 0)"
-            )
-    return NVFP4Options(
-        shape, conv, pad, policy, rnd, generator, selection, search_targets, hadamard  # type: ignore[arg-type]
-    )
-
 
 # --------------------------------------------------------------------------------------------
 # input checks and blocks
@@ -275,7 +142,7 @@ def split_blocks(
     A K that is not a multiple of ``block_size`` without ``pad`` raises ValueError naming the
     shape, the format ``what`` and the fix.
     """
-    _block_shape(block_size)
+    block_shape(block_size)
     if not isinstance(pad, bool):
         raise ValueError(f"pad must be True or False, got {pad!r}")
     k = x.shape[-1]
@@ -325,6 +192,26 @@ def _check_geometry(x: torch.Tensor, opts: NVFP4Options) -> None:
         )
 
 
+class ScaleUnderflowWarning(UserWarning):
+    """An explicit global scale so small that every block scale underflows E4M3 to zero."""
+
+
+def _warn_if_everything_underflows(gs: float, amax: float) -> None:
+    """Every block scale is at most ``gs * amax / 6``; at or below 2**-10 (half of E4M3's
+    smallest subnormal) all of them round to zero and the whole tensor quantizes to zeros: the
+    classic sign of a DECODE-convention scale passed where the ENCODE one is expected."""
+    if amax > 0 and gs * amax / E2M1_MAX <= 2.0**-10:
+        warnings.warn(
+            f"global_scale {gs:.6g} maps this tensor's amax {amax:.6g} to block scales below "
+            f"E4M3's smallest (2**-9): every block quantizes to zero. nvfp4lab takes the ENCODE "
+            f"convention, 2688/amax = {GLOBAL_SCALE_NUMERATOR / amax:.6g} here; a DECODE scale "
+            "(amax/2688: torchao per_tensor_scale, ModelOpt weight_scale_2 / input_scale) must be "
+            "converted with nvfp4lab.decode_to_encode_scale",
+            ScaleUnderflowWarning,
+            stacklevel=4,
+        )
+
+
 def _prepare(
     x: torch.Tensor, global_scale: torch.Tensor | float | None, opts: NVFP4Options
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -345,6 +232,7 @@ def _prepare(
     if global_scale is None:
         return x, global_scale_from_amax(amax, opts.convention, opts.global_scale_numerator)
     gs = as_global_scale(global_scale, x.device)
+    _warn_if_everything_underflows(float(gs), float(amax))
     if opts.convention == Convention.KERNEL and float(gs) > KERNEL_MAX_GLOBAL_SCALE:
         raise ValueError(
             f"global_scale {float(gs):.4g} exceeds {KERNEL_MAX_GLOBAL_SCALE:.4g} (2**116): the "
@@ -507,7 +395,11 @@ def quantize(
             _encode_blocks(flat, gs, opts, sink)
         else:
             packed, scales = _quantize_tiles(flat, blocks.shape, xp.shape, gs, opts)
-    q = NVFP4Tensor(packed, scales, gs, shape=x.shape, dtype=x.dtype, block_size=cols)
+    # Finite input gives finite non-negative scales; NaN scales only come from an explicit
+    # nonfinite="propagate", which asked for them: no validation pass here.
+    q = NVFP4Tensor(
+        packed, scales, gs, shape=x.shape, dtype=x.dtype, block_size=cols, check_scales=False
+    )
     return q if opts.hadamard is None else RotatedNVFP4Tensor(**vars(q), hadamard=opts.hadamard)
 
 

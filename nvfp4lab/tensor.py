@@ -25,7 +25,13 @@ from nvfp4lab.hadamard import hadamard_transform
 from nvfp4lab.layout import swizzle_scales
 from nvfp4lab.scales import as_global_scale
 
-__all__ = ["NVFP4Tensor", "RotatedNVFP4Tensor", "block_chunks", "decode_blocks"]
+__all__ = [
+    "NVFP4Tensor",
+    "RotatedNVFP4Tensor",
+    "block_chunks",
+    "decode_blocks",
+    "invalid_block_scales",
+]
 
 #: On the CPU, elementwise passes over ~2**18 elements at a time stay in cache: about 2x faster
 #: than whole-tensor passes, and no full-size float32 temporaries. Other devices take one chunk.
@@ -54,6 +60,22 @@ def decode_blocks(
     return values
 
 
+def invalid_block_scales(scales: torch.Tensor) -> tuple[int, int, tuple[int, ...] | None]:
+    """(NaN count, negative count, index of the first invalid one or None) of E4M3 block scales.
+
+    NVFP4 block scales are unsigned in hardware (UE4M3): a NaN code (0x7F/0xFF) or a set sign
+    bit on a nonzero magnitude is corrupt data (``-0.0`` is accepted as zero).
+    """
+    raw = scales.view(torch.uint8)
+    nan = (raw & 0x7F) == 0x7F
+    negative = (raw & 0x80).bool() & ((raw & 0x7F) != 0)
+    bad = nan | negative
+    if not bool(bad.any()):
+        return 0, 0, None
+    first = tuple(int(i) for i in torch.nonzero(bad)[0])
+    return int(nan.sum()), int(negative.sum()), first
+
+
 @dataclass
 class NVFP4Tensor:
     """An NVFP4-quantized tensor: packed E2M1 codes, E4M3 block scales, FP32 global scale.
@@ -61,7 +83,10 @@ class NVFP4Tensor:
     Construct it with :func:`nvfp4lab.quantize`, or from checkpoint tensors with keyword
     arguments ``packed=, scales=, global_scale=`` (``shape`` defaults to ``[..., 2 * Kp/2]``,
     ``dtype`` to float32, ``block_size`` to 16, the NVFP4 value; shapes must agree with it).
-    See the module docstring for the layout and scale conventions.
+    See the module docstring for the layout and scale conventions. NaN or negative block scales
+    are refused (:func:`invalid_block_scales`) unless ``check_scales=False``, the opt-out for
+    studying broken data. Two NVFP4Tensors are ``==`` when their bytes, global scale, shape, dtype
+    and block size are identical.
     """
 
     packed: torch.Tensor
@@ -70,6 +95,7 @@ class NVFP4Tensor:
     shape: torch.Size | None = None
     dtype: torch.dtype = field(default=torch.float32)
     block_size: int = BLOCK_SIZE
+    check_scales: bool = field(default=True, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.packed, torch.Tensor) or self.packed.dtype != torch.uint8:
@@ -125,6 +151,37 @@ class NVFP4Tensor:
         self.shape = shape
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
             raise ValueError(f"NVFP4Tensor.dtype must be a floating torch.dtype, got {self.dtype}")
+        if self.check_scales and not scales.is_meta:
+            self._refuse_invalid_scales()
+
+    def _refuse_invalid_scales(self) -> None:
+        nan, negative, first = invalid_block_scales(self.scales)
+        if first is not None:
+            byte = int(self.scales.view(torch.uint8)[first])
+            raise ValueError(
+                f"NVFP4Tensor.scales holds {nan} NaN and {negative} negative E4M3 block scale(s) "
+                f"(first at index {first}, byte 0x{byte:02x}); NVFP4 block scales are finite and "
+                "non-negative. Pass check_scales=False to study such data anyway"
+            )
+
+    def __eq__(self, other: object) -> bool:
+        """Exact equality: same bytes, global scale, shape, dtype, block size (and type)."""
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, NVFP4Tensor)
+        return (
+            self.shape == other.shape
+            and self.dtype == other.dtype
+            and self.block_size == other.block_size
+            and self.packed.shape == other.packed.shape
+            and self.scales.shape == other.scales.shape
+            and torch.equal(self.packed, other.packed)
+            and torch.equal(self.scales.view(torch.uint8), other.scales.view(torch.uint8))
+            and torch.equal(self.global_scale, other.global_scale.to(self.global_scale.device))
+            and vars(self).get("hadamard") == vars(other).get("hadamard")
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable tensors: not hashable
 
     @property
     def device(self) -> torch.device:
@@ -155,6 +212,8 @@ class NVFP4Tensor:
         """Decode to ``dtype`` (default: the original dtype); returns a tensor of ``self.shape``."""
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dequantize needs a floating dtype, got {dtype}")
+        if self.device.type == "meta":  # no data: the shape and dtype of the result only
+            return torch.empty(self.shape, dtype=dtype or self.dtype, device="meta")
         half = self.block_size // 2
         packed = self.packed.reshape(-1, half)  # one row of bytes per block
         scales = self.scales.reshape(-1)
@@ -172,7 +231,16 @@ class NVFP4Tensor:
         return swizzle_scales(self.scales.reshape(-1, self.scales.shape[-1]))
 
     def to(self, device: torch.device | str) -> NVFP4Tensor:
-        """A copy on ``device`` (a no-op copy of references when already there)."""
+        """A copy on ``device`` (a no-op copy of references when already there).
+
+        ``.to`` moves an NVFP4Tensor between devices; for values in a float dtype use
+        :meth:`dequantize` (``q.dequantize(torch.float16)``).
+        """
+        if isinstance(device, torch.dtype):
+            raise TypeError(
+                f"NVFP4Tensor.to moves the tensor between devices; it does not convert it to "
+                f"{device}. For {device} values use q.dequantize({device})"
+            )
         return NVFP4Tensor(
             packed=self.packed.to(device),
             scales=self.scales.to(device),
@@ -180,6 +248,7 @@ class NVFP4Tensor:
             shape=self.shape,
             dtype=self.dtype,
             block_size=self.block_size,
+            check_scales=False,  # checked (or deliberately not) when this one was built
         )
 
     def __repr__(self) -> str:
@@ -191,7 +260,7 @@ class NVFP4Tensor:
         )
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, eq=False)
 class RotatedNVFP4Tensor(NVFP4Tensor):
     """NVFP4 codes and scales of the Hadamard-rotated tensor ``x Q`` (``hadamard`` = the seed).
 

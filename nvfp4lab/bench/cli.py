@@ -22,6 +22,7 @@ from nvfp4lab.bench.runner import (
     OPS,
     BenchConfig,
     bench_dtype,
+    check_memory,
     check_timing,
     default_shapes,
     parse_shapes,
@@ -145,16 +146,9 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     warmup = args.warmup if args.warmup is not None else 1
     repeats = args.repeats if args.repeats is not None else (3 if quickish else 5)
     check_timing(warmup, repeats)
-    return BenchConfig(
-        shapes=shapes,
-        ops=ops,
-        backends=backends,
-        dtypes=dtypes,
-        device=device,
-        warmup=warmup,
-        repeats=repeats,
-        seed=args.seed,
-    )
+    cfg = BenchConfig(shapes, ops, backends, dtypes, device, warmup, repeats, args.seed)
+    check_memory(cfg)
+    return cfg
 
 
 def _fmt_time(t: float) -> str:

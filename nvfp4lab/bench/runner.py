@@ -14,6 +14,7 @@ fresh, seeded ``randn`` inputs (never zeros); rows go to :mod:`nvfp4lab.bench.st
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ __all__ = [
     "OPS",
     "BenchConfig",
     "bench_dtype",
+    "check_memory",
     "check_timing",
     "default_shapes",
     "parse_shapes",
@@ -112,6 +114,49 @@ class _Case:
     dtype: str
     backend: str
     convention: str
+
+
+def available_memory_bytes(device: str) -> int | None:
+    """Free memory of ``device`` in bytes (CUDA: ``mem_get_info``; CPU: the OS's MemAvailable,
+    else free physical pages), or None when the OS does not say."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def case_bytes(M: int, N: int, K: int, itemsize: int) -> int:
+    """Peak bytes one linear case holds at once (a generous estimate): the weight, x and y in the
+    input dtype, the packed weight, and a dequantized weight and float32 GEMM output."""
+    return (N * K + M * K + M * N) * itemsize + N * K // 2 + N * K * 4 + M * N * 4
+
+
+def check_memory(cfg: BenchConfig) -> None:
+    """ValueError, before anything is allocated, for a shape that cannot fit in memory."""
+    free = available_memory_bytes(cfg.device)
+    if free is None:
+        return
+    for dtype in cfg.dtypes:
+        itemsize = 4 if dtype == "float32" else 2
+        for M, N, K in cfg.shapes:
+            need = case_bytes(M, N, K, itemsize)
+            if need > free:
+                raise ValueError(
+                    f"shape {M}x{N}x{K} in {dtype} needs about {need / 1e9:.3g} GB on "
+                    f"{cfg.device}, but only {free / 1e9:.3g} GB is available; choose smaller "
+                    "--shapes"
+                )
 
 
 def bench_dtype(name: str) -> torch.dtype:

@@ -7,6 +7,7 @@ module             holds
 ``config``         the compressed-tensors ``nvfp4-pack-quantized`` quantization config
 ``writer``         :func:`save_pretrained`
 ``reader``         :func:`load`
+``verify``         :func:`verify`: load in transformers, one forward pass
 =================  ==========================================================================
 
 A second on-disk format adds its own config module (format detection, tensor names) beside
@@ -24,7 +25,13 @@ from nvfp4lab.checkpoint.config import (
 )
 from nvfp4lab.checkpoint.files import CheckpointError
 from nvfp4lab.checkpoint.reader import load
-from nvfp4lab.checkpoint.writer import UnsharedGlobalScaleWarning, fused_groups, save_pretrained
+from nvfp4lab.checkpoint.verify import Verified, verify
+from nvfp4lab.checkpoint.writer import (
+    TransformersDtypeWarning,
+    UnsharedGlobalScaleWarning,
+    fused_groups,
+    save_pretrained,
+)
 from nvfp4lab.execution.model import FUSED_GROUPS
 
 __all__ = [
@@ -33,10 +40,13 @@ __all__ = [
     "QUANTIZED_TENSOR_NAMES",
     "SCHEMES",
     "CheckpointError",
+    "TransformersDtypeWarning",
     "UnsharedGlobalScaleWarning",
+    "Verified",
     "fused_groups",
     "load",
     "quantization_config",
     "read_quantization_config",
     "save_pretrained",
+    "verify",
 ]

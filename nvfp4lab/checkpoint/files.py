@@ -21,18 +21,21 @@ import torch
 
 __all__ = [
     "CONFIG_NAME",
+    "OWNER_MARKER",
     "PICKLE_SUFFIXES",
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "CheckpointError",
     "TensorSource",
     "WeightFiles",
+    "check_target",
     "fresh_dir",
     "missing_tensor",
     "read_exact",
     "read_json",
     "read_like",
     "refuse_pickle",
+    "remove_stale_dirs",
     "replace_dir",
     "weight_files",
 ]
@@ -254,16 +257,86 @@ def read_like(source: TensorSource, key: str, like: torch.Tensor) -> torch.Tenso
     return source.get(key).to(like.dtype)
 
 
-def fresh_dir(target: Path, tag: str) -> Path:
-    """A new hidden sibling ``.<name>.<tag>-<random>`` of ``target`` (mode from the umask)."""
+#: Written into every temporary folder: the PID of the process assembling it.
+OWNER_MARKER = ".nvfp4lab-owner"
+
+
+def _sibling(target: Path, tag: str) -> Path:
+    """An unused hidden sibling name ``.<name>.<tag>-<random>`` of ``target``."""
     for _ in range(100):
         candidate = target.parent / f".{target.name}.{tag}-{secrets.token_hex(4)}"
+        if not candidate.exists():
+            return candidate
+    raise FileExistsError(f"cannot find a free temporary name next to {target}")
+
+
+def fresh_dir(target: Path, tag: str) -> Path:
+    """A new hidden sibling folder ``.<name>.<tag>-<random>`` of ``target`` (mode from the
+    umask), marked (:data:`OWNER_MARKER`) with this process's PID so that a later save can tell
+    it is stale if we die; remove the marker before the folder becomes the checkpoint."""
+    candidate = _sibling(target, tag)
+    candidate.mkdir()
+    (candidate / OWNER_MARKER).write_text(str(os.getpid()), encoding="utf-8")
+    return candidate
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_dirs(target: Path) -> list[Path]:
+    """Remove the temporary siblings of ``target`` left by saves whose process died (their
+    owner PID is gone); folders without the marker, or of a live process, are kept."""
+    removed = []
+    for candidate in target.parent.glob(f".{target.name}.*-*"):
+        marker = candidate / OWNER_MARKER
         try:
-            candidate.mkdir()
-        except FileExistsError:
+            pid = int(marker.read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
             continue
-        return candidate
-    raise FileExistsError(f"cannot create a temporary directory next to {target}")
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(candidate)
+    return removed
+
+
+def _checkpoint_member(rel: Path, names: frozenset[str]) -> bool:
+    text = rel.as_posix()
+    return text in names or rel.suffix == ".safetensors" or text.endswith(".safetensors.index.json")
+
+
+def check_target(target: Path, overwrite: bool, checkpoint_files: frozenset[str]) -> None:
+    """Refuse a save that would lose data: ``target`` may be missing, an empty folder, or (with
+    ``overwrite``) a folder holding only checkpoint files (``checkpoint_files``, safetensors
+    weights and their index). Anything else raises FileExistsError naming what would be lost."""
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(
+            f"{target} is a file, not a folder; a checkpoint is a folder: pass another path "
+            "(the file is left as it is)"
+        )
+    if not target.is_dir():
+        return
+    entries = sorted(p.relative_to(target) for p in target.rglob("*") if not p.is_dir())
+    if not entries:
+        return
+    if not overwrite:
+        raise FileExistsError(f"{target} exists and is not empty; pass overwrite=True to replace "
+                              "the checkpoint there")
+    foreign = [str(p) for p in entries if not _checkpoint_member(p, checkpoint_files)]
+    if foreign:
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        shown = ", ".join(foreign[:5]) + more
+        raise FileExistsError(
+            f"{target} holds files that are not part of a checkpoint ({shown}); overwrite=True "
+            "replaces only a checkpoint folder and they would be lost: move them away or save "
+            "to another path"
+        )
 
 
 def replace_dir(tmp: Path, target: Path) -> None:
@@ -271,8 +344,7 @@ def replace_dir(tmp: Path, target: Path) -> None:
     if not target.exists():
         os.replace(tmp, target)
         return
-    old = fresh_dir(target, "old")
-    old.rmdir()
+    old = _sibling(target, "old")
     os.replace(target, old)
     try:
         os.replace(tmp, target)

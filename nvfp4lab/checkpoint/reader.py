@@ -33,7 +33,7 @@ from nvfp4lab.checkpoint.files import (
 )
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
-from nvfp4lab.tensor import NVFP4Tensor
+from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
 
 if TYPE_CHECKING:
     from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
@@ -108,17 +108,13 @@ def _check_global_scale(source: TensorSource, key: str, value: torch.Tensor) -> 
 
 def _check_block_scales(source: TensorSource, key: str, scales: torch.Tensor) -> torch.Tensor:
     """Block scales are unsigned in hardware (UE4M3): refuse NaN codes and negative values."""
-    raw = scales.view(torch.uint8)
-    nan = (raw & 0x7F) == 0x7F
-    negative = (raw & 0x80).bool() & ((raw & 0x7F) != 0)
-    bad = nan | negative
-    if bool(bad.any()):
-        first = tuple(int(i) for i in torch.nonzero(bad)[0])
+    nan, negative, first = invalid_block_scales(scales)
+    if first is not None:
+        byte = int(scales.view(torch.uint8)[first])
         raise CheckpointError(
-            f"{source.file_of(key)}: tensor {key!r} holds {int(nan.sum())} NaN and "
-            f"{int(negative.sum())} negative E4M3 block scale(s) (first at {first}, byte "
-            f"0x{int(raw[first]):02x}); NVFP4 block scales are non-negative and finite, so this "
-            "checkpoint is corrupt or not NVFP4"
+            f"{source.file_of(key)}: tensor {key!r} holds {nan} NaN and {negative} negative "
+            f"E4M3 block scale(s) (first at {first}, byte 0x{byte:02x}); NVFP4 block scales are "
+            "non-negative and finite, so this checkpoint is corrupt or not NVFP4"
         )
     return scales
 

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -26,20 +26,26 @@ from nvfp4lab.checkpoint.config import (
 )
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
+    OWNER_MARKER,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     CheckpointError,
+    check_target,
     fresh_dir,
     read_json,
+    remove_stale_dirs,
     replace_dir,
 )
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.model import FUSED_GROUPS
+from nvfp4lab.tensor import invalid_block_scales
 
 __all__ = [
+    "CHECKPOINT_FILES",
     "COPIED_FILES",
     "DEFAULT_MAX_SHARD_BYTES",
+    "TransformersDtypeWarning",
     "UnsharedGlobalScaleWarning",
     "fused_groups",
     "save_pretrained",
@@ -159,6 +165,12 @@ def _quantized_tensors(name: str, module: nn.Module, scheme: str) -> dict[str, t
                 f"{tensor.dtype} {list(tensor.shape)}"
             )
         out[leaf] = tensor
+    nan, negative, first = invalid_block_scales(scale)
+    if first is not None:
+        raise CheckpointError(
+            f"{name}.weight_scale holds {nan} NaN and {negative} negative E4M3 block scale(s) "
+            f"(first at {first}); a checkpoint with them could not be read back: fix the layer"
+        )
     bias = getattr(module, "bias", None)
     if bias is not None:
         out["bias"] = bias
@@ -319,6 +331,79 @@ def _copy_side_files(source: Path | None, directory: Path, written: set[str]) ->
     return copied
 
 
+#: Names (relative paths) a checkpoint folder may hold besides its weights: what overwrite=True
+#: may replace.
+CHECKPOINT_FILES: frozenset[str] = frozenset(
+    {CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME, "hf_quant_config.json", *COPIED_FILES}
+)
+
+
+class TransformersDtypeWarning(UserWarning):
+    """A checkpoint saved in a dtype that transformers (with compressed-tensors 0.20) cannot run."""
+
+
+def _quantized_layers(model: nn.Module) -> dict[str, NVFP4Linear]:
+    quantized = {n: m for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
+    if not quantized:
+        raise ValueError(
+            "the model has no NVFP4Linear layer; quantize it first "
+            "(nvfp4lab.quantize_model) or save it with transformers"
+        )
+    if "" in quantized:
+        raise ValueError("the model itself is an NVFP4Linear; wrap it in a container module")
+    return quantized
+
+
+def _check_fused(
+    model: nn.Module, quantized: Mapping[str, nn.Module], require: bool | None
+) -> None:
+    if require is False:
+        return
+    try:
+        _check_shared_global_scales(model, quantized)
+    except CheckpointError as err:
+        if require:
+            raise
+        warnings.warn(str(err), UnsharedGlobalScaleWarning, stacklevel=3)
+
+
+def _warn_transformers_dtype(target: Path, dtype: torch.dtype) -> None:
+    """compressed-tensors 0.20 decompresses NVFP4 weights to bfloat16 whatever the model dtype
+    (fixed upstream later, compressed-tensors PR #839): another dtype fails in transformers."""
+    if dtype != torch.bfloat16:
+        warnings.warn(
+            f"{target} is saved with dtype {dtype}, but transformers (through compressed-tensors "
+            "0.20, which decompresses NVFP4 weights to bfloat16) cannot run it: F.linear fails on "
+            f"{dtype} activations with bfloat16 weights. Save with dtype=torch.bfloat16, or load "
+            "it with from_pretrained(..., dtype=torch.bfloat16); checkpoint.verify(path) checks",
+            TransformersDtypeWarning,
+            stacklevel=3,
+        )
+
+
+def _write_atomically(target: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` into a hidden temporary sibling, then rename it to ``target``. Stale
+    temporary siblings of dead saves are removed first; a failure leaves nothing behind and is
+    reported as a :class:`CheckpointError` naming ``target`` (not the temporary folder)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_dirs(target)
+    tmp = fresh_dir(target, "tmp")
+    try:
+        write(tmp)
+        (tmp / OWNER_MARKER).unlink()
+        replace_dir(tmp, target)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(exc, Exception):
+            raise
+        message = f"saving {target} failed, nothing was written: " + str(exc).replace(
+            str(tmp), str(target)
+        )
+        if isinstance(exc, OSError):  # disk full, permissions: still an OSError for callers
+            raise OSError(*((exc.errno, message) if exc.errno else (message,))) from exc
+        raise CheckpointError(f"{message} ({type(exc).__name__})") from exc
+
+
 def save_pretrained(
     model: nn.Module,
     path: str | os.PathLike[str],
@@ -340,59 +425,47 @@ def save_pretrained(
     every fused group (:data:`FUSED_GROUPS`: q/k/v, gate/up, ...) must share its global scales
     to load correctly in vLLM (it decodes all shards with the max); ``True`` raises when one does
     not, ``None`` (default) warns with :class:`UnsharedGlobalScaleWarning`, ``False`` is silent.
-    ``dtype``: cast the unquantized floating tensors (embeddings,
-    norms, biases, float Linears) to it and record it as the config's dtype; default: keep them.
-    ``overwrite``: replace an existing ``path``; ``max_shard_bytes``: split the weights into
+    ``dtype``: cast the unquantized floating tensors (embeddings, norms, biases, float Linears)
+    to it and record it as the config's dtype; default: keep them.
+    ``path`` may be missing or an empty folder; ``overwrite=True`` replaces a folder that holds
+    only checkpoint files (:data:`CHECKPOINT_FILES`, weights); anything else is refused with
+    FileExistsError naming what would be lost. ``max_shard_bytes``: split the weights into
     several files (with ``model.safetensors.index.json``) above this size.
 
-    The packed bytes and scales are written exactly as the modules hold them. The directory is
+    The packed bytes and scales are written exactly as the modules hold them (NaN or negative
+    block scales are refused: every checkpoint nvfp4lab writes, nvfp4lab can read). The folder is
     assembled under a temporary name and renamed into place at the end. Returns ``path``.
 
-    Note: compressed-tensors 0.20 decompresses NVFP4 weights to bfloat16 whatever the model
-    dtype (fixed upstream later, compressed-tensors PR #839), so transformers can run a
-    checkpoint only in bfloat16: save with ``dtype=torch.bfloat16`` or load it with
-    ``from_pretrained(..., dtype=torch.bfloat16)``.
+    compressed-tensors 0.20 decompresses NVFP4 weights to bfloat16 whatever the model dtype, so
+    transformers runs only bfloat16 checkpoints: any other dtype is saved with a
+    :class:`TransformersDtypeWarning` naming the remedy (:func:`nvfp4lab.checkpoint.verify`
+    checks a saved folder in transformers).
     """
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.utils.match import is_match
 
     target = Path(path)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
+    check_target(target, overwrite, CHECKPOINT_FILES)
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
-    quantized = {n: m for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
-    if not quantized:
-        raise ValueError(
-            "the model has no NVFP4Linear layer; quantize it first "
-            "(nvfp4lab.quantize_model) or save it with transformers"
-        )
-    if "" in quantized:
-        raise ValueError("the model itself is an NVFP4Linear; wrap it in a container module")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    quantized = _quantized_layers(model)
     resolved = _resolve_scheme(scheme, quantized)
-    if require_shared_global_scale is not False:
-        try:
-            _check_shared_global_scales(model, quantized)
-        except CheckpointError as err:
-            if require_shared_global_scale:
-                raise
-            warnings.warn(str(err), UnsharedGlobalScaleWarning, stacklevel=2)
+    _check_fused(model, quantized, require_shared_global_scale)
     ignore = [
         name
         for name, module in model.named_modules()
         if name and not isinstance(module, NVFP4Linear) and is_match(name, module, "Linear")
     ]
     config = quantization_config(resolved, ignore=ignore)  # type: ignore[arg-type]
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     tensors = _state_to_save(model, quantized, resolved, dtype)
     src = _source_dir(model, source)
+    config_dtype = dtype or _model_dtype(model, quantized)
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = fresh_dir(target, "tmp")
-    try:
+    def write(tmp: Path) -> None:
         shards = _write_shards(tensors, tmp, max_shard_bytes)
-        _write_config(model, tmp, src, dtype or _model_dtype(model, quantized))
+        _write_config(model, tmp, src, config_dtype)
         ModelCompressor(quantization_config=config).update_config(str(tmp))
         written = {CONFIG_NAME, *shards}
         generation = getattr(model, "generation_config", None)
@@ -402,8 +475,7 @@ def save_pretrained(
             generation.save_pretrained(str(tmp))
             written.add("generation_config.json")
         _copy_side_files(src, tmp, written)
-        replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    _write_atomically(target, write)
+    _warn_transformers_dtype(target, config_dtype)
     return target

@@ -121,6 +121,11 @@ def _check_args(
         )
     if weight.device != x.device:
         raise ValueError(f"x is on {x.device} but the weight is on {weight.device}")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(
+            f"bias must be a torch.Tensor of shape [{n}] or None, got {type(bias).__name__}; "
+            "convert it with torch.as_tensor(bias, dtype=x.dtype)"
+        )
     if bias is not None and (bias.ndim != 1 or bias.shape[0] != n):
         raise ValueError(f"bias must have shape [{n}], got {tuple(bias.shape)}")
     return check_choice("bias_mode", bias_mode, BiasMode)  # type: ignore[return-value]

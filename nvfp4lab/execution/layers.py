@@ -29,7 +29,7 @@ from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.dispatch import BackendChoice, select_backend
 from nvfp4lab.execution.gemm import linear
 from nvfp4lab.scales import as_global_scale
-from nvfp4lab.tensor import NVFP4Tensor
+from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
 from nvfp4lab.vocab import (
     AUTO,
     SUPPORTED_DTYPES,
@@ -220,6 +220,7 @@ class NVFP4Linear(nn.Module):
             global_scale=self.weight_global_scale,
             shape=torch.Size((self.out_features, self.in_features)),
             dtype=self.dtype,
+            check_scales=False,  # checked when set: from_quantized and load_state_dict
         )
 
     def set_input_global_scale(self, value: torch.Tensor | float | None) -> None:
@@ -357,3 +358,10 @@ class NVFP4Linear(nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+        if not self.weight_scale.is_meta:
+            nan, negative, first = invalid_block_scales(self.weight_scale)
+            if first is not None:
+                error_msgs.append(
+                    f"{prefix}weight_scale holds {nan} NaN and {negative} negative E4M3 block "
+                    f"scale(s) (first at {first}); NVFP4 block scales are finite and non-negative"
+                )

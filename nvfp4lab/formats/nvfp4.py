@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
-from nvfp4lab.codec import dequantize, fake_quantize, nvfp4_options, quantize
+from nvfp4lab.codec import dequantize, fake_quantize, quantize
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.formats.base import QuantFormat
+from nvfp4lab.options import nvfp4_options
 from nvfp4lab.scales import as_global_scale
 from nvfp4lab.tensor import NVFP4Tensor
 

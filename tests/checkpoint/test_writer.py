@@ -180,6 +180,7 @@ def test_failed_overwrite_keeps_old_checkpoint(
 
 def test_save_refuses_existing_path_and_float_model(tmp_path: Path) -> None:
     (tmp_path / "exists").mkdir()
+    (tmp_path / "exists" / "config.json").write_text("{}")  # not empty
     model = tiny_llama()
     with pytest.raises(ValueError, match="no NVFP4Linear"):
         checkpoint.save_pretrained(model, tmp_path / "float")
