@@ -59,6 +59,7 @@ _SUBMODULES = (
     "layout",
     "metrics",
     "models",
+    "options",
     "plots",
     "reference",
     "reports",

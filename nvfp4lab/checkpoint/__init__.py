@@ -7,7 +7,7 @@ module             holds
 ``config``         the compressed-tensors ``nvfp4-pack-quantized`` quantization config
 ``writer``         :func:`save_pretrained`
 ``reader``         :func:`load`
-``verify``         :func:`verify`: load in transformers, one forward pass
+``verification``   :func:`verify`: load in transformers, one forward pass
 =================  ==========================================================================
 
 A second on-disk format adds its own config module (format detection, tensor names) beside
@@ -25,7 +25,7 @@ from nvfp4lab.checkpoint.config import (
 )
 from nvfp4lab.checkpoint.files import CheckpointError
 from nvfp4lab.checkpoint.reader import load
-from nvfp4lab.checkpoint.verify import Verified, verify
+from nvfp4lab.checkpoint.verification import Verified, verify
 from nvfp4lab.checkpoint.writer import (
     TransformersDtypeWarning,
     UnsharedGlobalScaleWarning,
