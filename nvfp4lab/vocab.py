@@ -21,6 +21,7 @@ vocabulary             values                                                   
 :class:`Numerics`      native, emulation, w4a16, w4a8 (what a vLLM kernel computes)    execution
 :class:`VllmPackage`   flashinfer, humming, b12x, fbgemm (optional kernel packages)    execution
 :class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
+:class:`CheckpointFormat`  compressed-tensors, modelopt (global scales on disk)       execution
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.
@@ -39,6 +40,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "Backend",
     "BiasMode",
+    "CheckpointFormat",
     "Convention",
     "GemmPath",
     "NonFinite",
@@ -172,6 +174,13 @@ class VllmAlias(StrEnum):
 
     SEED = "seed"  #: the rules as PR #19879 merged them (first released in 0.9.2)
     LATEST = "latest"  #: the newest modelled release
+
+
+class CheckpointFormat(StrEnum):
+    """An NVFP4 checkpoint family, by how it stores the per-tensor (global) scale."""
+
+    COMPRESSED_TENSORS = "compressed-tensors"  #: ENCODE scale, 2688/amax (weight_global_scale)
+    MODELOPT = "modelopt"  #: DECODE scale, amax/2688 (weight_scale_2)
 
 
 #: Floating dtypes NVFP4 quantizes from and computes in.
