@@ -1,0 +1,297 @@
+"""The study behind ``notebooks/06_vllm_timeline.ipynb``: what each vLLM release does with NVFP4.
+
+Rows come from :func:`nvfp4lab.execution.dispatch.select_backend` applying the rules of every
+modelled release (:data:`nvfp4lab.execution.vllm_rules.MODELLED_RELEASES`, 0.9.1 to 0.33.0) to
+every catalogue GPU (:mod:`nvfp4lab.gpus`) and to the ROCm, XPU and CPU platforms, under a few
+scenarios (the switches people set). Nothing is measured: a row says which kernel vLLM's code
+would pick (or that it picks none), the numerics class of that kernel, what happens to the
+bias, and what nvfp4lab runs in its place. The second part shows the bias bug's modern twin:
+:func:`nvfp4lab.execution.fused.merge_error` on seeded q/k/v shards whose global scales differ.
+Figures are returned (matplotlib imported inside the ``plot_*`` functions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nvfp4lab import gpus
+from nvfp4lab.codec import quantize
+from nvfp4lab.execution import vllm_rules
+from nvfp4lab.execution.dispatch import select_backend
+from nvfp4lab.execution.fused import merge_error
+from nvfp4lab.plots import new_figure
+from nvfp4lab.settings import BATCH_INVARIANT_ENV, EMULATION_ENV
+from nvfp4lab.studies.explorer import Outputs, explorer, stream_output, table_output
+from nvfp4lab.vocab import CheckpointFormat, Platform
+
+if TYPE_CHECKING:  # pragma: no cover
+    import ipywidgets
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "NUMERICS_ORDER",
+    "SCENARIOS",
+    "Scenario",
+    "bias_windows",
+    "choice_text",
+    "merge_demo",
+    "platform_rows",
+    "plot_merge_error",
+    "plot_timeline",
+    "timeline_explorer",
+    "timeline_rows",
+    "variable_table",
+]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One way of launching vLLM: environment, ``--linear-backend`` and checkpoint scheme."""
+
+    name: str
+    env: Mapping[str, str]
+    linear_backend: str | None = None
+    scheme: str = "NVFP4"
+
+    def flag_for(self, release: str) -> str | None:
+        """The flag where the release has ``--linear-backend`` (0.22.0+), else None."""
+        has_flag = vllm_rules.version(release) >= vllm_rules.version("0.22.0")
+        return self.linear_backend if has_flag else None
+
+
+#: The scenarios of the notebook: a clean launch, the seed's switch, its replacement flag,
+#: batch-invariant mode and a weight-only checkpoint.
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("default", {}),
+        Scenario(f"{EMULATION_ENV}=1", {EMULATION_ENV: "1"}),
+        Scenario("--linear-backend emulation", {}, linear_backend="emulation"),
+        Scenario(f"{BATCH_INVARIANT_ENV}=1", {BATCH_INVARIANT_ENV: "1"}),
+        Scenario("NVFP4A16 checkpoint", {}, scheme="NVFP4A16"),
+    )
+}
+
+#: Numerics classes in plotting order; "none" = vLLM selects no kernel.
+NUMERICS_ORDER: tuple[str, ...] = ("native", "emulation", "w4a8", "w4a16", "none")
+_COLOURS = {"native": "#1b9e77", "emulation": "#d95f02", "w4a8": "#e6ab02", "w4a16": "#7570b3",
+            "none": "#bbbbbb"}  # fmt: skip
+
+
+def _row(release: str, scenario: Scenario, **target: Any) -> dict[str, Any]:
+    choice = select_backend(
+        env=dict(scenario.env), vllm=release, linear_backend=scenario.flag_for(release),
+        scheme=scenario.scheme, **target,
+    )
+    return {
+        "release": release,
+        "era": choice.era,
+        "scenario": scenario.name,
+        "platform": choice.platform,
+        "kernel": choice.kernel or "none",
+        "numerics": choice.numerics or "none",
+        "nvfp4lab": choice.name,
+        "bias": choice.bias or "",
+        "defect": choice.defect or "",
+        "ignored": "; ".join(choice.ignored),
+        "error": (choice.error or "").strip().split("\n")[0],
+    }
+
+
+def timeline_rows(
+    releases: Sequence[str] | None = None,
+    gpu_names: Sequence[str] | None = None,
+    scenarios: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per (release, CUDA GPU, scenario): kernel, numerics, bias, what nvfp4lab runs,
+    the variables ignored and vLLM's error where it selects no kernel."""
+    rows = []
+    for name in gpu_names or list(gpus.CATALOGUE):
+        g = gpus.get(name)
+        for rel in releases or vllm_rules.MODELLED_RELEASES:
+            for sc in scenarios or list(SCENARIOS):
+                row = _row(rel, SCENARIOS[sc], capability=g.capability)
+                rows.append({"gpu": g.name, "capability": g.capability_str, **row})
+    return rows
+
+
+def platform_rows(
+    releases: Sequence[str] | None = None, scenarios: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The same for the ROCm (an MI300-class cc 9.4), XPU and CPU platforms."""
+    targets = {
+        Platform.ROCM: {"capability": (9, 4), "platform": "rocm"},
+        Platform.XPU: {"device": "cpu", "platform": "xpu"},
+        Platform.CPU: {"device": "cpu", "platform": "cpu"},
+    }
+    rows = []
+    for plat, target in targets.items():
+        for rel in releases or vllm_rules.MODELLED_RELEASES:
+            for sc in scenarios or list(SCENARIOS):
+                rows.append({"target": plat.value, **_row(rel, SCENARIOS[sc], **target)})
+    return rows
+
+
+def bias_windows(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Releases whose rows show each defect: ``{"bias dropped": [...], "wrong weights": [...]}``
+    (the 0.9.1 fallback; the 0.16-0.19 emulation dividing by the decode scale)."""
+    found: dict[str, list[str]] = {"bias dropped": [], "wrong weights": []}
+    for r in rows:
+        key = "bias dropped" if r["bias"] == "dropped" else (
+            "wrong weights" if r["defect"] else None)
+        if key and r["release"] not in found[key]:
+            found[key].append(r["release"])
+    return found
+
+
+def variable_table() -> list[dict[str, str]]:
+    """When each modelled vLLM variable is read, and what replaced it (with sources)."""
+    rows = []
+    for var in vllm_rules.VARIABLES.values():
+        later = [r for r in vllm_rules.MODELLED_RELEASES if var.last and
+                 vllm_rules.version(r) > vllm_rules.version(var.last)]
+        rows.append({
+            "variable": var.name,
+            "first read": var.first,
+            "last read": var.last or "still read (0.33.0)",
+            "ignored from": later[0] if later else "",
+            "instead": var.replacement,
+            "source": var.source,
+        })
+    return rows
+
+
+def _grid(rows: Sequence[Mapping[str, Any]], scenario: str) -> tuple[list[str], list[str], Any]:
+    releases = list(dict.fromkeys(r["release"] for r in rows))
+    labels = list(dict.fromkeys(f"{r['gpu']} ({r['capability']})" for r in rows))
+    grid = [[NUMERICS_ORDER.index("none")] * len(releases) for _ in labels]
+    for r in rows:
+        if r["scenario"] == scenario:
+            y = labels.index(f"{r['gpu']} ({r['capability']})")
+            grid[y][releases.index(r["release"])] = NUMERICS_ORDER.index(r["numerics"])
+    return releases, labels, grid
+
+
+def _span(releases: Sequence[str]) -> str:
+    if not releases:
+        return "not in this scenario"
+    return releases[0] if len(releases) == 1 else f"{releases[0]}..{releases[-1]}"
+
+
+def plot_timeline(rows: Sequence[Mapping[str, Any]], scenario: str = "default") -> Figure:
+    """Release (x) by GPU (y), coloured by the numerics class of vLLM's kernel under
+    ``scenario``; the bias-dropping window and the wrong-weights window are shaded."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch, Rectangle
+
+    releases, labels, grid = _grid(rows, scenario)
+    fig, ax = new_figure(f"vLLM's NVFP4 kernel class per release — {scenario}",
+                         "vLLM release (PyPI order)", "GPU (compute capability)",
+                         figsize=(12, 5))
+    cmap = ListedColormap([_COLOURS[n] for n in NUMERICS_ORDER])
+    ax.imshow(grid, cmap=cmap, vmin=0, vmax=len(NUMERICS_ORDER) - 1, aspect="auto",
+              interpolation="nearest")
+    hatches = {"bias dropped": "////", "wrong weights": "xx"}
+    for r in rows:  # hatch exactly the cells hit by a defect
+        if r["scenario"] != scenario or not (r["bias"] == "dropped" or r["defect"]):
+            continue
+        hatch = hatches["bias dropped" if r["bias"] == "dropped" else "wrong weights"]
+        x = releases.index(r["release"])
+        y = labels.index(f"{r['gpu']} ({r['capability']})")
+        ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, hatch=hatch, lw=0))
+    windows = bias_windows([r for r in rows if r["scenario"] == scenario])
+    ax.set_xticks(range(len(releases)), releases, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    handles = [Patch(color=_COLOURS[n], label=n) for n in NUMERICS_ORDER]
+    handles += [Patch(fill=False, hatch=hatches[k], label=f"{k}: {_span(v)}")
+                for k, v in windows.items()]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def merge_demo(
+    seed: int = 0,
+    amax: Mapping[str, float] | None = None,
+    n: int = 64,
+    k: int = 256,
+    m: int = 16,
+) -> list[dict[str, Any]]:
+    """Seeded q/k/v shards (``[n, k]`` each, N(0,1) rescaled to the given ``amax``, each
+    quantized with its own global scale) and activations ``[m, k]``: the exact cost of vLLM's
+    max-merge per shard, for both checkpoint formats (rows of :func:`merge_error`)."""
+    amax = dict(amax or {"q_proj": 1.0, "k_proj": 2.0, "v_proj": 4.0})
+    g = torch.Generator().manual_seed(seed)
+    shards = {}
+    for name, a in amax.items():
+        w = torch.randn(n, k, generator=g)
+        shards[name] = quantize(w / w.abs().max() * a)
+    x = torch.randn(m, k, generator=g)
+    rows = []
+    for fmt in CheckpointFormat:
+        for r in merge_error(shards, fmt, activations=x):
+            rows.append({"format": fmt.value, "amax": amax[r.shard], **r.as_dict()})
+    return rows
+
+
+def plot_merge_error(rows: Sequence[Mapping[str, Any]]) -> Figure:
+    """Output SQNR (dB) per shard after the merge, one bar group per checkpoint format."""
+    fig, ax = new_figure("Fused q/k/v with unshared global scales: vLLM's max-merge",
+                         "shard (its weight amax)",
+                         "output SQNR vs own scale (dB, higher = better)")
+    formats = list(dict.fromkeys(r["format"] for r in rows))
+    shards = list(dict.fromkeys(r["shard"] for r in rows))
+    width = 0.8 / len(formats)
+    finite = [r["output_sqnr_db"] for r in rows if r["output_sqnr_db"] not in (None, float("inf"))]
+    cap = (max(finite) if finite else 0.0) + 10.0
+    for j, fmt in enumerate(formats):
+        values = []
+        for s in shards:
+            v = next(r["output_sqnr_db"] for r in rows if r["format"] == fmt and r["shard"] == s)
+            values.append(cap if v == float("inf") else v)
+        xs = [i + (j - (len(formats) - 1) / 2) * width for i in range(len(shards))]
+        ax.bar(xs, values, width, label=f"{fmt} (exact shard drawn at {cap:.0f} dB)")
+    amax = {r["shard"]: r["amax"] for r in rows}
+    ax.set_xticks(range(len(shards)), [f"{s} ({amax[s]:g})" for s in shards])
+    ax.legend(fontsize=8)
+    return fig
+
+
+def choice_text(release: str, target: str, scenario: str) -> str:
+    """The full reason of one decision: ``target`` is a catalogue GPU name or a platform."""
+    sc = SCENARIOS[scenario]
+    where: dict[str, Any] = {"device": "cpu", "platform": target}
+    if target in gpus.CATALOGUE:
+        where = {"capability": gpus.get(target).capability}
+    elif target == "rocm":
+        where = {"capability": (9, 4), "platform": "rocm"}
+    choice = select_backend(env=dict(sc.env), vllm=release, linear_backend=sc.flag_for(release),
+                            scheme=sc.scheme, **where)
+    kernel = choice.kernel or f"no kernel — {(choice.error or '').strip()}"
+    return (f"vLLM {choice.vllm} ({choice.era}) on {target}, {scenario}:\n  kernel: {kernel}\n"
+            f"  numerics: {choice.numerics}, bias: {choice.bias}, nvfp4lab runs: {choice.name}\n"
+            f"  reason: {choice.reason}")
+
+
+def timeline_explorer(releases: Sequence[str] | None = None) -> ipywidgets.VBox:
+    """Release, target (GPU or platform) and scenario → vLLM's choice and the rule steps."""
+    import ipywidgets as widgets
+    import pandas as pd
+
+    rels = list(releases or vllm_rules.MODELLED_RELEASES)
+    rel = widgets.SelectionSlider(options=rels, value=rels[-1], description="vLLM")
+    targets = [*gpus.CATALOGUE, "rocm", "xpu", "cpu"]
+    target = widgets.Dropdown(options=targets, value="H100 SXM", description="target")
+    scenario = widgets.Dropdown(options=list(SCENARIOS), description="scenario")
+
+    def render() -> Outputs:
+        gpu_rows = [r for r in timeline_rows([rel.value], None, [scenario.value])]
+        table = pd.DataFrame(gpu_rows)[["gpu", "capability", "kernel", "numerics", "nvfp4lab"]]
+        return (stream_output(choice_text(rel.value, target.value, scenario.value)),
+                table_output(table.set_index("gpu")))
+
+    return explorer(widgets, [rel, target, scenario], render)
