@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvfp4lab import gpus, roofline
 from nvfp4lab.execution.dispatch import select_backend
+from nvfp4lab.execution.vllm_rules import SEED_RELEASE
 from nvfp4lab.plots import new_figure
 from nvfp4lab.roofline import PATHS, NotSupportedError
 from nvfp4lab.settings import EMULATION_ENV
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "REPRESENTATIVE_GPUS",
+    "SWITCH_COLUMN",
     "backend_frame",
     "block_frame",
     "catalogue_frame",
@@ -63,6 +65,8 @@ REPRESENTATIVE_GPUS: tuple[str, ...] = (
 )
 
 _EMULATION_ENV = {EMULATION_ENV: "1"}
+#: The column of the seed's switch: the seed's rules (vLLM 0.9.2), since 0.24.0 ignores it.
+SWITCH_COLUMN = f"with {EMULATION_ENV}=1 (vLLM {SEED_RELEASE}, seed)"
 
 
 def catalogue_frame(with_sources: bool = False) -> pd.DataFrame:
@@ -104,13 +108,17 @@ def efficiency_frame(gpu_names: Iterable[str] | None = None) -> pd.DataFrame:
 
 def backend_frame(gpu_names: Iterable[str] | None = None) -> pd.DataFrame:
     """Which NVFP4 backend :func:`~nvfp4lab.execution.dispatch.select_backend` picks on each GPU
-    (by its capability, with a clean environment and with vLLM's emulation switch on), and why."""
+    (by its capability, clean environment, the latest vLLM rules), the vLLM kernel it stands
+    for, and why; plus the path with the emulation switch on under the seed's rules
+    (:data:`SWITCH_COLUMN`; the latest rules ignore the switch) and with its replacement,
+    ``--linear-backend emulation``."""
     import pandas as pd
 
     rows = []
     for g in (gpus.get(n) for n in (gpu_names or gpus.CATALOGUE)):
         choice = select_backend(capability=g.capability, env={})
-        forced = select_backend(capability=g.capability, env=_EMULATION_ENV)
+        seed = select_backend(capability=g.capability, env=_EMULATION_ENV, vllm="seed")
+        flag = select_backend(capability=g.capability, env={}, linear_backend="emulation")
         rows.append(
             {
                 "gpu": g.name,
@@ -118,7 +126,9 @@ def backend_frame(gpu_names: Iterable[str] | None = None) -> pd.DataFrame:
                 "native_fp4": g.native_fp4,
                 "backend": choice.name,
                 "modeled_path": choice.name,
-                f"with {EMULATION_ENV}=1": forced.name,
+                "vllm_kernel": choice.kernel,
+                SWITCH_COLUMN: seed.name,
+                "with --linear-backend emulation": flag.name,
                 "reason": choice.reason,
             }
         )

@@ -22,7 +22,15 @@ def test_backend_frame_follows_the_native_flag() -> None:
     for name, row in frame.iterrows():
         native = gpus.get(name).native_fp4
         assert row["modeled_path"] == ("native" if native else "w4a16")
-        assert row["with VLLM_USE_NVFP4_CT_EMULATIONS=1"] == "emulation"
+        # the seed's switch, under the seed's rules (vLLM 0.9.2): emulation everywhere here
+        assert row[tp.SWITCH_COLUMN] == "emulation"
+        assert "0.9.2" in tp.SWITCH_COLUMN and "VLLM_USE_NVFP4_CT_EMULATIONS=1" in tp.SWITCH_COLUMN
+        assert row["with --linear-backend emulation"] == "emulation"  # its 0.33.0 replacement
+        # vLLM 0.33.0's kernels (kernels/linear/__init__.py@0.33.0, default install)
+        cap = gpus.get(name).capability
+        want = ("FlashInferCuteDsl" if cap[0] == 10 else "FlashInferCutlass" if native
+                else "Humming" if cap == (9, 0) else "Marlin")
+        assert row["vllm_kernel"] == want + "NvFp4LinearKernel"
         assert row["reason"]
 
 
