@@ -8,6 +8,8 @@ module              holds
                     the bias epilogues
 ``layers``          :class:`NVFP4Linear` (compressed-tensors buffer names)
 ``model``           :func:`quantize_model` and its report; the fused groups
+``gptq``            GPTQ for NVFP4 (``quantize_model(method="gptq")``), and for the other block
+                    formats as a study function
 ``calibrate``       activation-scale calibration
 ==================  ===========================================================================
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 from nvfp4lab.execution.calibrate import CalibrationResult, calibrate_inputs, calibration
 from nvfp4lab.execution.dispatch import BackendChoice, info_report, select_backend
 from nvfp4lab.execution.gemm import DroppedBiasWarning, linear
+from nvfp4lab.execution.gptq import GPTQFallbackWarning, GPTQOptions, gptq_quantize
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.model import (
     FUSED_GROUPS,
@@ -35,11 +38,14 @@ __all__ = [
     "BackendChoice",
     "CalibrationResult",
     "DroppedBiasWarning",
+    "GPTQFallbackWarning",
+    "GPTQOptions",
     "NVFP4Linear",
     "QuantizeReport",
     "UnmatchedIgnoreWarning",
     "calibrate_inputs",
     "calibration",
+    "gptq_quantize",
     "info_report",
     "linear",
     "quantize_model",

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,8 +20,9 @@ from torch import nn
 from nvfp4lab import vocab
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.execution.gptq import GPTQOptions, calibration_batches, sequential_gptq
 from nvfp4lab.execution.layers import NVFP4Linear
-from nvfp4lab.vocab import AUTO, BiasMode, Convention
+from nvfp4lab.vocab import AUTO, BiasMode, Convention, QuantMethod
 
 __all__ = [
     "DEFAULT_IGNORE",
@@ -66,6 +68,8 @@ class ReplacedLayer:
     bias: bool
     weight_global_scale: float
     shared_with: tuple[str, ...] = ()
+    #: "rtn" or "gptq"; "rtn (gptq fallback: <why>)" when GPTQ could not run on this layer
+    method: str = QuantMethod.RTN
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class QuantizeReport:
                 "shape": f"{r.out_features}x{r.in_features}",
                 "weight_global_scale": r.weight_global_scale,
                 "detail": f"shared with {', '.join(r.shared_with)}" if r.shared_with else "",
+                "method": str(r.method),
             }
             for r in self.replaced
         ]
@@ -258,6 +263,52 @@ def _ignore_specs(ignore: str | re.Pattern[str] | Iterable[IgnoreSpec]) -> tuple
     return specs
 
 
+def _method_inputs(
+    method: str, calibration: Iterable[Any] | None, gptq: GPTQOptions | None
+) -> list[Any]:
+    """The checked calibration batches (empty for RTN, which takes none)."""
+    if method == QuantMethod.RTN:
+        if calibration is not None or gptq is not None:
+            raise ValueError(
+                "calibration= and gptq= are only used by method='gptq'; pass method='gptq' or "
+                "drop them (method='rtn' needs no data)"
+            )
+        return []
+    if gptq is not None and not isinstance(gptq, GPTQOptions):
+        raise TypeError(f"gptq must be a GPTQOptions, got {type(gptq).__name__}")
+    return calibration_batches(calibration)
+
+
+def _gptq_layers(
+    model: nn.Module,
+    candidates: Mapping[str, nn.Linear],
+    groups: Sequence[tuple[str, ...]],
+    shared_gs: Mapping[str, torch.Tensor],
+    batches: Sequence[Any],
+    convention: str,
+    gptq: GPTQOptions | None,
+    options: Mapping[str, Any],
+) -> Iterator[tuple[str, NVFP4Linear, str]]:
+    """(name, NVFP4Linear, method) per candidate, by sequential GPTQ; the caller installs each
+    layer before the next is computed (the next stage calibrates on the model as it is)."""
+    results = sequential_gptq(model, candidates, batches, groups=groups, global_scales=shared_gs,
+                              convention=convention, options=gptq)
+    installed: list[NVFP4Linear] = []
+    for name, result in results:
+        assert result.weight is not None
+        bias = candidates[name].bias
+        layer = NVFP4Linear.from_quantized(
+            result.weight, bias.detach() if bias is not None else None,
+            **{**options, "cache_dequantized": True},  # later stages run it once per batch
+        )
+        how = f"rtn (gptq fallback: {result.reason})" if result.fallback else QuantMethod.GPTQ
+        yield name, layer, how
+        installed.append(layer)
+    for layer in installed:  # calibration is over: the caller's cache setting, cache freed
+        layer.cache_dequantized = bool(options["cache_dequantized"])
+        layer._dq_cache.clear()
+
+
 def quantize_model(
     model: nn.Module,
     *,
@@ -267,6 +318,9 @@ def quantize_model(
     convention: str = Convention.KERNEL,
     cache_dequantized: bool = False,
     bias_mode: str = BiasMode.OUTPUT,
+    method: str = QuantMethod.RTN,
+    calibration: Iterable[Any] | None = None,
+    gptq: GPTQOptions | None = None,
 ) -> QuantizeReport:
     """Replace ``nn.Linear`` layers of ``model`` in place by :class:`NVFP4Linear`.
 
@@ -284,9 +338,19 @@ def quantize_model(
     global scale ``min_i 2688/amax(W_i)`` (= 2688 / the group's max amax), as fused shards in
     vLLM-loadable checkpoints must (vLLM decodes all shards with one scale). Activation scales
     start dynamic (None); use :func:`~nvfp4lab.execution.calibrate.calibration` to set them.
+
+    ``method``: "rtn" (default; round to nearest, no data) or "gptq"
+    (:mod:`nvfp4lab.execution.gptq`: sequential GPTQ, layer by layer in module order, each
+    layer's Hessian collected while ``calibration`` runs through the model whose earlier layers
+    are already quantized). ``calibration``: an iterable of model inputs (tokenizer outputs as
+    dicts of tensors -> ``model(**b)``, tuples -> ``model(*b)``, tensors -> ``model(b)``), run
+    once per stage; "gptq" only. ``gptq``: :class:`GPTQOptions` (damping, act order, block-scale
+    timing). The global scales (shared ones included) are the same for both methods.
     """
     vocab.check_choice("backend", backend, vocab.Backend, extra=(AUTO,))
     vocab.check_choice("convention", convention, Convention)
+    quant_method = vocab.check_choice("method", method, QuantMethod)
+    batches = _method_inputs(quant_method, calibration, gptq)
     specs = _ignore_specs(DEFAULT_IGNORE if ignore is None else ignore)
     report = QuantizeReport()
     candidates = _candidates(model, specs, report)
@@ -303,15 +367,17 @@ def quantize_model(
     report.shared_groups = _share_groups(list(candidates), share_global_scale)
     shared_gs = _shared_scales(candidates, report.shared_groups, convention)
     partners = {m: tuple(o for o in g if o != m) for g in report.shared_groups for m in g}
-    for name, module in candidates.items():
-        layer = NVFP4Linear.from_linear(
-            module,
-            backend=backend,
-            weight_global_scale=shared_gs.get(name),
-            convention=convention,
-            cache_dequantized=cache_dequantized,
-            bias_mode=bias_mode,
+    options = dict(backend=backend, cache_dequantized=cache_dequantized, bias_mode=bias_mode)
+    if quant_method == QuantMethod.GPTQ:
+        layers = _gptq_layers(model, candidates, report.shared_groups, shared_gs, batches,
+                              convention, gptq, options)
+    else:
+        layers = (
+            (name, NVFP4Linear.from_linear(module, weight_global_scale=shared_gs.get(name),
+                                           convention=convention, **options), QuantMethod.RTN)
+            for name, module in candidates.items()
         )
+    for name, layer, how in layers:
         _set_submodule(model, name, layer)
         report.replaced.append(
             ReplacedLayer(
@@ -321,6 +387,7 @@ def quantize_model(
                 bias=layer.bias is not None,
                 weight_global_scale=float(layer.weight_global_scale),
                 shared_with=partners.get(name, ()),
+                method=how,
             )
         )
     return report

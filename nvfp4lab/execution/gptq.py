@@ -1,0 +1,559 @@
+"""GPTQ for NVFP4 (and the other scaled block formats): rounding errors fed forward, column by
+column, through the curvature of the layer's calibration inputs.
+
+A Linear layer ``y = x Wᵀ`` with weight ``W [N, K]`` is quantized to minimise
+``‖X Wᵀ − X Ŵᵀ‖²`` over its calibration inputs ``X [tokens, K]``, i.e. ``tr(ΔW H ΔWᵀ)`` with the
+Hessian ``H = (2/n) Σ x xᵀ`` (float64 ``[K, K]``; the factor does not change the result). The
+columns are quantized in order; after column ``i`` its error ``e = (w_i − q_i) / U[i, i]`` is
+subtracted, weighted by row ``i`` of ``U``, from every column not yet quantized, where ``U`` is
+the upper Cholesky factor of ``(H + λI)⁻¹``. That is the algorithm of Frantar et al. (GPTQ,
+arXiv 2210.17323) as llm-compressor and GPTQModel run it; this module is written from that
+description (no code copied), with these choices:
+
+==================  ==========================================================================
+step                what this module does
+==================  ==========================================================================
+damping             ``λ = damp · mean(diag H)``, ``damp = 0.01`` (llm-compressor's default;
+                    GPTQModel 7.7 uses 0.05)
+dead columns        inputs that are always zero (``H[j, j] == 0``): ``H[j, j] = 1`` and column
+                    ``j`` of W is zeroed BEFORE the block scales are chosen, so an input that
+                    never fires does not widen its group's scale
+lazy batches        columns in blocks of ``block_size`` (128): a column's error is applied at
+                    once inside its 16-column step, to the rest of the block after each step
+                    and to the later columns in one matrix product per block; equal to the
+                    column-by-column algorithm up to float64 summation order
+act order           ``act_order=True``: columns processed by descending ``diag H`` (stable
+                    sort) with STATIC groups: every group keeps its 16 contiguous original
+                    columns and its scale, only the processing order changes, so the result
+                    is plain NVFP4 (llm-compressor's default "static" act-order)
+block scales        ``scales="original"`` (default): every group's E4M3 scale is fixed up front
+                    from the original weights, exactly what :func:`nvfp4lab.quantize` would
+                    choose (llm-compressor ≥ 0.4); ``"updated"``: a group's scale is chosen
+                    when its first column is reached, from the error-updated weights (all
+                    earlier feedback included; llm-compressor < 0.4 and GPTQModel without
+                    static groups, which read the block-start state instead). Not combinable
+                    with act order (a group's columns are then scattered over the order).
+global scale        ``2688 / amax`` of the ORIGINAL weights (or the fused group's shared one,
+                    as :func:`~nvfp4lab.execution.model.quantize_model` shares it), never
+                    changed by GPTQ
+Cholesky failure    (a singular ``H`` with ``damp = 0``): the layer falls back to RTN with a
+                    :class:`GPTQFallbackWarning`, as llm-compressor does
+precision           H, W and the factors in float64; each column is rounded with nvfp4lab's
+                    float32 arithmetic (:func:`~nvfp4lab.scales.scale_elements`)
+==================  ==========================================================================
+
+With ``H = I`` no error is fed forward and GPTQ is exactly RTN (the tests check bit equality with
+:func:`nvfp4lab.quantize`). The codes and E4M3 scales are what :func:`nvfp4lab.quantize` stores
+for the same scales, so the result is an ordinary :class:`~nvfp4lab.execution.layers.NVFP4Linear`
+that saves into compressed-tensors checkpoints.
+
+Whole models (:func:`sequential_gptq`, used by ``quantize_model(method="gptq")``) are quantized
+SEQUENTIALLY, as llm-compressor does: each layer's Hessian is collected with forward pre-hooks
+while the calibration batches run through the model whose earlier layers are already quantized
+(and run on their backend), so a layer corrects for the errors it actually receives. Only the
+Hessians of one stage (a fused group such as q/k/v, which shares its input, or a single layer)
+are held at once. Padding tokens (``attention_mask == 0`` in a mapping batch, for inputs
+``[B, T, K]``) are left out of the Hessian.
+
+Study-only: :func:`gptq_fake_quantize` runs the same loop for MXFP4 and INT4-g128 (any
+:class:`~nvfp4lab.formats.base.BlockFormatInfo`) and, with ``hadamard=seed``, on weights rotated
+by the block Hadamard whose block matches the format's group (MR-GPTQ style, arXiv 2509.23202:
+``W' = W Q``, ``H' = Qᵀ H Q``); it returns the dequantized weight rotated back. A rotated NVFP4
+weight is not an ordinary NVFP4Linear (its inputs would need the same rotation at run time).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from nvfp4lab import formats
+from nvfp4lab.codec import compute_global_scale
+from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes
+from nvfp4lab.formats.base import BlockFormat, BlockFormatInfo
+from nvfp4lab.hadamard import check_seed, hadamard_transform, rotation_matrix
+from nvfp4lab.scales import abs_max, as_global_scale, block_scales, scale_elements
+from nvfp4lab.tensor import NVFP4Tensor, decode_blocks
+from nvfp4lab.vocab import Convention, ScaleTiming, check_choice, check_dtype
+
+__all__ = [
+    "GPTQFallbackWarning",
+    "GPTQOptions",
+    "GPTQResult",
+    "Hessian",
+    "calibration_batches",
+    "collect_hessians",
+    "gptq_fake_quantize",
+    "gptq_quantize",
+    "run_batch",
+    "sequential_gptq",
+]
+
+_WORK = torch.float64  # dtype of H, W and the Cholesky factors
+
+
+class GPTQFallbackWarning(UserWarning):
+    """A layer was quantized with RTN instead (no calibration input, or a singular Hessian)."""
+
+
+@dataclass(frozen=True)
+class GPTQOptions:
+    """GPTQ settings (see the module docstring for each).
+
+    ``damp``: relative dampening ``λ = damp · mean(diag H)``, finite and ≥ 0. ``block_size``:
+    columns per lazy batch, a positive multiple of the group size (16). ``act_order``: process
+    columns by descending ``diag H`` (static groups). ``scales``: "original" | "updated".
+    ``mask_padding``: leave ``attention_mask == 0`` tokens out of the Hessian.
+    """
+
+    damp: float = 0.01
+    block_size: int = 128
+    act_order: bool = False
+    scales: str = ScaleTiming.ORIGINAL
+    mask_padding: bool = True
+
+    def __post_init__(self) -> None:
+        damp = self.damp
+        if isinstance(damp, bool) or not isinstance(damp, int | float) or not 0 <= damp < 1e6:
+            raise ValueError(f"GPTQ damp must be a finite number >= 0 (e.g. 0.01), got {damp!r}")
+        size = self.block_size
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0 or size % BLOCK_SIZE:
+            raise ValueError(
+                f"GPTQ block_size must be a positive multiple of {BLOCK_SIZE} (e.g. 128), "
+                f"got {size!r}"
+            )
+        for name in ("act_order", "mask_padding"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTQ {name} must be True or False, got {getattr(self, name)!r}")
+        timing = check_choice("GPTQ scales", self.scales, ScaleTiming)
+        if self.act_order and timing == ScaleTiming.UPDATED:
+            raise ValueError(
+                "GPTQ act_order=True needs scales='original': with act order a group's columns "
+                "are scattered over the processing order, so its scale must be fixed up front"
+            )
+
+
+@dataclass
+class GPTQResult:
+    """One quantized weight. ``weight``: the NVFP4 tensor (None for other formats);
+    ``dequantized``: float32 ``[N, K]`` Ŵ; ``dead_columns``: inputs never seen non-zero;
+    ``fallback``: True when the layer was rounded with RTN instead (and why, in ``reason``)."""
+
+    weight: NVFP4Tensor | None
+    dequantized: torch.Tensor
+    dead_columns: int = 0
+    fallback: bool = False
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# the Hessian
+# --------------------------------------------------------------------------------------------
+
+
+class Hessian:
+    """Running ``H = (2/n) Σ x xᵀ`` over ``n`` tokens, float64 ``[K, K]`` on ``device``."""
+
+    def __init__(self, k: int, device: torch.device | str | None = None) -> None:
+        self.sum = torch.zeros(k, k, dtype=_WORK, device=device)
+        self.tokens = 0
+
+    def add(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Accumulate the rows of ``x [..., K]``; ``mask`` (bool, ``x.shape[:-1]``) keeps rows."""
+        rows = x.detach()[mask] if mask is not None else x.detach().reshape(-1, x.shape[-1])
+        rows = rows.to(device=self.sum.device, dtype=_WORK)
+        self.sum.addmm_(rows.T, rows)
+        self.tokens += rows.shape[0]
+
+    def matrix(self) -> torch.Tensor:
+        """float64 ``[K, K]``; ValueError when no token was added."""
+        if not self.tokens:
+            raise ValueError("the Hessian has no tokens: no calibration input reached the layer")
+        return self.sum * (2.0 / self.tokens)
+
+
+# --------------------------------------------------------------------------------------------
+# column quantizers: a group's scale, one column's rounding
+# --------------------------------------------------------------------------------------------
+
+
+class _Columns(Protocol):
+    group: int
+
+    def scales(self, w: torch.Tensor) -> torch.Tensor:
+        """float32 scale values ``[N, K/group]`` for the groups of ``w [N, K]``."""
+
+    def column(self, col: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dequantized float32 ``[N]``, uint8 codes ``[N]``) of ``col [N]`` at ``scale [N]``."""
+
+
+class _NVFP4Columns:
+    """NVFP4 with nvfp4lab's arithmetic: ``block_scales`` / ``scale_elements`` / RNE."""
+
+    group = BLOCK_SIZE
+
+    def __init__(self, global_scale: torch.Tensor, convention: str) -> None:
+        self.gs = global_scale
+        self.convention = convention
+
+    def scales(self, w: torch.Tensor) -> torch.Tensor:
+        amax = abs_max(w.reshape(w.shape[0], -1, self.group), -1)
+        return block_scales(amax, self.gs, self.convention)
+
+    def column(self, col: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = col.shape[0]
+        blocks, s = col.to(torch.float32).view(n, 1, 1), scale.view(n, 1)
+        codes = round_to_e2m1_codes(scale_elements(blocks, s, self.gs, self.convention))
+        return decode_blocks(codes, s, self.gs).view(n), codes.view(n)
+
+
+class _BlockColumns:
+    """A comparator block format (MXFP4, INT4-g128) as :class:`BlockFormat` computes it."""
+
+    def __init__(self, info: BlockFormatInfo) -> None:
+        self.info = info
+        self.group = info.block_size
+
+    def scales(self, w: torch.Tensor) -> torch.Tensor:
+        amax = abs_max(w.to(torch.float32).reshape(w.shape[0], -1, self.group), -1)
+        return self.info.scale.value(self.info.scale.encode(amax, self.info.element))
+
+    def column(self, col: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = col.to(torch.float32)
+        scaled = torch.where(scale > 0, x / torch.where(scale > 0, scale, 1.0), 0.0)
+        codes = self.info.element.encode(scaled)
+        return self.info.element.decode(codes) * scale, codes
+
+
+# --------------------------------------------------------------------------------------------
+# the algorithm
+# --------------------------------------------------------------------------------------------
+
+
+def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor | None:
+    """Upper Cholesky factor of ``(H + damp·mean(diag H)·I)⁻¹``; None if not positive definite."""
+    damped = h.clone()
+    damped.diagonal().add_(damp * float(h.diagonal().mean()))
+    lower, info = torch.linalg.cholesky_ex(damped)
+    if int(info):
+        return None
+    upper, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
+    return None if int(info) else upper
+
+
+def _gptq_loop(
+    wt: torch.Tensor,
+    u: torch.Tensor,
+    cols: _Columns,
+    groups: list[int],
+    scales: torch.Tensor,
+    options: GPTQOptions,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize the columns of W, held TRANSPOSED as ``wt [K, N]`` (float64, processing order,
+    modified in place; a column is then a contiguous row).
+
+    Errors are applied lazily at two levels: eagerly inside each 16-column step, to the rest of
+    the ``block_size`` block after each step, to the later columns after each block (small
+    updates stay single-threaded). ``groups[j]``: the group of processed column ``j``;
+    ``scales [N, K/group]`` float32 (refilled at each group's first column when
+    ``options.scales == "updated"``). Returns (float32 Ŵ, uint8 codes), ``[N, K]``.
+    """
+    k, n = wt.shape
+    q = torch.empty(k, n, dtype=torch.float32, device=wt.device)
+    codes = torch.empty(k, n, dtype=torch.uint8, device=wt.device)
+    step = cols.group
+    for b0 in range(0, k, options.block_size):
+        b1 = min(b0 + options.block_size, k)
+        block = wt[b0:b1].clone()
+        errors = torch.empty_like(block)
+        ub = u[b0:b1, b0:b1]
+        for s0 in range(0, b1 - b0, step):
+            s1 = min(s0 + step, b1 - b0)
+            if options.scales == ScaleTiming.UPDATED:  # no act order: step s0 is one group
+                fresh = cols.scales(block[s0:s1].T.to(torch.float32))
+                scales[:, groups[b0 + s0]] = fresh[:, 0]
+            for i in range(s0, s1):
+                j = b0 + i
+                q[j], codes[j] = cols.column(block[i], scales[:, groups[j]])
+                errors[i] = (block[i] - q[j].to(_WORK)) / ub[i, i]
+                block[i + 1 : s1].sub_(ub[i, i + 1 : s1, None] * errors[i])
+            block[s1:].addmm_(ub[s0:s1, s1:].T, errors[s0:s1], alpha=-1.0)
+        wt[b1:].addmm_(u[b0:b1, b1:].T, errors, alpha=-1.0)
+    return q.T, codes.T
+
+
+def _run(
+    weight: torch.Tensor, hessian: torch.Tensor, cols: _Columns, options: GPTQOptions
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, str]:
+    """GPTQ of ``weight [N, K]``: (float32 Ŵ, uint8 codes, float32 scales, dead, fallback why)."""
+    k = weight.shape[1]
+    h = hessian.to(device=weight.device, dtype=_WORK).clone()
+    dead = h.diagonal() == 0
+    h.diagonal()[dead] = 1.0
+    w_orig = weight.detach().clone()
+    w_orig[:, dead] = 0
+    scales = cols.scales(w_orig)
+    order = torch.arange(k, device=weight.device)
+    if options.act_order:
+        order = torch.argsort(h.diagonal(), descending=True, stable=True)
+        h = h[order][:, order]
+    u = _inverse_factor(h, options.damp)
+    reason = "" if u is not None else (
+        f"the damped Hessian is not positive definite (damp={options.damp}); raise damp"
+    )
+    if u is None:
+        u = torch.eye(k, dtype=_WORK, device=weight.device)
+    wt = w_orig.to(_WORK).T[order].contiguous()
+    q, codes = _gptq_loop(wt, u, cols, (order // cols.group).tolist(), scales, options)
+    inverse = torch.argsort(order)
+    return q[:, inverse], codes[:, inverse], scales, int(dead.sum()), reason
+
+
+def _check_pair(weight: torch.Tensor, hessian: torch.Tensor, group: int) -> None:
+    if not isinstance(weight, torch.Tensor) or not isinstance(hessian, torch.Tensor):
+        raise TypeError(
+            f"weight and hessian must be torch.Tensors, got {type(weight).__name__} and "
+            f"{type(hessian).__name__}"
+        )
+    check_dtype(weight.dtype, "GPTQ weight (dtype)")
+    if weight.ndim != 2 or weight.shape[1] % group:
+        raise ValueError(
+            f"GPTQ weight must be [N, K] with K a multiple of {group}, got {tuple(weight.shape)}"
+        )
+    k = weight.shape[1]
+    if hessian.shape != (k, k) or not hessian.is_floating_point():
+        raise ValueError(
+            f"GPTQ hessian must be a float [K, K] = [{k}, {k}] matrix (Σ x xᵀ of the layer "
+            f"inputs), got {hessian.dtype} {tuple(hessian.shape)}"
+        )
+    if not bool(torch.isfinite(hessian).all()):
+        raise ValueError("GPTQ hessian holds NaN/Inf: check the calibration inputs")
+
+
+def gptq_quantize(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    *,
+    global_scale: torch.Tensor | float | None = None,
+    convention: str = Convention.KERNEL,
+    options: GPTQOptions | None = None,
+) -> GPTQResult:
+    """GPTQ of a Linear weight ``[N, K]`` (fp32/bf16/fp16, K a multiple of 16) to NVFP4.
+
+    ``hessian``: float ``[K, K]``, proportional to ``Σ x xᵀ`` of the layer's inputs (a
+    :class:`Hessian`'s ``matrix()``). ``global_scale``: ENCODE convention; None computes
+    ``2688/amax(weight)``. Returns a :class:`GPTQResult` whose ``weight`` is an
+    :class:`NVFP4Tensor` (packed codes, E4M3 scales, the global scale) in ``weight.dtype``.
+    """
+    options = options or GPTQOptions()
+    _check_pair(weight, hessian, BLOCK_SIZE)
+    conv = check_choice("convention", convention, Convention)
+    w = weight.detach()
+    gs = (compute_global_scale(w, convention=conv) if global_scale is None
+          else as_global_scale(global_scale, w.device))
+    q, codes, scales, dead, reason = _run(w, hessian, _NVFP4Columns(gs, conv), options)
+    if reason:
+        warnings.warn(f"GPTQ fell back to RTN: {reason}", GPTQFallbackWarning, stacklevel=2)
+    tensor = NVFP4Tensor(
+        pack_fp4(codes), scales.to(torch.float8_e4m3fn), gs, shape=w.shape, dtype=w.dtype
+    )
+    return GPTQResult(tensor, q, dead, bool(reason), reason)
+
+
+def gptq_fake_quantize(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    format: str = "nvfp4",
+    *,
+    hadamard: int | None = None,
+    options: GPTQOptions | None = None,
+) -> torch.Tensor:
+    """Study function: GPTQ-quantized-then-dequantized ``weight [N, K]`` in ``weight.dtype``.
+
+    ``format``: "nvfp4" or a scaled block format of :mod:`nvfp4lab.formats` ("mxfp4",
+    "int4_g128"). ``hadamard=seed``: run GPTQ on ``W Q`` with ``Qᵀ H Q`` (Q the seeded block
+    Hadamard, block = the format's group size, MR-GPTQ style) and rotate the result back, so the
+    return value is comparable with ``weight``.
+    """
+    options = options or GPTQOptions()
+    fmt = formats.get(format)
+    if format == "nvfp4":
+        cols: _Columns | None = None
+    elif isinstance(fmt, BlockFormat):
+        cols = _BlockColumns(fmt.info)
+    else:
+        raise ValueError(
+            f"GPTQ needs a scaled block format, got {format!r}; use 'nvfp4', 'mxfp4' or "
+            "'int4_g128'"
+        )
+    group = BLOCK_SIZE if cols is None else cols.group
+    _check_pair(weight, hessian, group)
+    w, h = weight.detach(), hessian
+    if hadamard is not None:
+        check_seed(hadamard)
+        w = hadamard_transform(w.to(torch.float32), hadamard, block=group)
+        rot = rotation_matrix(w.shape[1], hadamard, block=group, dtype=_WORK).to(w.device)
+        h = rot.T @ h.to(device=w.device, dtype=_WORK) @ rot
+    if cols is None:
+        cols = _NVFP4Columns(compute_global_scale(w), Convention.KERNEL)
+    q, _, _, _, reason = _run(w, h, cols, options)
+    if reason:
+        warnings.warn(f"GPTQ fell back to RTN: {reason}", GPTQFallbackWarning, stacklevel=2)
+    if hadamard is not None:
+        q = hadamard_transform(q, hadamard, inverse=True, block=group)
+    return q.to(weight.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# calibration data and whole models
+# --------------------------------------------------------------------------------------------
+
+
+def _check_batch(batch: object, index: int) -> None:
+    parts = list(batch.values()) if isinstance(batch, Mapping) else (
+        list(batch) if isinstance(batch, tuple | list) else [batch]
+    )
+    if not parts or not any(isinstance(p, torch.Tensor) for p in parts):
+        raise TypeError(
+            f"calibration batch {index} is a {type(batch).__name__} holding no tensor; pass model "
+            "inputs: tokenizer outputs (dicts of tensors), tensors, or tuples of tensors "
+            "(tokenize sentences first)"
+        )
+
+
+def calibration_batches(calibration: Iterable[Any] | None) -> list[Any]:
+    """The calibration batches as a list (they are run once per stage), checked: a mapping of
+    tensors (``model(**b)``), a tuple/list (``model(*b)``) or a tensor (``model(b)``)."""
+    if calibration is None:
+        raise ValueError(
+            "method='gptq' needs calibration=<iterable of model inputs> (e.g. a list of "
+            "tokenizer outputs); method='rtn' needs none"
+        )
+    if isinstance(calibration, str | bytes | torch.Tensor | Mapping):
+        raise TypeError(
+            f"calibration must be an iterable of batches (e.g. a list of tokenizer outputs), got "
+            f"a single {type(calibration).__name__}; wrap it in a list"
+        )
+    try:
+        batches = list(calibration)
+    except TypeError:
+        raise TypeError(
+            f"calibration must be an iterable of model inputs, got {type(calibration).__name__}"
+        ) from None
+    if not batches:
+        raise ValueError("calibration is empty: pass at least one batch of model inputs")
+    for i, batch in enumerate(batches):
+        _check_batch(batch, i)
+    return batches
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def run_batch(model: nn.Module, batch: Any) -> Any:
+    """``model(**b)`` for a mapping, ``model(*b)`` for a tuple/list, else ``model(b)``; tensors
+    are moved to the device of the model's first parameter or buffer."""
+    first = next(iter((*model.parameters(), *model.buffers())), None)
+    device = first.device if first is not None else torch.device("cpu")
+    if isinstance(batch, Mapping):
+        return model(**{k: _to(v, device) for k, v in batch.items()})
+    if isinstance(batch, tuple | list):
+        return model(*(_to(v, device) for v in batch))
+    return model(_to(batch, device))
+
+
+def _token_mask(batch: Any, x: torch.Tensor) -> torch.Tensor | None:
+    """The batch's ``attention_mask != 0`` when it lines up with ``x [B, T, K]``, else None."""
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    if isinstance(mask, torch.Tensor) and x.ndim == 3 and tuple(mask.shape) == x.shape[:2]:
+        return mask.to(x.device) != 0
+    return None
+
+
+@torch.no_grad()
+def collect_hessians(
+    model: nn.Module, names: Sequence[str], batches: Sequence[Any], *, mask_padding: bool = True
+) -> dict[str, Hessian]:
+    """One :class:`Hessian` per module in ``names`` (each called as ``module(x [..., K])``),
+    from forward pre-hooks while ``batches`` run through ``model`` (padding tokens left out
+    when ``mask_padding``)."""
+    modules = dict(model.named_modules())
+    hessians: dict[str, Hessian] = {}
+    current: dict[str, Any] = {}
+
+    def hook_for(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0]
+            if not isinstance(x, torch.Tensor) or x.numel() == 0:
+                return
+            mask = _token_mask(current.get("batch"), x) if mask_padding else None
+            hessians.setdefault(name, Hessian(x.shape[-1], x.device)).add(x, mask)
+
+        return hook
+
+    handles = [modules[n].register_forward_pre_hook(hook_for(n)) for n in names]
+    try:
+        for batch in batches:
+            current["batch"] = batch
+            run_batch(model, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return hessians
+
+
+def _stages(names: Sequence[str], groups: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """Layers in module order; a fused group (same input) is one stage at its first member."""
+    group_of = {m: g for g in groups for m in g}
+    stages: list[tuple[str, ...]] = []
+    for name in names:
+        stage = group_of.get(name, (name,))
+        if stage not in stages:
+            stages.append(stage)
+    return stages
+
+
+def sequential_gptq(
+    model: nn.Module,
+    layers: Mapping[str, nn.Linear],
+    batches: Sequence[Any],
+    *,
+    groups: Sequence[tuple[str, ...]] = (),
+    global_scales: Mapping[str, torch.Tensor] | None = None,
+    convention: str = Convention.KERNEL,
+    options: GPTQOptions | None = None,
+) -> Iterator[tuple[str, GPTQResult]]:
+    """Yield ``(name, GPTQResult)`` for each Linear of ``layers`` (in their order), stage by stage.
+
+    The caller must put each yielded layer into ``model`` before asking for the next one: the
+    next stage's Hessians are collected by running ``batches`` through ``model`` as it is then.
+    ``groups``: fused groups (one stage each); ``global_scales``: name -> shared ENCODE scale.
+    A layer no batch reaches is rounded with RTN (:class:`GPTQFallbackWarning`).
+    """
+    options = options or GPTQOptions()
+    global_scales = global_scales or {}
+    for stage in _stages(list(layers), groups):
+        hessians = collect_hessians(model, stage, batches, mask_padding=options.mask_padding)
+        for name in stage:
+            weight = layers[name].weight.detach()
+            hessian = hessians.pop(name, None)
+            if hessian is None:
+                warnings.warn(
+                    f"GPTQ: no calibration input reached layer {name!r}; it is rounded with RTN",
+                    GPTQFallbackWarning,
+                    stacklevel=2,
+                )
+            h = (hessian.matrix() if hessian is not None
+                 else torch.eye(weight.shape[1], dtype=_WORK, device=weight.device))
+            result = gptq_quantize(weight, h, global_scale=global_scales.get(name),
+                                   convention=convention, options=options)
+            if hessian is None:
+                result.fallback, result.reason = True, "no calibration input reached the layer"
+            yield name, result
