@@ -338,6 +338,10 @@ def _supported(kernel: str, req: Request) -> str | None:
 
 def _forced_by_env(req: Request, steps: list[str]) -> str | None:
     """E4 (and E5 with --linear-backend auto): the deprecated variables' forced kernel."""
+    if R.version(req.rel) >= R.version("0.22.0") and any(
+            v in req.env for v in (FBGEMM_ENV, EMULATION_ENV, GEMM_BACKEND_ENV)):
+        steps.append("the variables are deprecated: FutureWarning '... will be removed in v0.23"
+                     ". Use --linear-backend ...' (envs.py@0.22.0 deprecated_env)")
     if R.parse_flag(FBGEMM_ENV, req.env.get(FBGEMM_ENV)):
         steps.append(f"{FBGEMM_ENV}=1 forces Fbgemm")
         return _FBG
