@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,6 +73,7 @@ from nvfp4lab.scales import (
     abs_max,
     as_global_scale,
     block_scales,
+    decode_scale_from_amax,
     global_scale_from_amax,
     scale_elements,
 )
@@ -86,6 +88,7 @@ from nvfp4lab.vocab import (
 
 __all__ = [
     "ScaleUnderflowWarning",
+    "TensorScale",
     "check_input",
     "compute_global_scale",
     "dequantize",
@@ -212,26 +215,42 @@ def _warn_if_everything_underflows(gs: float, amax: float) -> None:
         )
 
 
-def _prepare(
-    x: torch.Tensor, global_scale: torch.Tensor | float | None, opts: NVFP4Options
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The one input check; returns (x padded and rotated as the options say, encode gs [1])."""
-    check_input(x)
-    _check_geometry(x, opts)
-    x = x.detach()  # quantization is a non-differentiable rounding
-    cols = opts.block_shape[1]
-    if x.shape[-1] % cols:
-        x = F.pad(x, (0, -x.shape[-1] % cols))
-    if x.is_meta:
-        gs = global_scale if global_scale is not None else torch.empty(1, device="meta")
-        return x, as_global_scale(gs, "meta")
-    amax = finite_amax(x, opts.nonfinite)
-    if opts.hadamard is not None:
-        x = hadamard_transform(x, opts.hadamard)
-        amax = finite_amax(x, NonFinite.PROPAGATE)
+@dataclass(frozen=True)
+class TensorScale:
+    """The tensor scale of one quantization: ``encode`` (2688/amax, float32 ``[1]``, what an
+    NVFP4Tensor stores as ``global_scale``) and, for the modelopt order, the exact ``decode``
+    scale (amax/2688) that order's arithmetic is written in."""
+
+    encode: torch.Tensor
+    decode: torch.Tensor | None = None
+
+    @property
+    def arithmetic(self) -> torch.Tensor:
+        """The scale the block arithmetic of the convention takes (see :mod:`nvfp4lab.scales`)."""
+        return self.encode if self.decode is None else self.decode
+
+
+def _tensor_scale(
+    amax: torch.Tensor,
+    global_scale: torch.Tensor | float | None,
+    decode_scale: torch.Tensor | float | None,
+    opts: NVFP4Options,
+    device: torch.device,
+) -> TensorScale:
+    """Resolve the tensor scale from an ENCODE ``global_scale``, a DECODE ``decode_scale`` or
+    (both None) the amax; validated, with the kernel order's cap and the underflow warning."""
+    modelopt = opts.convention == Convention.MODELOPT
+    if decode_scale is not None:
+        d = as_global_scale(decode_scale, device)
+        return TensorScale(torch.reciprocal(d), d if modelopt else None)
     if global_scale is None:
-        return x, global_scale_from_amax(amax, opts.convention, opts.global_scale_numerator)
-    gs = as_global_scale(global_scale, x.device)
+        if modelopt:
+            d = decode_scale_from_amax(amax, opts.global_scale_numerator)
+            return TensorScale(torch.reciprocal(d), d)
+        return TensorScale(
+            global_scale_from_amax(amax, opts.convention, opts.global_scale_numerator)
+        )
+    gs = as_global_scale(global_scale, device)
     _warn_if_everything_underflows(float(gs), float(amax))
     if opts.convention == Convention.KERNEL and float(gs) > KERNEL_MAX_GLOBAL_SCALE:
         raise ValueError(
@@ -239,7 +258,35 @@ def _prepare(
             "kernel order's 1/(s * (1/gs)) overflows float32 there; use a smaller global scale "
             "(any value <= 2688/amax is valid) or convention='compressed-tensors'"
         )
-    return x, gs
+    return TensorScale(gs, torch.reciprocal(gs) if modelopt else None)
+
+
+def _prepare(
+    x: torch.Tensor,
+    global_scale: torch.Tensor | float | None,
+    opts: NVFP4Options,
+    decode_scale: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, TensorScale]:
+    """The one input check; returns (x padded and rotated as the options say, its scale)."""
+    check_input(x)
+    _check_geometry(x, opts)
+    if global_scale is not None and decode_scale is not None:
+        raise ValueError(
+            "pass either global_scale (ENCODE, 2688/amax) or decode_scale (DECODE, amax/2688), "
+            "not both"
+        )
+    x = x.detach()  # quantization is a non-differentiable rounding
+    cols = opts.block_shape[1]
+    if x.shape[-1] % cols:
+        x = F.pad(x, (0, -x.shape[-1] % cols))
+    if x.is_meta:
+        gs = global_scale if global_scale is not None else torch.empty(1, device="meta")
+        return x, TensorScale(as_global_scale(gs, "meta"))
+    amax = finite_amax(x, opts.nonfinite)
+    if opts.hadamard is not None:
+        x = hadamard_transform(x, opts.hadamard)
+        amax = finite_amax(x, NonFinite.PROPAGATE)
+    return x, _tensor_scale(amax, global_scale, decode_scale, opts, x.device)
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,7 +303,8 @@ def quantize_blocks(
     rounding: str = Rounding.RNE,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Core arithmetic on ``blocks [..., nb, B]`` (any B) with float32 ``global_scale [1]``.
+    """Core arithmetic on ``blocks [..., nb, B]`` (any B) with float32 ``global_scale [1]`` (the
+    DECODE scale for the modelopt order: see :mod:`nvfp4lab.scales`).
 
     Returns (codes uint8 of the blocks' shape, scales float8_e4m3fn ``[..., nb]``). For each
     block and each target ``t`` the scale maps the block max to ``t``; with several targets the
@@ -291,7 +339,8 @@ def _best_scales(
     for target in targets:
         scales = block_scales(amax, global_scale, convention, target)
         codes = round_to_e2m1_codes(scale_elements(blocks, scales, global_scale, convention))
-        err = (decode_blocks(codes, scales, global_scale) - reference).square_().sum(-1)
+        decode = global_scale if convention == Convention.MODELOPT else None
+        err = (decode_blocks(codes, scales, global_scale, decode) - reference).square_().sum(-1)
         if best is None:
             best = (scales, codes, err)
             continue
@@ -345,7 +394,8 @@ def compute_global_scale(
     ``numerator``: 2688 = 448·6 for NVFP4 (Four Over Six uses 1536 = 256·6). ``kernel``: the
     division in float32 (NOT torch's ``2688 / t``, which is ``reciprocal(t) * 2688`` and differs
     by one ulp for about a quarter of amax values); ``compressed-tensors``: in ``x.dtype`` (a
-    bf16 model gets a bf16-rounded scale; fp16 overflows for amax < 2688/65504 ≈ 0.041). NaN/Inf
+    bf16 model gets a bf16-rounded scale; fp16 overflows for amax < 2688/65504 ≈ 0.041);
+    ``modelopt``: the float32 reciprocal of ModelOpt's DECODE scale ``amax / 2688``. NaN/Inf
     entries are ignored; a non-finite or non-positive result becomes 1.0; the kernel order caps
     the scale at 2**116 (amax < 3.2e-32) so its reciprocal arithmetic cannot overflow.
     """
@@ -353,7 +403,10 @@ def compute_global_scale(
     conv = check_choice("convention", convention, Convention)
     if x.is_meta:
         return torch.empty(1, dtype=torch.float32, device="meta")
-    return global_scale_from_amax(finite_amax(x.detach(), NonFinite.PROPAGATE), conv, numerator)
+    amax = finite_amax(x.detach(), NonFinite.PROPAGATE)
+    if conv == Convention.MODELOPT:
+        return torch.reciprocal(decode_scale_from_amax(amax, numerator))
+    return global_scale_from_amax(amax, conv, numerator)
 
 
 def quantize(
@@ -364,11 +417,15 @@ def quantize(
     convention: str = Convention.KERNEL,
     pad: bool = False,
     nonfinite: str = NonFinite.RAISE,
+    decode_scale: torch.Tensor | float | None = None,
     **options: Any,
 ) -> NVFP4Tensor:
     """Quantize ``x`` (fp32/bf16/fp16, ``[..., K]``) to an :class:`NVFP4Tensor`.
 
-    ``global_scale``: ENCODE convention (2688/amax); None computes it. ``options``: the research
+    ``global_scale``: ENCODE convention (2688/amax); None computes it. ``decode_scale``: instead
+    of it, the DECODE scale (amax/2688, e.g. ModelOpt's ``weight_scale_2``), used exactly by
+    ``convention="modelopt"`` (whose arithmetic is written in it) and kept by the result
+    (``NVFP4Tensor.decode_scale``); other conventions use its reciprocal. ``options``: the research
     options ``rounding``, ``generator``, ``scale_selection``, ``search_targets``, ``hadamard``.
     With ``hadamard`` the result is a :class:`RotatedNVFP4Tensor` holding ``x Q`` that
     dequantizes back to ``x``; with 2-D tiles each tile scale is repeated on its rows. See the
@@ -377,7 +434,7 @@ def quantize(
     opts = nvfp4_options(
         block_size=block_size, convention=convention, pad=pad, nonfinite=nonfinite, **options
     )
-    xp, gs = _prepare(x, global_scale, opts)
+    xp, scale = _prepare(x, global_scale, opts, decode_scale)
     rows, cols = opts.block_shape
     lead, kp = xp.shape[:-1], xp.shape[-1]
     packed = torch.empty((*lead, kp // 2), dtype=torch.uint8, device=xp.device)
@@ -392,13 +449,14 @@ def quantize(
                 packed_rows[part] = pack_fp4(codes)
                 scale_rows[part] = s
 
-            _encode_blocks(flat, gs, opts, sink)
+            _encode_blocks(flat, scale.arithmetic, opts, sink)
         else:
-            packed, scales = _quantize_tiles(flat, blocks.shape, xp.shape, gs, opts)
+            packed, scales = _quantize_tiles(flat, blocks.shape, xp.shape, scale.arithmetic, opts)
     # Finite input gives finite non-negative scales; NaN scales only come from an explicit
     # nonfinite="propagate", which asked for them: no validation pass here.
     q = NVFP4Tensor(
-        packed, scales, gs, shape=x.shape, dtype=x.dtype, block_size=cols, check_scales=False
+        packed, scales, scale.encode, shape=x.shape, dtype=x.dtype, block_size=cols,
+        check_scales=False, decode_scale=scale.decode,
     )
     return q if opts.hadamard is None else RotatedNVFP4Tensor(**vars(q), hadamard=opts.hadamard)
 
@@ -424,17 +482,21 @@ def _quantize_tiles(
 
 
 def fake_quantize(
-    x: torch.Tensor, global_scale: torch.Tensor | float | None = None, **options: Any
+    x: torch.Tensor,
+    global_scale: torch.Tensor | float | None = None,
+    *,
+    decode_scale: torch.Tensor | float | None = None,
+    **options: Any,
 ) -> torch.Tensor:
     """Quantize then dequantize, returning ``x.dtype`` and ``x.shape`` (no packing round trip).
 
     Equal bit for bit to ``dequantize(quantize(x, ...), x.dtype)``; a Hadamard rotation is undone
-    in float32 before the one rounding to ``x.dtype``. ``options``: the keywords of
+    in float32 before the one rounding to ``x.dtype``. ``decode_scale`` and ``options``: as in
     :func:`quantize` (``block_size``, ``convention``, ``pad``, ``nonfinite`` and the research
     options).
     """
     opts = nvfp4_options(**options)
-    xp, gs = _prepare(x, global_scale, opts)
+    xp, scale = _prepare(x, global_scale, opts, decode_scale)
     if xp.is_meta:
         return torch.empty_like(x)
     blocks = _to_blocks(xp, opts.block_shape)
@@ -443,9 +505,9 @@ def fake_quantize(
     out = torch.empty(flat.shape, dtype=torch.float32 if rotated else x.dtype, device=x.device)
 
     def sink(part: slice, codes: torch.Tensor, scales: torch.Tensor) -> None:
-        out[part] = decode_blocks(codes, scales, gs)
+        out[part] = decode_blocks(codes, scales, scale.encode, scale.decode)
 
-    _encode_blocks(flat, gs, opts, sink)
+    _encode_blocks(flat, scale.arithmetic, opts, sink)
     values = _from_blocks(out.reshape(blocks.shape), xp.shape, opts.block_shape)
     if rotated:
         values = hadamard_transform(values, opts.hadamard, inverse=True).to(x.dtype)  # type: ignore[arg-type]

@@ -14,13 +14,17 @@ Everything here favours obviousness over speed:
   the float32 result rounded (RNE) to the narrow type.
 * Block quantization loops over 16-element blocks in Python.
 
-Two block-quantization orders are provided (see docs/nvfp4-format.md):
+Three block-quantization orders are provided (see docs/nvfp4-format.md):
 
 ``"kernel"``
     vLLM's reference for its CUDA kernel; everything in float32 with reciprocal multiplies.
 ``"compressed-tensors"``
     compressed-tensors 0.20: ``amax / 6`` in the input dtype, a division by ``s / gs``,
     zero scales replaced by 0.125.
+``"modelopt"``
+    NVIDIA ModelOpt 0.47 (``NVFP4QTensor.quantize``), written in the DECODE tensor scale
+    ``d = amax / 2688``: ``s = e4m3(clamp(amax_b / (6 d), 2^-9, 448))`` (1 for an all-zero block),
+    elements divided by ``s * d``, decoded as ``value * (s * d)``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ __all__ = [
     "dequantize_blocks",
     "e4m3_finite_values",
     "global_scale",
+    "modelopt_decode_scale",
     "narrow",
     "pack_nibbles",
     "quantize_blocks",
@@ -74,7 +79,9 @@ CT_ZERO_SCALE: float = 0.125
 """compressed-tensors replaces a zero block scale by this value (the E4M3 'eps')."""
 
 GLOBAL_SCALE_NUMERATOR: float = 448.0 * 6.0
-CONVENTIONS: tuple[str, ...] = ("kernel", "compressed-tensors")
+CONVENTIONS: tuple[str, ...] = ("kernel", "compressed-tensors", "modelopt")
+MODELOPT_MIN_SCALE: float = 2.0**-9
+"""ModelOpt clamps every block scale to at least E4M3's smallest subnormal."""
 
 _FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -345,6 +352,29 @@ def global_scale(x: torch.Tensor, convention: str = "kernel") -> float:
     return gs if math.isfinite(gs) else 1.0
 
 
+def modelopt_decode_scale(x: torch.Tensor) -> float:
+    """DECODE-convention tensor scale as ModelOpt 0.47 computes it on the CPU: ``amax / 2688``,
+    amax exact (in x.dtype, then float32), one float32 division. An all-zero tensor gets 1.0."""
+    _check_input(x)
+    amax = float(x.detach().abs().max()) if x.numel() else 0.0
+    return round_f32(amax / GLOBAL_SCALE_NUMERATOR) if amax > 0 else 1.0
+
+
+def _block_modelopt(block: list[float], decode: float) -> tuple[list[int], float]:
+    """ModelOpt's order for one block, with the DECODE tensor scale ``decode`` (amax/2688)."""
+    amax = max(abs(v) for v in block)
+    pre = round_f32(amax / round_f32(E2M1_MAX * decode))  # block amax / (6 * decode)
+    if pre == 0.0:
+        pre = 1.0  # an all-zero block gets scale 1
+    scale = round_e4m3(min(max(pre, MODELOPT_MIN_SCALE), E4M3_MAX))
+    divisor = round_f32(scale * decode)  # the element divisor: block scale times decode scale
+    codes = []
+    for v in block:
+        scaled = round_f32(v / divisor)
+        codes.append(round_e2m1(min(max(scaled, -E2M1_MAX), E2M1_MAX)))
+    return codes, scale
+
+
 def _block_kernel(block: list[float], gs: float) -> tuple[list[int], float]:
     """Kernel order for one block of float32-exact values; returns (codes, scale)."""
     amax = max(abs(v) for v in block)
@@ -389,7 +419,9 @@ def quantize_blocks(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` [..., K] (K a multiple of 16; float32/bfloat16/float16, finite).
 
-    ``global_scale``: encode convention (``2688 / amax``), used as a float32 value.
+    ``global_scale``: the tensor scale in the form the convention's arithmetic is written in,
+    used as a float32 value: ENCODE (``2688 / amax``) for "kernel" and "compressed-tensors",
+    DECODE (``amax / 2688``, ModelOpt's ``weight_scale_2``) for "modelopt".
     Returns ``(codes, scales)``: codes uint8 [..., K] (unpacked 4-bit codes), scales float32
     [..., K/16] holding E4M3-representable values. Runs on CPU; slow (pure Python loops).
     """
@@ -416,6 +448,8 @@ def quantize_blocks(
             block = row[start : start + BLOCK]
             if convention == "kernel":
                 codes, scale = _block_kernel(block, gs)
+            elif convention == "modelopt":
+                codes, scale = _block_modelopt(block, gs)
             else:
                 codes, scale = _block_ct(block, gs, x.dtype)
             row_codes.extend(codes)
@@ -428,13 +462,14 @@ def quantize_blocks(
 
 
 def dequantize_blocks(
-    codes: torch.Tensor, scales: torch.Tensor, global_scale: float
+    codes: torch.Tensor, scales: torch.Tensor, global_scale: float, convention: str = "kernel"
 ) -> torch.Tensor:
-    """float32 [..., K]: ``value(code) * f32(s / gs)`` per element, in float32 arithmetic.
+    """float32 [..., K]: ``value(code) * f32(s / gs)`` per element, in float32 arithmetic; for
+    "modelopt" ``value(code) * f32(s * decode)`` with ``global_scale`` the DECODE scale.
 
-    ``codes`` uint8 [..., K]; ``scales`` [..., K/16] (any float dtype holding E4M3 values);
-    ``global_scale`` encode convention.
+    ``codes`` uint8 [..., K]; ``scales`` [..., K/16] (any float dtype holding E4M3 values).
     """
+    _check_convention(convention)
     if codes.shape[:-1] != scales.shape[:-1] or codes.shape[-1] != scales.shape[-1] * BLOCK:
         raise ValueError(
             f"shape mismatch: codes {tuple(codes.shape)}, scales {tuple(scales.shape)}"
@@ -449,7 +484,8 @@ def dequantize_blocks(
     for code_row, scale_row in zip(code_rows, scale_rows, strict=True):
         values = []
         for j, code in enumerate(code_row):
-            factor = round_f32(scale_row[j // BLOCK] / gs)
+            s_b = scale_row[j // BLOCK]
+            factor = round_f32(s_b * gs) if convention == "modelopt" else round_f32(s_b / gs)
             values.append(round_f32(decode_e2m1_code(int(code)) * factor))
         out.append(values)
     return torch.tensor(out, dtype=torch.float32).reshape(codes.shape)

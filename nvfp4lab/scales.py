@@ -20,6 +20,14 @@ Block scales, per block ``b`` of a tensor with encode scale ``gs``, in two arith
       s_b = e4m3(clamp(gs * f32(amax_b / t in x.dtype), -448, 448)); 0 -> 0.125
       scaled = f32(x) / (s_b / gs)
 
+* ``modelopt`` (NVIDIA ModelOpt 0.47, ``NVFP4QTensor.quantize``), written in the DECODE scale
+  ``d = amax / 2688`` (ModelOpt's ``weight_scale_2``; the functions below take ``d`` in place of
+  ``gs`` for this order)::
+
+      s_b = e4m3(clamp(amax_b / f32(t * d), 2^-9, 448))      (1 for an all-zero block)
+      scaled = f32(x) / f32(s_b * d)
+      decode: value * f32(s_b * d)
+
 ``torch.float8_e4m3fn`` casts do not saturate, hence the explicit clamp to ±448.
 """
 
@@ -40,14 +48,19 @@ from nvfp4lab.vocab import Convention
 
 __all__ = [
     "KERNEL_MAX_GLOBAL_SCALE",
+    "MODELOPT_MIN_BLOCK_SCALE",
     "abs_max",
     "as_global_scale",
     "block_scales",
+    "decode_scale_from_amax",
     "decode_to_encode_scale",
     "encode_to_decode_scale",
     "global_scale_from_amax",
     "scale_elements",
 ]
+
+#: ModelOpt clamps every block scale to at least E4M3's smallest subnormal.
+MODELOPT_MIN_BLOCK_SCALE: float = 2.0**-9
 
 #: Largest global scale the kernel order accepts: above it ``1/gs`` is so small that
 #: ``1 / (s_b * (1/gs))`` overflows float32 for the smallest block scales (2**-9).
@@ -123,6 +136,18 @@ def global_scale_from_amax(
     return gs.reshape(1)
 
 
+def decode_scale_from_amax(
+    amax: torch.Tensor, numerator: float = GLOBAL_SCALE_NUMERATOR
+) -> torch.Tensor:
+    """float32 ``[1]`` DECODE scale ``amax / numerator`` as ModelOpt computes it on the CPU: one
+    true float32 division (tensor by tensor, so a GPU divides too rather than multiplying by a
+    rounded reciprocal). A zero, tiny or non-finite result becomes 1.0 (ModelOpt itself would
+    produce NaN block scales for an all-zero tensor)."""
+    d = amax.float() / torch.full_like(amax, numerator, dtype=torch.float32)
+    d = torch.where(torch.isfinite(d) & (d > 0), d, torch.ones_like(d))
+    return d.reshape(1)
+
+
 def encode_to_decode_scale(global_scale: torch.Tensor | float) -> torch.Tensor:
     """ENCODE (2688/amax, compressed-tensors) -> DECODE (amax/2688, torchao/ModelOpt): ``1/x``."""
     return torch.reciprocal(as_global_scale(global_scale))
@@ -143,11 +168,16 @@ def block_scales(
 
     ``amax`` is in the input dtype (the compressed-tensors order divides in it); ``target`` is 6
     for plain NVFP4 (other values serve the scale-selection options). Zero scales stay zero in
-    the kernel order and become 0.125 in the compressed-tensors order.
+    the kernel order and become 0.125 in the compressed-tensors order; the modelopt order
+    (``global_scale`` = the DECODE scale d) divides by ``t * d`` and clamps to [2^-9, 448].
     """
     if convention == Convention.KERNEL:
         pre = global_scale * (amax.to(torch.float32) * (1.0 / target))
         return pre.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    if convention == Convention.MODELOPT:  # ``global_scale`` is the DECODE scale here
+        pre = amax.to(torch.float32) / (target * global_scale)
+        pre = torch.where(pre == 0, 1.0, pre).clamp_(MODELOPT_MIN_BLOCK_SCALE, E4M3_MAX)
+        return pre.to(torch.float8_e4m3fn).to(torch.float32)
     # Division in the input dtype by a same-device tensor, as compressed-tensors does (a
     # Python-number divisor would become a reciprocal multiply on CUDA).
     divisor = torch.tensor(target, dtype=amax.dtype, device=amax.device)
@@ -165,12 +195,14 @@ def scale_elements(
     """float32 ``x * gs / s`` clamped to ±6 for ``blocks [..., nb, B]`` and float32 ``scales``.
 
     Kernel order: a multiply by ``m = 1 / (s * (1/gs))`` (0 where ``s == 0``); compressed-tensors
-    order: a division by ``s / gs``.
+    order: a division by ``s / gs``; modelopt: a division by ``s * d`` (``global_scale`` = d).
     """
     if convention == Convention.KERNEL:
         multiplier = torch.reciprocal(scales * torch.reciprocal(global_scale))
         multiplier = torch.where(scales == 0, 0.0, multiplier)
         scaled = blocks.to(torch.float32) * multiplier.unsqueeze(-1)
+    elif convention == Convention.MODELOPT:  # ``global_scale`` is the DECODE scale here
+        scaled = blocks.to(torch.float32) / (scales * global_scale).unsqueeze(-1)
     else:
         scaled = blocks.to(torch.float32) / (scales / global_scale).unsqueeze(-1)
     return scaled.clamp_(-E2M1_MAX, E2M1_MAX)

@@ -46,15 +46,22 @@ def block_chunks(blocks: int, block_size: int, device: torch.device) -> Iterator
 
 
 def decode_blocks(
-    codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    decode_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """float32 ``value(code) * (scale / global_scale)``.
+    """float32 ``value(code) * (scale / global_scale)``, or ``value(code) * (scale *
+    decode_scale)`` when the exact DECODE scale is given (ModelOpt's and vLLM's decode order).
 
     ``codes``: uint8 ``[..., nb, block]``; ``scales``: ``[..., nb]`` (any float dtype holding the
     E4M3 values); ``global_scale``: float32 ``[1]`` (encode convention). Returns float32 of the
     shape of ``codes``.
     """
-    block_factor = scales.to(torch.float32) / global_scale
+    if decode_scale is None:
+        block_factor = scales.to(torch.float32) / global_scale
+    else:
+        block_factor = scales.to(torch.float32) * decode_scale
     values = decode_e2m1(codes, torch.float32)
     values *= block_factor.unsqueeze(-1)
     return values
@@ -83,6 +90,9 @@ class NVFP4Tensor:
     Construct it with :func:`nvfp4lab.quantize`, or from checkpoint tensors with keyword
     arguments ``packed=, scales=, global_scale=`` (``shape`` defaults to ``[..., 2 * Kp/2]``,
     ``dtype`` to float32, ``block_size`` to 16, the NVFP4 value; shapes must agree with it).
+    ``decode_scale``: the exact DECODE tensor scale (amax/2688) when the producer stored one
+    (ModelOpt's ``weight_scale_2``, or a ``convention="modelopt"`` quantization); decoding then
+    multiplies by it, as ModelOpt and vLLM do, and ``global_scale`` is its float32 reciprocal.
     See the module docstring for the layout and scale conventions. NaN or negative block scales
     are refused (:func:`invalid_block_scales`) unless ``check_scales=False``, the opt-out for
     studying broken data. Two NVFP4Tensors are ``==`` when their bytes, global scale, shape, dtype
@@ -96,6 +106,7 @@ class NVFP4Tensor:
     dtype: torch.dtype = field(default=torch.float32)
     block_size: int = BLOCK_SIZE
     check_scales: bool = field(default=True, compare=False, repr=False)
+    decode_scale: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.packed, torch.Tensor) or self.packed.dtype != torch.uint8:
@@ -114,6 +125,8 @@ class NVFP4Tensor:
                 f"{getattr(self.scales, 'dtype', type(self.scales))}{hint}"
             )
         self.global_scale = as_global_scale(self.global_scale, self.packed.device)
+        if self.decode_scale is not None:
+            self.decode_scale = as_global_scale(self.decode_scale, self.packed.device)
         packed, scales = self.packed, self.scales
         if packed.ndim == 0 or scales.ndim != packed.ndim or packed.shape[:-1] != scales.shape[:-1]:
             raise ValueError(
@@ -178,6 +191,8 @@ class NVFP4Tensor:
             and torch.equal(self.packed, other.packed)
             and torch.equal(self.scales.view(torch.uint8), other.scales.view(torch.uint8))
             and torch.equal(self.global_scale, other.global_scale.to(self.global_scale.device))
+            and (self.decode_scale is None) == (other.decode_scale is None)
+            and (self.decode_scale is None or torch.equal(self.decode_scale, other.decode_scale))
             and vars(self).get("hadamard") == vars(other).get("hadamard")
         )
 
@@ -221,7 +236,9 @@ class NVFP4Tensor:
             (packed.shape[0], self.block_size), dtype=dtype or self.dtype, device=self.device
         )
         for part in block_chunks(packed.shape[0], self.block_size, self.device):
-            values = decode_blocks(unpack_fp4(packed[part]), scales[part], self.global_scale)
+            values = decode_blocks(
+                unpack_fp4(packed[part]), scales[part], self.global_scale, self.decode_scale
+            )
             out[part] = values
         out = out.reshape(*self.packed.shape[:-1], 2 * self.packed.shape[-1])
         return out if out.shape[-1] == self.shape[-1] else out[..., : self.shape[-1]]
@@ -249,6 +266,7 @@ class NVFP4Tensor:
             dtype=self.dtype,
             block_size=self.block_size,
             check_scales=False,  # checked (or deliberately not) when this one was built
+            decode_scale=None if self.decode_scale is None else self.decode_scale.to(device),
         )
 
     def __repr__(self) -> str:

@@ -10,7 +10,7 @@ vocabulary             values                                                   
 :class:`Backend`       native, emulation, w4a16 (``"auto"`` asks the dispatcher)        execution
 :class:`GemmPath`      the backends plus bf16 and fp8 (roofline paths)                 roofline
 :class:`BiasMode`      output, fp32, dropped                                           execution
-:class:`Convention`    kernel, compressed-tensors (arithmetic orders)                  codec
+:class:`Convention`    kernel, compressed-tensors, modelopt (arithmetic orders)        codec
 :class:`Rounding`      rne, stochastic                                                 codec
 :class:`ScaleSelection`  amax, four_over_six, mse_search                               codec
 :class:`NonFinite`     raise, propagate                                                codec
@@ -93,6 +93,7 @@ class Convention(StrEnum):
 
     KERNEL = "kernel"
     COMPRESSED_TENSORS = "compressed-tensors"
+    MODELOPT = "modelopt"
 
 
 class Rounding(StrEnum):

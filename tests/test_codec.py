@@ -463,3 +463,55 @@ def test_inputs_that_require_grad_are_detached_quietly() -> None:
         y = fake_quantize(x)
     assert not y.requires_grad
     assert torch.equal(y, q.dequantize())
+
+
+# --------------------------------------------------------------------------------------------
+# the modelopt order (ModelOpt 0.47's NVFP4QTensor.quantize; the installed package is the oracle
+# of tests/peers, the slow reference is the oracle here)
+
+
+def _modelopt_matches_reference(x: torch.Tensor, q: NVFP4Tensor, decode: float) -> None:
+    assert q.decode_scale is not None and float(q.decode_scale) == decode
+    assert float(q.global_scale) == reference.round_f32(1.0 / decode)  # its float32 reciprocal
+    codes, scales = reference.quantize_blocks(x, decode, "modelopt")
+    assert torch.equal(unpack_fp4(q.packed), codes)
+    assert torch.equal(q.scales.view(torch.uint8), scales.to(torch.float8_e4m3fn).view(torch.uint8))
+    expected = reference.dequantize_blocks(codes, scales, decode, "modelopt")
+    assert torch.equal(bits(q.dequantize(torch.float32)), bits(expected))
+    assert torch.equal(bits(fake_quantize(x, decode_scale=decode, convention="modelopt")),
+                       bits(expected.to(x.dtype)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", [*KINDS, "tiny_blocks"])
+def test_modelopt_order_matches_reference(dtype: torch.dtype, kind: str) -> None:
+    if kind == "tiny_blocks":  # blocks far below the tensor's amax: ModelOpt clamps to 2**-9
+        x = make("normal", (8, 64), dtype, seed=3)
+        x[:, :16] *= 1e-6
+    else:
+        x = make(kind, (8, 64), dtype, seed=7 * KINDS.index(kind) + DTYPES.index(dtype))
+    q = quantize(x, convention="modelopt")
+    _modelopt_matches_reference(x, q, reference.modelopt_decode_scale(x))
+    raw = q.scales.view(torch.uint8)
+    if kind == "zero_blocks":
+        assert (raw == 0x38).any()  # an all-zero block gets scale 1.0, never 0
+    if kind == "tiny_blocks":
+        assert (raw[:, 0] == 0x01).all()  # clamped to E4M3's smallest, 2**-9
+    assert not (raw == 0).any()
+
+
+def test_modelopt_explicit_scales() -> None:
+    x = make("student_t", (4, 64), torch.bfloat16, seed=5)
+    decode = reference.round_f32(float(x.abs().max()) / 2688.0 * 1.25)
+    _modelopt_matches_reference(x, quantize(x, decode_scale=decode, convention="modelopt"), decode)
+    gs = 2688.0 / 3.0  # an ENCODE scale: its float32 reciprocal becomes the decode scale
+    q = quantize(x, gs, convention="modelopt")
+    assert float(q.decode_scale) == reference.round_f32(1.0 / reference.round_f32(gs))
+    with pytest.raises(ValueError, match=r"either global_scale .* or decode_scale"):
+        quantize(x, 1.0, decode_scale=1.0)
+    kernel = quantize(x, decode_scale=decode)  # other orders take its reciprocal
+    assert kernel.decode_scale is None
+    assert float(kernel.global_scale) == float(torch.reciprocal(torch.tensor([decode])))
+    assert float(compute_global_scale(x, convention="modelopt")) == float(
+        torch.reciprocal(torch.tensor([reference.modelopt_decode_scale(x)]))
+    )

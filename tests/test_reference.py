@@ -293,9 +293,9 @@ def test_quantize_blocks_exact_grid_block() -> None:
         assert codes[0].tolist() == [*range(8), *range(9, 16), 8]
         assert codes[1].tolist() == [0] * 16
         assert scales[0].item() == 1.0
-        zero_block_scale = 0.0 if convention == "kernel" else 0.125
-        assert scales[1].item() == zero_block_scale
-        deq = ref.dequantize_blocks(codes, scales, 1.0)
+        zero_block_scale = {"kernel": 0.0, "compressed-tensors": 0.125, "modelopt": 1.0}
+        assert scales[1].item() == zero_block_scale[convention]
+        deq = ref.dequantize_blocks(codes, scales, 1.0, convention)
         assert deq[0, :15].tolist() == vals[:15]
         assert deq[0, 15].item() == 0.0 and math.copysign(1, deq[0, 15].item()) == -1
         assert deq[1].tolist() == [0.0] * 16
