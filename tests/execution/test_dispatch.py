@@ -71,6 +71,36 @@ def test_selection_table(
     assert f"sm_{cap[0]}{cap[1]}" in choice.reason
 
 
+# vLLM 0.33.0 (the default rules), default install, from kernels/linear/__init__.py@0.33.0
+# L592-613 and the notes' sim033.py run of the real init_nvfp4_linear_kernel (section 6.4):
+# cc 7.5-8.9 Marlin (w4a16), 9.0 Humming (W4A8 -> nvfp4lab w4a16), 10.x FlashInferCuteDsl,
+# 12.x FlashInferCutlass (native). VLLM_USE_NVFP4_CT_EMULATIONS is not read (envs.py@0.24.0+).
+LATEST_KERNEL = {(7, 5): "Marlin", (8, 0): "Marlin", (8, 9): "Marlin", (9, 0): "Humming",
+                 (10, 0): "FlashInferCuteDsl", (10, 3): "FlashInferCuteDsl",
+                 (12, 0): "FlashInferCutlass"}
+
+
+@pytest.mark.parametrize(
+    ("cap", "switch", "override"), list(itertools.product(CAPABILITIES, SWITCH_VALUES, OVERRIDES))
+)
+def test_selection_table_latest(
+    cap: tuple[int, int], switch: str | None, override: str | None
+) -> None:
+    env = {}
+    if switch is not None:
+        env[EMULATION_ENV] = switch
+    if override is not None:
+        env[BACKEND_ENV] = override
+    choice = select_backend(capability=cap, env=env)
+    forced = override is not None and override.strip().lower() not in ("", "auto")
+    name = override.strip().lower() if forced else (  # type: ignore[union-attr]
+        "native" if cap >= (10, 0) else "w4a16")
+    assert choice.name == name and choice.forced is forced
+    assert choice.kernel == LATEST_KERNEL[cap] + "NvFp4LinearKernel"
+    assert choice.vllm == "0.33.0" and not choice.emulation_switch
+    assert (EMULATION_ENV + " is ignored" in choice.reason) is (switch is not None)
+
+
 def test_reasons_are_specific() -> None:
     hopper = select_backend(capability=(9, 0), env={}, vllm="seed")
     assert hopper.name == "w4a16" and hopper.kernel == "MarlinNvFp4LinearKernel"
