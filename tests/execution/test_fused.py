@@ -1,9 +1,9 @@
 """merge_error: the max-merge of fused global scales, against an independent float64 computation.
 
 The oracle decodes each shard on its own (a table of E2M1 values times the float32 block
-factors, metrics in float64, nothing from nvfp4lab's decode) and applies the merge rule of each format as written in
-vLLM 0.33.0: compressed-tensors keeps ``1/max(encode)`` (compressed_tensors_w4a4_nvfp4.py
-L111-112), ModelOpt ``max(decode)`` (modelopt.py L2093).
+factors, metrics in float64, nothing from nvfp4lab's decode) and applies the merge rule of each
+format as written in vLLM 0.33.0: compressed-tensors keeps ``1/max(encode)``
+(compressed_tensors_w4a4_nvfp4.py L111-112), ModelOpt ``max(decode)`` (modelopt.py L2093).
 """
 
 from __future__ import annotations

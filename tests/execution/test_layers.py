@@ -11,8 +11,8 @@ from nvfp4lab.execution import (
     NVFP4Linear,
 )
 from nvfp4lab.execution.dispatch import BACKEND_ENV
-from nvfp4lab.settings import BATCH_INVARIANT_ENV
 from nvfp4lab.execution.gemm import linear
+from nvfp4lab.settings import BATCH_INVARIANT_ENV
 
 BACKENDS = ["emulation", "w4a16"]
 
