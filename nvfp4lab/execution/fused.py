@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lab import metrics
-from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
+from nvfp4lab.execution.gemm import vllm_dequantize
 from nvfp4lab.tensor import NVFP4Tensor
 from nvfp4lab.vocab import CheckpointFormat, check_choice
 
@@ -80,11 +80,7 @@ def merged_decode_scale(shards: Mapping[str, NVFP4Tensor], fmt: str) -> torch.Te
 def decode_with(t: NVFP4Tensor, decode: torch.Tensor) -> torch.Tensor:
     """``t`` decoded as vLLM's ``dequantize_to_dtype`` does with the decode multiplier
     ``decode``: ``value * (scale * decode)`` in float32, shape ``t.shape``."""
-    values = decode_e2m1(unpack_fp4(t.packed), torch.float32)
-    blocks = values.reshape(*t.scales.shape, t.block_size)
-    factor = (t.scales.to(torch.float32) * decode.to(torch.float32)).unsqueeze(-1)
-    out = (blocks * factor).reshape(values.shape)
-    return out[..., : t.shape[-1]]  # type: ignore[index]
+    return vllm_dequantize(t, torch.float32, decode=decode)
 
 
 def merge_error(
