@@ -3,6 +3,12 @@
 Tensors are read lazily from memory-mapped safetensors files (:class:`TensorSource`), never
 unpickled (pickle files are refused). Writes go to a hidden temporary sibling folder that is
 renamed into place at the end (:func:`fresh_dir`, :func:`replace_dir`).
+
+For work on checkpoints larger than memory, :func:`read_header` reads a safetensors header (the
+8-byte little-endian length, then the JSON table of dtype, shape and byte range per tensor) and
+:func:`write_safetensors` writes a file tensor by tensor, copying unchanged tensors file to file
+in bounded chunks (``os.copy_file_range``), so no tensor is ever held whole. :data:`LAYER_NAMES`
+names the tensors of one quantized Linear in each checkpoint format.
 """
 
 from __future__ import annotations
@@ -19,25 +25,32 @@ from typing import Any
 
 import torch
 
+from nvfp4lab.vocab import CheckpointFormat
+
 __all__ = [
     "CONFIG_NAME",
+    "LAYER_NAMES",
     "OWNER_MARKER",
     "PICKLE_SUFFIXES",
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "CheckpointError",
+    "LayerNames",
+    "StoredTensor",
     "TensorSource",
     "WeightFiles",
     "check_target",
     "fresh_dir",
     "missing_tensor",
     "read_exact",
+    "read_header",
     "read_json",
     "read_like",
     "refuse_pickle",
     "remove_stale_dirs",
     "replace_dir",
     "weight_files",
+    "write_safetensors",
 ]
 
 CONFIG_NAME = "config.json"
@@ -45,7 +58,6 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-#: Per-module tensors of a quantized Linear, as compressed-tensors names them.
 
 PICKLE_SUFFIXES: tuple[str, ...] = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
@@ -355,3 +367,132 @@ def replace_dir(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         old.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------
+# tensor names per format, and safetensors files read and written without holding tensors
+
+
+@dataclass(frozen=True)
+class LayerNames:
+    """The tensor leaves of one quantized Linear ``<name>`` in a checkpoint format.
+
+    ``packed``: uint8 ``[N, K/2]`` codes; ``scale``: float8_e4m3fn ``[N, K/16]`` block scales
+    (plain layout); ``global_scale`` / ``input_scale``: float32 of shape ``scalar_shape``, in the
+    DECODE convention (amax/2688) when ``decode`` is True, else ENCODE (2688/amax).
+    """
+
+    packed: str
+    scale: str
+    global_scale: str
+    input_scale: str
+    scalar_shape: tuple[int, ...]
+    decode: bool
+
+    def roles(self) -> dict[str, str]:
+        """role -> leaf for the four quantized tensors (roles: packed, scale, global, input)."""
+        return {"packed": self.packed, "scale": self.scale, "global": self.global_scale,
+                "input": self.input_scale}
+
+
+#: compressed-tensors ``nvfp4-pack-quantized`` and ModelOpt 0.47 ``export_hf_checkpoint`` names.
+LAYER_NAMES: dict[CheckpointFormat, LayerNames] = {
+    CheckpointFormat.COMPRESSED_TENSORS: LayerNames(
+        "weight_packed", "weight_scale", "weight_global_scale", "input_global_scale", (1,), False
+    ),
+    CheckpointFormat.MODELOPT: LayerNames(
+        "weight", "weight_scale", "weight_scale_2", "input_scale", (), True
+    ),
+}
+
+#: Largest safetensors header accepted (the format's own limit is 100 MB).
+MAX_HEADER_BYTES = 100_000_000
+
+
+def read_header(file: Path) -> tuple[int, dict[str, Any]]:
+    """(byte offset where the data starts, the JSON header) of a safetensors file.
+
+    The header maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``
+    (offsets relative to the data start) and may hold ``"__metadata__"``. Nothing else is read.
+    """
+    try:
+        with open(file, "rb") as handle:
+            head = handle.read(8)
+            size = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < size <= MAX_HEADER_BYTES:
+                raise CheckpointError(f"{file}: not a safetensors file (bad header length)")
+            header = json.loads(handle.read(size))
+    except FileNotFoundError:
+        raise CheckpointError(f"{file} is listed in the checkpoint but does not exist") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file}: not a safetensors file (header: {exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{file}: not a safetensors file (header is not a JSON object)")
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if file.stat().st_size < 8 + size + end:
+        raise CheckpointError(
+            f"{file}: truncated ({file.stat().st_size} bytes, the header needs {8 + size + end})"
+        )
+    return 8 + size, header
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """One tensor of a safetensors file to write: ``data`` is the new bytes, or ``(file,
+    offset)`` to copy ``nbytes`` from unchanged."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    data: bytes | tuple[Path, int]
+
+
+#: Bytes moved per system call when copying tensors file to file.
+COPY_CHUNK_BYTES = 64 * 2**20
+
+
+def _copy_range(src: Path, offset: int, nbytes: int, out_fd: int) -> None:
+    with open(src, "rb", buffering=0) as handle:
+        fd = handle.fileno()
+        done = 0
+        while done < nbytes:
+            step = min(COPY_CHUNK_BYTES, nbytes - done)
+            try:
+                moved = os.copy_file_range(fd, out_fd, step, offset + done)
+            except (AttributeError, OSError):  # no copy_file_range here (or across devices)
+                chunk = memoryview(os.pread(fd, step, offset + done))
+                moved = len(chunk)
+                while chunk:
+                    chunk = chunk[os.write(out_fd, chunk):]
+            if moved <= 0:
+                raise CheckpointError(f"{src}: ended early while copying {nbytes} bytes")
+            done += moved
+
+
+def write_safetensors(
+    path: Path, tensors: Sequence[StoredTensor], metadata: dict[str, str] | None = None
+) -> int:
+    """Write ``tensors`` in order as a safetensors file at ``path``; returns the data bytes.
+
+    Memory stays bounded by :data:`COPY_CHUNK_BYTES` whatever the tensor sizes."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for t in tensors:
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape),
+                          "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    if metadata:
+        header["__metadata__"] = metadata
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb", buffering=0) as out:
+        out.write(len(raw).to_bytes(8, "little") + raw)
+        for t in tensors:
+            if isinstance(t.data, bytes):
+                if len(t.data) != t.nbytes:
+                    raise CheckpointError(f"{t.name}: {len(t.data)} bytes given, {t.nbytes} due")
+                out.write(t.data)
+            else:
+                _copy_range(t.data[0], t.data[1], t.nbytes, out.fileno())
+    return offset

@@ -1,4 +1,5 @@
-"""Read a compressed-tensors NVFP4 checkpoint into a transformers model with NVFP4Linear layers.
+"""Read an NVFP4 checkpoint (compressed-tensors or ModelOpt) into a transformers model with
+NVFP4Linear layers.
 
 The model is built from its config with every parameter moved to the meta device as it is
 created (no float weight is ever materialized for a quantized layer), then tensors are streamed
@@ -19,21 +20,31 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from nvfp4lab.checkpoint.config import QUANTIZED_TENSOR_NAMES, read_quantization_config
+from nvfp4lab.checkpoint.config import read_quantization_config
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
+    LAYER_NAMES,
     PICKLE_SUFFIXES,
     CheckpointError,
+    LayerNames,
     TensorSource,
     missing_tensor,
     read_exact,
     read_like,
     refuse_pickle,
+    stored_meta,
     weight_files,
+)
+from nvfp4lab.checkpoint.modelopt import (
+    ModelOptConfig,
+    detect_format,
+    excluded,
+    read_modelopt_config,
 )
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
+from nvfp4lab.vocab import CheckpointFormat, Scheme
 
 if TYPE_CHECKING:
     from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
@@ -96,12 +107,19 @@ def _build_skeleton(
     return model, dtype
 
 
-def _check_global_scale(source: TensorSource, key: str, value: torch.Tensor) -> torch.Tensor:
+def _read_scale(source: TensorSource, key: str, names: LayerNames) -> torch.Tensor:
+    """A float32 tensor scale, checked finite and > 0, as ``[1]``; ModelOpt's 0-d scalars are
+    also accepted as ``[1]`` (vLLM accepts both)."""
+    shape = names.scalar_shape
+    if names.decode and stored_meta(source, key)[2] == [1]:
+        shape = (1,)
+    value = read_exact(source, key, torch.float32, shape)
     flat = value.reshape(-1).to(torch.float64)
     if not (math.isfinite(float(flat)) and float(flat) > 0):
+        what = "DECODE convention, amax/2688" if names.decode else "ENCODE convention, 2688/amax"
         raise CheckpointError(
-            f"{source.file_of(key)}: tensor {key!r} must be finite and > 0 (ENCODE convention, "
-            f"2688/amax), got {float(flat)}"
+            f"{source.file_of(key)}: tensor {key!r} must be finite and > 0 ({what}), got "
+            f"{float(flat)}"
         )
     return value.reshape(1)
 
@@ -145,11 +163,28 @@ def _quantized_modules(
     return out
 
 
-def _expected_keys(model: nn.Module, quantized: Mapping[str, QuantizationScheme]) -> set[str]:
+def _modelopt_modules(
+    model: nn.Module, config: ModelOptConfig
+) -> dict[str, Scheme]:
+    """Module name -> scheme: every nn.Linear not matched by ``exclude_modules`` (as vLLM)."""
+    out = {
+        name: config.scheme
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and not excluded(name, config.exclude_modules)
+    }
+    if not out:
+        raise CheckpointError(
+            f"{config.file}: every Linear of the model is in exclude_modules "
+            f"{list(config.exclude_modules)}; nothing is quantized"
+        )
+    return out
+
+
+def _expected_keys(model: nn.Module, quantized: Mapping[str, Any], names: LayerNames) -> set[str]:
     prefixes = tuple(f"{name}." for name in quantized)
     keys = {k for k in model.state_dict() if not k.startswith(prefixes)}
     for name in quantized:
-        keys.update(f"{name}.{leaf}" for leaf in ("weight_packed", "weight_scale"))
+        keys.update(f"{name}.{leaf}" for leaf in (names.packed, names.scale))
     return keys
 
 
@@ -170,41 +205,50 @@ def _key_prefix_fix(model: nn.Module, keys: set[str], expected: set[str]) -> tup
     return "", ""
 
 
+def _static_input(scheme: QuantizationScheme | Scheme) -> bool:
+    """Whether the layer stores a static activation scale (W4A4 with a calibrated scale)."""
+    if isinstance(scheme, Scheme):
+        return scheme == Scheme.NVFP4
+    acts = scheme.input_activations
+    return acts is not None and acts.dynamic is not True
+
+
 def _load_quantized_linear(
     source: TensorSource,
     name: str,
     module: nn.Linear,
-    scheme: QuantizationScheme,
+    names: LayerNames,
+    static_input: bool,
     dtype: torch.dtype,
     backend: str,
 ) -> tuple[nn.Module, set[str]]:
-
+    """One quantized Linear from its stored tensors (``names``: the format's leaves); DECODE
+    scales (ModelOpt) are kept exactly as the layer's ``*_decode_scale`` buffers."""
     n, k = module.out_features, module.in_features
     if k % BLOCK_SIZE:
         raise CheckpointError(f"{name}: in_features={k} is not a multiple of {BLOCK_SIZE}")
-    keys = {leaf: f"{name}.{leaf}" for leaf in (*QUANTIZED_TENSOR_NAMES, "bias")}
-    packed = read_exact(source, keys["weight_packed"], torch.uint8, (n, k // 2))
-    scales = read_exact(
-        source, keys["weight_scale"], torch.float8_e4m3fn, (n, k // BLOCK_SIZE)
-    )
-    scales = _check_block_scales(source, keys["weight_scale"], scales)
-    gs = read_exact(source, keys["weight_global_scale"], torch.float32, (1,))
-    gs = _check_global_scale(source, keys["weight_global_scale"], gs)
-    used = {keys["weight_packed"], keys["weight_scale"], keys["weight_global_scale"]}
-    input_gs = None
-    acts = scheme.input_activations
-    if acts is not None and acts.dynamic is not True:
-        input_gs = read_exact(source, keys["input_global_scale"], torch.float32, (1,))
-        input_gs = _check_global_scale(source, keys["input_global_scale"], input_gs)
-        used.add(keys["input_global_scale"])
+    keys = {role: f"{name}.{leaf}" for role, leaf in names.roles().items()}
+    packed = read_exact(source, keys["packed"], torch.uint8, (n, k // 2))
+    scales = read_exact(source, keys["scale"], torch.float8_e4m3fn, (n, k // BLOCK_SIZE))
+    scales = _check_block_scales(source, keys["scale"], scales)
+    stored = _read_scale(source, keys["global"], names)
+    decode = stored if names.decode else None
+    gs = torch.reciprocal(stored) if names.decode else stored
+    used = {keys["packed"], keys["scale"], keys["global"]}
     bias = None
     if module.bias is not None:
-        bias = read_like(source, keys["bias"], module.bias)
-        used.add(keys["bias"])
-    weight = NVFP4Tensor(packed=packed, scales=scales, global_scale=gs, shape=(n, k), dtype=dtype)
-    layer = NVFP4Linear.from_quantized(
-        weight, bias, input_global_scale=input_gs, backend=backend
-    )
+        bias = read_like(source, f"{name}.bias", module.bias)
+        used.add(f"{name}.bias")
+    weight = NVFP4Tensor(packed=packed, scales=scales, global_scale=gs, shape=(n, k), dtype=dtype,
+                         decode_scale=decode)
+    layer = NVFP4Linear.from_quantized(weight, bias, backend=backend)
+    if static_input:
+        value = _read_scale(source, keys["input"], names)
+        if names.decode:
+            layer.set_input_decode_scale(value)
+        else:
+            layer.set_input_global_scale(value)
+        used.add(keys["input"])
     return layer, used
 
 
@@ -254,17 +298,22 @@ def load(
     model_class: type[nn.Module] | None = None,
     strict: bool = True,
 ) -> nn.Module:
-    """Load a compressed-tensors NVFP4 checkpoint directory into a transformers model.
+    """Load an NVFP4 checkpoint directory (compressed-tensors or ModelOpt) into a transformers
+    model.
 
-    Targeted Linears (compressed-tensors' target/ignore matching) become
-    :class:`nvfp4lab.NVFP4Linear` (``backend`` passed on) holding the stored
-    ``weight_packed`` / ``weight_scale`` / global scales byte for byte; other float tensors are
+    The format comes from the configuration (:func:`~nvfp4lab.checkpoint.modelopt.detect_format`).
+    Quantized Linears (compressed-tensors: its target/ignore matching; ModelOpt: every Linear not
+    in ``exclude_modules``, as vLLM decides) become :class:`nvfp4lab.NVFP4Linear` (``backend``
+    passed on) holding the stored codes / block scales / tensor scales byte for byte (a ModelOpt
+    DECODE scale is kept exactly in ``weight_decode_scale`` / ``input_decode_scale``, and the
+    ENCODE buffers hold its float32 reciprocal); other float tensors are
     cast to ``dtype`` (default: the config's dtype, else float32). ``model_class``: the
     transformers class to build (default: ``config.architectures[0]``, else ``AutoModel``).
     ``strict``: raise on stored tensors the model has no place for. Raises
     :class:`CheckpointError` naming the file and tensor for a missing tensor, a wrong dtype or
-    shape, a format other than nvfp4-pack-quantized, a group size other than 16, a pickle file
-    or a truncated file. Returns the model in eval mode on ``device``.
+    shape, a format other than nvfp4-pack-quantized or ModelOpt NVFP4 / W4A16_NVFP4, a group size
+    other than 16, a pickle file or a truncated file. Returns the model in eval mode on
+    ``device``.
     """
     directory = Path(path)
     if directory.is_file():
@@ -273,21 +322,32 @@ def load(
         raise CheckpointError(f"{directory} is a file; pass the checkpoint directory")
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
-    qconfig = read_quantization_config(directory)
+    fmt = detect_format(directory)
+    names = LAYER_NAMES[fmt]
+    if fmt == CheckpointFormat.MODELOPT:
+        mo_config = read_modelopt_config(directory)
+    else:
+        qconfig = read_quantization_config(directory)
     files = weight_files(directory)
     device = torch.device(device)
     model, dtype = _build_skeleton(directory, dtype, model_class)
-    quantized = _quantized_modules(model, qconfig, directory / CONFIG_NAME)
+    quantized: Mapping[str, QuantizationScheme | Scheme] = (
+        _modelopt_modules(model, mo_config) if fmt == CheckpointFormat.MODELOPT
+        else _quantized_modules(model, qconfig, directory / CONFIG_NAME)
+    )
 
     with contextlib.ExitStack() as stack:
         source = TensorSource(files, device, stack)
-        strip, add = _key_prefix_fix(model, set(source.entries), _expected_keys(model, quantized))
+        expected = _expected_keys(model, quantized, names)
+        strip, add = _key_prefix_fix(model, set(source.entries), expected)
         source.rekey(strip, add)
         used: set[str] = set()
         for name, scheme in quantized.items():
             module = model.get_submodule(name)
             assert isinstance(module, nn.Linear)
-            layer, keys = _load_quantized_linear(source, name, module, scheme, dtype, backend)
+            layer, keys = _load_quantized_linear(
+                source, name, module, names, _static_input(scheme), dtype, backend
+            )
             owner, leaf = _owner(model, name)
             setattr(owner, leaf, layer)
             used |= keys

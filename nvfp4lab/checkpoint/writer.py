@@ -1,4 +1,5 @@
-"""Write a model whose quantized Linears are NVFP4Linear as a compressed-tensors checkpoint.
+"""Write a model whose quantized Linears are NVFP4Linear as a compressed-tensors or ModelOpt
+checkpoint.
 
 The directory is assembled under a hidden temporary name and renamed into place only when
 everything is written, so a failed save never leaves a directory that looks like a checkpoint.
@@ -19,27 +20,30 @@ import torch
 from torch import nn
 
 from nvfp4lab.checkpoint.config import (
-    CT_FORMAT,
     Scheme,
     check_scheme,
     quantization_config,
 )
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
+    LAYER_NAMES,
     OWNER_MARKER,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     CheckpointError,
+    LayerNames,
     check_target,
     fresh_dir,
     read_json,
     remove_stale_dirs,
     replace_dir,
 )
+from nvfp4lab.checkpoint.modelopt import HF_QUANT_CONFIG_NAME, config_quantization, hf_quant_config
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.model import FUSED_GROUPS
 from nvfp4lab.tensor import invalid_block_scales
+from nvfp4lab.vocab import CheckpointFormat, check_choice
 
 __all__ = [
     "CHECKPOINT_FILES",
@@ -140,24 +144,43 @@ def _resolve_scheme(scheme: str | None, quantized: Mapping[str, nn.Module]) -> s
     return scheme
 
 
-def _quantized_tensors(name: str, module: nn.Module, scheme: str) -> dict[str, torch.Tensor]:
-    """The compressed-tensors tensors of one NVFP4Linear, validated."""
+def _stored_scale(
+    encode: torch.Tensor, decode: torch.Tensor | None, names: LayerNames
+) -> torch.Tensor:
+    """A tensor scale as the format stores it: ENCODE as held, or DECODE (the layer's exact
+    DECODE buffer when it has one, else the float32 reciprocal of the ENCODE scale)."""
+    if not names.decode or encode.shape != (1,):
+        return encode
+    value = decode if decode is not None else torch.reciprocal(encode)
+    return value.reshape(names.scalar_shape)
+
+
+def _quantized_tensors(
+    name: str, module: nn.Module, scheme: str, names: LayerNames
+) -> dict[str, torch.Tensor]:
+    """The tensors of one NVFP4Linear under the format's ``names``, validated."""
     out: dict[str, torch.Tensor] = {}
     packed = module.weight_packed
     scale = module.weight_scale
     n, k = int(module.out_features), int(module.in_features)
     if k % BLOCK_SIZE:
         raise CheckpointError(
-            f"{name}: in_features={k} is not a multiple of {BLOCK_SIZE}; the "
-            f"{CT_FORMAT} format cannot store a padded NVFP4 weight"
+            f"{name}: in_features={k} is not a multiple of {BLOCK_SIZE}; the checkpoint "
+            "formats cannot store a padded NVFP4 weight"
         )
+    scalar = names.scalar_shape
     expected = {
-        "weight_packed": (packed, torch.uint8, (n, k // 2)),
-        "weight_scale": (scale, torch.float8_e4m3fn, (n, k // BLOCK_SIZE)),
-        "weight_global_scale": (module.weight_global_scale, torch.float32, (1,)),
+        names.packed: (packed, torch.uint8, (n, k // 2)),
+        names.scale: (scale, torch.float8_e4m3fn, (n, k // BLOCK_SIZE)),
+        names.global_scale: (_stored_scale(module.weight_global_scale,
+                                           module.weight_decode_scale, names), torch.float32,
+                             scalar),
     }
     if scheme == "NVFP4":
-        expected["input_global_scale"] = (module.input_global_scale, torch.float32, (1,))
+        expected[names.input_scale] = (
+            _stored_scale(module.input_global_scale, module.input_decode_scale, names),
+            torch.float32, scalar,
+        )
     for leaf, (tensor, dtype, shape) in expected.items():
         if tensor.dtype != dtype or tuple(tensor.shape) != shape:
             raise CheckpointError(
@@ -178,19 +201,25 @@ def _quantized_tensors(name: str, module: nn.Module, scheme: str) -> dict[str, t
 
 
 def _state_to_save(
-    model: nn.Module, quantized: Mapping[str, nn.Module], scheme: str, dtype: torch.dtype | None
+    model: nn.Module,
+    quantized: Mapping[str, nn.Module],
+    scheme: str,
+    dtype: torch.dtype | None,
+    names: LayerNames,
 ) -> dict[str, torch.Tensor]:
     """Name -> tensor in ``model.state_dict()`` order; tied (aliased) tensors written once.
 
     ``dtype``: cast unquantized floating tensors (and biases) to it; packed weights, block
-    scales and float32 global scales are never touched.
+    scales and float32 global scales are never touched. ``names``: the format's tensor leaves.
     """
     tensors: dict[str, torch.Tensor] = {}
+    by_owner: dict[str, list[str]] = {}
     for name, module in quantized.items():
-        for key, tensor in _quantized_tensors(name, module, scheme).items():
+        for key, tensor in _quantized_tensors(name, module, scheme, names).items():
             if dtype is not None and key.endswith(".bias"):
                 tensor = tensor.to(dtype)
             tensors[key] = tensor
+            by_owner.setdefault(f"{name}.", []).append(key)
     skip = {"" if not name else f"{name}." for name in quantized}
     tied_targets = _tied_targets(model)
     seen: dict[tuple[int, int, tuple[int, ...], torch.dtype], str] = {}
@@ -198,8 +227,8 @@ def _state_to_save(
     for key, tensor in model.state_dict(keep_vars=False).items():
         owner = next((p for p in skip if key.startswith(p)), None)
         if owner is not None:
-            if key in tensors:
-                ordered[key] = tensors[key]
+            for own in by_owner.pop(owner, ()):
+                ordered[own] = tensors[own]
             continue
         if tensor.device.type == "meta":
             raise CheckpointError(f"{key} is on the meta device (never loaded); cannot save it")
@@ -404,18 +433,65 @@ def _write_atomically(target: Path, write: Callable[[Path], None]) -> None:
         raise CheckpointError(f"{message} ({type(exc).__name__})") from exc
 
 
+def _excluded_modules(model: nn.Module) -> list[str]:
+    """ModelOpt's ``exclude_modules`` for ``model``: the modules holding a 2-D floating weight
+    (Linear, Embedding) that are not quantized, as ModelOpt's export lists them."""
+    return sorted(
+        name
+        for name, module in model.named_modules()
+        if name and not isinstance(module, NVFP4Linear)
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
+        and module.weight.ndim == 2 and module.weight.is_floating_point()
+    )
+
+
+def _ct_config_writer(model: nn.Module, scheme: str) -> Callable[[Path], None]:
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.utils.match import is_match
+
+    ignore = [
+        name
+        for name, module in model.named_modules()
+        if name and not isinstance(module, NVFP4Linear) and is_match(name, module, "Linear")
+    ]
+    config = quantization_config(scheme, ignore=ignore)  # type: ignore[arg-type]
+    return lambda folder: ModelCompressor(quantization_config=config).update_config(str(folder))
+
+
+def _modelopt_config_writer(model: nn.Module, scheme: str) -> Callable[[Path], None]:
+    exclude = _excluded_modules(model)
+
+    def write(folder: Path) -> None:
+        data = read_json(folder / CONFIG_NAME)
+        data["quantization_config"] = config_quantization(scheme, exclude)
+        with open(folder / CONFIG_NAME, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=4)
+        with open(folder / HF_QUANT_CONFIG_NAME, "w", encoding="utf-8") as handle:
+            json.dump(hf_quant_config(scheme, exclude), handle, indent=4)
+
+    return write
+
+
 def save_pretrained(
     model: nn.Module,
     path: str | os.PathLike[str],
     *,
     scheme: Scheme | None = None,
+    format: str = CheckpointFormat.COMPRESSED_TENSORS,
     source: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     require_shared_global_scale: bool | None = None,
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> Path:
-    """Write ``model`` (quantized Linears are NVFP4Linear) as a compressed-tensors checkpoint.
+    """Write ``model`` (quantized Linears are NVFP4Linear) as an NVFP4 checkpoint.
+
+    ``format``: "compressed-tensors" (default; ``nvfp4-pack-quantized``, ENCODE global scales)
+    or "modelopt" (ModelOpt 0.47's export, :mod:`nvfp4lab.checkpoint.modelopt`: DECODE
+    ``weight_scale_2`` / ``input_scale``, taken from the layer's exact ``*_decode_scale`` buffers
+    when it has them, else the float32 reciprocal of the ENCODE scale; ``hf_quant_config.json``
+    and ``config.json`` ``quantization_config`` as ModelOpt writes them, ``exclude_modules`` =
+    the unquantized Linear and Embedding modules).
 
     ``scheme``: "NVFP4" (W4A4; every quantized layer needs ``input_global_scale``),
     "NVFP4A16" (weight-only; input scales are not written), or None to infer it from the
@@ -437,13 +513,11 @@ def save_pretrained(
     assembled under a temporary name and renamed into place at the end. Returns ``path``.
 
     compressed-tensors 0.20 decompresses NVFP4 weights to bfloat16 whatever the model dtype, so
-    transformers runs only bfloat16 checkpoints: any other dtype is saved with a
+    transformers runs only bfloat16 compressed-tensors checkpoints: any other dtype is saved with a
     :class:`TransformersDtypeWarning` naming the remedy (:func:`nvfp4lab.checkpoint.verify`
     checks a saved folder in transformers).
     """
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.utils.match import is_match
-
+    fmt = check_choice("format", format, CheckpointFormat)
     target = Path(path)
     check_target(target, overwrite, CHECKPOINT_FILES)
     if max_shard_bytes <= 0:
@@ -453,21 +527,19 @@ def save_pretrained(
     quantized = _quantized_layers(model)
     resolved = _resolve_scheme(scheme, quantized)
     _check_fused(model, quantized, require_shared_global_scale)
-    ignore = [
-        name
-        for name, module in model.named_modules()
-        if name and not isinstance(module, NVFP4Linear) and is_match(name, module, "Linear")
-    ]
-    config = quantization_config(resolved, ignore=ignore)  # type: ignore[arg-type]
-    tensors = _state_to_save(model, quantized, resolved, dtype)
+    modelopt = fmt == CheckpointFormat.MODELOPT
+    write_quant_config = (_modelopt_config_writer if modelopt else _ct_config_writer)(
+        model, resolved
+    )
+    tensors = _state_to_save(model, quantized, resolved, dtype, LAYER_NAMES[fmt])
     src = _source_dir(model, source)
     config_dtype = dtype or _model_dtype(model, quantized)
 
     def write(tmp: Path) -> None:
         shards = _write_shards(tensors, tmp, max_shard_bytes)
         _write_config(model, tmp, src, config_dtype)
-        ModelCompressor(quantization_config=config).update_config(str(tmp))
-        written = {CONFIG_NAME, *shards}
+        write_quant_config(tmp)
+        written = {CONFIG_NAME, *shards, *([HF_QUANT_CONFIG_NAME] if modelopt else [])}
         generation = getattr(model, "generation_config", None)
         if generation is not None and hasattr(generation, "save_pretrained") and (
             src is None or not (src / "generation_config.json").is_file()
@@ -477,5 +549,6 @@ def save_pretrained(
         _copy_side_files(src, tmp, written)
 
     _write_atomically(target, write)
-    _warn_transformers_dtype(target, config_dtype)
+    if not modelopt:
+        _warn_transformers_dtype(target, config_dtype)
     return target

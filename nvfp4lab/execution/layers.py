@@ -13,7 +13,23 @@ name                     dtype / shape               meaning
 ``input_global_scale``   float32 ``[1]`` or None     ENCODE convention for the activations;
                                                      None -> computed from each call's input
 ``bias``                 ``dtype`` ``[N]`` or None   a Parameter, untouched by quantization
+``weight_decode_scale``  float32 ``[1]`` or None     optional: the exact DECODE scale (amax/2688,
+                                                     ModelOpt's ``weight_scale_2``)
+``input_decode_scale``   float32 ``[1]`` or None     optional: the exact DECODE activation scale
+                                                     (ModelOpt's ``input_scale``)
 =======================  ==========================  ==========================================
+
+The two DECODE buffers exist because the float32 reciprocal does not round-trip: for about 14%
+of float32 values ``d``, ``1/(1/d) != d``. A layer that came from a DECODE-convention source (a
+ModelOpt checkpoint, or ``convention="modelopt"`` quantization) keeps ``d`` itself, so that
+saving it back writes ``d`` byte for byte. When ``weight_decode_scale`` is set,
+:meth:`NVFP4Linear.weight_nvfp4` carries it (``NVFP4Tensor.decode_scale``) and the weight
+decodes as ``value * (scale * d)``, ModelOpt's and vLLM's order for these checkpoints;
+``weight_global_scale`` then holds ``1/d`` in float32. ``input_decode_scale`` is only kept for
+saving: activations are always quantized with the ENCODE ``input_global_scale`` (vLLM, too,
+quantizes them with ``1/input_scale``). Both are None by default and absent from the state dict
+then, so compressed-tensors state dicts load as before; a state dict that sets an ENCODE scale
+without its DECODE partner drops the stale DECODE buffer.
 """
 
 from __future__ import annotations
@@ -65,6 +81,8 @@ class NVFP4Linear(nn.Module):
     weight_scale: torch.Tensor
     weight_global_scale: torch.Tensor
     input_global_scale: torch.Tensor | None
+    weight_decode_scale: torch.Tensor | None
+    input_decode_scale: torch.Tensor | None
 
     def __init__(
         self,
@@ -109,6 +127,8 @@ class NVFP4Linear(nn.Module):
             "weight_global_scale", torch.ones(1, dtype=torch.float32, device=device)
         )
         self.register_buffer("input_global_scale", None)
+        self.register_buffer("weight_decode_scale", None)
+        self.register_buffer("input_decode_scale", None)
         if bias:
             self.bias: nn.Parameter | None = nn.Parameter(
                 torch.zeros(n, dtype=dtype, device=device), requires_grad=False
@@ -131,7 +151,9 @@ class NVFP4Linear(nn.Module):
     ) -> NVFP4Linear:
         """Wrap an NVFP4Tensor ``[N, K]`` (K a multiple of 16, unpadded) and an optional bias.
 
-        The layer's dtype is the bias dtype, else the weight's original dtype.
+        The layer's dtype is the bias dtype, else the weight's original dtype. A weight that
+        carries its exact DECODE scale (``weight.decode_scale``) keeps it
+        (``weight_decode_scale``).
         """
         if not isinstance(weight, NVFP4Tensor):
             raise TypeError(f"weight must be an NVFP4Tensor, got {type(weight).__name__}")
@@ -168,6 +190,8 @@ class NVFP4Linear(nn.Module):
             layer.weight_packed.copy_(weight.packed)
             layer.weight_scale.copy_(weight.scales)
             layer.weight_global_scale.copy_(weight.global_scale)
+            if weight.decode_scale is not None:
+                layer.weight_decode_scale = weight.decode_scale.detach().reshape(1).clone()
             if bias is not None and layer.bias is not None:
                 layer.bias.copy_(bias.detach())
         layer.set_input_global_scale(input_global_scale)
@@ -221,14 +245,26 @@ class NVFP4Linear(nn.Module):
             shape=torch.Size((self.out_features, self.in_features)),
             dtype=self.dtype,
             check_scales=False,  # checked when set: from_quantized and load_state_dict
+            decode_scale=self.weight_decode_scale,
         )
 
     def set_input_global_scale(self, value: torch.Tensor | float | None) -> None:
-        """Set the ENCODE-convention activation scale (2688/amax); None -> dynamic per call."""
+        """Set the ENCODE-convention activation scale (2688/amax); None -> dynamic per call.
+
+        Clears ``input_decode_scale`` (it would no longer describe this scale)."""
+        self.input_decode_scale = None
         if value is None:
             self.input_global_scale = None
             return
         self.input_global_scale = as_global_scale(value, self.weight_packed.device).clone()
+
+    def set_input_decode_scale(self, value: torch.Tensor | float) -> None:
+        """Set the activation scale from its exact DECODE value ``d`` (amax/2688, ModelOpt's
+        ``input_scale``): ``input_global_scale = 1/d`` in float32, and ``d`` is kept as
+        ``input_decode_scale`` so that a ModelOpt save writes it back unchanged."""
+        d = as_global_scale(value, self.weight_packed.device).clone()
+        self.input_global_scale = torch.reciprocal(d)
+        self.input_decode_scale = d
 
     def backend_choice(self, device: torch.device | str | None = None, *,
                        env: Mapping[str, str] | None = None) -> BackendChoice | None:
@@ -252,6 +288,8 @@ class NVFP4Linear(nn.Module):
             return None
         bufs = (self.weight_packed, self.weight_scale, self.weight_global_scale)
         key = (dtype, self.weight_packed.device, *((b.data_ptr(), b._version) for b in bufs))
+        if self.weight_decode_scale is not None:
+            key += (self.weight_decode_scale.data_ptr(), self.weight_decode_scale._version)
         cached = self._dq_cache.get(key)
         if cached is None:
             self._dq_cache.clear()
@@ -302,6 +340,8 @@ class NVFP4Linear(nn.Module):
         "weight_scale",
         "weight_global_scale",
         "input_global_scale",
+        "weight_decode_scale",
+        "input_decode_scale",
     )
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
@@ -348,12 +388,24 @@ class NVFP4Linear(nn.Module):
         """Accept an ``input_global_scale`` when the layer is dynamic (None). Otherwise every key
         behaves like any buffer's: a calibrated ``input_global_scale`` absent from
         ``state_dict`` is kept and listed in ``missing_keys`` (use
-        :meth:`set_input_global_scale(None) <set_input_global_scale>` to make a layer dynamic)."""
-        key = prefix + "input_global_scale"
-        if key in state_dict and self.input_global_scale is None:
-            self.input_global_scale = torch.ones(
-                1, dtype=torch.float32, device=self.weight_packed.device
-            )
+        :meth:`set_input_global_scale(None) <set_input_global_scale>` to make a layer dynamic).
+
+        The optional DECODE buffers follow their ENCODE partner: one present in ``state_dict`` is
+        accepted; one absent while its partner is present is dropped (set to None), so a
+        compressed-tensors state dict never leaves a stale DECODE scale behind."""
+        for decode, encode in (
+            ("weight_decode_scale", "weight_global_scale"),
+            ("input_decode_scale", "input_global_scale"),
+            ("input_global_scale", None),
+        ):
+            if prefix + decode in state_dict and getattr(self, decode) is None:
+                setattr(self, decode, torch.ones(
+                    1, dtype=torch.float32, device=self.weight_packed.device
+                ))
+            elif encode is not None and prefix + decode not in state_dict and (
+                prefix + encode in state_dict
+            ):
+                setattr(self, decode, None)
         self._dq_cache.clear()
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

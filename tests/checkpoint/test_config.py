@@ -34,7 +34,8 @@ def _edit_config(path: Path, **changes: object) -> Path:
     ("change", "pattern"),
     [
         ({"format": "float-quantized"}, "format is 'float-quantized'"),
-        ({"quant_method": "modelopt"}, "quant_method is 'modelopt'"),
+        ({"quant_method": "awq"}, "quant_method is 'awq'"),
+        ({"quant_method": "modelopt"}, "quant_algo None is not NVFP4"),
         ({"quantization_status": "frozen"}, "quantization_status is 'frozen'"),
         ({"group_size": 32}, "group_size=32"),
     ],

@@ -1,0 +1,229 @@
+"""The NVIDIA ModelOpt NVFP4 checkpoint format (``export_hf_checkpoint`` of ModelOpt 0.47).
+
+Written from the format as ModelOpt 0.47.0 exports it and vLLM 0.33.0 reads it (no code of either
+is used). Per quantized Linear ``<name>``:
+
+==========================  ========================  ===============================================
+tensor                      dtype / shape             meaning
+==========================  ========================  ===============================================
+``<name>.weight``           uint8 ``[N, K/2]``        E2M1 codes, element ``2i`` in the low nibble
+``<name>.weight_scale``     float8_e4m3fn ``[N, K/16]``  block scales, plain row-major layout
+``<name>.weight_scale_2``   float32 ``[]`` (0-d)      DECODE tensor scale, ``amax(W) / 2688``
+``<name>.input_scale``      float32 ``[]`` (0-d)      DECODE activation scale, ``amax(x) / 2688``
+                                                      ("NVFP4", W4A4 only)
+==========================  ========================  ===============================================
+
+Unquantized tensors keep their names and the model dtype. Fused groups (q/k/v, gate/up) share
+``weight_scale_2`` and ``input_scale`` (the group's max): vLLM keeps ONE value per fused layer,
+``max`` over the shards (:mod:`nvfp4lab.execution.fused`). The configuration is written twice:
+``hf_quant_config.json`` (``{"producer": {"name": "modelopt", "version": ...}, "quantization":
+{"quant_algo", "kv_cache_quant_algo", "group_size", "exclude_modules"}}``, the form vLLM needs all
+four keys of) and a ``quantization_config`` in ``config.json`` (``quant_method: "modelopt"``,
+compressed-tensors-like ``config_groups``, ``ignore``); vLLM reads the latter when present.
+``quant_algo`` "NVFP4" (W4A4) and "W4A16_NVFP4" (weight-only) are read; every other algorithm
+(FP8, MIXED_PRECISION, NVFP4_AWQ, ...) and KV-cache quantization are refused.
+
+nvfp4lab writes ``producer.name = "modelopt"`` because vLLM routes the ``hf_quant_config.json``
+form to its ModelOpt loader by that name; ``version`` is the export format written (0.47.0).
+
+Why ModelOpt's codes differ from the kernel order in bf16/fp16 (0.02-0.44% of codes)
+    ModelOpt quantizes with the DECODE scale ``d = amax/2688`` and divides, ``y = x / (s * d)``;
+    the kernel order multiplies by reciprocals of the ENCODE scale, ``y = x * (1 / (s * (1/gs)))``.
+    Both approximate the same exact ``x * 2688 / (amax * s)`` with different 1-3 ulp float32
+    errors (2688 = 21 * 2^7 makes ``amax/2688`` inexact, and ``1/(1/d) != d`` for ~14% of
+    values). A code can only differ when the exact value lies within those few ulps of an E2M1
+    decision point (0.25, 0.75, ..., 5). With fp32 inputs (24-bit significands) that happens for
+    ~1e-7 of elements. bf16 (8 bits) and fp16 (11 bits) inputs, the amax and E4M3 scales are
+    short rationals, so the exact value often IS a midpoint (e.g. ``x = amax/8`` in a block with
+    ``s = 448`` gives exactly 0.75): 0.2% of bf16 and 0.02% of fp16 elements are exact ties, and
+    the two orders' rounding errors send each tie to a different side. Block scales differ the
+    same way one level up (exact E4M3 midpoints). ``convention="modelopt"`` reproduces ModelOpt.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nvfp4lab.checkpoint.files import CONFIG_NAME, CheckpointError, read_json
+from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.vocab import CheckpointFormat, Scheme
+
+__all__ = [
+    "HF_QUANT_CONFIG_NAME",
+    "MODELOPT_VERSION",
+    "QUANT_ALGOS",
+    "ModelOptConfig",
+    "config_quantization",
+    "detect_format",
+    "excluded",
+    "hf_quant_config",
+    "read_modelopt_config",
+    "to_ct_ignore",
+]
+
+HF_QUANT_CONFIG_NAME = "hf_quant_config.json"
+#: The ModelOpt export format nvfp4lab reads and writes.
+MODELOPT_VERSION = "0.47.0"
+#: ModelOpt ``quant_algo`` -> the NVFP4 scheme it stores.
+QUANT_ALGOS: dict[str, Scheme] = {"NVFP4": Scheme.NVFP4, "W4A16_NVFP4": Scheme.NVFP4A16}
+_ALGO_OF: dict[Scheme, str] = {scheme: algo for algo, scheme in QUANT_ALGOS.items()}
+
+
+@dataclass(frozen=True)
+class ModelOptConfig:
+    """A validated ModelOpt NVFP4 configuration (``file``: where it was read)."""
+
+    quant_algo: str
+    scheme: Scheme
+    group_size: int
+    exclude_modules: tuple[str, ...]
+    kv_cache_quant_algo: str | None
+    file: Path
+
+
+def _quantization_config(directory: Path) -> dict[str, Any] | None:
+    file = directory / CONFIG_NAME
+    if not file.is_file():
+        return None
+    block = read_json(file).get("quantization_config")
+    return block if isinstance(block, dict) else None
+
+
+def detect_format(path: str | Path) -> CheckpointFormat:
+    """The format of the checkpoint folder ``path``, from its configuration alone.
+
+    compressed-tensors: ``config.json`` ``quantization_config.quant_method ==
+    "compressed-tensors"``; ModelOpt: ``quant_method == "modelopt"`` there, or an
+    ``hf_quant_config.json`` from the ModelOpt producer. Raises :class:`CheckpointError` (or
+    FileNotFoundError for a missing folder) naming what was found instead.
+    """
+    directory = Path(path)
+    if not directory.exists():
+        raise FileNotFoundError(f"checkpoint folder {directory} does not exist")
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory} is a file; pass the checkpoint folder")
+    block = _quantization_config(directory)
+    method = None if block is None else block.get("quant_method")
+    if method == CheckpointFormat.COMPRESSED_TENSORS.value:
+        return CheckpointFormat.COMPRESSED_TENSORS
+    if method == "modelopt":
+        return CheckpointFormat.MODELOPT
+    hf_file = directory / HF_QUANT_CONFIG_NAME
+    if method is None and hf_file.is_file():
+        producer = read_json(hf_file).get("producer") or {}
+        if isinstance(producer, dict) and producer.get("name") == "modelopt":
+            return CheckpointFormat.MODELOPT
+        raise CheckpointError(f"{hf_file}: producer {producer!r} is not ModelOpt")
+    if method is not None:
+        raise CheckpointError(
+            f"{directory / CONFIG_NAME}: quantization_config.quant_method is {method!r}; nvfp4lab "
+            "reads 'compressed-tensors' (nvfp4-pack-quantized) and 'modelopt' (NVFP4) checkpoints"
+        )
+    if not (directory / CONFIG_NAME).is_file():
+        raise CheckpointError(f"{directory} has no {CONFIG_NAME}: not a checkpoint folder")
+    raise CheckpointError(
+        f"{directory / CONFIG_NAME} has no quantization_config and there is no "
+        f"{HF_QUANT_CONFIG_NAME}: not a quantized checkpoint (a float model?)"
+    )
+
+
+def _group_size(block: dict[str, Any]) -> Any:
+    if "group_size" in block:
+        return block["group_size"]
+    for group in (block.get("config_groups") or {}).values():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if isinstance(weights, dict) and "group_size" in weights:
+            return weights["group_size"]
+    return BLOCK_SIZE
+
+
+def _from_config_json(block: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    kv = block.get("kv_cache_scheme")
+    kv_algo = None if not kv else f"{kv.get('type', '?')}{kv.get('num_bits', '')}".upper()
+    exclude = block.get("ignore", block.get("exclude_modules", []))
+    return block.get("quant_algo"), _group_size(block), exclude, kv_algo
+
+
+def read_modelopt_config(path: str | Path) -> ModelOptConfig:
+    """Read and validate a ModelOpt NVFP4 configuration, as vLLM does: ``config.json``'s
+    ``quantization_config`` when it has one, else ``hf_quant_config.json``.
+
+    Raises :class:`CheckpointError` naming the file for another algorithm, a group size other
+    than 16 or KV-cache quantization.
+    """
+    directory = Path(path)
+    block = _quantization_config(directory)
+    if block is not None and block.get("quant_method") == "modelopt":
+        file = directory / CONFIG_NAME
+        algo, group, exclude, kv = _from_config_json(block)
+    else:
+        file = directory / HF_QUANT_CONFIG_NAME
+        quant = read_json(file).get("quantization")
+        if not isinstance(quant, dict):
+            raise CheckpointError(f"{file} has no 'quantization' object: not a ModelOpt config")
+        algo, group = quant.get("quant_algo"), quant.get("group_size", BLOCK_SIZE)
+        exclude, kv = quant.get("exclude_modules") or [], quant.get("kv_cache_quant_algo")
+    key = str(algo).upper()
+    if key not in QUANT_ALGOS:
+        raise CheckpointError(
+            f"{file}: quant_algo {algo!r} is not NVFP4; nvfp4lab reads ModelOpt "
+            f"{' and '.join(repr(a) for a in QUANT_ALGOS)} checkpoints only"
+        )
+    if group != BLOCK_SIZE:
+        raise CheckpointError(f"{file}: group_size {group!r}; NVFP4 uses blocks of {BLOCK_SIZE}")
+    if kv:
+        raise CheckpointError(
+            f"{file}: KV-cache quantization ({kv}) is not supported; nvfp4lab reads NVFP4 "
+            "Linear weights only (export without the KV-cache config)"
+        )
+    if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
+        raise CheckpointError(f"{file}: exclude_modules / ignore must be a list of names")
+    return ModelOptConfig(key, QUANT_ALGOS[key], BLOCK_SIZE, tuple(exclude), None, file)
+
+
+def excluded(name: str, patterns: Iterable[str]) -> bool:
+    """Whether module ``name`` is left unquantized by ModelOpt ``exclude_modules`` ``patterns``:
+    an exact name, an fnmatch wildcard (``model.layers.0.mlp*``) or a dotted prefix."""
+    return any(
+        name == p or fnmatch.fnmatchcase(name, p) or name.startswith(p + ".") for p in patterns
+    )
+
+
+def to_ct_ignore(patterns: Iterable[str]) -> list[str]:
+    """ModelOpt ``exclude_modules`` as compressed-tensors ``ignore`` entries: plain names stay,
+    wildcards become ``re:`` patterns (``fnmatch.translate``)."""
+    return [
+        f"re:{fnmatch.translate(p)}" if any(c in p for c in "*?[") else p for p in patterns
+    ]
+
+
+def hf_quant_config(scheme: str, exclude: Iterable[str]) -> dict[str, Any]:
+    """The ``hf_quant_config.json`` object of an NVFP4 export, key order as ModelOpt writes it."""
+    return {
+        "producer": {"name": "modelopt", "version": MODELOPT_VERSION},
+        "quantization": {
+            "quant_algo": _ALGO_OF[Scheme(scheme)],
+            "kv_cache_quant_algo": None,
+            "group_size": BLOCK_SIZE,
+            "exclude_modules": sorted(exclude),
+        },
+    }
+
+
+def config_quantization(scheme: str, exclude: Iterable[str]) -> dict[str, Any]:
+    """The ``quantization_config`` block ModelOpt appends to ``config.json``."""
+    spec = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": BLOCK_SIZE}
+    group: dict[str, Any] = {"weights": dict(spec), "targets": ["Linear"]}
+    if Scheme(scheme) == Scheme.NVFP4:
+        group = {"input_activations": dict(spec), **group}
+    return {
+        "config_groups": {"group_0": group},
+        "ignore": sorted(exclude),
+        "quant_algo": _ALGO_OF[Scheme(scheme)],
+        "producer": {"name": "modelopt", "version": MODELOPT_VERSION},
+        "quant_method": "modelopt",
+    }
