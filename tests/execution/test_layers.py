@@ -104,7 +104,7 @@ def test_load_compressed_tensors_state_dict() -> None:
     # a weight-only (NVFP4A16) state dict has no input_global_scale: into a calibrated layer it
     # is a missing key like any other (issue 10: it used to be dropped silently)
     del ckpt["input_global_scale"]
-    with pytest.raises(RuntimeError, match="Missing key.*input_global_scale"):
+    with pytest.raises(RuntimeError, match=r"Missing key.*input_global_scale"):
         layer.load_state_dict(ckpt)
     # into a dynamic layer it loads, and the layer stays dynamic
     layer.set_input_global_scale(None)
