@@ -3,15 +3,11 @@
 Written from the format as ModelOpt 0.47.0 exports it and vLLM 0.33.0 reads it (no code of either
 is used). Per quantized Linear ``<name>``:
 
-==========================  ========================  ===============================================
-tensor                      dtype / shape             meaning
-==========================  ========================  ===============================================
-``<name>.weight``           uint8 ``[N, K/2]``        E2M1 codes, element ``2i`` in the low nibble
-``<name>.weight_scale``     float8_e4m3fn ``[N, K/16]``  block scales, plain row-major layout
-``<name>.weight_scale_2``   float32 ``[]`` (0-d)      DECODE tensor scale, ``amax(W) / 2688``
-``<name>.input_scale``      float32 ``[]`` (0-d)      DECODE activation scale, ``amax(x) / 2688``
-                                                      ("NVFP4", W4A4 only)
-==========================  ========================  ===============================================
+* ``<name>.weight``: uint8 ``[N, K/2]``, E2M1 codes, element ``2i`` in the low nibble;
+* ``<name>.weight_scale``: float8_e4m3fn ``[N, K/16]``, block scales, plain row-major layout;
+* ``<name>.weight_scale_2``: float32 ``[]`` (0-d), the DECODE tensor scale ``amax(W) / 2688``;
+* ``<name>.input_scale``: float32 ``[]`` (0-d), the DECODE activation scale ``amax(x) / 2688``
+  ("NVFP4", W4A4 only).
 
 Unquantized tensors keep their names and the model dtype. Fused groups (q/k/v, gate/up) share
 ``weight_scale_2`` and ``input_scale`` (the group's max): vLLM keeps ONE value per fused layer,

@@ -53,6 +53,7 @@ __all__ = [
     "UnsharedGlobalScaleWarning",
     "fused_groups",
     "save_pretrained",
+    "write_atomically",
 ]
 
 COPIED_FILES: tuple[str, ...] = (
@@ -410,7 +411,7 @@ def _warn_transformers_dtype(target: Path, dtype: torch.dtype) -> None:
         )
 
 
-def _write_atomically(target: Path, write: Callable[[Path], None]) -> None:
+def write_atomically(target: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` into a hidden temporary sibling, then rename it to ``target``. Stale
     temporary siblings of dead saves are removed first; a failure leaves nothing behind and is
     reported as a :class:`CheckpointError` naming ``target`` (not the temporary folder)."""
@@ -548,7 +549,7 @@ def save_pretrained(
             written.add("generation_config.json")
         _copy_side_files(src, tmp, written)
 
-    _write_atomically(target, write)
+    write_atomically(target, write)
     if not modelopt:
         _warn_transformers_dtype(target, config_dtype)
     return target

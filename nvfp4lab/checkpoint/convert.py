@@ -1,0 +1,281 @@
+"""Lossless conversion between the compressed-tensors and ModelOpt NVFP4 checkpoint formats.
+
+:func:`convert` streams: it reads only the safetensors headers, then writes each output shard
+tensor by tensor, copying every unchanged tensor's bytes file to file in bounded chunks (packed
+codes, E4M3 block scales, biases, embeddings, norms: all byte-identical), so memory stays small
+whatever the checkpoint size, and no model is built. Shards are converted in parallel
+(:func:`nvfp4lab.checkpoint.stream.run_tasks`: local processes or a Dask cluster). Per quantized
+Linear only the names and the tensor scales change:
+
+=========================================  ============================================
+compressed-tensors                         ModelOpt
+=========================================  ============================================
+``weight_packed``     uint8 ``[N, K/2]``   ``weight``         (same bytes)
+``weight_scale``      e4m3 ``[N, K/16]``   ``weight_scale``   (same bytes)
+``weight_global_scale`` f32 ``[1]`` ENCODE ``weight_scale_2`` f32 ``[]`` DECODE = fl32(1/x)
+``input_global_scale``  f32 ``[1]`` ENCODE ``input_scale``    f32 ``[]`` DECODE = fl32(1/x)
+=========================================  ============================================
+
+The tensor scale converts by its float32 reciprocal, which is not an exact involution: for some
+values ``x``, ``fl(1/fl(1/x)) != x`` (about 14% of random float32 values), so a round trip
+CT -> ModelOpt -> CT changes those scales by one ulp. :class:`ConvertReport` counts and names
+them. The folder is written atomically (a temporary sibling renamed into place) with the
+overwrite rules of :func:`~nvfp4lab.checkpoint.writer.save_pretrained`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nvfp4lab.checkpoint.config import quantization_config, read_quantization_config
+from nvfp4lab.checkpoint.files import (
+    CONFIG_NAME,
+    LAYER_NAMES,
+    WEIGHTS_INDEX_NAME,
+    CheckpointError,
+    StoredTensor,
+    check_target,
+    read_json,
+    write_safetensors,
+)
+from nvfp4lab.checkpoint.modelopt import (
+    HF_QUANT_CONFIG_NAME,
+    config_quantization,
+    hf_quant_config,
+    read_modelopt_config,
+    to_ct_ignore,
+)
+from nvfp4lab.checkpoint.stream import Inventory, TensorInfo, inventory, read_scalar, run_tasks
+from nvfp4lab.checkpoint.writer import CHECKPOINT_FILES, COPIED_FILES, write_atomically
+from nvfp4lab.vocab import CheckpointFormat, Scheme, check_choice
+
+__all__ = ["ConvertReport", "convert", "reciprocal_round_trips"]
+
+
+@dataclass(frozen=True)
+class ConvertReport:
+    """What :func:`convert` did: the formats, ``tensors`` written, ``scales`` converted (tensor
+    scales, weight and input) and ``not_round_trip``: the output names of the converted scales
+    whose float32 reciprocal does not give back the input value exactly (``fraction``)."""
+
+    src: Path
+    dst: Path
+    src_format: str
+    dst_format: str
+    tensors: int
+    scales: int
+    not_round_trip: tuple[str, ...] = field(default=())
+
+    @property
+    def fraction(self) -> float:
+        return len(self.not_round_trip) / self.scales if self.scales else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.src} ({self.src_format}) -> {self.dst} ({self.dst_format}): {self.tensors} "
+            f"tensors, {self.scales} tensor scales converted by their float32 reciprocal, "
+            f"{len(self.not_round_trip)} of them ({100 * self.fraction:.1f}%) do not round-trip "
+            "exactly (1/(1/x) != x)"
+        )
+
+
+def _f32(value: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])
+
+
+def _reciprocal(value: float) -> float:
+    """float32 ``1/x`` of a float32 ``x`` (exact division rounded once to float32)."""
+    return _f32(1.0 / value)
+
+
+def reciprocal_round_trips(value: float) -> bool:
+    """Whether the float32 ``value`` comes back exactly from ``1/(1/value)`` in float32."""
+    x = _f32(value)
+    return _reciprocal(_reciprocal(x)) == x
+
+
+@dataclass(frozen=True)
+class _ShardTask:
+    """Convert one shard: its tensors in byte order, the output path and the formats."""
+
+    tensors: tuple[TensorInfo, ...]
+    layers: frozenset[str]
+    out: Path
+    src_format: CheckpointFormat
+    dst_format: CheckpointFormat
+    metadata: dict[str, str]
+
+
+def _rename(key: str, layers: frozenset[str], src: CheckpointFormat,
+            dst: CheckpointFormat) -> tuple[str, str | None]:
+    """(new key, role) of ``key``: role is "global"/"input" for a tensor scale, "packed"/"scale"
+    for the codes and block scales, None for an unquantized tensor."""
+    prefix, _, leaf = key.rpartition(".")
+    if prefix in layers:
+        old, new = LAYER_NAMES[src].roles(), LAYER_NAMES[dst].roles()
+        for role, name in old.items():
+            if leaf == name:
+                return f"{prefix}.{new[role]}", role
+    return key, None
+
+
+def _convert_shard(task: _ShardTask) -> tuple[str, dict[str, str], list[str], int]:
+    """Write one output shard; returns (file name, new key -> file name, keys of scales that
+    do not round-trip, scales converted)."""
+    out: list[StoredTensor] = []
+    bad: list[str] = []
+    scales = 0
+    shape = LAYER_NAMES[task.dst_format].scalar_shape
+    for info in task.tensors:
+        key, role = _rename(info.key, task.layers, task.src_format, task.dst_format)
+        if role in ("global", "input"):
+            value = read_scalar(info)
+            new = _reciprocal(value)
+            scales += 1
+            if _reciprocal(new) != _f32(value):
+                bad.append(key)
+            out.append(StoredTensor(key, "F32", shape, 4, struct.pack("<f", new)))
+        else:
+            out.append(StoredTensor(key, info.dtype, info.shape, info.nbytes,
+                                    (info.file, info.offset)))
+    write_safetensors(task.out, out, task.metadata)
+    name = task.out.name
+    return name, {t.name: name for t in out}, bad, scales
+
+
+def _check_layers(inv: Inventory) -> None:
+    """Every quantized layer must hold its codes, block scales and tensor scale."""
+    names = LAYER_NAMES[inv.fmt]
+    for layer in inv.layers:
+        for leaf in (names.packed, names.scale):
+            if f"{layer}.{leaf}" not in inv.tensors:
+                raise CheckpointError(f"{inv.directory}: layer {layer!r} has a "
+                                      f"{names.global_scale} but no {leaf} tensor")
+        info = inv.tensors[f"{layer}.{names.global_scale}"]
+        if info.dtype != "F32" or info.nbytes != 4:
+            raise CheckpointError(f"{info.file}: tensor {info.key!r} is {info.dtype} "
+                                  f"{list(info.shape)}, expected one float32 value")
+
+
+def _excluded(inv: Inventory) -> list[str]:
+    """Unquantized modules with a 2-D floating ``weight`` (Linear, Embedding): ModelOpt's
+    ``exclude_modules`` rule, from the tensor names alone."""
+    layers = set(inv.layers)
+    return sorted(
+        key.removesuffix(".weight")
+        for key, info in inv.tensors.items()
+        if key.endswith(".weight") and len(info.shape) == 2
+        and info.dtype in ("F32", "F16", "BF16") and key.removesuffix(".weight") not in layers
+    )
+
+
+def _scheme(inv: Inventory) -> Scheme:
+    if inv.fmt == CheckpointFormat.MODELOPT:
+        return read_modelopt_config(inv.directory).scheme
+    config = read_quantization_config(inv.directory)
+    static = [g.input_activations is not None and g.input_activations.dynamic is not True
+              for g in config.config_groups.values()]
+    if any(static) and not all(static):
+        raise CheckpointError(f"{inv.directory / CONFIG_NAME}: config groups mix W4A4 and "
+                              "weight-only layers; a ModelOpt NVFP4 checkpoint holds one scheme")
+    return Scheme.NVFP4 if all(static) else Scheme.NVFP4A16
+
+
+def _write_configs(inv: Inventory, dst: CheckpointFormat, scheme: Scheme, tmp: Path) -> None:
+    data = read_json(inv.directory / CONFIG_NAME)
+    data.pop("quantization_config", None)
+    if dst == CheckpointFormat.MODELOPT:
+        exclude = _excluded(inv)
+        data["quantization_config"] = config_quantization(scheme, exclude)
+        (tmp / HF_QUANT_CONFIG_NAME).write_text(
+            json.dumps(hf_quant_config(scheme, exclude), indent=4), encoding="utf-8")
+        (tmp / CONFIG_NAME).write_text(json.dumps(data, indent=4), encoding="utf-8")
+        return
+    from compressed_tensors.compressors import ModelCompressor
+
+    ignore = to_ct_ignore(read_modelopt_config(inv.directory).exclude_modules)
+    (tmp / CONFIG_NAME).write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+    config = quantization_config(scheme.value, ignore=ignore)  # type: ignore[arg-type]
+    ModelCompressor(quantization_config=config).update_config(str(tmp))
+
+
+def _write_index(inv: Inventory, tmp: Path, weight_map: dict[str, str]) -> None:
+    if not inv.indexed:
+        return
+    index = read_json(inv.directory / WEIGHTS_INDEX_NAME)
+    meta = index.get("metadata") if isinstance(index.get("metadata"), dict) else {}
+    meta["total_size"] = sum(t.nbytes for t in inv.tensors.values())
+    body = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}
+    (tmp / WEIGHTS_INDEX_NAME).write_text(json.dumps(body, indent=2), encoding="utf-8")
+
+
+def _check_paths(src: Path, dst: Path, overwrite: bool) -> None:
+    if not src.exists():
+        raise FileNotFoundError(f"checkpoint folder {src} does not exist")
+    s, d = src.resolve(), dst.resolve()
+    if s == d or d.is_relative_to(s) or s.is_relative_to(d):
+        raise CheckpointError(f"the destination {dst} overlaps the source {src}; convert to "
+                              "a folder outside it")
+    check_target(dst, overwrite, CHECKPOINT_FILES | {HF_QUANT_CONFIG_NAME})
+
+
+def convert(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    format: str,
+    overwrite: bool = False,
+    workers: int | None = None,
+    dask: str | None = None,
+    progress: bool = False,
+) -> ConvertReport:
+    """Convert the NVFP4 checkpoint ``src`` to ``format`` ("modelopt" or "compressed-tensors")
+    in the new folder ``dst``; returns a :class:`ConvertReport`.
+
+    Codes and block scales (and every unquantized tensor) are copied byte for byte; tensor
+    scales convert by their float32 reciprocal (see the module docstring). The shard layout and
+    the index are kept; tokenizer and generation files are copied. ``dst`` may be missing or an
+    empty folder; ``overwrite=True`` replaces a folder holding only checkpoint files (anything
+    else is refused with FileExistsError). ``workers`` / ``dask`` / ``progress``: where shards
+    are converted (:func:`~nvfp4lab.checkpoint.stream.run_tasks`). Converting to the format
+    ``src`` already has is an error.
+    """
+    target_format = check_choice("format", format, CheckpointFormat)
+    source, target = Path(src), Path(dst)
+    _check_paths(source, target, overwrite)
+    inv = inventory(source)
+    if inv.fmt == target_format:
+        raise CheckpointError(f"{source} is already a {inv.fmt.value} checkpoint; nothing to "
+                              "convert (copy the folder instead)")
+    if not inv.layers:
+        raise CheckpointError(f"{source}: no quantized layer found in the weight files")
+    _check_layers(inv)
+    scheme = _scheme(inv)
+    layers = frozenset(inv.layers)
+    result: dict[str, Any] = {}
+
+    def write(tmp: Path) -> None:
+        tasks = [_ShardTask(tuple(inv.in_file(f)), layers, tmp / f.name, inv.fmt, target_format,
+                            inv.metadata[f]) for f in inv.files]
+        done = run_tasks(_convert_shard, tasks, workers=workers, dask=dask, progress=progress,
+                         desc=f"convert to {target_format.value}")
+        weight_map = {k: v for _, keys, _, _ in done for k, v in keys.items()}
+        result["bad"] = tuple(k for _, _, bad, _ in done for k in bad)
+        result["scales"] = sum(n for *_, n in done)
+        result["tensors"] = len(weight_map)
+        _write_index(inv, tmp, weight_map)
+        _write_configs(inv, target_format, scheme, tmp)
+        for rel in COPIED_FILES:
+            if (source / rel).is_file():
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source / rel, tmp / rel)
+
+    write_atomically(target, write)
+    return ConvertReport(source, target, inv.fmt.value, target_format.value, result["tensors"],
+                         result["scales"], result["bad"])

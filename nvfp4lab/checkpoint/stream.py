@@ -1,0 +1,250 @@
+"""Work on checkpoints larger than memory: an inventory read from the safetensors headers alone,
+tensors read a few rows at a time from memory-mapped files, and tasks run on a local process
+pool or an existing Dask cluster.
+
+Nothing here builds a model or holds a whole checkpoint: :func:`inventory` reads only headers;
+:class:`RowReader` maps one tensor's byte range (``numpy.memmap``) and copies out the rows asked
+for; :func:`run_tasks` sends picklable tasks (a shard, a layer or a fused group each) to
+``concurrent.futures.ProcessPoolExecutor`` (spawned workers, ``workers`` of them; 0 runs them in
+this process) or to ``dask.distributed.Client(address)``, with a tqdm bar on stderr when asked.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from nvfp4lab.checkpoint.files import (
+    LAYER_NAMES,
+    ST_DTYPES,
+    CheckpointError,
+    read_header,
+    weight_files,
+)
+from nvfp4lab.checkpoint.modelopt import detect_format
+from nvfp4lab.vocab import CheckpointFormat
+
+__all__ = [
+    "Inventory",
+    "RowReader",
+    "TensorInfo",
+    "default_workers",
+    "inventory",
+    "read_scalar",
+    "run_tasks",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one stored tensor lies: ``file``, its ``key`` there, safetensors ``dtype`` string,
+    ``shape``, absolute byte ``offset`` in the file and ``nbytes``."""
+
+    file: Path
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        return ST_DTYPES.get(self.dtype)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A checkpoint described from its headers: ``tensors`` (name -> :class:`TensorInfo`, in
+    file and byte order), the weight ``files``, each file's ``__metadata__``, and ``layers``: the
+    names of the quantized Linears (those with a tensor-scale tensor of the format)."""
+
+    directory: Path
+    fmt: CheckpointFormat
+    tensors: dict[str, TensorInfo]
+    files: tuple[Path, ...]
+    metadata: dict[Path, dict[str, str]]
+    layers: tuple[str, ...]
+    indexed: bool
+
+    def get(self, key: str) -> TensorInfo | None:
+        return self.tensors.get(key)
+
+    def in_file(self, file: Path) -> list[TensorInfo]:
+        return [t for t in self.tensors.values() if t.file == file]
+
+
+def _file_entries(file: Path) -> tuple[dict[str, str], list[TensorInfo]]:
+    start, header = read_header(file)
+    meta = header.pop("__metadata__", None) or {}
+    entries = []
+    for key, entry in header.items():
+        begin, end = entry["data_offsets"]
+        entries.append(TensorInfo(file, key, str(entry["dtype"]), tuple(entry["shape"]),
+                                  start + int(begin), int(end) - int(begin)))
+    entries.sort(key=lambda t: t.offset)
+    return {str(k): str(v) for k, v in meta.items()}, entries
+
+
+def inventory(path: str | os.PathLike[str], fmt: str | None = None) -> Inventory:
+    """Describe the checkpoint folder ``path`` from its configuration and safetensors headers.
+
+    ``fmt``: the format, default detected (:func:`~nvfp4lab.checkpoint.modelopt.detect_format`).
+    With an index, each tensor comes from the file its ``weight_map`` names; without one, a
+    tensor stored in two files is an error naming both.
+    """
+    directory = Path(path)
+    form = CheckpointFormat(fmt) if fmt is not None else detect_format(directory)
+    weights = weight_files(directory)
+    tensors: dict[str, TensorInfo] = {}
+    metadata: dict[Path, dict[str, str]] = {}
+    for file in weights.files:
+        metadata[file], entries = _file_entries(file)
+        for info in entries:
+            if weights.weight_map is not None:
+                if weights.weight_map.get(info.key) == file:
+                    tensors[info.key] = info
+                continue
+            if info.key in tensors:
+                raise CheckpointError(
+                    f"tensor {info.key!r} is stored in two weight files, "
+                    f"{tensors[info.key].file} and {file}, and no index says which one counts"
+                )
+            tensors[info.key] = info
+    for key, file in (weights.weight_map or {}).items():
+        if key not in tensors:
+            raise CheckpointError(f"{file}: the index maps tensor {key!r} to this file, but the "
+                                  "file does not hold it")
+    suffix = "." + LAYER_NAMES[form].global_scale
+    layers = tuple(k.removesuffix(suffix) for k in tensors if k.endswith(suffix))
+    return Inventory(directory, form, tensors, tuple(weights.files), metadata, layers,
+                     weights.weight_map is not None)
+
+
+class RowReader:
+    """Rows of one stored tensor, read from a read-only memory map of its byte range.
+
+    ``rows(start, stop)`` returns a copy of rows ``start:stop`` (first dim) as a torch tensor of
+    the stored dtype; only those pages are touched. Use as a context manager (unmaps on exit).
+    """
+
+    def __init__(self, info: TensorInfo) -> None:
+        dtype = info.torch_dtype
+        if dtype is None:
+            raise CheckpointError(f"{info.file}: tensor {info.key!r} has dtype {info.dtype}, "
+                                  "which torch cannot hold")
+        self.info = info
+        self.dtype = dtype
+        self.shape = info.shape
+        self.row_bytes = info.nbytes // max(info.shape[0], 1) if info.shape else info.nbytes
+        self._map: np.memmap | None = None
+        if info.nbytes:
+            self._map = np.memmap(info.file, dtype=np.uint8, mode="r", offset=info.offset,
+                                  shape=(info.nbytes,))
+
+    def rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        if not self.shape:
+            return self._as_tensor(0, self.info.nbytes, ())
+        stop = self.shape[0] if stop is None else min(stop, self.shape[0])
+        return self._as_tensor(start * self.row_bytes, stop * self.row_bytes,
+                               (stop - start, *self.shape[1:]))
+
+    def _as_tensor(self, begin: int, end: int, shape: tuple[int, ...]) -> torch.Tensor:
+        raw = np.array(self._map[begin:end]) if self._map is not None else np.zeros(0, np.uint8)
+        return torch.from_numpy(raw).view(self.dtype).reshape(shape)
+
+    def close(self) -> None:
+        self._map = None
+
+    def __enter__(self) -> RowReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_scalar(info: TensorInfo) -> float:
+    """The single float value of a one-element tensor (a global or input scale)."""
+    if math.prod(info.shape) != 1:
+        raise CheckpointError(f"{info.file}: tensor {info.key!r} has shape {list(info.shape)}, "
+                              "expected one value")
+    with RowReader(info) as reader:
+        return float(reader.rows().reshape(()).to(torch.float64))
+
+
+def default_workers() -> int:
+    """Local worker processes by default: the CPU count, at most 4."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _bar(total: int, desc: str, progress: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="task", file=sys.stderr,
+                disable=None if progress else True)
+
+
+def _run_dask(fn: Callable[[T], R], tasks: Sequence[T], address: str, bar: Any) -> list[R]:
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise ImportError("--dask needs dask.distributed: pip install 'nvfp4lab[dask]'") from None
+    try:
+        client = Client(address, timeout="20s", set_as_default=False)
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach the Dask scheduler at {address!r} ({exc})") from None
+    with client:
+        futures = client.map(fn, list(tasks), pure=False)
+        for _ in as_completed(futures):
+            bar.update(1)
+        return list(client.gather(futures))
+
+
+def run_tasks(
+    fn: Callable[[T], R],
+    tasks: Sequence[T],
+    *,
+    workers: int | None = None,
+    dask: str | None = None,
+    progress: bool = False,
+    desc: str = "",
+) -> list[R]:
+    """``[fn(t) for t in tasks]``, in order, run where asked.
+
+    ``dask``: the address of a running Dask scheduler (tasks go to its workers); else
+    ``workers`` local processes (default :func:`default_workers`; 0 runs in this process).
+    ``fn`` must be a module-level function and the tasks picklable. ``progress``: a tqdm bar on
+    stderr (hidden when stderr is not a terminal).
+    """
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 0):
+        raise ValueError(f"workers must be an int >= 0 (0 = in this process), got {workers!r}")
+    count = default_workers() if workers is None else workers
+    with _bar(len(tasks), desc, progress) as bar:
+        if dask is not None:
+            return _run_dask(fn, tasks, dask, bar)
+        if count == 0 or len(tasks) <= 1:
+            out = []
+            for task in tasks:
+                out.append(fn(task))
+                bar.update(1)
+            return out
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(count, len(tasks)), mp_context=context) as pool:
+            futures = [pool.submit(fn, task) for task in tasks]
+            for _ in as_completed(futures):
+                bar.update(1)
+            return [f.result() for f in futures]
