@@ -13,8 +13,10 @@ separate dequantize / quant-dequant passes to the 16-bit GEMM, so it is never fa
 
 from __future__ import annotations
 
+import csv
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from nvfp4lab.gpus import GPU, get, normalize_name
 from nvfp4lab.vocab import GemmPath, check_choice
@@ -26,6 +28,7 @@ __all__ = [
     "MODEL_SHAPES",
     "NVFP4_BYTES_PER_WEIGHT",
     "PATHS",
+    "PUBLISHED",
     "Efficiency",
     "LinearShape",
     "Measurement",
@@ -101,64 +104,106 @@ EFFICIENCY: dict[str, Efficiency] = {
 _BF16_MATH_PATHS: tuple[str, ...] = ("bf16", "w4a16", "emulation")
 
 
+#: The published measurements, one per row, each with its source (loaded at import).
+PUBLISHED_PATH: Path = Path(__file__).with_name("published.csv")
+
+
 @dataclass(frozen=True)
 class Measurement:
-    """A published achieved rate (10^12 FLOP/s) of one path on one GPU, against the dense peak
-    it is a fraction of, with its source. ``compute`` = ``tflops / peak_tflops``."""
+    """A published, measured rate of one GEMM path on one GPU, with its source.
+
+    ``figure`` in ``unit``: "TFLOPS" (10^12 FLOP/s of 2·M·N·K) or "TB/s weights" (10^12 B/s
+    counting only the packed FP4 weight bytes N·K/2). ``M``/``N``/``K``: the GEMM shape, None when
+    the source gives none (a model's mix of GEMMs, an mma loop). ``activation_quant``: whether
+    the activation quantization was inside the timed region ("yes", "no", "unknown", "" for
+    unquantized paths). ``sets_efficiency``: the figure sets this GPU's own compute efficiency
+    in :func:`predict` (kernel-only, large compute-bound GEMMs). ``caveat``: what to keep in mind.
+    """
 
     gpu: str
     path: str
-    tflops: float
-    peak_tflops: float
+    M: int | None
+    N: int | None
+    K: int | None
+    figure: float
+    unit: str
+    activation_quant: str
+    sets_efficiency: bool
     source: str
+    caveat: str = ""
+
+    @property
+    def time_s(self) -> float | None:
+        """The GEMM's time (seconds) implied by the figure, or None without a shape."""
+        if self.M is None or self.N is None or self.K is None:
+            return None
+        if self.unit == "TB/s weights":
+            return self.N * self.K * 0.5 / (self.figure * 1e12)
+        return 2.0 * self.M * self.N * self.K / (self.figure * 1e12)
+
+    @property
+    def tflops(self) -> float:
+        """Achieved 10^12 FLOP/s (converted from a bandwidth figure through the shape)."""
+        time_s = self.time_s
+        if self.unit == "TFLOPS" or time_s is None:
+            return self.figure
+        return 2.0 * self.M * self.N * self.K / time_s / 1e12  # type: ignore[operator]
+
+    @property
+    def peak_tflops(self) -> float:
+        """The catalogue's dense peak of this path's math on this GPU."""
+        peak = get(self.gpu).peak_tflops(self.path)
+        if peak is None:
+            raise NotSupportedError(f"{self.gpu} has no published peak for path {self.path!r}")
+        return peak
 
     @property
     def compute(self) -> float:
         """Achieved fraction of the dense peak."""
         return self.tflops / self.peak_tflops
 
+    @property
+    def summary(self) -> str:
+        """One line: GPU, path, shape, the rate against the peak, and the source."""
+        shape = f" {self.M}x{self.N}x{self.K}" if self.M is not None else ""
+        return (
+            f"{self.gpu} {self.path}{shape}: {self.tflops:,.0f} of {self.peak_tflops:,.0f} "
+            f"TFLOPS = {self.compute:.2f} ({self.source})"
+        )
 
-#: Published measurements that set a GPU's own compute efficiency (kernel-only figures, large
-#: compute-bound GEMMs).
-MEASUREMENTS: tuple[Measurement, ...] = (
-    Measurement(
-        "B200",
-        "native",
-        5370.0,
-        9000.0,
-        "B200 torch._scaled_mm NVFP4 8192^3: 5,370 of 9,000 TFLOPS = 0.60 (pytorch/ao PR #2427)",
-    ),
-    Measurement(
-        "B200",
-        "bf16",
-        1420.0,
-        2250.0,
-        "B200 torch BF16 GEMM 8192^3: 1,420 of 2,250 TFLOPS = 0.63 (pytorch/ao PR #2427)",
-    ),
-    Measurement(
-        "B300",
-        "native",
-        5100.0,
-        13500.0,
-        "B300 5B-model GEMMs, NVFP4 kernel-only: ~5,100 of 13,500 TFLOPS = 0.38 "
-        "(Transformer Engine GEMM-profiling tutorial)",
-    ),
-    Measurement(
-        "B300",
-        "bf16",
-        1500.0,
-        2250.0,
-        "B300 5B-model GEMMs, BF16: ~1,500 of 2,250 TFLOPS = 0.67 "
-        "(Transformer Engine GEMM-profiling tutorial)",
-    ),
-    Measurement(
-        "RTX 5090",
-        "native",
-        1464.0,
-        1676.0,
-        "RTX 5090 NVFP4 mma peak loop: 1,464 of 1,676 TFLOPS = 0.87 (mmapeak microbenchmark)",
-    ),
-)
+
+def _optional_int(text: str) -> int | None:
+    return int(text) if text.strip() else None
+
+
+def _load_published(path: Path) -> tuple[Measurement, ...]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    return tuple(
+        Measurement(
+            gpu=get(row["gpu"]).name,
+            path=str(check_choice("path", row["path"], GemmPath)),
+            M=_optional_int(row["M"]),
+            N=_optional_int(row["N"]),
+            K=_optional_int(row["K"]),
+            figure=float(row["figure"]),
+            unit=row["unit"],
+            activation_quant=row["activation_quant"],
+            sets_efficiency=row["sets_efficiency"] == "yes",
+            source=row["source"],
+            caveat=row["caveat"],
+        )
+        for row in rows
+    )
+
+
+#: Every published measurement of ``published.csv``: the third kind of number, beside the
+#: roofline's modeled ones and the shards measured by this software.
+PUBLISHED: tuple[Measurement, ...] = _load_published(PUBLISHED_PATH)
+
+#: The published measurements that set a GPU's own compute efficiency (kernel-only figures,
+#: large compute-bound GEMMs).
+MEASUREMENTS: tuple[Measurement, ...] = tuple(m for m in PUBLISHED if m.sets_efficiency)
 
 
 def _gpu_efficiency() -> dict[tuple[str, str], Efficiency]:
@@ -167,7 +212,7 @@ def _gpu_efficiency() -> dict[tuple[str, str], Efficiency]:
         paths = _BF16_MATH_PATHS if m.path == "bf16" else (m.path,)
         for path in paths:
             base = EFFICIENCY[path]
-            src = m.source if path == m.path else f"its GEMM is 16-bit: {m.gpu}'s BF16 ({m.source})"
+            src = m.summary if path == m.path else f"its GEMM is 16-bit: {m.summary}"
             out[(m.gpu, path)] = Efficiency(m.compute, base.memory, src, base.memory_source)
     return out
 

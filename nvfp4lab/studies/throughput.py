@@ -1,13 +1,15 @@
 """The study behind ``notebooks/03_throughput.ipynb``: modeled and measured throughput.
 
-Two kinds of numbers never mix here; every table has a ``source`` column and every plotted
+Three kinds of numbers never mix here; every table has a ``source`` column and every plotted
 series says which it is:
 
 - **modeled**: :func:`nvfp4lab.roofline.predict` roofline estimates from published peaks and
   stated efficiency factors (:data:`nvfp4lab.roofline.EFFICIENCY` per path, overridden per GPU
   by :data:`nvfp4lab.roofline.GPU_EFFICIENCY` where a GPU has its own published measurement);
 - **measured**: rows of the ``results/*.csv`` shards written by ``nvfp4lab bench``, read
-  through the one results store (:func:`nvfp4lab.bench.store.read_shards`).
+  through the one results store (:func:`nvfp4lab.bench.store.read_shards`);
+- **published measured**: figures other people measured and published, each with its source
+  and what it includes (:data:`nvfp4lab.roofline.PUBLISHED`), checked against the roofline.
 
 Roofline paths are named after the backends, so a backend choice IS its modeled path; a measured
 ``linear`` row's backend is its path, and the 16-bit ``matmul`` baseline is the ``bf16`` path.
@@ -49,6 +51,8 @@ __all__ = [
     "plot_block_times",
     "plot_chosen_speedup",
     "plot_measured",
+    "plot_published_vs_modeled",
+    "published_frame",
     "roofline_caption",
     "roofline_explorer",
     "roofline_table",
@@ -220,6 +224,59 @@ def chosen_path_speedup(blocks: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 # measured rows
 # --------------------------------------------------------------------------------------------
+
+def published_frame() -> pd.DataFrame:
+    """The PUBLISHED measurements (:data:`nvfp4lab.roofline.PUBLISHED`), each beside the
+    roofline for the same GPU, path and shape: ``modeled_tflops`` with the default efficiencies
+    and ``ideal_tflops`` with every efficiency at 1 (a ceiling; ``beats_ideal`` flags a figure
+    above it). Shapeless figures (a model's mix, an mma loop) have no modeled columns."""
+    import pandas as pd
+
+    rows = []
+    for m in roofline.PUBLISHED:
+        row: dict[str, Any] = {
+            "source": "published measured",
+            "gpu": m.gpu,
+            "path": str(m.path),
+            "shape": f"{m.M}x{m.N}x{m.K}" if m.M is not None else "",
+            "published_tflops": m.tflops,
+            "activation_quant": m.activation_quant,
+            "sets_efficiency": m.sets_efficiency,
+        }
+        if m.time_s is not None:
+            quant = m.activation_quant == "yes"
+            model = roofline.predict(m.gpu, m.M, m.N, m.K, m.path, quantize_activations=quant)
+            ideal = roofline.predict(m.gpu, m.M, m.N, m.K, m.path, efficiency=1.0,
+                                     mem_efficiency=1.0, quantize_activations=quant)
+            row |= {
+                "modeled_tflops": model.tflops,
+                "published/modeled": m.tflops / model.tflops,
+                "ideal_tflops": ideal.tflops,
+                "beats_ideal": m.time_s < ideal.time_s,
+            }
+        rows.append(row | {"reference": m.source, "caveat": m.caveat})
+    return pd.DataFrame(rows)
+
+
+def plot_published_vs_modeled(published: pd.DataFrame) -> Figure:
+    """PUBLISHED measured TFLOPS against the MODELED (roofline) TFLOPS of the same GEMM."""
+    fig, ax = new_figure(
+        "Published measurements vs the roofline (same GPU, path, shape)",
+        "modeled: roofline with default efficiencies (TFLOPS, log scale)",
+        "published measured (TFLOPS, log scale)",
+        xscale="log",
+        yscale="log",
+    )
+    d = published.dropna(subset=["modeled_tflops"])
+    for i, ((gpu, path), g) in enumerate(d.groupby(["gpu", "path"], sort=False)):
+        ax.scatter(g["modeled_tflops"], g["published_tflops"], color=f"C{i % 10}",
+                   label=f"{gpu} {path} (published)")
+    lo = min(d["modeled_tflops"].min(), d["published_tflops"].min()) / 1.5
+    hi = max(d["modeled_tflops"].max(), d["published_tflops"].max()) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="0.4", linewidth=0.8, label="published = modeled")
+    ax.legend(fontsize=7, loc="upper left")
+    return fig
+
 
 def measured_path(op: str, backend: str) -> str | None:
     """The roofline path a measured row stands for: a ``linear`` row's backend, ``bf16`` for the

@@ -158,3 +158,17 @@ def test_roofline_explorer_follows_its_controls() -> None:
     assert "native" not in shown.split("µs:")[1]
 
 
+
+
+def test_published_frame_is_the_third_kind_of_number() -> None:
+    frame = tp.published_frame()
+    assert set(frame["source"]) == {"published measured"}
+    assert len(frame) == len(roofline.PUBLISHED) and frame["reference"].str.len().min() > 10
+    shaped = frame.dropna(subset=["modeled_tflops"])
+    beats = shaped[shaped["beats_ideal"].astype(bool)]
+    assert list(zip(beats["gpu"], beats["path"], strict=True)) == [("RTX 5090", "bf16")]
+    b200 = shaped.query("gpu == 'B200' and path == 'native' and shape == '8192x8192x8192'")
+    assert float(b200["published/modeled"].iloc[0]) == pytest.approx(1.0)  # sets the efficiency
+    fig = tp.plot_published_vs_modeled(frame)
+    ax = fig.axes[0]
+    assert ax.get_title() and "TFLOPS" in ax.get_xlabel() and "published" in ax.get_ylabel()
