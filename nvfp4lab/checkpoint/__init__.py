@@ -5,17 +5,22 @@ module             holds
 =================  ==========================================================================
 ``files``          the shared plumbing: names, JSON, safetensors streaming, atomic folders
 ``config``         the compressed-tensors ``nvfp4-pack-quantized`` quantization config
-``writer``         :func:`save_pretrained`
-``reader``         :func:`load`
+``modelopt``       the ModelOpt NVFP4 format: detection (:func:`detect_format`), its configs
+``writer``         :func:`save_pretrained` (``format="compressed-tensors"`` or ``"modelopt"``)
+``reader``         :func:`load` (either format, detected)
 ``verification``   :func:`verify`: load in transformers, one forward pass
+``stream``         checkpoints larger than memory: header inventory, row reads, task runner
+``conversion``     :func:`convert`: lossless, streamed format conversion
+``auditing``       :func:`audit`: per-layer checks, streamed (``nvfp4lab audit``)
 =================  ==========================================================================
 
-A second on-disk format adds its own config module (format detection, tensor names) beside
-``config`` and a branch in ``writer`` / ``reader``; ``files`` serves both.
+Each on-disk format has its own config module (format detection, tensor names) and a branch in
+``writer`` / ``reader``; ``files`` serves both.
 """
 
 from __future__ import annotations
 
+from nvfp4lab.checkpoint.auditing import audit, audit_rows
 from nvfp4lab.checkpoint.config import (
     CT_FORMAT,
     QUANTIZED_TENSOR_NAMES,
@@ -23,7 +28,9 @@ from nvfp4lab.checkpoint.config import (
     quantization_config,
     read_quantization_config,
 )
+from nvfp4lab.checkpoint.conversion import ConvertReport, convert
 from nvfp4lab.checkpoint.files import CheckpointError
+from nvfp4lab.checkpoint.modelopt import detect_format, read_modelopt_config
 from nvfp4lab.checkpoint.reader import load
 from nvfp4lab.checkpoint.verification import Verified, verify
 from nvfp4lab.checkpoint.writer import (
@@ -40,12 +47,18 @@ __all__ = [
     "QUANTIZED_TENSOR_NAMES",
     "SCHEMES",
     "CheckpointError",
+    "ConvertReport",
     "TransformersDtypeWarning",
     "UnsharedGlobalScaleWarning",
     "Verified",
+    "audit",
+    "audit_rows",
+    "convert",
+    "detect_format",
     "fused_groups",
     "load",
     "quantization_config",
+    "read_modelopt_config",
     "read_quantization_config",
     "save_pretrained",
     "verify",

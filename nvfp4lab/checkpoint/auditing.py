@@ -1,0 +1,447 @@
+"""``nvfp4lab audit``: per-layer checks of an NVFP4 checkpoint, streamed, for any size.
+
+:func:`audit` reads the safetensors headers (:func:`~nvfp4lab.checkpoint.stream.inventory`),
+then audits each quantized Linear (a fused q/k/v or gate/up group together) as one task on a
+process pool or a Dask cluster; a task reads its tensors a few rows at a time from memory-mapped
+files, so memory stays near the interpreter plus a few chunks whatever the checkpoint size, and
+no model is built. One row per quantized layer:
+
+* format: codes uint8 ``[N, K/2]``, block scales float8_e4m3fn ``[N, K/16]`` (a 128x4-padded
+  shape means the swizzled layout), one float32 tensor scale (and input scale);
+* tensor scale: finite and > 0; in the format's convention. Decoded weights have
+  ``|W|max = max_b(|code|max * s_b) * d`` with ``d`` the DECODE scale. A value stored in the
+  wrong convention swaps ``d`` and ``1/d``: the two readings give ``|W|max`` whose product is
+  about ``(6*448)^2``, so the reading with ``d > 1`` (|W|max above ~2688, implausible for
+  weights) is flagged, with what its reciprocal would give; with ``--reference`` the float
+  weights' amax decides;
+* block scales: NaN, negative and zero counts (zero scales over nonzero codes lose the codes),
+  fraction saturated at 448 and underflowed (at or below 2^-9), range (min nonzero, max);
+* layout: real weight matrices have row and column structure, so the log block scales follow an
+  additive row + column model closely (R²). Scales stored swizzled but read as plain scatter
+  each 128x4 tile across rows and columns and lose that fit; unswizzling them restores it. The
+  layer is flagged when unswizzling raises R² by :data:`SWIZZLE_GAIN` to at least
+  :data:`SWIZZLE_MIN_R2` (unstructured, e.g. i.i.d. random, weights never are);
+* fused groups whose tensor scales differ: the extra error vLLM's max-merge causes in each
+  shard, computed exactly (:mod:`nvfp4lab.execution.fused`: its merged scale and its decode);
+* the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`);
+* with ``reference`` (a float checkpoint folder): the weight SQNR against ``<layer>.weight``.
+
+``issues`` lists what is wrong in words ("" when nothing is).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nvfp4lab.checkpoint.files import LAYER_NAMES, CheckpointError, LayerNames
+from nvfp4lab.checkpoint.stream import Inventory, RowReader, TensorInfo, inventory, read_scalar
+from nvfp4lab.checkpoint.stream import run_tasks as _run_tasks
+from nvfp4lab.constants import BLOCK_SIZE, E4M3_MAX
+from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
+from nvfp4lab.execution.model import FUSED_GROUPS
+from nvfp4lab.layout import padded_scale_shape, unswizzle_scales
+from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
+from nvfp4lab.vocab import CheckpointFormat, Scheme
+
+__all__ = ["COLUMNS", "DEFAULT_GPUS", "audit", "audit_rows", "write_csv"]
+
+#: GPUs whose vLLM kernel choice is reported by default (one per NVFP4 kernel family).
+DEFAULT_GPUS: tuple[str, ...] = ("A100 SXM 80GB", "H100 SXM", "B200", "RTX 5090")
+SATURATED_LIMIT = 0.05  #: flag above this fraction of blocks at 448
+UNDERFLOW_LIMIT = 0.05  #: flag above this fraction of blocks at or below 2^-9
+SQNR_LIMIT_DB = 15.0  #: flag a weight SQNR below this (NVFP4 round-to-nearest gives ~20 dB)
+SWIZZLE_GAIN = 0.15
+SWIZZLE_MIN_R2 = 0.3
+#: Elements decoded at a time (float32: 8 MiB per temporary).
+CHUNK_ELEMENTS = 1 << 21
+#: The columns of every row, in order; then one ``vllm <release> on <gpu>`` column per GPU,
+#: then ``issues``. Values a layer does not have are None.
+COLUMNS: tuple[str, ...] = (
+    "layer", "format", "scheme", "shape", "convention", "tensor_scale", "input_scale",
+    "decoded_amax", "scale_min", "scale_max", "scale_range_binades", "nan_scales",
+    "negative_scales", "zero_scales", "saturated_frac", "underflow_frac", "layout_r2",
+    "layout_r2_unswizzled", "fused_group", "fused_shared", "merge_factor", "merge_sqnr_db",
+    "weight_sqnr_db", "reference_amax",
+)
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One layer, or one fused group, with the tensor locations it needs."""
+
+    fmt: CheckpointFormat
+    layers: tuple[str, ...]
+    tensors: dict[str, TensorInfo]
+    reference: dict[str, TensorInfo | None]
+    fused: bool
+
+
+@dataclass
+class _Layer:
+    """What one task learns about one layer: the row, and what the merge check needs."""
+
+    name: str
+    row: dict[str, Any]
+    issues: list[str] = field(default_factory=list)
+    n: int = 0
+    k: int = 0
+    stored: float = math.nan  # the tensor scale as stored
+    decode: float = math.nan  # its DECODE reading (amax/2688)
+
+
+def _info(task: _Task, layer: str, leaf: str) -> TensorInfo | None:
+    return task.tensors.get(f"{layer}.{leaf}")
+
+
+def _check_scalar(info: TensorInfo, names: LayerNames, what: str, issues: list[str]) -> bool:
+    shapes = {names.scalar_shape, (1,)} if names.decode else {names.scalar_shape}
+    if info.dtype != "F32" or info.shape not in shapes:
+        issues.append(f"{what} {info.key.rpartition('.')[2]} is {info.dtype} {list(info.shape)}; "
+                      f"expected F32 {list(names.scalar_shape)}")
+        return False
+    return True
+
+
+def _check_structure(task: _Task, lay: _Layer, names: LayerNames) -> bool:
+    """Dtypes and shapes; sets ``lay.n``, ``lay.k``. False when the layer cannot be decoded."""
+    packed, scale = _info(task, lay.name, names.packed), _info(task, lay.name, names.scale)
+    glob = _info(task, lay.name, names.global_scale)
+    missing = [leaf for leaf, i in ((names.packed, packed), (names.scale, scale),
+                                    (names.global_scale, glob)) if i is None]
+    if missing:
+        lay.issues.append(f"missing tensor(s) {', '.join(missing)}")
+        return False
+    assert packed is not None and scale is not None and glob is not None
+    if packed.dtype != "U8" or len(packed.shape) != 2:
+        lay.issues.append(f"codes {names.packed} are {packed.dtype} {list(packed.shape)}; "
+                          "expected U8 [N, K/2]")
+        return False
+    lay.n, lay.k = packed.shape[0], 2 * packed.shape[1]
+    lay.row["shape"] = f"{lay.n}x{lay.k}"
+    plain = (lay.n, lay.k // BLOCK_SIZE)
+    ok = _check_scalar(glob, names, "tensor scale", lay.issues)
+    if scale.dtype != "F8_E4M3":
+        lay.issues.append(f"block scales are {scale.dtype}; expected F8_E4M3 (E4M3)")
+        ok = False
+    elif scale.shape != plain:
+        swizzled = padded_scale_shape(*plain)
+        hint = " (the 128x4-padded shape of the swizzled layout)" if scale.shape == swizzled else ""
+        lay.issues.append(f"block scales are {list(scale.shape)}{hint}; expected plain "
+                          f"{list(plain)}")
+        ok = False
+    inp = _info(task, lay.name, names.input_scale)
+    if inp is not None and _check_scalar(inp, names, "input scale", lay.issues):
+        lay.row["input_scale"] = read_scalar(inp)
+    return ok
+
+
+def _r2(logs: torch.Tensor) -> float:
+    """R² of the additive row + column model of a 2-D float64 tensor."""
+    grand = logs.mean()
+    fit = logs.mean(1, keepdim=True) + logs.mean(0, keepdim=True) - grand
+    total = float(((logs - grand) ** 2).sum())
+    return 1.0 - float(((logs - fit) ** 2).sum()) / total if total > 0 else math.nan
+
+
+def _swizzle_fit(scales: torch.Tensor) -> tuple[float, float]:
+    """(R² as stored, R² unswizzled) of the log2 block scales; NaN when no 128x4 tile fits."""
+    rows, cols = scales.shape
+    if rows % 128 or cols % 4 or not rows or not cols:
+        return math.nan, math.nan
+    as_is = scales.to(torch.float64).clamp_min(2.0**-9).nan_to_num(2.0**-9).log2()
+    un = unswizzle_scales(scales, rows, cols).to(torch.float64).clamp_min(2.0**-9)
+    return _r2(as_is), _r2(un.nan_to_num(2.0**-9).log2())
+
+
+def _scale_stats(lay: _Layer, scales: torch.Tensor) -> None:
+    raw = scales.view(torch.uint8)
+    values = scales.to(torch.float32)
+    nan, negative, _ = invalid_block_scales(scales)
+    count = max(values.numel(), 1)
+    valid = values[torch.isfinite(values) & (values > 0)]
+    lay.row.update(
+        nan_scales=nan, negative_scales=negative, zero_scales=int(((raw & 0x7F) == 0).sum()),
+        saturated_frac=int((raw == 0x7E).sum()) / count,
+        underflow_frac=int(((raw & 0x7F) <= 1).sum()) / count,
+        scale_min=float(valid.min()) if valid.numel() else math.nan,
+        scale_max=float(valid.max()) if valid.numel() else math.nan,
+    )
+    if valid.numel():
+        lay.row["scale_range_binades"] = math.log2(lay.row["scale_max"] / lay.row["scale_min"])
+    if nan or negative:
+        lay.issues.append(f"{nan} NaN and {negative} negative block scale(s)")
+    for key, limit, text in (
+        ("saturated_frac", SATURATED_LIMIT, "saturated at 448 (tensor scale too large: clipped)"),
+        ("underflow_frac", UNDERFLOW_LIMIT, "underflowed to <= 2^-9 (tensor scale too small)"),
+    ):
+        if lay.row[key] > limit:
+            lay.issues.append(f"{100 * lay.row[key]:.1f}% of blocks {text}")
+    stored, plain = _swizzle_fit(scales)
+    lay.row.update(layout_r2=stored, layout_r2_unswizzled=plain)
+    if plain >= SWIZZLE_MIN_R2 and plain - stored >= SWIZZLE_GAIN:
+        lay.issues.append(f"block scales look swizzled (128x4 layout) where plain is expected: "
+                          f"unswizzling raises the row/column fit R² from {stored:.2f} to "
+                          f"{plain:.2f}")
+
+
+def _decoder(lay: _Layer, names: LayerNames) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(ENCODE global scale, exact DECODE scale or None) to decode with."""
+    value = torch.tensor([lay.stored], dtype=torch.float32)
+    if names.decode:
+        return torch.reciprocal(value), value
+    return value, None
+
+
+def _stream_layer(task: _Task, lay: _Layer, names: LayerNames) -> None:
+    """Decoded |W|max, zero scales over nonzero codes and (with a reference) the SQNR, reading
+    ``CHUNK_ELEMENTS`` at a time."""
+    gs, decode = _decoder(lay, names)
+    ref_info = task.reference.get(lay.name)
+    if lay.name in task.reference and ref_info is None:
+        lay.issues.append(f"the reference has no {lay.name}.weight")
+    elif ref_info is not None and ref_info.shape != (lay.n, lay.k):
+        lay.issues.append(f"the reference weight is {list(ref_info.shape)}, expected "
+                          f"{[lay.n, lay.k]}")
+        ref_info = None
+    step = max(1, CHUNK_ELEMENTS // max(lay.k, 1))
+    code_max, lost, ref_amax, signal, noise = 0.0, 0, 0.0, 0.0, 0.0
+    with RowReader(task.tensors[f"{lay.name}.{names.packed}"]) as pr, \
+            RowReader(task.tensors[f"{lay.name}.{names.scale}"]) as sr:
+        ref = RowReader(ref_info) if ref_info is not None else None
+        for start in range(0, lay.n, step):
+            packed, scales = pr.rows(start, start + step), sr.rows(start, start + step)
+            values = decode_e2m1(unpack_fp4(packed), torch.float32).abs()
+            block_max = values.reshape(*scales.shape, BLOCK_SIZE).amax(-1)
+            s = scales.to(torch.float32)
+            code_max = max(code_max, float(torch.nan_to_num(block_max * s, nan=0.0).max()))
+            lost += int(((s == 0) & (block_max > 0)).sum())
+            if ref is not None:
+                w = ref.rows(start, start + step).to(torch.float64)
+                q = NVFP4Tensor(packed, scales, gs, check_scales=False, decode_scale=decode)
+                signal += float((w * w).sum())
+                noise += float(((w - q.dequantize(torch.float32).double()) ** 2).sum())
+                ref_amax = max(ref_amax, float(w.abs().max()))
+        if ref is not None:
+            ref.close()
+    lay.row["decoded_amax"] = code_max * lay.decode
+    if lost:
+        lay.issues.append(f"{lost} block(s) have scale 0 over nonzero codes (decoded as 0)")
+    if ref is not None:
+        _reference_checks(lay, signal, noise, ref_amax, code_max)
+
+
+def _reference_checks(lay: _Layer, signal: float, noise: float, ref_amax: float,
+                      code_max: float) -> None:
+    sqnr = math.inf if noise == 0 else 10 * math.log10(signal / noise) if signal else -math.inf
+    lay.row.update(weight_sqnr_db=sqnr, reference_amax=ref_amax)
+    if sqnr < SQNR_LIMIT_DB:
+        lay.issues.append(f"weight SQNR {sqnr:.1f} dB against the reference (NVFP4 "
+                          "round-to-nearest gives about 20 dB)")
+    if ref_amax > 0 and code_max > 0 and lay.decode > 0:
+        flipped = code_max / lay.decode
+        if abs(math.log2(lay.row["decoded_amax"] / ref_amax)) > 1 >= abs(
+                math.log2(flipped / ref_amax)):
+            lay.issues.append(f"the reference |W|max is {ref_amax:.4g}: the tensor scale "
+                              "matches it only in the other convention (its reciprocal)")
+
+
+def _convention_check(lay: _Layer, names: LayerNames) -> None:
+    """Flag a tensor scale whose DECODE reading exceeds 1 (|W|max above the block scales'
+    reach, see the module docstring); also NaN, infinite, zero and negative values."""
+    if not (math.isfinite(lay.stored) and lay.stored > 0):
+        lay.issues.append(f"tensor scale {lay.stored!r} is not finite and > 0")
+        return
+    lay.decode = lay.stored if names.decode else 1.0 / lay.stored
+    if lay.decode > 1.0:
+        expected = "DECODE (amax/2688)" if names.decode else "ENCODE (2688/amax)"
+        other = "ENCODE" if names.decode else "DECODE"
+        lay.issues.append(
+            f"tensor scale {lay.stored:.6g} looks like an {other} scale stored where the "
+            f"{expected} one is expected: it decodes |W| up to {lay.decode * 6 * E4M3_MAX:.4g} "
+            f"(up to {6 * E4M3_MAX / lay.decode:.4g} read as its reciprocal)"
+        )
+
+
+def _audit_layer(task: _Task, name: str) -> _Layer:
+    names = LAYER_NAMES[task.fmt]
+    lay = _Layer(name, {"layer": name, "format": task.fmt.value})
+    has_input = _info(task, name, names.input_scale) is not None
+    lay.row["scheme"] = (Scheme.NVFP4 if has_input else Scheme.NVFP4A16).value
+    if not _check_structure(task, lay, names):
+        return lay
+    lay.stored = read_scalar(task.tensors[f"{name}.{names.global_scale}"])
+    lay.row.update(tensor_scale=lay.stored, convention="decode" if names.decode else "encode")
+    _convention_check(lay, names)
+    with RowReader(task.tensors[f"{name}.{names.scale}"]) as reader:
+        _scale_stats(lay, reader.rows())
+    if math.isfinite(lay.decode):
+        _stream_layer(task, lay, names)
+    return lay
+
+
+def _merge_cost(task: _Task, layers: list[_Layer]) -> None:
+    """Per shard of an unshared fused group: vLLM's merged decode scale and the weight SQNR of
+    the shard decoded with it against its own (:mod:`nvfp4lab.execution.fused`)."""
+    from nvfp4lab.execution.fused import decode_with, merged_decode_scale
+
+    names = LAYER_NAMES[task.fmt]
+    ok = [lay for lay in layers if math.isfinite(lay.decode) and lay.n]
+    if len(ok) != len(layers) or len({lay.stored for lay in ok}) == 1:
+        return
+    stub = torch.zeros(1, BLOCK_SIZE // 2, dtype=torch.uint8)
+    one = torch.zeros(1, 1, dtype=torch.float8_e4m3fn)
+    if names.decode:  # vLLM's ModelOpt loader: max of the stored DECODE scales
+        merged = torch.tensor([max(lay.decode for lay in ok)], dtype=torch.float32)
+    else:
+        merged = merged_decode_scale({lay.name: NVFP4Tensor(stub, one, lay.stored)
+                                      for lay in ok}, task.fmt)
+    for lay in ok:
+        gs, decode = _decoder(lay, names)
+        own = decode if decode is not None else torch.reciprocal(gs)
+        signal = noise = 0.0
+        step = max(1, CHUNK_ELEMENTS // lay.k)
+        with RowReader(task.tensors[f"{lay.name}.{names.packed}"]) as pr, \
+                RowReader(task.tensors[f"{lay.name}.{names.scale}"]) as sr:
+            for start in range(0, lay.n, step):
+                t = NVFP4Tensor(pr.rows(start, start + step), sr.rows(start, start + step), gs,
+                                check_scales=False)
+                a, b = decode_with(t, own).double(), decode_with(t, merged).double()
+                signal, noise = signal + float((a * a).sum()), noise + float(((a - b) ** 2).sum())
+        factor = float(merged.double() / own.double())
+        sqnr = math.inf if noise == 0 else 10 * math.log10(signal / noise)
+        lay.row.update(merge_factor=factor, merge_sqnr_db=sqnr)
+        if factor != 1.0:
+            lay.issues.append(
+                f"fused group {'/'.join(x.name.rpartition('.')[2] for x in ok)} has unshared "
+                f"tensor scales: vLLM's max-merge decodes this shard x{factor:.4g} (weight SQNR "
+                f"{sqnr:.1f} dB)"
+            )
+
+
+def _run_task(task: _Task) -> list[dict[str, Any]]:
+    layers = [_audit_layer(task, name) for name in task.layers]
+    if task.fused:
+        for lay in layers:
+            lay.row["fused_group"] = "/".join(n.rpartition(".")[2] for n in task.layers)
+            lay.row["fused_shared"] = len({x.stored for x in layers}) == 1
+        _merge_cost(task, layers)
+    for lay in layers:
+        lay.row["issues"] = "; ".join(lay.issues)
+    return [lay.row for lay in layers]
+
+
+def _groups(layers: Sequence[str]) -> list[tuple[tuple[str, ...], bool]]:
+    """The layers in tasks: each complete fused group together, every other layer alone."""
+    present, taken, out = set(layers), set(), []
+    for name in layers:
+        if name in taken:
+            continue
+        parent, _, leaf = name.rpartition(".")
+        prefix = f"{parent}." if parent else ""
+        for group in FUSED_GROUPS:
+            members = tuple(prefix + g for g in group)
+            if leaf in group and all(m in present and m not in taken for m in members):
+                out.append((members, True))
+                taken.update(members)
+                break
+        else:
+            out.append(((name,), False))
+            taken.add(name)
+    return out
+
+
+def _tasks(inv: Inventory, reference: Inventory | None) -> list[_Task]:
+    out = []
+    for members, fused in _groups(inv.layers):
+        keys = {k: v for k, v in inv.tensors.items() if k.rpartition(".")[0] in members}
+        refs = {m: reference.get(f"{m}.weight") for m in members} if reference else {}
+        out.append(_Task(inv.fmt, members, keys, refs, fused))
+    return out
+
+
+def _backends(scheme: str, gpus: Sequence[str], vllm: str | None,
+              cache: dict[str, dict[str, str]]) -> dict[str, str]:
+    if scheme not in cache:
+        from nvfp4lab.execution.dispatch import select_backend
+
+        cache[scheme] = {}
+        for gpu in gpus:
+            c = select_backend(gpu=gpu, vllm=vllm, scheme=scheme, env={})
+            text = f"{c.numerics} ({c.kernel})" if c.kernel else f"none: {c.error}"
+            cache[scheme][f"vllm {c.vllm} on {gpu}"] = text
+    return cache[scheme]
+
+
+def _reference_inventory(reference: str | os.PathLike[str] | None) -> Inventory | None:
+    if reference is None:
+        return None
+    path = Path(reference)
+    if not path.is_dir():
+        raise FileNotFoundError(f"reference folder {path} does not exist (pass the float "
+                                "checkpoint folder)")
+    return inventory(path, CheckpointFormat.COMPRESSED_TENSORS)
+
+
+def audit_rows(
+    path: str | os.PathLike[str],
+    *,
+    reference: str | os.PathLike[str] | None = None,
+    gpus: Sequence[str] = DEFAULT_GPUS,
+    vllm: str | None = None,
+    workers: int | None = None,
+    dask: str | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """The audit table of the checkpoint folder ``path`` as a list of rows (dicts), one per
+    quantized layer in checkpoint order (see the module docstring for the checks).
+
+    ``reference``: a float checkpoint folder (safetensors with ``<layer>.weight``) for the weight
+    SQNR. ``gpus``: catalogue names whose vLLM kernel is reported (``vllm``: the release, default
+    the latest modelled). ``workers`` / ``dask`` / ``progress``: where the per-layer tasks run
+    (:func:`~nvfp4lab.checkpoint.stream.run_tasks`).
+    """
+    inv = inventory(path)
+    if not inv.layers:
+        raise CheckpointError(f"{path}: no quantized layer found in the weight files")
+    tasks = _tasks(inv, _reference_inventory(reference))
+    done = _run_tasks(_run_task, tasks, workers=workers, dask=dask, progress=progress,
+                      desc="audit")
+    rows = {row["layer"]: row for result in done for row in result}
+    cache: dict[str, dict[str, str]] = {}
+    out = []
+    for name in inv.layers:
+        row = dict.fromkeys(COLUMNS) | rows[name]
+        issues = row.pop("issues")
+        row.update(_backends(row["scheme"], gpus, vllm, cache))
+        row["issues"] = issues
+        out.append(row)
+    return out
+
+
+def audit(path: str | os.PathLike[str], **options: Any) -> Any:
+    """:func:`audit_rows` as a pandas DataFrame when pandas is installed (else the rows)."""
+    rows = audit_rows(path, **options)
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas comes with the notebooks extra
+        return rows
+    return pd.DataFrame(rows)
+
+
+def write_csv(rows: Sequence[dict[str, Any]], file: str | os.PathLike[str]) -> Path:
+    """Write audit rows as CSV (columns: the union of the rows' keys, first-seen order)."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    out = Path(file)
+    with open(out, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return out
