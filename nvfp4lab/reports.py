@@ -468,6 +468,7 @@ def run_reports(
     *,
     notebook_dir: str | Path | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    index: bool = True,
 ) -> list[ReportResult]:
     """Execute report notebooks into ``out_dir`` (HTML + executed ``.ipynb`` + ``index.html``).
 
@@ -476,7 +477,8 @@ def run_reports(
     notebook; ``smoke=True`` adds ``SMOKE=True``. Every name is checked against each notebook's
     ``parameters`` cell, and ``out_dir`` for writability, before anything runs (ValueError).
     ``kernel_name=None`` runs the notebooks in this interpreter; a name picks an installed Jupyter
-    kernelspec. ``timeout_s``: wall-clock limit per notebook (seconds). Failures do not raise: a
+    kernelspec. ``timeout_s``: wall-clock limit per notebook (seconds). ``index=False`` skips
+    ``index.html`` (one rendered notebook, e.g. ``nvfp4lab audit``). Failures do not raise: a
     failing cell, a dead kernel ("kernel died") or a timeout is the result's ``status`` and
     ``error``, and the next notebook still runs.
     """
@@ -497,7 +499,8 @@ def run_reports(
         check_parameters(path, params)
     out = check_out_dir(out_dir)
     results = [_run_one(p, out, params, kernel_name, float(timeout_s)) for p in paths]
-    write_index(results, out / "index.html")
+    if index:
+        write_index(results, out / "index.html")
     return results
 
 
