@@ -2,8 +2,12 @@
 
 :func:`embedding_fidelity` (cosine similarity of quantized vs float embeddings, per sentence, plus
 how much the sentence-to-sentence similarity matrix moves), :func:`paraphrase_recall` (a small
-retrieval task) and :func:`layer_sqnr` (per-layer output SQNR through forward hooks), on
-:data:`SENTENCES`, a small set written for this project (nothing is downloaded).
+retrieval task), :func:`layer_sqnr` (per-layer output SQNR through forward hooks) and
+:func:`capture_inputs` (each Linear's real input activations), on :data:`SENTENCES`, a small set
+written for this project (nothing is downloaded). :data:`CALIBRATION_SENTENCES`, written for this
+project too and disjoint from :data:`SENTENCES`, calibrate GPTQ (:func:`calibration_batches`), so
+:data:`SENTENCES` stay held out. Notebook 05's formats and GPTQ sections live in
+:mod:`nvfp4lab.studies.model_formats` and :mod:`nvfp4lab.studies.model_gptq`.
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ from nvfp4lab import metrics
 from nvfp4lab.models import SentenceEncoder, module_device
 
 __all__ = [
+    "CALIBRATION_SENTENCES",
     "PARAPHRASE_PAIRS",
     "SENTENCES",
     "FidelityReport",
     "LayerSQNR",
+    "calibration_batches",
+    "capture_inputs",
     "embedding_fidelity",
     "layer_sqnr",
+    "linear_names",
     "paraphrase_recall",
 ]
 
@@ -74,6 +82,89 @@ PARAPHRASE_PAIRS: tuple[tuple[int, int], ...] = (
     (14, 15), (16, 17), (18, 19), (20, 21), (23, 24), (25, 26),
 )
 
+
+#: Calibration text for GPTQ, written for nvfp4lab (no sentence of :data:`SENTENCES`): 64 varied
+#: sentences, about 900 tokens with MiniLM's tokenizer.
+CALIBRATION_SENTENCES: tuple[str, ...] = (
+    "The river flooded the lower fields after a week of heavy autumn rain.",
+    "Our neighbours adopted two kittens from the shelter down the road.",
+    "A good night's sleep improves memory, mood and concentration.",
+    "The bakery on the corner sells croissants until eleven in the morning.",
+    "Engineers tested the bridge by driving loaded trucks across it.",
+    "Most of the ocean floor has never been mapped in high resolution.",
+    "She practised the piano for an hour before every lesson.",
+    "The library extended its opening hours during the exam period.",
+    "Farmers in the valley grow apples, pears and a little barley.",
+    "The spacecraft sent back photographs of the planet's icy rings.",
+    "He repaired the bicycle chain with a borrowed set of pliers.",
+    "Inflation eased slightly in March, according to the central bank.",
+    "The children built a sandcastle and watched the tide wash it away.",
+    "A compiler translates source code into instructions a processor can run.",
+    "Memory bandwidth often limits how fast large language models generate text.",
+    "The hospital opened a new wing for children with heart conditions.",
+    "Thunderstorms are expected over the mountains later this afternoon.",
+    "The orchestra rehearsed the symphony three times before the premiere.",
+    "Please submit your travel expenses before the end of the month.",
+    "The old lighthouse was turned into a small maritime museum.",
+    "Bees carry pollen from flower to flower as they collect nectar.",
+    "The software update fixed a bug that drained the phone's battery.",
+    "A marathon runner needs both endurance and careful pacing.",
+    "The detective noticed muddy footprints leading to the back door.",
+    "Fresh basil, tomatoes and olive oil make a simple summer sauce.",
+    "The startup raised money to build cheaper solar panels.",
+    "Volcanic ash grounded flights across northern Europe for days.",
+    "Our teacher explained fractions using slices of a pizza.",
+    "Gradient descent updates the parameters in the direction that lowers the loss.",
+    "The hikers reached the summit just before the clouds rolled in.",
+    "Several species of whales migrate thousands of kilometres each year.",
+    "He apologised for arriving late to the meeting with the client.",
+    "A matrix multiplication on the accelerator took only a few microseconds.",
+    "The city council approved a plan for more bicycle lanes downtown.",
+    "Grandmother kept every letter she had received during the war.",
+    "The chef sharpened his knives before the dinner service began.",
+    "Electric cars are becoming cheaper as battery prices fall.",
+    "The festival attracted musicians from more than twenty countries.",
+    "Lossy compression discards details the human eye rarely notices.",
+    "The printer jammed again, so she sent the file to a colleague.",
+    "Penguins huddle together to survive the Antarctic winter.",
+    "The novel follows a family through three generations of change.",
+    "An earthquake shook the coastal town early on Tuesday morning.",
+    "Students debated whether homework should be banned in primary school.",
+    "The museum's new exhibition features ancient Egyptian jewellery.",
+    "Coffee prices rose after a drought hit the main growing regions.",
+    "The goalkeeper saved a penalty in the last minute of the match.",
+    "Antibiotics do not work against infections caused by viruses.",
+    "Rounding every weight to four bits saves memory but adds noise.",
+    "The tram stopped because a delivery van was blocking the tracks.",
+    "My sister is learning Japanese with an app on her phone.",
+    "The committee will publish its final report next spring.",
+    "Owls hunt at night and can turn their heads almost all the way round.",
+    "A leaking pipe in the basement caused the electricity to fail.",
+    "The painter mixed blue and yellow to get a soft green.",
+    "Tourists queued for hours to see the famous painting.",
+    "Cloud servers automatically scale up when traffic increases.",
+    "The recipe calls for butter, sugar and three ripe bananas.",
+    "Climbers must acclimatise slowly to avoid altitude sickness.",
+    "The court postponed the hearing because a witness was ill.",
+    "Wind turbines produced a record share of the country's electricity.",
+    "He forgot the password and had to reset his account.",
+    "A telescope on the mountain observed a distant supernova.",
+    "The kindergarten planted sunflowers along the playground fence.",
+)
+
+
+def calibration_batches(
+    encoder: SentenceEncoder,
+    sentences: Sequence[str] = CALIBRATION_SENTENCES,
+    batch_size: int = 8,
+) -> list[dict[str, torch.Tensor]]:
+    """Tokenizer outputs (padded ``[B, T]`` tensors) of ``sentences`` in batches of
+    ``batch_size``: the ``calibration=`` of ``quantize_model(method="gptq")``."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be > 0, got {batch_size}")
+    sentences = list(sentences)
+    return [encoder.tokenize(sentences[i : i + batch_size])
+            for i in range(0, len(sentences), batch_size)]
 
 
 @dataclass
@@ -188,9 +279,21 @@ def _is_quantized(module: nn.Module) -> bool:
     return hasattr(module, "weight_packed")
 
 
+def _keep(value: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``value [B, T, ...]`` at the real tokens of ``mask [B, T]`` (``[tokens, ...]``); other
+    shapes (e.g. BERT's pooler input ``[B, H]``) and ``mask=None`` unchanged."""
+    if mask is None or value.ndim < 3 or tuple(value.shape[:2]) != tuple(mask.shape):
+        return value
+    return value[mask.to(value.device).bool()]
+
+
 @contextmanager
 def _capture(
-    model: nn.Module, names: Sequence[str], store: dict[str, list[torch.Tensor]], inputs: bool
+    model: nn.Module,
+    names: Sequence[str],
+    store: dict[str, list[torch.Tensor]],
+    inputs: bool,
+    mask: torch.Tensor | None = None,
 ) -> Iterator[None]:
     handles = []
     modules = dict(model.named_modules())
@@ -198,7 +301,7 @@ def _capture(
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any, name: str = name) -> None:
             value = args[0] if inputs else output
             if isinstance(value, torch.Tensor):
-                store.setdefault(name, []).append(value.detach())
+                store.setdefault(name, []).append(_keep(value.detach(), mask))
 
         handles.append(modules[name].register_forward_hook(hook))
     try:
@@ -206,6 +309,33 @@ def _capture(
     finally:
         for handle in handles:
             handle.remove()
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """Names of the ``nn.Linear`` modules of ``model`` (module order)."""
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+@torch.no_grad()
+def capture_inputs(
+    encoder: SentenceEncoder,
+    sentences: Sequence[str] = SENTENCES,
+    layers: Sequence[str] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Each layer's real input activations, ``[tokens, K]`` on the CPU (padding tokens left out),
+    captured with forward hooks while ``encoder`` embeds ``sentences`` (one batch).
+
+    ``layers``: module names (default: every ``nn.Linear`` of ``encoder.model``).
+    """
+    layers = linear_names(encoder.model) if layers is None else list(layers)
+    if not layers:
+        raise ValueError("capture_inputs: no layer to capture (the model has no nn.Linear)")
+    batch = encoder.tokenize(list(sentences))
+    seen: dict[str, list[torch.Tensor]] = {}
+    with _capture(encoder.model, layers, seen, inputs=True, mask=batch["attention_mask"]):
+        encoder.model(**batch)
+    return {n: torch.cat([t.reshape(-1, t.shape[-1]).cpu() for t in seen[n]]) for n in layers
+            if n in seen}
 
 
 @dataclass
@@ -241,12 +371,14 @@ def layer_sqnr(
     tokenizer: Any = None,
     mode: Literal["propagated", "isolated"] = "propagated",
     layers: Sequence[str] | None = None,
+    mask_padding: bool = False,
 ) -> LayerSQNR:
     """SQNR (dB) of each quantized layer's output vs the same-named float layer, via hooks.
 
     ``layers``: module names to compare (default: every module of ``model_q`` holding an NVFP4
     weight that also exists in ``model_fp``). Padding positions are included (same tokens in
-    both models). See :class:`LayerSQNR` for ``mode``.
+    both models) unless ``mask_padding`` (then only real tokens count, as in the embeddings).
+    See :class:`LayerSQNR` for ``mode``.
     """
     if mode not in ("propagated", "isolated"):
         raise ValueError(f"unknown mode {mode!r}; accepted values: propagated, isolated")
@@ -262,18 +394,19 @@ def layer_sqnr(
     if not layers:
         raise ValueError("no quantized layer to compare (the quantized model has no NVFP4 layer)")
     batch = enc_fp.tokenize(list(sentences))
+    mask = batch["attention_mask"] if mask_padding else None
     ref: dict[str, list[torch.Tensor]] = {}
     got: dict[str, list[torch.Tensor]] = {}
     if mode == "propagated":
-        with _capture(enc_fp.model, layers, ref, inputs=False):
+        with _capture(enc_fp.model, layers, ref, inputs=False, mask=mask):
             enc_fp.model(**batch)
         q_batch = {k: v.to(module_device(enc_q.model)) for k, v in batch.items()}
-        with _capture(enc_q.model, layers, got, inputs=False):
+        with _capture(enc_q.model, layers, got, inputs=False, mask=mask):
             enc_q.model(**q_batch)
     else:
         seen: dict[str, list[torch.Tensor]] = {}
-        with _capture(enc_fp.model, layers, seen, inputs=True), _capture(
-            enc_fp.model, layers, ref, inputs=False
+        with _capture(enc_fp.model, layers, seen, inputs=True, mask=mask), _capture(
+            enc_fp.model, layers, ref, inputs=False, mask=mask
         ):
             enc_fp.model(**batch)
         for name in layers:
