@@ -60,3 +60,38 @@ def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 def copy_checkpoint(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+def modelopt_like(model: torch.nn.Module, batches: list[torch.Tensor]) -> torch.nn.Module:
+    """Give every NVFP4Linear of ``model`` a static activation scale held as an exact DECODE
+    value, amax(x)/2688 in float32, as a ModelOpt export stores it (``input_scale``)."""
+    from nvfp4lab.execution import NVFP4Linear, calibrate_inputs
+
+    calibrate_inputs(model, batches)
+    for module in model.modules():
+        if isinstance(module, NVFP4Linear) and module.input_global_scale is not None:
+            module.set_input_decode_scale(torch.reciprocal(module.input_global_scale))
+    return model
+
+
+def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., K/2] -> E2M1 codes [..., K]: element 2i from the low nibble (independent of
+    nvfp4lab.e2m1)."""
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(*packed.shape[:-1], -1)
+
+
+#: E2M1 value of each 4-bit code, written out from the format's definition.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def decode_decode_order(packed: torch.Tensor, scales: torch.Tensor, decode: float) -> torch.Tensor:
+    """float32 weights as ModelOpt / vLLM decode them: value * fl32(scale * decode)."""
+    import numpy as np
+
+    codes = unpack_codes(packed).numpy()
+    values = np.asarray(E2M1_VALUES, dtype=np.float32)[codes]
+    factor = scales.to(torch.float32).numpy() * np.float32(decode)
+    out = values.reshape(*factor.shape, 16) * factor[..., None]
+    return torch.from_numpy(out.reshape(codes.shape).astype(np.float32))
