@@ -24,6 +24,19 @@ VLLM_SPEC ?= vllm==0.33.0
 VLLM_PEER ?= $(PEERS_DIR)/vllm-0.33.0
 TORCHAO_SPEC ?= torchao==0.18.0
 TORCHAO_PEER ?= $(PEERS_DIR)/torchao-0.18.0
+# NVIDIA ModelOpt 0.47.0 (CPU is enough for NVFP4QTensor, mtq.quantize and export_hf_checkpoint).
+# Its wheel declares neither requests nor huggingface_hub though it imports both; those and the
+# other modules `import modelopt.torch.quantization` / `.export` need are installed --no-deps
+# into MODELOPT_PEER only where the venv lacks them. Its [hf] extra pins transformers<5.15, but
+# a compatible transformers would need older tokenizers too and would shadow the project's own
+# for nvfp4lab in the same process; the peer tests check ModelOpt's export with the project's
+# transformers bit for bit instead (ModelOpt only warns "not tested").
+MODELOPT_SPEC ?= nvidia-modelopt==0.47.0
+MODELOPT_PEER ?= $(PEERS_DIR)/modelopt-0.47.0
+MODELOPT_IMPORT_DEPS ?= requests=requests huggingface_hub=huggingface_hub omegaconf=omegaconf \
+	pulp=pulp scipy=scipy yaml=PyYAML pydantic=pydantic rich=rich regex=regex tqdm=tqdm \
+	packaging=packaging numpy=numpy safetensors=safetensors urllib3=urllib3 idna=idna \
+	certifi=certifi charset_normalizer=charset-normalizer
 # What `import vllm...nvfp4_emulation_utils` needs beyond vllm itself (module=package); all are
 # dependencies of the venv's extras already, installed into VLLM_PEER only where missing.
 VLLM_IMPORT_DEPS ?= numpy=numpy packaging=packaging psutil=psutil zmq=pyzmq urllib3=urllib3 \
@@ -35,7 +48,7 @@ VLLM_IMPORT_DEPS ?= numpy=numpy packaging=packaging psutil=psutil zmq=pyzmq urll
 help:
 	@echo "make report       run the notebooks into reports/*.html (index: reports/index.html)"
 	@echo "make test         run the test suite and the linter"
-	@echo "make test-peers   check nvfp4lab bit for bit against vLLM 0.33.0 and torchao 0.18"
+	@echo "make test-peers   check nvfp4lab bit for bit against vLLM 0.33.0, torchao 0.18, ModelOpt 0.47"
 	@echo "make lint         ruff only"
 	@echo "make bench-quick  a short benchmark run (nvfp4lab bench --quick)"
 	@echo "make clean        remove reports/ and caches (keeps $(VENV))"
@@ -75,8 +88,19 @@ $(TORCHAO_PEER)/.installed: | $(VENV)/.installed
 	$(PIP) install -q --no-deps --target $(TORCHAO_PEER) "$(TORCHAO_SPEC)"
 	@touch $@
 
-test-peers: $(VENV)/.installed $(VLLM_PEER)/.installed $(TORCHAO_PEER)/.installed
-	PYTHONPATH=$(VLLM_PEER):$(TORCHAO_PEER) $(PY) -m pytest -q -m peers tests/peers $(PYTEST_ARGS)
+$(MODELOPT_PEER)/.installed: | $(VENV)/.installed
+	$(PIP) install -q --no-deps --target $(MODELOPT_PEER) "$(MODELOPT_SPEC)"
+	@missing=$$($(PY) -c 'import importlib.util as u, sys; \
+		print(" ".join(p for m, p in (a.split("=") for a in sys.argv[1:]) if not u.find_spec(m)))' \
+		$(MODELOPT_IMPORT_DEPS)); \
+	if [ -n "$$missing" ]; then echo "into $(MODELOPT_PEER): $$missing"; \
+		$(PIP) install -q --no-deps --target $(MODELOPT_PEER) $$missing; fi
+	@touch $@
+
+test-peers: $(VENV)/.installed $(VLLM_PEER)/.installed $(TORCHAO_PEER)/.installed \
+		$(MODELOPT_PEER)/.installed
+	PYTHONPATH=$(VLLM_PEER):$(TORCHAO_PEER):$(MODELOPT_PEER) $(PY) -m pytest -q -m peers \
+		tests/peers $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
