@@ -49,3 +49,16 @@ def quantized(encoder: models.SentenceEncoder) -> models.SentenceEncoder:
     return encoder.with_model(model)
 
 
+
+
+@pytest.fixture(scope="session")
+def gptq_quantized(encoder: models.SentenceEncoder) -> models.SentenceEncoder:
+    """MiniLM with every Linear NVFP4 by sequential GPTQ (weight-only path, q/k/v sharing a
+    global scale), calibrated on the study's CALIBRATION_SENTENCES (disjoint from SENTENCES)."""
+    from nvfp4lab.studies import models as study
+
+    model = copy.deepcopy(encoder.model)
+    report = quantize_model(model, backend="w4a16", share_global_scale="bert", method="gptq",
+                            calibration=study.calibration_batches(encoder))
+    assert [r.method for r in report.replaced] == ["gptq"] * (6 * 6 + 1)
+    return encoder.with_model(model)

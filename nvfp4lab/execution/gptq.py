@@ -55,6 +55,13 @@ Hessians of one stage (a fused group such as q/k/v, which shares its input, or a
 are held at once. Padding tokens (``attention_mask == 0`` in a mapping batch, for inputs
 ``[B, T, K]``) are left out of the Hessian.
 
+Sources read for the facts (no code taken): llm-compressor 0.14 (scales up front since 0.4,
+damp 0.01, static act order, fp32 Hessian, global scale from the original weights shared across
+fused layers, RTN fallback on a failed Cholesky), GPTQModel 7.7 (damp 0.05, a group's scale at
+its first column from the block-start weights unless ``static_groups``), FP-Quant / MR-GPTQ
+(block Hadamard matched to the format's group, scales fixed up front). This module accumulates
+H in float64 instead of float32.
+
 Study-only: :func:`gptq_fake_quantize` runs the same loop for MXFP4 and INT4-g128 (any
 :class:`~nvfp4lab.formats.base.BlockFormatInfo`) and, with ``hadamard=seed``, on weights rotated
 by the block Hadamard whose block matches the format's group (MR-GPTQ style, arXiv 2509.23202:
