@@ -1,0 +1,122 @@
+"""``nvfp4lab audit`` and ``nvfp4lab convert``: exit codes, one-line errors, the --out report, and
+nothing written outside the folders asked for."""
+
+from __future__ import annotations
+
+import csv
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from nvfp4lab import checkpoint, cli
+from nvfp4lab.execution import quantize_model
+from tests.checkpoint.builders import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def unshared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = tiny_llama(seed=6)
+    quantize_model(model, backend="w4a16", share_global_scale=None)
+    path = tmp_path_factory.mktemp("cli") / "ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        checkpoint.save_pretrained(model, path)
+    return path
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.slow
+def test_audit_out_writes_csv_and_html_only_there(unshared: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    before = _snapshot(unshared)
+    code, out, err = _run(["audit", str(unshared), "--out", "report", "--workers", "0"], capsys)
+    assert code == 1, err  # flagged layers
+    assert "unshared tensor scales" in out and "4 flagged" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
+        "audit.csv", "audit.html", "audit.ipynb"]
+    with open(tmp_path / "report" / "audit.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 14 and {"layer", "issues"} <= set(rows[0])
+    flagged = [r["layer"] for r in rows if r["issues"]]
+    assert "model.layers.0.self_attn.q_proj" in flagged or "model.layers.0.self_attn.k_proj" in (
+        flagged)
+    page = (tmp_path / "report" / "audit.html").read_text()
+    assert "Checkpoint audit" in page and "data:image/png" in page
+    assert page.index(flagged[0]) < page.index("model.layers.0.self_attn.o_proj")
+    assert _snapshot(unshared) == before
+    code, _, err = _run(["audit", str(unshared), "--out", "report", "--workers", "0"], capsys)
+    assert code == 2 and "--overwrite" in err
+
+
+def test_audit_clean_checkpoint_exits_0(nvfp4lab_like: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["audit", str(nvfp4lab_like), "--workers", "0", "--gpu", "b200"], capsys)
+    assert code == 0 and "0 flagged" in out
+
+
+@pytest.fixture(scope="module")
+def nvfp4lab_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = tiny_llama(seed=7)
+    quantize_model(model, backend="w4a16")
+    path = tmp_path_factory.mktemp("clean") / "ckpt"
+    checkpoint.save_pretrained(model, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["audit", "{tmp}/nope"], "does not exist"),
+        (["audit", "{tmp}/float"], "not a quantized checkpoint"),
+        (["audit", "{ckpt}", "--out", "{tmp}/file.txt"], "is a file"),
+        (["audit", "{ckpt}", "--out", "{ckpt}/report"], "inside the checkpoint folder"),
+        (["audit", "{ckpt}", "--gpu", "X100"], "unknown GPU 'X100'"),
+        (["audit", "{ckpt}", "--vllm", "9.9.9"], "9.9.9"),
+        (["audit", "{ckpt}", "--reference", "{tmp}/nope"], "reference folder"),
+        (["audit", "{ckpt}", "--workers", "-1"], "workers must be"),
+        (["convert", "{ckpt}", "{ckpt}", "--format", "modelopt"], "overlaps the source"),
+        (["convert", "{ckpt}", "{tmp}/x", "--format", "compressed-tensors"], "already a"),
+        (["convert", "{tmp}/nope", "{tmp}/y", "--format", "modelopt"], "does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(nvfp4lab_like: Path, tmp_path: Path, argv: list[str],
+                                      message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny_llama().save_pretrained(tmp_path / "float")
+    (tmp_path / "file.txt").write_text("mine")
+    args = [a.format(tmp=tmp_path, ckpt=nvfp4lab_like) for a in argv]
+    code, _, err = _run(args, capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"nvfp4lab {argv[0]}: "), err
+    assert message in lines[0]
+    assert "Traceback" not in err
+    assert (tmp_path / "file.txt").read_text() == "mine"
+
+
+def test_convert_round_trip_and_overwrite(nvfp4lab_like: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["convert", str(nvfp4lab_like), str(tmp_path / "mo"), "--format",
+                         "modelopt", "--workers", "0"], capsys)
+    assert code == 0 and "tensor scales converted" in out
+    assert checkpoint.detect_format(tmp_path / "mo") == "modelopt"
+    code, _, err = _run(["convert", str(nvfp4lab_like), str(tmp_path / "mo"), "--format",
+                         "modelopt"], capsys)
+    assert code == 2 and "pass --overwrite" in err
+    code, _, _ = _run(["convert", str(nvfp4lab_like), str(tmp_path / "mo"), "--format",
+                       "modelopt", "--overwrite", "--workers", "0"], capsys)
+    assert code == 0
+    assert sorted(os.listdir(tmp_path)) == ["mo"]
