@@ -5,25 +5,23 @@ from __future__ import annotations
 
 import csv
 import os
-import warnings
 from pathlib import Path
 
 import pytest
 
 from nvfp4lab import checkpoint, cli
-from nvfp4lab.execution import quantize_model
-from tests.checkpoint.builders import tiny_llama
+from tests.checkpoint.builders import saved_checkpoint, tiny_llama
 
 
 @pytest.fixture(scope="module")
 def unshared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = tiny_llama(seed=6)
-    quantize_model(model, backend="w4a16", share_global_scale=None)
-    path = tmp_path_factory.mktemp("cli") / "ckpt"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        checkpoint.save_pretrained(model, path)
-    return path
+    return saved_checkpoint(tmp_path_factory.mktemp("cli") / "ckpt", seed=6,
+                            share_global_scale=None)
+
+
+@pytest.fixture(scope="module")
+def nvfp4lab_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return saved_checkpoint(tmp_path_factory.mktemp("clean") / "ckpt", seed=7)
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -68,15 +66,6 @@ def test_audit_clean_checkpoint_exits_0(nvfp4lab_like: Path,
     assert code == 0 and "0 flagged" in out
 
 
-@pytest.fixture(scope="module")
-def nvfp4lab_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = tiny_llama(seed=7)
-    quantize_model(model, backend="w4a16")
-    path = tmp_path_factory.mktemp("clean") / "ckpt"
-    checkpoint.save_pretrained(model, path)
-    return path
-
-
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -98,6 +87,7 @@ def test_bad_input_is_one_line_exit_2(nvfp4lab_like: Path, tmp_path: Path, argv:
     tiny_llama().save_pretrained(tmp_path / "float")
     (tmp_path / "file.txt").write_text("mine")
     args = [a.format(tmp=tmp_path, ckpt=nvfp4lab_like) for a in argv]
+    capsys.readouterr()  # transformers' own progress output while saving the float model
     code, _, err = _run(args, capsys)
     assert code == 2
     lines = err.strip().splitlines()

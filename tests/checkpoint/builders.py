@@ -95,3 +95,22 @@ def decode_decode_order(packed: torch.Tensor, scales: torch.Tensor, decode: floa
     factor = scales.to(torch.float32).numpy() * np.float32(decode)
     out = values.reshape(*factor.shape, 16) * factor[..., None]
     return torch.from_numpy(out.reshape(codes.shape).astype(np.float32))
+
+
+def saved_checkpoint(path: Path, *, seed: int = 0, share_global_scale: str | None = "llama",
+                     w4a4: bool = False) -> Path:
+    """Quantize ``tiny_llama(seed=seed)`` (RTN, kernel order) and save it at ``path``
+    (compressed-tensors; W4A4 with DECODE-held input scales when ``w4a4``)."""
+    import warnings
+
+    from nvfp4lab import checkpoint
+    from nvfp4lab.execution import quantize_model
+
+    model = tiny_llama(seed=seed)
+    quantize_model(model, backend="w4a16", share_global_scale=share_global_scale)
+    if w4a4:
+        modelopt_like(model, token_batches())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", checkpoint.UnsharedGlobalScaleWarning)
+        checkpoint.save_pretrained(model, path)
+    return path
