@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
 __all__ = [
+    "BLOCK_FORMATS",
     "GPTQ_VARIANTS",
     "QuantizedVariant",
     "gap_reduction",
