@@ -54,6 +54,7 @@ Bias epilogue (``bias_mode``):
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
@@ -66,7 +67,7 @@ from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 from nvfp4lab.execution.dispatch import native_fp4_status, select_backend
 from nvfp4lab.layout import swizzle_scales, unswizzle_scales
 from nvfp4lab.scales import as_global_scale
-from nvfp4lab.tensor import NVFP4Tensor, block_chunks
+from nvfp4lab.tensor import NVFP4Tensor
 from nvfp4lab.vocab import AUTO, Backend, BiasMode, check_choice, check_dtype
 
 __all__ = [
@@ -184,28 +185,22 @@ def _gemm(
 def vllm_dequantize(
     weight: NVFP4Tensor, dtype: torch.dtype, *, decode: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``weight`` decoded with vLLM's arithmetic: ``value * (scale * (1/gs))`` in float32, then
-    ``dtype`` (``gs`` = the ENCODE global scale; its reciprocal is vLLM's stored decode scale).
-    ``decode``: another float32 decode multiplier to use instead of ``1/gs`` (e.g. a merged one,
-    :mod:`nvfp4lab.execution.fused`).
+    """``weight`` decoded with vLLM's arithmetic: ``value * (scale * d)`` in float32, then
+    ``dtype``, where ``d`` is vLLM's stored DECODE scale: the exact ``weight.decode_scale`` when
+    the weight carries one (a ModelOpt checkpoint's ``weight_scale_2``), else ``1/gs`` (vLLM
+    inverts a compressed-tensors ENCODE scale at load). ``decode``: another float32 decode
+    multiplier to use instead (e.g. a merged one, :mod:`nvfp4lab.execution.fused`).
 
-    ``NVFP4Tensor.dequantize`` computes ``value * (scale / gs)`` instead (the compressed-
-    tensors/reference order), which differs by an ulp in float32 for some scales.
+    ``NVFP4Tensor.dequantize`` of a weight without a decode scale computes ``value * (scale /
+    gs)`` instead (the compressed-tensors/reference order), which differs by an ulp in float32
+    for some scales.
     """
     if decode is None:
+        decode = weight.decode_scale
+    if decode is None:
         decode = torch.reciprocal(weight.global_scale.to(torch.float32))
-    decode = decode.to(torch.float32).reshape(1)
-    half = weight.block_size // 2
-    packed = weight.packed.reshape(-1, half)  # one row of bytes per block
-    scales = weight.scales.reshape(-1)
-    out = torch.empty((packed.shape[0], weight.block_size), dtype=dtype, device=weight.device)
-    for part in block_chunks(packed.shape[0], weight.block_size, weight.device):
-        values = decode_e2m1(unpack_fp4(packed[part]), torch.float32)
-        values *= (scales[part].to(torch.float32) * decode).unsqueeze(-1)
-        out[part] = values  # the one rounding to dtype
-    out = out.reshape(*weight.packed.shape[:-1], 2 * weight.packed.shape[-1])
-    k = weight.shape[-1]  # type: ignore[index]
-    return out if out.shape[-1] == k else out[..., :k]
+    as_vllm = dataclasses.replace(weight, decode_scale=decode, check_scales=False)
+    return as_vllm.dequantize(dtype)
 
 
 def _emulation(

@@ -292,3 +292,21 @@ def test_bad_input_global_scale_is_refused_on_every_backend() -> None:
     for backend in ("emulation", "w4a16"):
         with pytest.raises(ValueError, match="finite and > 0"):
             linear_mod.linear(x, w, input_global_scale=-5.0, backend=backend)
+
+
+def test_vllm_dequantize_uses_an_exact_decode_scale() -> None:
+    """A weight carrying its DECODE scale (ModelOpt's weight_scale_2) is decoded with it, as
+    vLLM does for ModelOpt checkpoints; without one, with the reciprocal of the ENCODE scale."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(N, K, generator=g, dtype=torch.bfloat16)
+    mo = quantize(w, convention="modelopt")
+    assert mo.decode_scale is not None
+    assert torch.equal(linear_mod.vllm_dequantize(mo, torch.float32), mo.dequantize(torch.float32))
+    ct = quantize(w)
+    decode = torch.reciprocal(ct.global_scale)
+    codes = unpack_fp4(ct.packed).reshape(N, K // 16, 16)
+    expected = reference.decode_e2m1_code  # value * (s * decode) element by element
+    manual = torch.tensor(
+        [[expected(int(c)) for c in row] for row in codes.reshape(N, K)], dtype=torch.float32
+    ).reshape(N, K // 16, 16) * (ct.scales.float() * decode).unsqueeze(-1)
+    assert torch.equal(linear_mod.vllm_dequantize(ct, torch.float32), manual.reshape(N, K))
