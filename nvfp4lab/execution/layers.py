@@ -283,6 +283,10 @@ class NVFP4Linear(nn.Module):
             return select_backend(x.device).name
         return self.backend
 
+    def clear_dequantized_cache(self) -> None:
+        """Free the dequantized weights kept by ``cache_dequantized=True`` (rebuilt on use)."""
+        self._dq_cache.clear()
+
     def _cached_weight(self, dtype: torch.dtype) -> torch.Tensor | None:
         if not self.cache_dequantized:
             return None

@@ -306,7 +306,7 @@ def _gptq_layers(
         installed.append(layer)
     for layer in installed:  # calibration is over: the caller's cache setting, cache freed
         layer.cache_dequantized = bool(options["cache_dequantized"])
-        layer._dq_cache.clear()
+        layer.clear_dequantized_cache()
 
 
 def quantize_model(
