@@ -5,6 +5,7 @@ Kept small (max_examples per property) so the file runs in well under 30 s.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -82,6 +83,9 @@ def _normal_scale_blocks(q_scales: torch.Tensor) -> torch.Tensor:
     return s >= E4M3_MIN_NORMAL
 
 
+# compressed-tensors' fp16 global scale overflows for amax < 0.041 and falls back to 1.0, under
+# which every block underflows: the warning is right, and the property still holds
+@pytest.mark.filterwarnings("ignore::nvfp4lab.codec.ScaleUnderflowWarning")
 @SETTINGS
 @given(x=tensors(), convention=st.sampled_from(CONVENTIONS))
 def test_fake_quantize_idempotent_on_normal_scale_blocks(x: torch.Tensor, convention: str) -> None:

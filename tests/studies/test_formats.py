@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nvfp4lab.codec import ScaleUnderflowWarning
 from nvfp4lab.studies import formats as fs
 from tests.studies.widgets import control, text
 
@@ -32,7 +33,8 @@ def test_format_explorer_matches_error_rows() -> None:
 
 def test_format_text_shows_tensor_scale_underflow() -> None:
     (no_gs,) = [c for c in fs.default_configs(0, fast=True) if c.label == "nvfp4 no tensor scale"]
-    row = fs.format_row(no_gs, "normal", -5.0, seed=0, df=3, shape=SHAPE)
+    with pytest.warns(ScaleUnderflowWarning):  # no tensor scale: every block underflows
+        row = fs.format_row(no_gs, "normal", -5.0, seed=0, df=3, shape=SHAPE)
     assert row["nmse"] > 0.5  # E4M3 block scales alone underflow at 1e-5
     assert f"NMSE {row['nmse']:.3e}" in fs.format_text(row, -5.0, 3, SHAPE)
 
