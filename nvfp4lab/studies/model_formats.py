@@ -67,6 +67,7 @@ __all__ = [
     "plot_configs",
     "plot_layer_errors",
     "plot_outliers",
+    "plot_per_layer",
     "short_name",
 ]
 
@@ -302,23 +303,32 @@ def _layer_axis(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.set_xticks(list(ticks), list(ticks.values()), rotation=90, fontsize=7)
 
 
+def plot_per_layer(
+    rows: Sequence[dict[str, Any]], *, series: str, value: str, title: str, ylabel: str
+) -> Figure:
+    """One line per distinct ``row[series]`` of ``row[value]`` over the Linear layers in module
+    order (``row["index"]``, ticks ``row["short"]``), log y axis."""
+    fig, ax = new_figure(
+        title, "Linear layer (block.part, module order)", ylabel, figsize=(10.0, 4.5),
+        yscale="log",
+    )
+    for label in dict.fromkeys(r[series] for r in rows):
+        mine = [r for r in rows if r[series] == label]
+        ax.plot([r["index"] for r in mine], [r[value] for r in mine], marker=".", label=label)
+    _layer_axis(ax, rows)
+    ax.legend(fontsize=7, ncol=3)
+    return fig
+
+
 def plot_layer_errors(rows: Sequence[dict[str, Any]], quantity: str = "weight_nmse") -> Figure:
     """NMSE per layer (module order), one line per format; ``quantity``: "weight_nmse" or
     "activation_nmse"."""
     what = {"weight_nmse": "weights", "activation_nmse": "input activations"}[quantity]
-    fig, ax = new_figure(
-        f"MiniLM: quantization error of each Linear layer's {what}, by format",
-        "Linear layer (block.part, module order)",
-        "NMSE (unitless, log scale)",
-        figsize=(10.0, 4.5),
-        yscale="log",
+    return plot_per_layer(
+        rows, series="format", value=quantity,
+        title=f"MiniLM: quantization error of each Linear layer's {what}, by format",
+        ylabel="NMSE (unitless, log scale)",
     )
-    for fmt in dict.fromkeys(r["format"] for r in rows):
-        mine = [r for r in rows if r["format"] == fmt]
-        ax.plot([r["index"] for r in mine], [r[quantity] for r in mine], marker=".", label=fmt)
-    _layer_axis(ax, rows)
-    ax.legend(fontsize=7, ncol=3)
-    return fig
 
 
 def plot_outliers(rows: Sequence[dict[str, Any]]) -> Figure:

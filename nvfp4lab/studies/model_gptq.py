@@ -38,7 +38,7 @@ from nvfp4lab.execution import quantize_model
 from nvfp4lab.execution.gptq import GPTQOptions, gptq_fake_quantize
 from nvfp4lab.models import SentenceEncoder
 from nvfp4lab.plots import new_figure
-from nvfp4lab.studies.model_formats import short_name
+from nvfp4lab.studies.model_formats import plot_per_layer, short_name
 from nvfp4lab.studies.models import (
     CALIBRATION_SENTENCES,
     SENTENCES,
@@ -277,20 +277,11 @@ def layer_format_rows(
 def plot_variant_layers(rows: Sequence[dict[str, Any]]) -> Figure:
     """Held-out output NMSE per layer, one line per variant (log scale)."""
     mode = rows[0]["mode"] if rows else "isolated"
-    fig, ax = new_figure(
-        f"MiniLM: per-layer output error on held-out sentences, RTN vs GPTQ ({mode})",
-        "Linear layer (block.part, module order)",
-        "output NMSE vs float layer (unitless, log scale)",
-        figsize=(10.0, 4.5),
-        yscale="log",
+    return plot_per_layer(
+        rows, series="variant", value="nmse",
+        title=f"MiniLM: per-layer output error on held-out sentences, RTN vs GPTQ ({mode})",
+        ylabel="output NMSE vs float layer (unitless, log scale)",
     )
-    for label in dict.fromkeys(r["variant"] for r in rows):
-        mine = [r for r in rows if r["variant"] == label]
-        ax.plot([r["index"] for r in mine], [r["nmse"] for r in mine], marker=".", label=label)
-    ticks = {r["index"]: r["short"] for r in rows}
-    ax.set_xticks(list(ticks), list(ticks.values()), rotation=90, fontsize=7)
-    ax.legend()
-    return fig
 
 
 def plot_method_bars(rows: Sequence[dict[str, Any]], title: str) -> Figure:
