@@ -59,6 +59,7 @@ _SUBMODULES = (
     "formats",
     "gpus",
     "hadamard",
+    "kernels",
     "layout",
     "metrics",
     "models",

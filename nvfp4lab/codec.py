@@ -41,6 +41,12 @@ Research options (defaults reproduce plain NVFP4 bit for bit)
     :mod:`nvfp4lab.hadamard` first. :func:`fake_quantize` rotates back (float32, one rounding);
     :func:`quantize` returns a :class:`~nvfp4lab.tensor.RotatedNVFP4Tensor`.
 
+Fused kernels (``fused=``, default None = the ``NVFP4LAB_FUSED`` setting): plain options (16-element
+blocks, ``rounding="rne"``, ``scale_selection="amax"``, no ``hadamard``, ``nonfinite="raise"``,
+no ``decode_scale``) in the kernel or compressed-tensors order on a CPU/CUDA tensor with K a
+multiple of 16 run the compiled kernels of :mod:`nvfp4lab.kernels` when it allows (bit for bit the
+same results; see there for the ``auto`` rule); everything else runs the eager pipeline.
+
 Input policy: fp32/bf16/fp16 tensors ``[..., K]`` (any strides, any device; meta gives shapes).
 NaN/Inf raise by default (``nonfinite="raise"``, naming the count and first index);
 ``"propagate"`` runs the arithmetic as is (a NaN makes its block's scale NaN). An all-zero tensor,
@@ -64,9 +70,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from nvfp4lab import kernels
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes, stochastic_round_to_e2m1_codes
 from nvfp4lab.hadamard import check_seed, hadamard_transform
+from nvfp4lab.kernels import fused as fused_kernels
 from nvfp4lab.options import NVFP4Options, block_shape, nvfp4_options
 from nvfp4lab.scales import (
     KERNEL_MAX_GLOBAL_SCALE,
@@ -79,9 +87,11 @@ from nvfp4lab.scales import (
 )
 from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor, block_chunks, decode_blocks
 from nvfp4lab.vocab import (
+    SUPPORTED_DTYPES,
     Convention,
     NonFinite,
     Rounding,
+    ScaleSelection,
     check_choice,
     check_dtype,
 )
@@ -289,6 +299,39 @@ def _prepare(
     return x, _tensor_scale(amax, global_scale, decode_scale, opts, x.device)
 
 
+def _fused_route(
+    x: object, opts: NVFP4Options, decode_scale: object, fused: bool | None
+) -> bool:
+    """Whether a quantize/fake_quantize call runs the fused kernels: plain options in the kernel
+    or compressed-tensors order on a non-empty fp32/bf16/fp16 tensor with K % 16 == 0, and
+    :func:`nvfp4lab.kernels.use_fused` agrees (setting, size, a working compiler)."""
+    plain = (
+        opts.block_shape == (1, BLOCK_SIZE)
+        and opts.rounding == Rounding.RNE
+        and opts.scale_selection == ScaleSelection.AMAX
+        and opts.hadamard is None
+        and opts.nonfinite == NonFinite.RAISE
+        and opts.convention != Convention.MODELOPT
+        and decode_scale is None
+    )
+    if not (plain and isinstance(x, torch.Tensor) and x.dtype in SUPPORTED_DTYPES):
+        return False
+    if x.ndim == 0 or x.numel() == 0 or x.shape[-1] % BLOCK_SIZE:
+        return False
+    return kernels.use_fused(x.numel(), x.device, fused)
+
+
+def _fused_prepare(
+    x: torch.Tensor, global_scale: torch.Tensor | float | None, opts: NVFP4Options
+) -> tuple[fused_kernels.BlockStats, TensorScale]:
+    """:func:`_prepare` for the fused path: the block statistics pass, then the same NaN/Inf
+    error and tensor-scale rules as eager (from the amax that pass returns)."""
+    stats = fused_kernels.block_stats(x.detach(), opts.convention)
+    if not bool(torch.isfinite(stats.amax)):
+        finite_amax(x.detach(), opts.nonfinite)  # raises, naming the count and first index
+    return stats, _tensor_scale(stats.amax, global_scale, None, opts, x.device)
+
+
 # --------------------------------------------------------------------------------------------
 # blocks: scale selection and element rounding
 # --------------------------------------------------------------------------------------------
@@ -418,6 +461,7 @@ def quantize(
     pad: bool = False,
     nonfinite: str = NonFinite.RAISE,
     decode_scale: torch.Tensor | float | None = None,
+    fused: bool | None = None,
     **options: Any,
 ) -> NVFP4Tensor:
     """Quantize ``x`` (fp32/bf16/fp16, ``[..., K]``) to an :class:`NVFP4Tensor`.
@@ -429,11 +473,17 @@ def quantize(
     options ``rounding``, ``generator``, ``scale_selection``, ``search_targets``, ``hadamard``.
     With ``hadamard`` the result is a :class:`RotatedNVFP4Tensor` holding ``x Q`` that
     dequantizes back to ``x``; with 2-D tiles each tile scale is repeated on its rows. See the
-    module docstring for the arithmetic, padding and the NaN/Inf policy.
+    module docstring for the arithmetic, padding, the NaN/Inf policy and ``fused``.
     """
     opts = nvfp4_options(
         block_size=block_size, convention=convention, pad=pad, nonfinite=nonfinite, **options
     )
+    if _fused_route(x, opts, decode_scale, fused):
+        stats, scale = _fused_prepare(x, global_scale, opts)
+        packed, scales = fused_kernels.encode(stats, scale.encode, opts.convention)
+        return NVFP4Tensor(
+            packed, scales, scale.encode, shape=x.shape, dtype=x.dtype, check_scales=False
+        )
     xp, scale = _prepare(x, global_scale, opts, decode_scale)
     rows, cols = opts.block_shape
     lead, kp = xp.shape[:-1], xp.shape[-1]
@@ -486,16 +536,20 @@ def fake_quantize(
     global_scale: torch.Tensor | float | None = None,
     *,
     decode_scale: torch.Tensor | float | None = None,
+    fused: bool | None = None,
     **options: Any,
 ) -> torch.Tensor:
     """Quantize then dequantize, returning ``x.dtype`` and ``x.shape`` (no packing round trip).
 
     Equal bit for bit to ``dequantize(quantize(x, ...), x.dtype)``; a Hadamard rotation is undone
-    in float32 before the one rounding to ``x.dtype``. ``decode_scale`` and ``options``: as in
-    :func:`quantize` (``block_size``, ``convention``, ``pad``, ``nonfinite`` and the research
-    options).
+    in float32 before the one rounding to ``x.dtype``. ``decode_scale``, ``fused`` and
+    ``options``: as in :func:`quantize` (``block_size``, ``convention``, ``pad``, ``nonfinite``
+    and the research options).
     """
     opts = nvfp4_options(**options)
+    if _fused_route(x, opts, decode_scale, fused):
+        stats, scale = _fused_prepare(x, global_scale, opts)
+        return fused_kernels.fake_quantize(stats, scale.encode, opts.convention)
     xp, scale = _prepare(x, global_scale, opts, decode_scale)
     if xp.is_meta:
         return torch.empty_like(x)
@@ -515,12 +569,17 @@ def fake_quantize(
 
 
 def dequantize(
-    q: NVFP4Tensor, dtype: torch.dtype | None = None, *, hadamard: int | None = None
+    q: NVFP4Tensor,
+    dtype: torch.dtype | None = None,
+    *,
+    hadamard: int | None = None,
+    fused: bool | None = None,
 ) -> torch.Tensor:
     """Decode ``q`` to ``dtype`` (default: its original dtype), shape ``q.shape``.
 
     A :class:`RotatedNVFP4Tensor` knows its seed and rotates back by itself (a different
     ``hadamard=`` is an error); ``hadamard=seed`` also undoes a rotation of a plain tensor's codes.
+    ``fused``: as in :meth:`NVFP4Tensor.dequantize`.
     """
     if not isinstance(q, NVFP4Tensor):
         raise TypeError(f"dequantize expects an NVFP4Tensor, got {type(q).__name__}")
@@ -529,9 +588,9 @@ def dequantize(
             raise ValueError(
                 f"q was rotated with hadamard={q.hadamard}, not {hadamard}; omit hadamard="
             )
-        return q.dequantize(dtype)
+        return q.dequantize(dtype, fused=fused)
     if hadamard is None:
-        return q.dequantize(dtype)
+        return q.dequantize(dtype, fused=fused)
     check_seed(hadamard, "hadamard")
-    values = hadamard_transform(q.dequantize(torch.float32), hadamard, inverse=True)
+    values = hadamard_transform(q.dequantize(torch.float32, fused=fused), hadamard, inverse=True)
     return values.to(dtype or q.dtype)

@@ -12,12 +12,17 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
   ``VLLM_DISABLED_KERNELS`` — the other vLLM variables the modelled releases read when they pick
   an NVFP4 kernel (:mod:`nvfp4lab.execution.vllm_rules` says which release reads which).
 * ``NVFP4LAB_CACHE`` / ``XDG_CACHE_HOME`` — where packaged models are extracted.
+* ``NVFP4LAB_FUSED`` — auto | on | off: when quantize / fake_quantize / dequantize / linear run
+  the fused compiled kernels of :mod:`nvfp4lab.kernels` (read by :func:`fused_mode` at every
+  call; unset = auto).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+
+from nvfp4lab.vocab import FusedMode, check_choice
 
 __all__ = [
     "BACKEND_ENV",
@@ -26,9 +31,11 @@ __all__ = [
     "DISABLED_KERNELS_ENV",
     "EMULATION_ENV",
     "FBGEMM_ENV",
+    "FUSED_ENV",
     "GEMM_BACKEND_ENV",
     "VLLM_ENV_VARS",
     "environ",
+    "fused_mode",
 ]
 
 BACKEND_ENV = "NVFP4LAB_BACKEND"
@@ -38,6 +45,7 @@ FBGEMM_ENV = "VLLM_USE_FBGEMM"
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 DISABLED_KERNELS_ENV = "VLLM_DISABLED_KERNELS"
 CACHE_ENV = "NVFP4LAB_CACHE"
+FUSED_ENV = "NVFP4LAB_FUSED"
 
 #: Every vLLM variable the dispatcher models, in the order reports list them.
 VLLM_ENV_VARS: tuple[str, ...] = (
@@ -52,3 +60,13 @@ VLLM_ENV_VARS: tuple[str, ...] = (
 def environ(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
     """``env`` when given, else the live ``os.environ`` (read at call time, never cached)."""
     return os.environ if env is None else env
+
+
+def fused_mode(env: Mapping[str, str] | None = None) -> FusedMode:
+    """``NVFP4LAB_FUSED`` of ``env`` (default: the live environment) as a :class:`FusedMode`;
+    unset or empty means auto. A bad value raises ValueError naming it and the accepted ones."""
+    value = environ(env).get(FUSED_ENV, "").strip().lower() or FusedMode.AUTO
+    try:
+        return check_choice(f"{FUSED_ENV} value", value, FusedMode)  # type: ignore[return-value]
+    except ValueError as err:
+        raise ValueError(f"{err} (unset = auto)") from None

@@ -10,6 +10,8 @@ Conventions
 * ``shape``: the original shape; its last dim ``K`` may be smaller than ``Kp`` when the input was
   zero-padded to a whole number of blocks (``pad=True``).
 * Decoding: ``x_hat = value(code) * (scale / global_scale)`` in float32, then cast to ``dtype``.
+  With 16-element blocks on a CPU/CUDA tensor it may run the fused kernel of
+  :mod:`nvfp4lab.kernels` (``fused=``; bit for bit the same values).
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import torch
 from nvfp4lab.constants import BLOCK_SIZE, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 from nvfp4lab.hadamard import hadamard_transform
+from nvfp4lab.kernels import fused as fused_kernels
+from nvfp4lab.kernels import use_fused
 from nvfp4lab.layout import swizzle_scales
 from nvfp4lab.scales import as_global_scale
+from nvfp4lab.vocab import SUPPORTED_DTYPES
 
 __all__ = [
     "NVFP4Tensor",
@@ -223,12 +228,31 @@ class NVFP4Tensor:
         """E2M1 codes uint8 ``[..., Kp]`` (padding included)."""
         return unpack_fp4(self.packed)
 
-    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Decode to ``dtype`` (default: the original dtype); returns a tensor of ``self.shape``."""
+    def dequantize(
+        self, dtype: torch.dtype | None = None, *, fused: bool | None = None
+    ) -> torch.Tensor:
+        """Decode to ``dtype`` (default: the original dtype); returns a tensor of ``self.shape``.
+
+        ``fused``: True/False forces the fused kernel on or off for this call (when it applies:
+        16-element blocks, fp32/bf16/fp16 output, CPU or CUDA); None follows ``NVFP4LAB_FUSED``.
+        """
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dequantize needs a floating dtype, got {dtype}")
         if self.device.type == "meta":  # no data: the shape and dtype of the result only
             return torch.empty(self.shape, dtype=dtype or self.dtype, device="meta")
+        out_dtype = dtype or self.dtype
+        if (
+            self.block_size == BLOCK_SIZE
+            and out_dtype in SUPPORTED_DTYPES
+            and self.packed.numel() > 0
+            and use_fused(2 * self.packed.numel(), self.device, fused)
+        ):
+            divide = self.decode_scale is None
+            out = fused_kernels.decode(
+                self.packed, self.scales, self.global_scale if divide else self.decode_scale,
+                out_dtype, order="divide" if divide else "multiply",
+            )
+            return out if out.shape[-1] == self.shape[-1] else out[..., : self.shape[-1]]
         half = self.block_size // 2
         packed = self.packed.reshape(-1, half)  # one row of bytes per block
         scales = self.scales.reshape(-1)
@@ -294,13 +318,17 @@ class RotatedNVFP4Tensor(NVFP4Tensor):
     def transform(self) -> str | None:
         return f"Hadamard-rotated along K (seed {self.hadamard})"
 
-    def dequantize_rotated(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def dequantize_rotated(
+        self, dtype: torch.dtype | None = None, *, fused: bool | None = None
+    ) -> torch.Tensor:
         """Decode the rotated tensor ``x Q`` as stored."""
-        return super().dequantize(dtype)
+        return super().dequantize(dtype, fused=fused)
 
-    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def dequantize(
+        self, dtype: torch.dtype | None = None, *, fused: bool | None = None
+    ) -> torch.Tensor:
         """Decode and rotate back: ``dequantize_rotated() Q^T`` (in float32), then ``dtype``."""
-        rotated = super().dequantize(torch.float32)
+        rotated = super().dequantize(torch.float32, fused=fused)
         back = hadamard_transform(rotated, self.hadamard, inverse=True)
         return back.to(dtype or self.dtype)
 

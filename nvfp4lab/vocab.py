@@ -22,6 +22,7 @@ vocabulary             values                                                   
 :class:`VllmPackage`   flashinfer, humming, b12x, fbgemm (optional kernel packages)    execution
 :class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
 :class:`CheckpointFormat`  compressed-tensors, modelopt (global scales on disk)       execution
+:class:`FusedMode`     auto, on, off (``NVFP4LAB_FUSED``: when the fused kernels run)  kernels
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.
@@ -42,6 +43,7 @@ __all__ = [
     "BiasMode",
     "CheckpointFormat",
     "Convention",
+    "FusedMode",
     "GemmPath",
     "NonFinite",
     "Numerics",
@@ -182,6 +184,14 @@ class CheckpointFormat(StrEnum):
 
     COMPRESSED_TENSORS = "compressed-tensors"  #: ENCODE scale, 2688/amax (weight_global_scale)
     MODELOPT = "modelopt"  #: DECODE scale, amax/2688 (weight_scale_2)
+
+
+class FusedMode(StrEnum):
+    """When the fused kernels (:mod:`nvfp4lab.kernels`) replace the eager pipeline."""
+
+    AUTO = "auto"  #: large tensors, once this process's eager work has paid for compilation
+    ON = "on"  #: every eligible call (tests, benchmarks)
+    OFF = "off"  #: never: the eager pipeline only
 
 
 #: Floating dtypes NVFP4 quantizes from and computes in.

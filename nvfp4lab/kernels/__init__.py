@@ -1,0 +1,145 @@
+"""Fused NVFP4 kernels, written once as tensor code and compiled by ``torch.compile``.
+
+The same source lowers to C++/OpenMP (``at::vec``) on the CPU and to Triton on CUDA:
+:mod:`~nvfp4lab.kernels.graphs` holds the graphs, :mod:`~nvfp4lab.kernels.fused` compiles them
+(one compiled function per graph kind and static configuration, dynamic in the number of blocks)
+and :mod:`~nvfp4lab.kernels.linear` runs a linear layer with the weight decoded tile by tile.
+They are bit for bit the eager pipeline of :mod:`nvfp4lab.codec` and :mod:`nvfp4lab.tensor`;
+:mod:`nvfp4lab.codec`, :meth:`nvfp4lab.tensor.NVFP4Tensor.dequantize` and
+:func:`nvfp4lab.execution.gemm.linear` route eligible calls here (this package imports only
+:mod:`nvfp4lab.constants`, :mod:`nvfp4lab.vocab` and :mod:`nvfp4lab.settings`; ``torch._dynamo``
+and inductor are imported on the first fused call, never by ``import nvfp4lab``).
+
+When a call runs fused (:func:`use_fused`): the call must be eligible (plain NVFP4 options, see
+the codec) on a CPU or CUDA tensor, a compiler must work here (:func:`compiler_available`), and
+the setting ``NVFP4LAB_FUSED`` (:func:`nvfp4lab.settings.fused_mode`) or the call's ``fused=``
+must allow it:
+
+``on`` / ``fused=True``
+    every eligible call (tests, benchmarks, long runs).
+``off`` / ``fused=False``
+    never.
+``auto`` (default)
+    tensors of at least :data:`AUTO_MIN_ELEMENTS`, once this process has already done
+    :data:`AUTO_WORK_ELEMENTS` of such work eagerly on that device type. Compiling costs seconds
+    (measured on the 2-core CPU: ~3.5 s for the first fused call of a process with inductor's
+    disk cache warm, ~16 s with it cold, then 0.2-2.7 s per further graph), which one call never
+    pays back; so a process first spends about that much time in eager work (the ski-rental
+    rule: it never spends more than about twice the best choice made in hindsight), and short
+    scripts and notebooks never compile at all.
+
+Without a working compiler (no C++ compiler for inductor's CPU backend, no Triton on CUDA, ...)
+every call stays eager; the first fused attempt says so ONCE, as one WARNING line on the
+``nvfp4lab.kernels`` logger (no traceback; Python's last-resort handler prints it on stderr
+when logging is not configured).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+
+import torch
+
+from nvfp4lab.settings import fused_mode
+from nvfp4lab.vocab import FusedMode
+
+__all__ = [
+    "AUTO_MIN_ELEMENTS",
+    "AUTO_WORK_ELEMENTS",
+    "FUSED_DEVICE_TYPES",
+    "compiler_available",
+    "eager_work",
+    "use_fused",
+]
+
+#: Device types the fused kernels compile for (C++/OpenMP and Triton).
+FUSED_DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
+#: ``auto``: smaller tensors always stay eager. Below this size a fused call's fixed cost
+#: (~0.1-0.25 ms: graph calls, scalar glue, one host sync) eats most of its gain.
+AUTO_MIN_ELEMENTS: int = 1 << 20
+#: ``auto``: elements of eligible work a process does eagerly on a device type before it
+#: compiles: about 3-4 s of eager quantize on the 2-core CPU, the warm-cache cost of compiling.
+AUTO_WORK_ELEMENTS: int = 1 << 28
+
+_LOG = logging.getLogger(__name__)
+_EAGER_WORK: dict[str, int] = {}
+
+
+def eager_work(device_type: str) -> int:
+    """Elements this process has quantized/decoded eagerly in ``auto`` calls that were large
+    enough to go fused (the ledger of the ``auto`` rule) on ``device_type``."""
+    return _EAGER_WORK.get(device_type, 0)
+
+
+def _auto_allows(numel: int, device_type: str) -> bool:
+    if numel < AUTO_MIN_ELEMENTS:
+        return False
+    done = _EAGER_WORK.get(device_type, 0)
+    if done >= AUTO_WORK_ELEMENTS:
+        return True
+    _EAGER_WORK[device_type] = done + numel  # this call runs eagerly: it counts
+    return False
+
+
+def use_fused(
+    numel: int,
+    device: torch.device,
+    fused: bool | None = None,
+    env: Mapping[str, str] | None = None,
+) -> bool:
+    """Whether an eligible call over ``numel`` elements on ``device`` runs the fused kernels.
+
+    ``fused``: the call's own choice (True: when a compiler works; False: never); None follows
+    ``NVFP4LAB_FUSED`` of ``env`` (default: the live environment) as described above.
+    """
+    if device.type not in FUSED_DEVICE_TYPES or fused is False:
+        return False
+    if fused is None:
+        mode = fused_mode(env)
+        if mode == FusedMode.OFF or (
+            mode == FusedMode.AUTO and not _auto_allows(numel, device.type)
+        ):
+            return False
+    return compiler_available(device.type)
+
+
+def _probe_graph(x: torch.Tensor) -> torch.Tensor:
+    return x * 2.0 + 1.0
+
+
+def _probe(device_type: str) -> str | None:
+    """Why a tiny graph does not compile and run on ``device_type`` (None: it does)."""
+    try:
+        if device_type == "cpu":
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            get_cpp_compiler()  # raises at once when there is no C++ compiler
+        elif device_type == "cuda":
+            from torch.utils._triton import has_triton
+
+            if not torch.cuda.is_available() or not has_triton():
+                return "CUDA with Triton is not available"
+        graph = torch.compile(_probe_graph, dynamic=True, fullgraph=True)
+        x = torch.arange(32, dtype=torch.float32, device=device_type).reshape(2, 16)
+        if not torch.equal(graph(x), x * 2.0 + 1.0):
+            return "a probe graph computed wrong values"
+    except Exception as exc:  # any failure of the compiler stack means: no fused kernels here
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return f"{type(exc).__name__}: {first}"
+    return None
+
+
+@functools.cache
+def compiler_available(device_type: str) -> bool:
+    """Whether ``torch.compile`` works on ``device_type`` here: decided once per process by
+    compiling a tiny graph (the first call pays inductor's one-time start-up); when it does not,
+    one WARNING line on the ``nvfp4lab.kernels`` logger says why and the eager path runs."""
+    why = _probe(device_type)
+    if why is None:
+        return True
+    _LOG.warning(
+        "nvfp4lab: fused kernels unavailable on %s (%s); running the eager path", device_type, why
+    )
+    return False

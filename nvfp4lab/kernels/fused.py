@@ -1,0 +1,183 @@
+"""Compiled NVFP4 graphs and the thin calls around them (no validation: internal API).
+
+Each graph of :mod:`nvfp4lab.kernels.graphs` is compiled once per (kind, static configuration,
+device type) with ``torch.compile(dynamic=True, fullgraph=True)``: dynamic in the number of blocks
+NB, so a new shape never recompiles (a new dtype does, once). The callers in
+:mod:`nvfp4lab.codec` and :mod:`nvfp4lab.tensor` have checked the inputs; here tensors are only
+viewed as blocks, graphs run, and results are shaped back::
+
+    block_stats(x, convention)             -> BlockStats (x as blocks, statistic, amax)
+    (caller)  amax -> NaN/Inf check, global scale gs (the codec's own rules)
+    encode(stats, gs, convention)          -> packed uint8 [..., K/2], scales e4m3 [..., K/16]
+    fake_quantize(stats, gs, convention)   -> x_hat, x.dtype [..., K]
+    decode(packed, scales, t, dtype, order)-> value·(s/t) or value·(s·t), dtype [..., K]
+
+Inductor options are scoped to each compiled function (``torch.compile(options=...)``), never set
+globally. CPU: 256-bit vectors for the compare/select-heavy float graphs (inductor's 512-bit code
+moves masks between k-registers and vectors around every ``where`` and ran up to 2x slower),
+the default width for the integer packing and the decode (1.8-3.5x faster there). CUDA: Triton
+divides with ``div.full.f32`` (approximate) and flushes denormals by default; eager CUDA divides
+with IEEE rounding and keeps denormals, so every graph asks for ``div_rn`` and no flush to zero.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import torch
+
+from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX
+from nvfp4lab.kernels.graphs import GRAPHS
+
+__all__ = [
+    "CHUNK_BLOCKS",
+    "CPU_OPTIONS",
+    "GPU_OPTIONS",
+    "BlockStats",
+    "block_stats",
+    "compiled",
+    "decode",
+    "encode",
+    "fake_quantize",
+]
+
+#: Blocks per compiled call on the CPU: bounds quantize's code-byte intermediate to 16 MiB, under
+#: glibc's 32 MiB mmap threshold, so it is reused from the heap instead of page-faulted in on
+#: every call. Smaller chunks measured slower (each call costs ~35 us of guards and launch).
+CHUNK_BLOCKS: int = 1 << 20
+
+#: Inductor options per graph kind on the CPU (see the module docstring).
+CPU_OPTIONS: dict[str, dict[str, Any]] = {
+    "stats": {"cpp.simdlen": 256},
+    "codes": {"cpp.simdlen": 256},
+    "fake": {"cpp.simdlen": 256},
+    "pack": {},
+    "decode": {},
+}
+
+#: Inductor options of every graph on CUDA (Triton): eager's division rounding and denormals.
+GPU_OPTIONS: dict[str, Any] = {
+    "eager_numerics.division_rounding": True,
+    "eager_numerics.disable_ftz": True,
+}
+
+_HALF = BLOCK_SIZE // 2
+
+
+@functools.cache
+def compiled(kind: str, static: tuple[str, ...], device_type: str) -> Callable[..., Any]:
+    """Graph ``kind`` compiled for ``device_type``, its static trailing arguments ``static``.
+
+    Each (kind, static, device type) gets its own function *and code object*: dynamo's
+    recompile limit (8 per code object) then only counts the dtypes of one configuration.
+    """
+    base = GRAPHS[kind]
+
+    def graph(*tensors: torch.Tensor) -> Any:
+        return base(*tensors, *static)
+
+    name = "_".join([kind, *static, device_type]).replace("-", "_")
+    graph.__code__ = graph.__code__.replace(co_name=f"nvfp4_{name}")
+    options = dict(CPU_OPTIONS[kind]) if device_type == "cpu" else dict(GPU_OPTIONS)
+    return torch.compile(graph, dynamic=True, fullgraph=True, options=options or None)
+
+
+def _chunks(nb: int, device: torch.device) -> Iterator[slice]:
+    """Block ranges of one compiled call each (one call for the whole tensor off the CPU)."""
+    step = CHUNK_BLOCKS if device.type == "cpu" else max(nb, 1)
+    for start in range(0, nb, step):
+        yield slice(start, min(start + step, nb))
+
+
+def _blocks(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` as ``[-1, width]`` without a ``_base``: a graph input that is a view makes dynamo
+    guard on its base's sizes (one recompile per base shape); ``detach()`` drops the base."""
+    return t.reshape(-1, width).detach()
+
+
+class BlockStats(NamedTuple):
+    """The first pass over ``x``: its blocks, their statistic and the tensor's amax."""
+
+    blocks: torch.Tensor  #: x as [NB, 16], x.dtype
+    stat: torch.Tensor  #: [NB], x.dtype: block amax (kernel) or amax/6 (compressed-tensors)
+    amax: torch.Tensor  #: 0-d, x.dtype: max |x| (NaN/Inf propagate)
+    shape: torch.Size  #: the shape of x [..., K], K a multiple of 16
+
+
+def block_stats(x: torch.Tensor, convention: str) -> BlockStats:
+    """Block statistics of ``x`` [..., K] (fp32/bf16/fp16, K % 16 == 0, non-empty)."""
+    xb = _blocks(x, BLOCK_SIZE)
+    divisor = torch.full((1,), E2M1_MAX, dtype=x.dtype, device=x.device)
+    stat, amax = compiled("stats", (str(convention),), x.device.type)(xb, divisor)
+    return BlockStats(xb, stat, amax, x.shape)
+
+
+def encode(
+    stats: BlockStats, global_scale: torch.Tensor, convention: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed uint8 [..., K/2], float8_e4m3fn scales [..., K/16]) of ``stats``' tensor with the
+    float32 [1] ENCODE ``global_scale``; bit for bit the eager codec's."""
+    xb, dev = stats.blocks, stats.blocks.device
+    lead, k = stats.shape[:-1], stats.shape[-1]
+    packed = torch.empty((*lead, k // 2), dtype=torch.uint8, device=dev)
+    scales = torch.empty((*lead, k // BLOCK_SIZE), dtype=torch.uint8, device=dev)
+    packed_b, scales_b = _blocks(packed, _HALF), scales.view(-1).detach()
+    codes_graph = compiled("codes", (str(convention),), dev.type)
+    pack_graph = compiled("pack", (), dev.type)
+    rgs = torch.reciprocal(global_scale)
+    codes = torch.empty((min(xb.shape[0], CHUNK_BLOCKS), BLOCK_SIZE), dtype=torch.uint8, device=dev)
+    for part in _chunks(xb.shape[0], dev):
+        c = codes[: part.stop - part.start].detach()
+        codes_graph(xb[part].detach(), stats.stat[part].detach(), global_scale, rgs, c,
+                    scales_b[part].detach())
+        pack_graph(c, packed_b[part].detach())
+    return packed, scales.view(torch.float8_e4m3fn)
+
+
+def fake_quantize(
+    stats: BlockStats,
+    global_scale: torch.Tensor,
+    convention: str,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``dequantize(quantize(x))`` of ``stats``' tensor in x.dtype and x.shape (into ``out``, a
+    contiguous tensor of that shape and dtype, when given)."""
+    xb = stats.blocks
+    if out is None:
+        out = torch.empty(stats.shape, dtype=xb.dtype, device=xb.device)
+    out_b = _blocks(out, BLOCK_SIZE)
+    graph = compiled("fake", (str(convention),), xb.device.type)
+    rgs = torch.reciprocal(global_scale)
+    for part in _chunks(xb.shape[0], xb.device):
+        graph(xb[part].detach(), stats.stat[part].detach(), global_scale, rgs,
+              out_b[part].detach())
+    return out
+
+
+def decode(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    tensor_scale: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    order: str = "divide",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode ``packed`` uint8 [..., K/2] with E4M3 ``scales`` [..., K/16] (float8_e4m3fn or
+    its uint8 bytes) to ``dtype`` [..., K]: ``value(code)·(s / t)`` (``order="divide"``, ``t`` the
+    float32 [1] ENCODE global scale) or ``value(code)·(s·t)`` (``order="multiply"``, ``t`` a DECODE
+    scale) in float32, one rounding to ``dtype``. ``out``: a contiguous result buffer."""
+    if out is None:
+        out = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=dtype,
+                          device=packed.device)
+    packed_b = _blocks(packed, _HALF)
+    bytes_b = scales.view(torch.uint8).reshape(-1).detach()
+    out_b = _blocks(out, BLOCK_SIZE)
+    t = tensor_scale.detach().to(device=packed.device, dtype=torch.float32).reshape(1)
+    graph = compiled("decode", (order,), packed.device.type)
+    for part in _chunks(packed_b.shape[0], packed.device):
+        graph(packed_b[part].detach(), bytes_b[part].detach(), t, out_b[part].detach())
+    return out
