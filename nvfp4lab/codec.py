@@ -303,8 +303,8 @@ def _fused_route(
     x: object, opts: NVFP4Options, decode_scale: object, fused: bool | None
 ) -> bool:
     """Whether a quantize/fake_quantize call runs the fused kernels: plain options in the kernel
-    or compressed-tensors order on a non-empty fp32/bf16/fp16 tensor with K % 16 == 0, and
-    :func:`nvfp4lab.kernels.use_fused` agrees (setting, size, a working compiler)."""
+    or compressed-tensors order, an fp32/bf16/fp16 tensor of two or more blocks with K % 16 == 0,
+    and :func:`nvfp4lab.kernels.use_fused` agrees (setting, size, a working compiler)."""
     plain = (
         opts.block_shape == (1, BLOCK_SIZE)
         and opts.rounding == Rounding.RNE
@@ -316,8 +316,8 @@ def _fused_route(
     )
     if not (plain and isinstance(x, torch.Tensor) and x.dtype in SUPPORTED_DTYPES):
         return False
-    if x.ndim == 0 or x.numel() == 0 or x.shape[-1] % BLOCK_SIZE:
-        return False
+    if x.ndim == 0 or x.numel() < 2 * BLOCK_SIZE or x.shape[-1] % BLOCK_SIZE:
+        return False  # one block: inductor would compile a separate size-1 specialization
     return kernels.use_fused(x.numel(), x.device, fused)
 
 

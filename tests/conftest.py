@@ -1,4 +1,5 @@
-"""Fixtures shared across test files: MiniLM (float and NVFP4 weight-only), loaded once."""
+"""Fixtures shared across test files: MiniLM (float and NVFP4 weight-only), loaded once; the
+eager/fused switch that runs a test module against both quantization paths."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4lab import models
+from nvfp4lab import kernels, models
 from nvfp4lab.execution import quantize_model
+from nvfp4lab.settings import FUSED_ENV
 
 HAVE_MINILM = importlib.util.find_spec(models.MINILM_PACKAGE) is not None
 needs_minilm = pytest.mark.skipif(
@@ -26,6 +28,17 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing downloads at run time: transformers and the hub stay offline in every test."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(params=["off", "on"], ids=["eager", "fused"])
+def fused_setting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``NVFP4LAB_FUSED`` set to off (the eager pipeline) or on (the fused kernels) for one test,
+    so the same checks run against both paths (``pytestmark = pytest.mark.usefixtures(...)``).
+    ``on`` is skipped where no compiler works: it would only run the eager path again."""
+    if request.param == "on" and not kernels.compiler_available("cpu"):
+        pytest.skip("torch.compile does not work here: no fused path to test")
+    monkeypatch.setenv(FUSED_ENV, request.param)
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")

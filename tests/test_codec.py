@@ -1,4 +1,7 @@
-"""quantize / dequantize / fake_quantize against the slow reference, plus input validation."""
+"""quantize / dequantize / fake_quantize against the slow reference, plus input validation.
+
+Every test runs twice, on the eager pipeline and on the fused kernels (``fused_setting``).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from nvfp4lab.codec import compute_global_scale, dequantize, fake_quantize, quan
 from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.tensor import NVFP4Tensor
 from tests.sample_data import make
+
+pytestmark = pytest.mark.usefixtures("fused_setting")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 KINDS = ["normal", "student_t", "outliers", "zero_blocks"]

@@ -1,7 +1,8 @@
 """Exhaustive and dense checks of the E2M1 codec against the slow reference.
 
 Every bfloat16 and float16 bit pattern, >= 2**22 float32 bit patterns (uniform random bits, a
-random sweep of the interesting magnitude range, and every tie point +- a few hundred ulps).
+random sweep of the interesting magnitude range, and every tie point +- a few hundred ulps), by
+the element codec and again through ``quantize`` (eager pipeline and fused kernels).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 import pytest
 import torch
 
-from nvfp4lab import decode_e2m1, encode_e2m1, pack_fp4, reference, unpack_fp4
+from nvfp4lab import decode_e2m1, encode_e2m1, pack_fp4, quantize, reference, unpack_fp4
 
 TIE_POINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
@@ -72,6 +73,33 @@ def test_fp32_sample_matches_reference() -> None:
     values = _fp32_sample()
     assert values.numel() >= 2**22
     got = encode_e2m1(values)
+    expected = reference.round_e2m1_tensor(values)
+    mismatch = (got != expected).nonzero().flatten()
+    assert mismatch.numel() == 0, [
+        (float(values[i]), int(got[i]), int(expected[i])) for i in mismatch[:10]
+    ]
+
+
+def _codes_through_quantize(values: torch.Tensor, convention: str) -> torch.Tensor:
+    """E2M1 codes that ``quantize`` gives ``values`` (|v| <= 6): rows of a 6 and 15 values with
+    global scale 1, so every block scale is exactly 1 and ``x·gs/s == x`` in both orders."""
+    n = values.numel()
+    rows = torch.cat([values, values.new_zeros(-n % 15)]).reshape(-1, 15)
+    x = torch.cat([torch.full((rows.shape[0], 1), 6.0, dtype=values.dtype), rows], dim=1)
+    q = quantize(x, 1.0, convention=convention)
+    assert torch.equal(q.scales.float(), torch.ones(rows.shape[0], 1))
+    return unpack_fp4(q.packed)[:, 1:].reshape(-1)[:n]
+
+
+@pytest.mark.usefixtures("fused_setting")
+@pytest.mark.parametrize("convention", ["kernel", "compressed-tensors"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_every_value_through_quantize(dtype: torch.dtype, convention: str) -> None:
+    """Every finite 16-bit pattern within +-6 (float32: the sample above) rounds as the
+    reference does when it goes through the whole quantize pipeline, eager or fused."""
+    values = _fp32_sample() if dtype == torch.float32 else _all_patterns(dtype)
+    values = values[values.abs() <= 6.0]  # NaN drops out too
+    got = _codes_through_quantize(values, convention)
     expected = reference.round_e2m1_tensor(values)
     mismatch = (got != expected).nonzero().flatten()
     assert mismatch.numel() == 0, [

@@ -1,6 +1,7 @@
 """Property-based tests (hypothesis) of quantize / fake_quantize over shapes, dtypes, magnitudes.
 
-Kept small (max_examples per property) so the file runs in well under 30 s.
+Kept small (max_examples per property) so the file runs in well under 30 s. Every property is
+checked on the eager pipeline and on the fused kernels (``fused_setting``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 from nvfp4lab.codec import compute_global_scale, fake_quantize, quantize
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 
+pytestmark = pytest.mark.usefixtures("fused_setting")
+
 CONVENTIONS = ["kernel", "compressed-tensors"]
 E4M3_MIN_NORMAL = 2.0**-6
 # largest |y - value(code)| in the scaled domain, by decoded magnitude (upper neighbour's
@@ -21,7 +24,9 @@ HALF_STEP = {0.0: 0.25, 0.5: 0.25, 1.0: 0.25, 1.5: 0.25, 2.0: 0.5, 3.0: 0.5, 4.0
 SETTINGS = settings(
     max_examples=40,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture
+    ],
 )
 
 

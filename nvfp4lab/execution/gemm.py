@@ -38,6 +38,12 @@ Backends (``backend="auto"`` asks :func:`nvfp4lab.execution.dispatch.select_back
   a silent fallback). :func:`native_scaled_mm_args` builds the exact arguments, and
   :func:`reference_scaled_mm` evaluates them on any device (a CPU model of the kernel).
 
+Fused (``fused=``, default None = the ``NVFP4LAB_FUSED`` setting, see :mod:`nvfp4lab.kernels`):
+without a ``dequantized_weight``, the emulation and w4a16 paths of a weight with 16-element blocks
+and K % 16 == 0 decode it with the fused kernel tile by tile inside the GEMM
+(:func:`nvfp4lab.kernels.linear.tiled_matmul`: no full-size dequantized weight) and fake-quantize
+the emulation's activations with the fused kernels: bit for bit the results above.
+
 Bias epilogue (``bias_mode``):
 
 ``"output"`` (default)
@@ -61,10 +67,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from nvfp4lab import kernels
 from nvfp4lab.codec import compute_global_scale, fake_quantize, quantize
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 from nvfp4lab.execution.dispatch import native_fp4_status, select_backend
+from nvfp4lab.kernels.linear import EncodedWeight, tiled_matmul
 from nvfp4lab.layout import swizzle_scales, unswizzle_scales
 from nvfp4lab.scales import as_global_scale
 from nvfp4lab.tensor import NVFP4Tensor
@@ -173,13 +181,43 @@ def _epilogue(
 
 
 def _gemm(
-    a: torch.Tensor, w_dq: torch.Tensor, bias: torch.Tensor | None, bias_mode: str
+    a: torch.Tensor,
+    w_dq: torch.Tensor | EncodedWeight,
+    bias: torch.Tensor | None,
+    bias_mode: str,
 ) -> torch.Tensor:
-    """``a [M, K] @ w_dq[N, K].T`` (both in the output dtype) with the bias epilogue."""
-    if bias_mode == "fp32":
-        out_f32 = torch.matmul(a.to(torch.float32), w_dq.to(torch.float32).T)
-        return _epilogue(None, out_f32, bias, bias_mode, a.dtype)
-    return _epilogue(torch.matmul(a, w_dq.T), None, bias, bias_mode, a.dtype)
+    """``a [M, K] @ w_dq[N, K].T`` (both in the output dtype) with the bias epilogue; an
+    :class:`EncodedWeight` is decoded tile by tile by the fused kernel (the same product)."""
+    fp32 = bias_mode == "fp32"
+    if isinstance(w_dq, EncodedWeight):
+        product = tiled_matmul(a, w_dq, fp32=fp32)
+    elif fp32:
+        product = torch.matmul(a.to(torch.float32), w_dq.to(torch.float32).T)
+    else:
+        product = torch.matmul(a, w_dq.T)
+    if fp32:
+        return _epilogue(None, product, bias, bias_mode, a.dtype)
+    return _epilogue(product, None, bias, bias_mode, a.dtype)
+
+
+def _weight_operand(
+    weight: NVFP4Tensor, x: torch.Tensor, vllm_order: bool, fused: bool | None
+) -> torch.Tensor | EncodedWeight:
+    """The weight as the emulation (``vllm_order``: :func:`vllm_dequantize`) or w4a16 path
+    (``weight.dequantize``) multiplies it: dequantized to ``x.dtype``, or, when the fused kernels
+    run (16-element blocks, K % 16 == 0, :func:`nvfp4lab.kernels.use_fused`), encoded for a tiled
+    decode in the same arithmetic order."""
+    n, k = weight.shape
+    if weight.block_size == BLOCK_SIZE and k % BLOCK_SIZE == 0 and n * k >= 2 * BLOCK_SIZE and (
+        kernels.use_fused(n * k, x.device, fused)
+    ):
+        decode = weight.decode_scale
+        if decode is None and vllm_order:
+            decode = torch.reciprocal(weight.global_scale.to(torch.float32))
+        if decode is None:
+            return EncodedWeight(weight.packed, weight.scales, weight.global_scale, "divide")
+        return EncodedWeight(weight.packed, weight.scales, decode, "multiply")
+    return vllm_dequantize(weight, x.dtype) if vllm_order else weight.dequantize(x.dtype)
 
 
 def vllm_dequantize(
@@ -205,13 +243,16 @@ def vllm_dequantize(
 
 def _emulation(
     x2d: torch.Tensor,
-    w_dq: torch.Tensor,
+    w_dq: torch.Tensor | EncodedWeight,
     bias: torch.Tensor | None,
     gs_x: torch.Tensor,
     bias_mode: str,
+    fused: bool | None,
 ) -> torch.Tensor:
     pad = x2d.shape[-1] % BLOCK_SIZE != 0  # a weight quantized with pad=True
-    x_dq = fake_quantize(x2d, gs_x, convention="kernel", pad=pad)
+    if isinstance(w_dq, EncodedWeight):
+        fused = True  # the fused linear fake-quantizes its activations with the fused kernels
+    x_dq = fake_quantize(x2d, gs_x, convention="kernel", pad=pad, fused=fused)
     return _gemm(x_dq, w_dq, bias, bias_mode)
 
 
@@ -394,6 +435,7 @@ def linear(
     backend: str = AUTO,
     bias_mode: str = BiasMode.OUTPUT,
     dequantized_weight: torch.Tensor | None = None,
+    fused: bool | None = None,
 ) -> torch.Tensor:
     """``x [..., K] @ weight[N, K].T + bias`` with an NVFP4 weight; output ``[..., N]`` in x.dtype.
 
@@ -401,8 +443,9 @@ def linear(
     native); None computes it from this ``x``. ``backend``: "auto" | "native" | "emulation" |
     "w4a16"; ``bias_mode``: "output" | "fp32" | "dropped". The exact arithmetic of each is in the
     module docstring. ``dequantized_weight``: ``weight.dequantize(x.dtype)`` when the caller
-    already holds it (e.g. a cache); used by the emulation and w4a16 paths. Raises RuntimeError
-    for ``backend="native"`` off an FP4 GPU.
+    already holds it (e.g. a cache); used by the emulation and w4a16 paths. ``fused``: True/False
+    forces the fused kernels on/off for this call, None follows ``NVFP4LAB_FUSED`` (module
+    docstring). Raises RuntimeError for ``backend="native"`` off an FP4 GPU.
     """
     mode = _check_args(x, weight, bias, bias_mode)
     if input_global_scale is not None:  # validated on every path, also where it is unused
@@ -414,13 +457,14 @@ def linear(
     x2d = x.reshape(-1, k)
     if chosen == Backend.NATIVE:
         out = _native(x2d, weight, bias, input_global_scale, mode)
-    elif chosen == Backend.EMULATION:
+    else:
+        emulation = chosen == Backend.EMULATION
         w_dq = dequantized_weight
         if w_dq is None:
-            w_dq = vllm_dequantize(weight, x.dtype)
-        gs_x = _input_scale(x2d, input_global_scale)
-        out = _emulation(x2d, w_dq, bias, gs_x, mode)
-    else:
-        w_dq = dequantized_weight if dequantized_weight is not None else weight.dequantize(x.dtype)
-        out = _gemm(x2d, w_dq, bias, mode)
+            w_dq = _weight_operand(weight, x, emulation, fused)
+        if emulation:
+            gs_x = _input_scale(x2d, input_global_scale)
+            out = _emulation(x2d, w_dq, bias, gs_x, mode, fused)
+        else:
+            out = _gemm(x2d, w_dq, bias, mode)
     return out.reshape(*x.shape[:-1], n)

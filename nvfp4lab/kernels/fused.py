@@ -36,6 +36,7 @@ __all__ = [
     "CPU_OPTIONS",
     "GPU_OPTIONS",
     "BlockStats",
+    "balanced",
     "block_stats",
     "compiled",
     "decode",
@@ -84,11 +85,17 @@ def compiled(kind: str, static: tuple[str, ...], device_type: str) -> Callable[.
     return torch.compile(graph, dynamic=True, fullgraph=True, options=options or None)
 
 
+def balanced(total: int, most: int) -> Iterator[slice]:
+    """``range(total)`` in equal-as-possible parts of at most ``most``; for ``total >= 2`` and
+    ``most >= 3`` no part has size 1 (inductor would compile a separate size-1 specialization)."""
+    parts = -(-total // max(most, 1))
+    for i in range(parts):
+        yield slice(total * i // parts, total * (i + 1) // parts)
+
+
 def _chunks(nb: int, device: torch.device) -> Iterator[slice]:
     """Block ranges of one compiled call each (one call for the whole tensor off the CPU)."""
-    step = CHUNK_BLOCKS if device.type == "cpu" else max(nb, 1)
-    for start in range(0, nb, step):
-        yield slice(start, min(start + step, nb))
+    return balanced(nb, CHUNK_BLOCKS if device.type == "cpu" else nb)
 
 
 def _blocks(t: torch.Tensor, width: int) -> torch.Tensor:

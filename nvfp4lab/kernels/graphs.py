@@ -187,8 +187,9 @@ def codes_graph(
     codes_out: torch.Tensor,
     bytes_out: torch.Tensor,
     convention: str,
-) -> None:
-    """E2M1 codes, one per byte, into ``codes_out`` [NB, 16]; scale bytes into ``bytes_out``."""
+) -> torch.Tensor:
+    """E2M1 codes, one per byte, into ``codes_out`` [NB, 16]; scale bytes into ``bytes_out``.
+    Returns the block factor [NB] (see :data:`GRAPHS` on why per-block values are outputs)."""
     pin_widths((xb, 16), (codes_out, 16))
     scale, byte = _block_scales(stat, gs, convention)
     factor = _block_factor(scale, gs, rgs, convention)
@@ -196,6 +197,7 @@ def codes_graph(
     index, _ = e2m1_round(a)
     codes_out.copy_(index + 8.0 * negative.float())
     bytes_out.copy_(byte)
+    return factor
 
 
 def pack_graph(codes: torch.Tensor, packed_out: torch.Tensor) -> None:
@@ -212,9 +214,9 @@ def fake_graph(
     rgs: torch.Tensor,
     out: torch.Tensor,
     convention: str,
-) -> None:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``dequantize(quantize(x))`` into ``out`` [NB, 16] (x.dtype): ``value·(s/gs)`` in float32,
-    one rounding to ``out.dtype``."""
+    one rounding to ``out.dtype``. Returns the block factor and decode factor [NB]."""
     pin_widths((xb, 16), (out, 16))
     scale, _ = _block_scales(stat, gs, convention)
     factor = _block_factor(scale, gs, rgs, convention)
@@ -222,6 +224,7 @@ def fake_graph(
     a, negative = _scaled(xb, factor.unsqueeze(-1), convention)
     _, magnitude = e2m1_round(a)
     out.copy_(torch.where(negative, -magnitude, magnitude) * decode.unsqueeze(-1))
+    return factor, decode
 
 
 def decode_graph(
@@ -230,17 +233,23 @@ def decode_graph(
     tensor_scale: torch.Tensor,
     out: torch.Tensor,
     order: str,
-) -> None:
+) -> torch.Tensor:
     """``value(code)·f`` in float32 into ``out`` [NB, 16] (any float dtype), with the block factor
     ``f = s / tensor_scale`` (``order="divide"``: the ENCODE global scale) or ``f = s ·
-    tensor_scale`` (``order="multiply"``: a DECODE scale, ModelOpt's and vLLM's order)."""
+    tensor_scale`` (``order="multiply"``: a DECODE scale, ModelOpt's and vLLM's order).
+    Returns ``f`` [NB]."""
     pin_widths((packed, 8), (out, 16))
     s = decode_e4m3(scale_bytes)
     factor = s / tensor_scale if order == "divide" else s * tensor_scale
     out.copy_(decode_e2m1(_unpack(packed)) * factor.unsqueeze(-1))
+    return factor
 
 
 #: The graphs by kind; their trailing static arguments (convention, order) follow the tensors.
+#: Per-block values (scale, multiplier, decode factor) are returned on purpose: a graph output is
+#: realized in a loop vectorized across blocks, and the element loop then loads one float per
+#: block; left inline, the scalar chain (E4M3 rounding, divisions) ran once per block inside the
+#: element loop and cost as much as the 16 elements.
 GRAPHS = {
     "stats": stats_graph,
     "codes": codes_graph,

@@ -1,0 +1,100 @@
+"""The GEMM of a linear layer with an NVFP4 weight, the weight decoded tile by tile.
+
+``tiled_matmul(a, w)`` returns what ``torch.matmul(a, W.T)`` returns for the decoded weight
+``W = decode(w)`` [N, K] (in ``a.dtype``), without ever holding W whole: ``tile_rows`` rows of W at
+a time are decoded by the fused kernel (:func:`nvfp4lab.kernels.fused.decode`) into one reused
+buffer (:data:`TILE_BYTES`, a cache-sized 16 MiB) and multiplied, ``out[:, n0:n1] = a @ W_tile.T``.
+``fp32=True`` multiplies float32 copies of ``a`` and of the decoded tile, as the linear's
+``bias_mode="fp32"`` does.
+
+Exactness. Every output element is the same dot product of the same operands as in the single
+GEMM, but a BLAS library may split the K reduction differently for a ``[M, tile]`` problem than
+for ``[M, N]`` (oneDNN and MKL choose their partition from the shape and thread count; measured
+here: bf16 M=256, N=6144, K=4096 differs in ~250 elements with 256-1024-row tiles, float32 M=16,
+N=2048, K=1024 in ~30 000 with 512-row tiles; M=16, K=N=4096 is identical). So the first call of
+each GEMM shape class (device, dtype, fp32, M, N, K, tile, threads) computes both products and
+keeps the verdict; it returns the single GEMM's. A shape class whose tiles differ then always
+runs one GEMM on the whole weight (decoded by the fused kernel into one temporary); the others
+run tiled. Either way the result is bit for bit ``torch.matmul(a, W.T)``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from nvfp4lab.kernels.fused import balanced, decode
+
+__all__ = ["TILE_BYTES", "EncodedWeight", "tiled_matmul", "tiled_verdicts"]
+
+#: Bytes of decoded weight per tile: below glibc's 32 MiB mmap threshold (the buffer comes back
+#: from the heap on later calls, no page faults) and L3-resident while its GEMM reads it.
+#: 16 MiB (2048 rows of bf16 at K=4096) measured fastest on the 2-core CPU at M=16.
+TILE_BYTES: int = 16 << 20
+
+_VERDICTS: dict[tuple[object, ...], bool] = {}
+
+
+class EncodedWeight(NamedTuple):
+    """An NVFP4 weight [N, K] as the decode kernel reads it (16-element blocks, K % 16 == 0)."""
+
+    packed: torch.Tensor  #: uint8 [N, K/2]
+    scales: torch.Tensor  #: float8_e4m3fn [N, K/16]
+    tensor_scale: torch.Tensor  #: float32 [1]: ENCODE gs ("divide") or a DECODE scale ("multiply")
+    order: str  #: "divide" (value·(s/gs)) or "multiply" (value·(s·d), vLLM's and ModelOpt's)
+
+
+def tiled_verdicts() -> dict[tuple[object, ...], bool]:
+    """The per-shape-class verdicts so far (True: tiles equal the single GEMM); a copy."""
+    return dict(_VERDICTS)
+
+
+def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bit-for-bit equality (-0.0 differs from 0.0; NaNs compare by their bits)."""
+    as_int = {4: torch.int32, 2: torch.int16}[x.element_size()]
+    return torch.equal(x.view(as_int), y.view(as_int))
+
+
+def _product(a: torch.Tensor, w: torch.Tensor, fp32: bool) -> torch.Tensor:
+    """``a @ w.T`` as the linear computes it (float32 operands when ``fp32``)."""
+    if fp32:
+        return torch.matmul(a.to(torch.float32), w.to(torch.float32).T)
+    return torch.matmul(a, w.T)
+
+
+def _whole(a: torch.Tensor, w: EncodedWeight, fp32: bool) -> torch.Tensor:
+    full = decode(w.packed, w.scales, w.tensor_scale, a.dtype, order=w.order)
+    return _product(a, full, fp32)
+
+
+def _tiled(a: torch.Tensor, w: EncodedWeight, fp32: bool, rows: int) -> torch.Tensor:
+    n, k = w.packed.shape[0], w.packed.shape[1] * 2
+    out = torch.empty((a.shape[0], n), dtype=torch.float32 if fp32 else a.dtype, device=a.device)
+    buf = torch.empty((rows, k), dtype=a.dtype, device=a.device)
+    for part in balanced(n, rows):
+        tile = buf[: part.stop - part.start]
+        decode(w.packed[part], w.scales[part], w.tensor_scale, a.dtype, order=w.order, out=tile)
+        out[:, part] = _product(a, tile, fp32)
+    return out
+
+
+def tiled_matmul(
+    a: torch.Tensor, w: EncodedWeight, *, fp32: bool = False, tile_bytes: int | None = None
+) -> torch.Tensor:
+    """``torch.matmul(a, decode(w).T)`` for ``a`` [M, K] (fp32/bf16/fp16) and the weight ``w``
+    [N, K] decoded to ``a.dtype``: [M, N] in ``a.dtype`` (float32 when ``fp32``), with the weight
+    decoded ``tile_bytes`` (default :data:`TILE_BYTES`) at a time (see the module docstring for
+    the exactness check)."""
+    n, k = w.packed.shape[0], w.packed.shape[1] * 2
+    per_tile = TILE_BYTES if tile_bytes is None else tile_bytes
+    rows = max(3, per_tile // max(1, k * a.element_size()))
+    if n <= rows:
+        return _whole(a, w, fp32)  # one tile: exactly the single GEMM
+    key = (a.device.type, a.dtype, fp32, a.shape[0], n, k, rows, torch.get_num_threads())
+    verdict = _VERDICTS.get(key)
+    if verdict is None:
+        whole = _whole(a, w, fp32)
+        _VERDICTS[key] = _same_bits(_tiled(a, w, fp32, rows), whole)
+        return whole
+    return _tiled(a, w, fp32, rows) if verdict else _whole(a, w, fp32)
