@@ -1,0 +1,123 @@
+"""The fused linear (weight decoded tile by tile) bit for bit against the eager ``linear`` on
+both backends and every bias epilogue, the per-shape exactness check, and the tile bound."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from nvfp4lab import kernels
+from nvfp4lab.codec import quantize
+from nvfp4lab.execution.gemm import linear
+from nvfp4lab.kernels import linear as klinear
+from nvfp4lab.tensor import NVFP4Tensor
+
+pytestmark = pytest.mark.skipif(
+    not kernels.compiler_available("cpu"), reason="torch.compile does not work here"
+)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def randn(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def assert_linear_equal(x: torch.Tensor, w: NVFP4Tensor, bias: torch.Tensor | None,
+                        **kwargs: object) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DroppedBiasWarning
+        want = linear(x, w, bias, fused=False, **kwargs)  # type: ignore[arg-type]
+        for _ in range(2):  # the first call checks the tiles, the second uses the verdict
+            got = linear(x, w, bias, fused=True, **kwargs)  # type: ignore[arg-type]
+            assert got.shape == want.shape and torch.equal(bits(got), bits(want)), kwargs
+
+
+@pytest.fixture
+def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of a few rows, so small weights are decoded in several tiles."""
+    monkeypatch.setattr(klinear, "TILE_BYTES", 96 * 2 * 4)
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("backend", ["emulation", "w4a16"])
+@pytest.mark.parametrize("bias_mode", ["output", "fp32", "dropped"])
+def test_fused_linear_equals_eager(dtype: torch.dtype, backend: str, bias_mode: str) -> None:
+    w = quantize(randn((200, 96), dtype, 1))
+    bias = randn((200,), dtype, 2)
+    for shape in [(16, 96), (3, 5, 96), (1, 96), (64, 96)]:
+        x = randn(shape, dtype, 3) * 4
+        assert_linear_equal(x, w, bias, backend=backend, bias_mode=bias_mode)
+    assert_linear_equal(x, w, None, backend=backend, bias_mode=bias_mode,
+                        input_global_scale=17.5)
+
+
+@pytest.mark.usefixtures("small_tiles")
+def test_decode_orders_follow_the_backend() -> None:
+    """emulation decodes value·(s·(1/gs)) (vLLM), w4a16 value·(s/gs) unless the weight carries a
+    DECODE scale (then value·(s·d) on both): the fused path picks the same order as eager."""
+    x = randn((16, 64), torch.float32, 4)
+    base = quantize(randn((150, 64), torch.float32, 5) * 3.3)
+    with_decode = NVFP4Tensor(base.packed, base.scales, base.global_scale,
+                              decode_scale=torch.reciprocal(base.global_scale) * 1.0000001)
+    for w in (base, with_decode):
+        for backend in ("emulation", "w4a16"):
+            assert_linear_equal(x, w, None, backend=backend)
+
+
+def test_large_layer_equals_eager() -> None:
+    """M = 16, K = N = 4096 in bf16 with the default 16 MiB tiles (two tiles)."""
+    w = quantize(randn((4096, 4096), torch.bfloat16, 6))
+    x = randn((16, 4096), torch.bfloat16, 7)
+    assert_linear_equal(x, w, randn((4096,), torch.bfloat16, 8), backend="w4a16")
+
+
+@pytest.mark.usefixtures("small_tiles")
+def test_shape_classes_whose_tiles_differ_run_one_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the tiled product is not the single GEMM's bit for bit (a BLAS that splits K by
+    shape), that shape class keeps one GEMM on the whole decoded weight: still exact."""
+    monkeypatch.setattr(klinear, "_VERDICTS", {})
+    monkeypatch.setattr(klinear, "_same_bits", lambda a, b: False)
+    w = quantize(randn((200, 96), torch.bfloat16, 9))
+    x = randn((5, 96), torch.bfloat16, 10)
+    assert_linear_equal(x, w, None, backend="w4a16")
+    assert list(klinear.tiled_verdicts().values()) == [False]
+
+
+@pytest.mark.usefixtures("small_tiles")
+def test_no_full_size_weight_after_the_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(klinear, "_VERDICTS", {})
+    decoded_rows: list[int] = []
+    real = klinear.decode
+
+    def spy(packed: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        decoded_rows.append(packed.shape[0])
+        return real(packed, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(klinear, "decode", spy)
+    w = quantize(randn((200, 96), torch.float32, 11))
+    x = randn((4, 96), torch.float32, 12)
+    linear(x, w, backend="w4a16", fused=True)  # verifies: one whole decode, then the tiles
+    rows = 3  # max(3, TILE_BYTES // (K * 4 bytes)) = max(3, 2)
+    assert decoded_rows[0] == 200 and max(decoded_rows[1:]) <= rows
+    decoded_rows.clear()
+    linear(x, w, backend="w4a16", fused=True)
+    assert max(decoded_rows) <= rows and sum(decoded_rows) == 200
+    assert list(klinear.tiled_verdicts().values()) == [True]
+
+
+def test_cached_dequantized_weight_stays_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvfp4lab.execution import gemm
+
+    monkeypatch.setattr(gemm, "tiled_matmul", lambda *a, **k: pytest.fail("tiled"))
+    w = quantize(randn((64, 64), torch.float32, 13))
+    x = randn((4, 64), torch.float32, 14)
+    cached = w.dequantize(torch.float32)
+    got = linear(x, w, backend="w4a16", dequantized_weight=cached, fused=True)
+    assert torch.equal(got, linear(x, w, backend="w4a16", fused=False))
