@@ -20,6 +20,7 @@ from nvfp4lab.bench.peers import PeerResult, peer_rows, run_peers
 from nvfp4lab.bench.runner import (
     LINEAR_BACKENDS,
     OPS,
+    PATHS,
     BenchConfig,
     bench_dtype,
     check_memory,
@@ -68,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DTYPE",
         help="input dtypes: bfloat16 (default), float16, float32",
+    )
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help=f"nvfp4lab pipelines among {', '.join(PATHS)} (default: both)",
     )
     parser.add_argument("--device", default=None, help="torch device (default: cuda if present)")
     parser.add_argument("--repeats", type=int, default=None, help="timed samples per case")
@@ -127,6 +135,14 @@ def _split(values: Sequence[str] | None) -> list[str] | None:
     return [t for v in values for t in _csv_list(v)]
 
 
+def _paths(args: argparse.Namespace) -> tuple[str, ...]:
+    paths = tuple(_split(args.paths) or PATHS)
+    bad = [p for p in paths if p not in PATHS]
+    if bad:
+        raise ValueError(f"unknown path(s) {bad}; choose from {PATHS}")
+    return paths
+
+
 def _config(args: argparse.Namespace) -> BenchConfig:
     mode = "tiny" if getattr(args, "tiny", False) else ("quick" if args.quick else "full")
     shapes = parse_shapes(_split(args.shapes)) if args.shapes else default_shapes(mode)
@@ -142,11 +158,12 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     dtypes = tuple(_split(args.dtypes) or ("bfloat16",))
     for d in dtypes:
         bench_dtype(d)
+    paths = _paths(args)
     quickish = mode != "full"
     warmup = args.warmup if args.warmup is not None else 1
     repeats = args.repeats if args.repeats is not None else (3 if quickish else 5)
     check_timing(warmup, repeats)
-    cfg = BenchConfig(shapes, ops, backends, dtypes, device, warmup, repeats, args.seed)
+    cfg = BenchConfig(shapes, ops, backends, dtypes, device, warmup, repeats, args.seed, paths)
     check_memory(cfg)
     return cfg
 
@@ -159,17 +176,27 @@ def _fmt_time(t: float) -> str:
     return f"{t:8.3f} s "
 
 
+def _relative(row: dict[str, Any], matmul_s: dict[tuple[str, str], float]) -> str:
+    """``x copy_`` of an elementwise row, ``x matmul`` of a linear row (same run), else ""."""
+    if row["copy_fraction"]:
+        return f"{1 / float(row['copy_fraction']):7.2f}x copy_"
+    base = matmul_s.get((row["shape"], row["dtype"])) if row["op"] == "linear" else None
+    return f"{float(row['median_s']) / base:7.2f}x matmul" if base else ""
+
+
 def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
+    print("relative: time / the same run's y.copy_(x) (same weight shape, dtype) or 16-bit matmul")
     print(
-        f"{'op':<14} {'shape':<18} {'dtype':<9} {'backend':<10} {'conv':<19} "
-        f"{'median':>11} {'IQR':>9}  derived"
+        f"{'op':<14} {'shape':<18} {'dtype':<9} {'backend':<10} {'conv':<19} {'path':<6} "
+        f"{'median':>11} {'IQR':>9}  {'derived':<18} relative"
     )
+    matmul_s = {(r["shape"], r["dtype"]): float(r["median_s"]) for r in rows if r["op"] == "matmul"}
     for r in rows:
         derived = f"{r['gb_s']} GB/s" if r["gb_s"] else f"{r['tflop_s']} TFLOP/s"
         print(
             f"{r['op']:<14} {r['shape']:<18} {r['dtype']:<9} {r['backend']:<10} "
-            f"{r['convention']:<19} {_fmt_time(float(r['median_s']))} "
-            f"{float(r['spread_s']) * 1e3:7.3f}ms  {derived}"
+            f"{r['convention']:<19} {r['path']:<6} {_fmt_time(float(r['median_s']))} "
+            f"{float(r['spread_s']) * 1e3:7.3f}ms  {derived:<18} {_relative(r, matmul_s)}"
         )
 
 
@@ -191,8 +218,8 @@ def _peers_plan(args: argparse.Namespace) -> _PeersPlan:
         shapes = [(1024, 1024)]
     elif args.shapes:
         shapes = [(n, k) for _, n, k in parse_shapes(_split(args.shapes))]
-    else:
-        shapes = [(1024, 1024), (4096, 4096), (6144, 4096)]
+    else:  # sizes where the gap between implementations shows (1024² hides it in overheads)
+        shapes = [(4096, 4096), (8192, 8192)]
     dtypes = _split(args.dtypes) or ["bfloat16"]
     for d in dtypes:
         bench_dtype(d)
@@ -225,14 +252,14 @@ def _run_peers_cli(plan: _PeersPlan, seed: int) -> int:
     print("speedup = t(compressed-tensors) / t(impl), medians of interleaved samples;")
     print("exact = packed codes and scales equal CT's bit for bit; codes = share of equal codes")
     print(
-        f"{'impl':<30} {'shape':<11} {'dtype':<9} {'median':>11} {'IQR':>10} "
+        f"{'impl':<37} {'shape':<11} {'dtype':<9} {'median':>11} {'IQR':>10} "
         f"{'speedup':>8}  exact  codes"
     )
     for r in all_results:
         match = "-" if r.matches_ct is None else str(r.matches_ct)
         agree = "-" if r.code_agreement is None else f"{r.code_agreement:.4%}"
         print(
-            f"{r.impl:<30} {f'{r.shape[0]}x{r.shape[1]}':<11} {r.dtype:<9} {_fmt_time(r.median_s)} "
+            f"{r.impl:<37} {f'{r.shape[0]}x{r.shape[1]}':<11} {r.dtype:<9} {_fmt_time(r.median_s)} "
             f"{r.spread_s * 1e3:8.3f}ms {r.speedup_vs_ct:7.2f}x  {match:<5}  {agree}"
         )
     for m in notes:

@@ -1,9 +1,11 @@
 """Peers side by side: compressed-tensors' (and torchao's) NVFP4 quantize against nvfp4lab.
 
 Times compressed-tensors' NVFP4 weight path (``generate_gparam`` + ``calculate_qparams`` +
-``quantize_and_pack_fp4``) against ``nvfp4lab.quantize`` in both conventions on the same seeded
-tensors, in the same process, interleaved round-robin, on one device; checks they agree bit for
-bit and reports ratios. torchao's ``NVFP4Tensor.to_nvfp4`` is timed too when it is installed.
+``quantize_and_pack_fp4``) against ``nvfp4lab.quantize`` in both conventions, on the eager
+pipeline and on the fused kernels (``nvfp4lab[<convention>]`` / ``nvfp4lab[<convention>, fused]``),
+on the same seeded tensors, in the same process, interleaved round-robin, on one device; checks
+they agree bit for bit and reports ratios. torchao's ``NVFP4Tensor.to_nvfp4`` is timed too when it
+is installed. The fused kernels are compiled before the timing starts.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class PeerResult:
     speedup_vs_ct: float
     matches_ct: bool | None
     code_agreement: float | None
+    path: str = ""  #: "eager" / "fused" for nvfp4lab's rows, "" for the peers
 
     @property
     def median_s(self) -> float:
@@ -144,15 +147,15 @@ def run_peers(
     device: str = "cpu",
 ) -> tuple[list[PeerResult], list[str]]:
     """Time NVFP4 weight quantization of ``[N, K]`` tensors by compressed-tensors, nvfp4lab
-    (both conventions) and torchao (if installed) on the same seeded tensors, in this process,
-    interleaved round-robin (:func:`nvfp4lab.bench.timing.time_interleaved`). (results, notes).
+    (both conventions, eager and fused) and torchao (if installed) on the same seeded tensors, in
+    this process, interleaved round-robin (:func:`nvfp4lab.bench.timing.time_interleaved`).
+    Returns (results, notes).
 
     The tensors are created on ``device`` and every implementation runs there; the one timing
     helper measures with CUDA events on a GPU and ``perf_counter`` on the CPU.
     """
     import torch
 
-    from nvfp4lab.codec import quantize
     from nvfp4lab.e2m1 import unpack_fp4
 
     check_timing(warmup, repeats)
@@ -166,13 +169,8 @@ def run_peers(
         x = seeded_randn((N, K), dt, seed + i, device)
         ref_packed, ref_scale, _ = _ct_quantize(x)
         ref_codes = unpack_fp4(ref_packed)
-        impls: dict[str, Callable[[], Any]] = {
-            "compressed-tensors": lambda x=x: _ct_quantize(x),
-            "nvfp4lab[compressed-tensors]": lambda x=x: quantize(
-                x, convention="compressed-tensors"
-            ),
-            "nvfp4lab[kernel]": lambda x=x: quantize(x, convention="kernel"),
-        }
+        impls: dict[str, Callable[[], Any]] = {"compressed-tensors": lambda x=x: _ct_quantize(x)}
+        impls.update(_nvfp4lab_impls(x))
         if ao is not None:
             ao_fn, ao_note = _torchao_closure(ao, x)
             if ao_note is not None and ao_note not in notes:
@@ -193,10 +191,27 @@ def run_peers(
                 agree = float((unpack_fp4(q.packed) == ref_codes).double().mean())
             elif name == "compressed-tensors":
                 match, agree = True, 1.0
+            path = ""
+            if name.startswith("nvfp4lab"):
+                path = "fused" if name.endswith(", fused]") else "eager"
             results.append(
-                PeerResult(name, (N, K), dtype, t, t_ct / t.median_s, match, agree)
+                PeerResult(name, (N, K), dtype, t, t_ct / t.median_s, match, agree, path)
             )
     return results, notes
+
+
+def _nvfp4lab_impls(x: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    """nvfp4lab's quantize of ``x`` in both conventions, eager and fused (compiled here)."""
+    from nvfp4lab.codec import quantize
+
+    impls: dict[str, Callable[[], Any]] = {}
+    for fused in (False, True):
+        for conv in ("compressed-tensors", "kernel"):
+            name = f"nvfp4lab[{conv}{', fused' if fused else ''}]"
+            impls[name] = lambda c=conv, f=fused: quantize(x, convention=c, fused=f)
+            if fused:
+                impls[name]()  # compile outside the timing
+    return impls
 
 
 def peer_rows(results: Sequence[PeerResult], env: dict[str, Any], seed: int) -> list[dict]:
@@ -209,7 +224,7 @@ def peer_rows(results: Sequence[PeerResult], env: dict[str, Any], seed: int) -> 
             measured_row(
                 op="peer_quantize", shape=f"{N}x{K}", M="", N=N, K=K, dtype=r.dtype,
                 backend=r.impl, convention="", timing=r.timing, nbytes=nbytes, flops=0.0,
-                env=env, seed=seed,
+                env=env, seed=seed, path=r.path,
             )
         )
     return rows

@@ -2,14 +2,22 @@
 
 Measures, over shapes ``M x N x K`` (``y[M, N] = x[M, K] @ W[N, K]^T``):
 
-- ``quantize`` (both conventions), ``dequantize`` and ``fake_quantize`` of the weight ``W[N, K]``,
-  with a derived bandwidth ``gb_s`` (10^9 B/s of the logical bytes read + written);
-- ``linear`` per NVFP4 backend (``emulation``, ``w4a16``, ``native`` where the device has FP4
-  tensor cores) and the plain 16-bit ``matmul`` baseline (``torch.nn.functional.linear`` on the
-  unquantized weight), with a derived ``tflop_s`` (10^12 FLOP/s of 2·M·N·K).
+- ``copy``: ``y.copy_(W)`` into a preallocated ``y``, the bandwidth yardstick of each weight shape
+  and dtype (measured first, in the same run);
+- ``quantize`` (both conventions), ``dequantize`` and ``fake_quantize`` of the weight ``W[N, K]``
+  on each ``path`` (``eager``: the eager pipeline, ``fused``: the compiled kernels of
+  :mod:`nvfp4lab.kernels`), with a derived bandwidth ``gb_s`` (10^9 B/s of the logical bytes read
+  + written) and ``copy_fraction`` (copy time / op time: 0.1 = ten times slower than ``copy_``);
+  the op allocates its result, ``copy_`` does not (a fresh output of 32 MiB or more costs page
+  faults: ``x.clone()`` alone is ~3x ``copy_`` on the 2-core CPU);
+- ``linear`` per NVFP4 backend (``emulation``, ``w4a16`` on each path; ``native`` where the
+  device has FP4 tensor cores) without a cached dequantized weight, and the plain 16-bit
+  ``matmul`` baseline (``torch.nn.functional.linear`` on the unquantized weight), with a derived
+  ``tflop_s`` (10^12 FLOP/s of 2·M·N·K).
 
 Every row is timed by :func:`nvfp4lab.bench.timing.time_fn` (median and interquartile range) on
-fresh, seeded ``randn`` inputs (never zeros); rows go to :mod:`nvfp4lab.bench.store`.
+fresh, seeded ``randn`` inputs (never zeros); a fused case is called once before (compilation and
+the fused linear's exactness check are not timed); rows go to :mod:`nvfp4lab.bench.store`.
 """
 
 from __future__ import annotations
@@ -21,15 +29,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nvfp4lab.bench.store import environment, measured_row
-from nvfp4lab.bench.timing import time_fn
+from nvfp4lab.bench.timing import Timing, time_fn
 from nvfp4lab.vocab import SUPPORTED_DTYPES, Backend, Convention
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = [
+    "ELEMENTWISE_OPS",
     "LINEAR_BACKENDS",
     "OPS",
+    "PATHS",
     "BenchConfig",
     "bench_dtype",
     "check_memory",
@@ -40,10 +50,14 @@ __all__ = [
     "seeded_randn",
 ]
 
-#: Elementwise ops and the linear op; ``--ops`` picks a subset.
-OPS: tuple[str, ...] = ("quantize", "dequantize", "fake_quantize", "linear", "matmul")
+#: The copy yardstick, elementwise ops and the linear op; ``--ops`` picks a subset.
+OPS: tuple[str, ...] = ("copy", "quantize", "dequantize", "fake_quantize", "linear", "matmul")
+#: Ops measured against the same run's ``copy`` (which comes with any of them).
+ELEMENTWISE_OPS: tuple[str, ...] = ("quantize", "dequantize", "fake_quantize")
 #: NVFP4 linear backends the harness knows (``matmul`` is the 16-bit baseline).
 LINEAR_BACKENDS: tuple[str, ...] = (Backend.EMULATION, Backend.W4A16, Backend.NATIVE)
+#: nvfp4lab's two pipelines (``fused=False`` / ``fused=True``); ``--paths`` picks a subset.
+PATHS: tuple[str, ...] = ("eager", "fused")
 
 _SHAPE_RE = re.compile(r"^\s*(\d+)\s*[xX*,]\s*(\d+)\s*[xX*,]\s*(\d+)\s*$")
 
@@ -93,7 +107,7 @@ def default_shapes(mode: str) -> list[tuple[int, int, int]]:
 @dataclass
 class BenchConfig:
     """What to measure: shapes ``(M, N, K)``, ops, linear backends, dtypes (names like
-    "bfloat16"), device, timing (warmup, repeats) and the base seed."""
+    "bfloat16"), device, timing (warmup, repeats), the base seed and the paths."""
 
     shapes: list[tuple[int, int, int]]
     ops: tuple[str, ...] = OPS
@@ -103,6 +117,7 @@ class BenchConfig:
     warmup: int = 1
     repeats: int = 5
     seed: int = 0
+    paths: tuple[str, ...] = PATHS
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,7 @@ class _Case:
     dtype: str
     backend: str
     convention: str
+    path: str = ""
 
 
 def available_memory_bytes(device: str) -> int | None:
@@ -183,6 +199,18 @@ def check_timing(warmup: int, repeats: int) -> None:
         )
 
 
+def _weight_cases(cfg: BenchConfig, N: int, K: int, dtype: str) -> list[_Case]:
+    """The copy yardstick and the elementwise ops of one weight shape, on each path."""
+    ops = [op for op in ELEMENTWISE_OPS if op in cfg.ops]
+    cases = [_Case("copy", 0, N, K, dtype, "copy_", "")] if ops or "copy" in cfg.ops else []
+    for op in ops:
+        for conv in map(str, Convention) if op == "quantize" else ("kernel",):
+            # modelopt's order has no fused kernel: eager only
+            paths = [p for p in cfg.paths if p == "eager" or conv != Convention.MODELOPT]
+            cases += [_Case(op, 0, N, K, dtype, "torch", conv, path) for path in paths]
+    return cases
+
+
 def _cases(cfg: BenchConfig) -> list[_Case]:
     cases: list[_Case] = []
     seen_w: set[tuple[int, int, str]] = set()
@@ -190,18 +218,13 @@ def _cases(cfg: BenchConfig) -> list[_Case]:
         for M, N, K in cfg.shapes:
             if (N, K, dtype) not in seen_w:  # weight ops once per weight shape
                 seen_w.add((N, K, dtype))
-                if "quantize" in cfg.ops:
-                    for conv in map(str, Convention):
-                        cases.append(_Case("quantize", 0, N, K, dtype, "torch", conv))
-                if "dequantize" in cfg.ops:
-                    cases.append(_Case("dequantize", 0, N, K, dtype, "torch", "kernel"))
-                if "fake_quantize" in cfg.ops:
-                    cases.append(_Case("fake_quantize", 0, N, K, dtype, "torch", "kernel"))
+                cases += _weight_cases(cfg, N, K, dtype)
             if "matmul" in cfg.ops:
                 cases.append(_Case("matmul", M, N, K, dtype, "torch", ""))
             if "linear" in cfg.ops:
                 for b in cfg.backends:
-                    cases.append(_Case("linear", M, N, K, dtype, b, "kernel"))
+                    paths = ("",) if b == Backend.NATIVE else cfg.paths
+                    cases += [_Case("linear", M, N, K, dtype, b, "kernel", p) for p in paths]
     return cases
 
 
@@ -217,14 +240,19 @@ def _prepare(case: _Case, cfg: BenchConfig, seed: int) -> tuple[Callable[[], Any
     w = seeded_randn((case.N, case.K), dt, seed, dev)
     nk = case.N * case.K
     packed_bytes = nk / 2 + nk / 16  # 4-bit codes + one E4M3 scale per 16
+    fused = case.path == "fused"
+    if case.op == "copy":
+        y = torch.empty_like(w)
+        return (lambda: y.copy_(w)), 2.0 * nk * itemsize, 0.0
     if case.op == "quantize":
         conv = case.convention
-        return (lambda: quantize(w, convention=conv)), nk * itemsize + packed_bytes, 0.0
+        fn = lambda: quantize(w, convention=conv, fused=fused)  # noqa: E731
+        return fn, nk * itemsize + packed_bytes, 0.0
     if case.op == "dequantize":
         q = quantize(w)
-        return (lambda: q.dequantize(dt)), packed_bytes + nk * itemsize, 0.0
+        return (lambda: q.dequantize(dt, fused=fused)), packed_bytes + nk * itemsize, 0.0
     if case.op == "fake_quantize":
-        return (lambda: fake_quantize(w)), 2.0 * nk * itemsize, 0.0
+        return (lambda: fake_quantize(w, fused=fused)), 2.0 * nk * itemsize, 0.0
     x = seeded_randn((case.M, case.K), dt, seed + 1, dev)
     flops = 2.0 * case.M * case.N * case.K
     if case.op == "matmul":
@@ -235,8 +263,19 @@ def _prepare(case: _Case, cfg: BenchConfig, seed: int) -> tuple[Callable[[], Any
         q = quantize(w)
         gs_x = compute_global_scale(x)  # a static (calibrated) input scale, as in checkpoints
         backend = case.backend
-        return (lambda: linear(x, q, input_global_scale=gs_x, backend=backend)), 0.0, flops
+        return (
+            lambda: linear(x, q, input_global_scale=gs_x, backend=backend, fused=fused)
+        ), 0.0, flops
     raise ValueError(f"unknown op {case.op!r}")
+
+
+def _measure(case: _Case, cfg: BenchConfig, seed: int) -> tuple[Timing, float, float]:
+    """(timing, logical bytes, flops) of one case; a fused case is called once first."""
+    fn, nbytes, flops = _prepare(case, cfg, seed)
+    if case.path == "fused":
+        fn()  # compilation, and the fused linear's exactness check, are not timed
+    timing = time_fn(fn, warmup=cfg.warmup, repeats=cfg.repeats, device=cfg.device)
+    return timing, nbytes, flops
 
 
 def run_bench(
@@ -258,6 +297,7 @@ def run_bench(
     native_ok, native_why = native_fp4_status(cfg.device)
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
+    copy_s: dict[tuple[int, int, str], float] = {}
     for i, case in enumerate(progress(cases) if progress else cases):
         if case.op == "linear" and case.backend == "native" and not native_ok:
             msg = f"linear/native skipped: {native_why}"
@@ -265,13 +305,16 @@ def run_bench(
                 skipped.append(msg)
             continue
         seed = cfg.seed + 1000 * i
-        fn, nbytes, flops = _prepare(case, cfg, seed)
-        timing = time_fn(fn, warmup=cfg.warmup, repeats=cfg.repeats, device=cfg.device)
+        timing, nbytes, flops = _measure(case, cfg, seed)
+        weight = (case.N, case.K, case.dtype)
+        if case.op == "copy":
+            copy_s[weight] = timing.median_s
         shape = f"{case.M}x{case.N}x{case.K}" if case.M else f"{case.N}x{case.K}"
         row = measured_row(
             op=case.op, shape=shape, M=case.M or "", N=case.N, K=case.K, dtype=case.dtype,
             backend=case.backend, convention=case.convention, timing=timing, nbytes=nbytes,
-            flops=flops, env=env, seed=seed,
+            flops=flops, env=env, seed=seed, path=case.path,
+            copy_s=copy_s.get(weight) if case.op in ("copy", *ELEMENTWISE_OPS) else None,
         )
         rows.append(row)
         if on_row is not None:

@@ -4,6 +4,14 @@ Every row carries its context (device, capability, torch version, threads, date,
 in the columns of :data:`COLUMNS`. ``nvfp4lab bench`` appends rows (:func:`append_rows`); the
 throughput study reads every shard back (:func:`read_shards`). Rows of another machine's shard
 are never rewritten; a file with another header is refused.
+
+Layouts. :data:`COLUMNS` ends with ``path`` (``eager`` | ``fused``: which nvfp4lab pipeline a row
+ran; empty for rows that run none, e.g. ``copy`` or the 16-bit ``matmul``) and ``copy_fraction``
+(``y.copy_(x)``'s time for the same weight shape and dtype in the same run divided by the row's
+time: the share of the copy bandwidth an elementwise op reaches). Shards written before those two
+columns existed (:data:`COLUMNS_V1`) stay as they are and are read as they are, their ``path``
+filled in (every nvfp4lab op then ran the eager pipeline) and ``copy_fraction`` empty; new rows
+are never appended to them (a file's rows always share one header): pass a new ``--out``.
 """
 
 from __future__ import annotations
@@ -33,11 +41,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "COLUMNS",
+    "COLUMNS_V1",
     "ShardWarning",
     "append_rows",
     "check_shard",
     "code_revision",
     "environment",
+    "legacy_path",
     "load_average",
     "machine_name",
     "measured_row",
@@ -45,7 +55,8 @@ __all__ = [
     "shard_path",
 ]
 
-COLUMNS: tuple[str, ...] = (
+#: The header of shards written before the ``path`` and ``copy_fraction`` columns (read only).
+COLUMNS_V1: tuple[str, ...] = (
     "op",
     "shape",
     "M",
@@ -78,8 +89,8 @@ COLUMNS: tuple[str, ...] = (
     "code_revision",
     "seed",
 )
-
-#: Elementwise ops and the linear op; ``--ops`` picks a subset.
+#: The header every new row is written with.
+COLUMNS: tuple[str, ...] = (*COLUMNS_V1, "path", "copy_fraction")
 
 
 def _sanitize(text: str) -> str:
@@ -200,6 +211,12 @@ def _header_problem(path: Path) -> str | None:
         return f"cannot be read as a CSV ({exc}); pass a new file or a folder"
     if tuple(header) == COLUMNS:
         return None
+    if tuple(header) == COLUMNS_V1:
+        return (
+            "is a shard of the older layout (no path and copy_fraction columns); its rows stay "
+            "readable as they are, but rows are never mixed into another layout: pass a new file, "
+            "or a folder for <folder>/<machine>.csv"
+        )
     shown = ", ".join(header[:6]) + (", …" if len(header) > 6 else "")
     return (
         f"is a CSV with another header ({shown}), not a nvfp4lab bench shard; rows are never "
@@ -320,9 +337,12 @@ def measured_row(
     flops: float,
     env: dict[str, Any],
     seed: int,
+    path: str = "",
+    copy_s: float | None = None,
 ) -> dict[str, Any]:
     """One shard row: the case, the timing summary, derived ``gb_s`` (10^9 B/s of ``nbytes``)
-    or ``tflop_s`` (10^12 FLOP/s of ``flops``), and the context columns ``env``."""
+    or ``tflop_s`` (10^12 FLOP/s of ``flops``), the context columns ``env``, the ``path`` and,
+    given the same run's ``copy_`` time ``copy_s``, ``copy_fraction = copy_s / median_s``."""
     t = timing.median_s
     return {
         "op": op,
@@ -348,6 +368,8 @@ def measured_row(
         "timer": timing.method,
         "load_1m": load_average(),
         "seed": seed,
+        "path": path,
+        "copy_fraction": f"{copy_s / t:.4g}" if copy_s else "",
         **env,
     }
 
@@ -365,7 +387,18 @@ NUMERIC_COLUMNS: tuple[str, ...] = (
     "tflop_s",
     "threads",
     "load_1m",
+    "copy_fraction",
 )
+
+
+def legacy_path(op: str, backend: str) -> str:
+    """The ``path`` of a row written before the column existed: ``eager`` for every op that ran
+    nvfp4lab's pipeline (there was no other then), ``""`` for the rest (matmul, native)."""
+    if op in ("quantize", "dequantize", "fake_quantize"):
+        return "eager"
+    if op == "linear" and backend in ("emulation", "w4a16"):
+        return "eager"
+    return "eager" if op == "peer_quantize" and backend.startswith("nvfp4lab") else ""
 
 
 def _shard_files(results: str | Path | Iterable[str | Path]) -> list[Path]:
@@ -405,16 +438,22 @@ def _shard_rows(path: Path) -> list[list[str]]:
 
 def read_shards(results: str | Path | Iterable[str | Path] = "results") -> pd.DataFrame:
     """All rows of every ``*.csv`` shard in a folder (or the given files), merged, with a
-    ``source="measured"`` column and a ``shard`` column (file stem); numeric columns converted.
-    Malformed lines are skipped with a :class:`ShardWarning` that names them. An empty frame when
-    there is no shard."""
+    ``source="measured"`` column and a ``shard`` column (file stem); numeric columns converted;
+    shards of the older layout (:data:`COLUMNS_V1`) get their ``path`` filled in
+    (:func:`legacy_path`). Malformed lines are skipped with a :class:`ShardWarning` that names
+    them. An empty frame when there is no shard."""
     import pandas as pd
 
     frames = []
     for f in _shard_files(results):
         table = _shard_rows(f)
         if table:
-            frames.append(pd.DataFrame(table[1:], columns=table[0]).assign(shard=f.stem))
+            frame = pd.DataFrame(table[1:], columns=table[0]).assign(shard=f.stem)
+            if tuple(table[0]) == COLUMNS_V1:
+                pairs = zip(frame["op"], frame["backend"], strict=True)
+                frame["path"] = [legacy_path(o, b) for o, b in pairs]
+                frame["copy_fraction"] = ""
+            frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=["source", "shard"])
     df = pd.concat(frames, ignore_index=True)

@@ -63,6 +63,16 @@ def test_quick_run_writes_well_formed_rows(quick_run: tuple[Path, int]) -> None:
     assert rows
     assert {r["op"] for r in rows} == set(runner.OPS)
     assert {"emulation", "w4a16"} <= {r["backend"] for r in rows if r["op"] == "linear"}
+    for op in ("quantize", "dequantize", "fake_quantize", "linear"):
+        assert {r["path"] for r in rows if r["op"] == op} == {"eager", "fused"}, op
+    assert {r["path"] for r in rows if r["op"] in ("copy", "matmul")} == {""}
+    copy_s = {r["shape"]: float(r["median_s"]) for r in rows if r["op"] == "copy"}
+    for r in rows:  # copy_fraction: the same run's copy_ time over the row's time
+        if r["op"] in runner.ELEMENTWISE_OPS or r["op"] == "copy":
+            expected = copy_s[r["shape"]] / float(r["median_s"])
+            assert float(r["copy_fraction"]) == pytest.approx(expected, rel=1e-3), r
+        else:
+            assert r["copy_fraction"] == ""
     for r in rows:
         for col in ("median_s", "min_s", "max_s"):
             assert _positive_finite(r[col]), (col, r)
@@ -99,6 +109,23 @@ def test_folder_out_writes_machine_shard_and_leaves_others(tmp_path: Path) -> No
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     assert bench.main(["--tiny", "--out", str(tmp_path / "x.csv"), "--backends", "marlin"]) == 2
     assert bench.main(["--tiny", "--out", str(tmp_path / "x.csv"), "--shapes", "1x2"]) == 2
+    assert bench.main(["--tiny", "--out", str(tmp_path / "x.csv"), "--paths", "jit"]) == 2
+
+
+def test_one_path_and_the_relative_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "x.csv"
+    argv = ["--tiny", "--out", str(out), "--paths", "fused", "--ops", "dequantize", "linear",
+            "matmul", "--backends", "w4a16"]
+    assert bench.main(argv) == 0
+    _, rows = _read(out)
+    assert [(r["op"], r["path"]) for r in rows] == [
+        ("copy", ""), ("dequantize", "fused"), ("matmul", ""), ("linear", "fused")
+    ]
+    text = capsys.readouterr().out
+    assert re.search(r"^dequantize .* fused .*x copy_$", text, re.M)
+    assert re.search(r"^linear .* fused .*x matmul$", text, re.M)
 
 
 def test_run_cli_accepts_a_minimal_namespace(tmp_path: Path) -> None:
@@ -119,9 +146,17 @@ def test_peers_prints_ratios_and_matches_compressed_tensors(
     text = capsys.readouterr().out
     assert "compressed-tensors" in text and "speedup" in text
     _, rows = _read(out)
-    impls = {r["backend"] for r in rows}
-    assert {"compressed-tensors", "nvfp4lab[compressed-tensors]", "nvfp4lab[kernel]"} <= impls
+    paths = {r["backend"]: r["path"] for r in rows}
+    assert {
+        "compressed-tensors": "",
+        "nvfp4lab[compressed-tensors]": "eager",
+        "nvfp4lab[kernel]": "eager",
+        "nvfp4lab[compressed-tensors, fused]": "fused",
+        "nvfp4lab[kernel, fused]": "fused",
+    }.items() <= paths.items()
     assert all(r["op"] == "peer_quantize" and _positive_finite(r["median_s"]) for r in rows)
+    exact = re.findall(r"^(nvfp4lab\[compressed-tensors(?:, fused)?\]) .* True ", text, re.M)
+    assert len(exact) == 2  # bit for bit compressed-tensors' own bytes, on both paths
 
 
 @pytest.mark.parametrize("peers", [False, True], ids=["bench", "peers"])

@@ -84,3 +84,41 @@ def test_code_revision_in_a_temp_git_repo(tmp_path: Path, monkeypatch: pytest.Mo
     (pkg / "sub" / "new.py").write_text("y = 2\n")  # untracked, in the package
     assert store.code_revision(pkg) == f"{rev}+dirty"
     assert store.code_revision(tmp_path / "nowhere") == "unknown"
+
+
+def _v1_shard(path: Path) -> None:
+    import csv
+
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=store.COLUMNS_V1)
+        w.writeheader()
+        for op, backend in [("quantize", "torch"), ("matmul", "torch"), ("linear", "w4a16"),
+                            ("linear", "native"), ("peer_quantize", "nvfp4lab[kernel]"),
+                            ("peer_quantize", "compressed-tensors")]:
+            w.writerow({c: "" for c in store.COLUMNS_V1} | {"op": op, "backend": backend,
+                                                           "median_s": "0.5"})
+
+
+def test_older_layout_is_read_and_never_appended_to(tmp_path: Path) -> None:
+    """A shard written before the path/copy_fraction columns: read as it is (every nvfp4lab op
+    then ran eagerly), refused as a target for new rows, left byte for byte unchanged."""
+    old = tmp_path / "old.csv"
+    _v1_shard(old)
+    before = old.read_bytes()
+    frame = store.read_shards(tmp_path)
+    assert list(frame["path"]) == ["eager", "", "eager", "", "eager", ""]
+    assert frame["copy_fraction"].isna().all() and (frame["median_s"] == 0.5).all()
+    with pytest.raises(ValueError, match=r"older layout.*never mixed.*new file"):
+        store.append_rows(old, [])
+    with pytest.raises(ValueError, match="older layout"):
+        store.check_shard(old)
+    assert old.read_bytes() == before
+    assert store.COLUMNS[: len(store.COLUMNS_V1)] == store.COLUMNS_V1
+
+
+def test_committed_shards_read_with_a_path_for_every_row() -> None:
+    results = Path(__file__).resolve().parents[2] / "results"
+    frame = store.read_shards(results)
+    assert not frame.empty and frame["path"].notna().all()
+    elementwise = frame[frame["op"].isin(["quantize", "dequantize", "fake_quantize"])]
+    assert set(elementwise["path"]) <= {"eager", "fused"}

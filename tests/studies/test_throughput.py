@@ -108,6 +108,18 @@ def test_load_and_summarise_measured_shards(tmp_path: Path) -> None:
     assert (compare["modeled_s"] > 0).all()
 
 
+def test_fused_linear_rows_are_their_own_backend(tmp_path: Path) -> None:
+    rows = [
+        _row("matmul", "torch", 1e-3),
+        _row("linear", "w4a16", 8e-3, path="eager"),
+        _row("linear", "w4a16", 2e-3, path="fused"),
+    ]
+    _shard(tmp_path / "cpu.csv", rows)
+    summary = tp.measured_linear_summary(read_shards(tmp_path)).set_index("backend")
+    assert summary.loc["w4a16", "x_matmul_time"] == pytest.approx(8.0)
+    assert summary.loc["w4a16 (fused)", "x_matmul_time"] == pytest.approx(2.0)
+
+
 def test_read_shards_of_nothing_is_empty(tmp_path: Path) -> None:
     assert read_shards(tmp_path).empty
     assert tp.measured_linear_summary(read_shards(tmp_path)).empty
