@@ -244,7 +244,7 @@ class NVFP4Tensor:
         if (
             self.block_size == BLOCK_SIZE
             and out_dtype in SUPPORTED_DTYPES
-            and self.packed.numel() > 0
+            and self.packed.numel() >= BLOCK_SIZE  # two blocks or more (see the codec)
             and use_fused(2 * self.packed.numel(), self.device, fused)
         ):
             divide = self.decode_scale is None
