@@ -1,7 +1,10 @@
 """CUDA checks: skipped on machines without a GPU (CI), run on a lent device.
 
 The CPU results are the oracle: quantization is elementwise IEEE float32 arithmetic plus exact
-reductions, so CUDA must agree bit for bit. The native FP4 GEMM is checked on FP4 GPUs only.
+reductions, so CUDA must agree bit for bit. The fused kernels compiled to Triton (division with
+IEEE rounding and no flush to zero, :data:`nvfp4lab.kernels.fused.GPU_OPTIONS`) must equal the
+CPU's eager bits too; the fused linear must equal the eager linear on the same GPU (the same
+cuBLAS products). The native FP4 GEMM is checked on FP4 GPUs only.
 """
 
 from __future__ import annotations
@@ -9,10 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nvfp4lab import kernels
 from nvfp4lab.codec import fake_quantize, quantize
 from nvfp4lab.execution.dispatch import native_fp4_status, select_backend
 from nvfp4lab.execution.gemm import linear, native_scaled_mm_args, reference_scaled_mm
-from tests.sample_data import make
+from nvfp4lab.tensor import NVFP4Tensor
+from tests.sample_data import KINDS, make
 
 pytestmark = [
     pytest.mark.gpu,
@@ -75,3 +80,54 @@ def test_native_matches_reference_and_emulation(dtype: torch.dtype) -> None:
     emulated = linear(x, w, bias, backend="emulation")
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(native, emulated, rtol=tol, atol=tol)
+
+
+# -- fused kernels (Triton) --------------------------------------------------------------------
+
+needs_fused = pytest.mark.skipif(
+    not torch.cuda.is_available() or not kernels.compiler_available("cuda"),
+    reason="needs torch.compile with Triton on CUDA",
+)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@needs_fused
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("convention", CONVENTIONS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("gs", [None, 1.2345678, 0.01])  # auto, calibrated, E4M3-subnormal scales
+@pytest.mark.filterwarnings("ignore::nvfp4lab.codec.ScaleUnderflowWarning")
+def test_fused_cuda_equals_cpu_eager(
+    dtype: torch.dtype, convention: str, kind: str, gs: float | None
+) -> None:
+    x = make(kind, (96, 512), dtype, seed=11)
+    cpu = quantize(x, gs, convention=convention, fused=False)
+    gpu = quantize(x.cuda(), gs, convention=convention, fused=True)
+    assert gpu.to("cpu") == cpu  # packed bytes, scale bytes, global scale
+    fq = fake_quantize(x.cuda(), gs, convention=convention, fused=True)
+    assert torch.equal(_bits(fq), _bits(fake_quantize(x, gs, convention=convention, fused=False)))
+    vllm = NVFP4Tensor(cpu.packed, cpu.scales, cpu.global_scale, shape=cpu.shape,
+                       decode_scale=torch.reciprocal(cpu.global_scale))
+    for q in (cpu, vllm):  # both decode orders, every output dtype
+        for out in DTYPES:
+            got = q.to("cuda").dequantize(out, fused=True)
+            assert torch.equal(_bits(got), _bits(q.dequantize(out, fused=False))), out
+
+
+@needs_fused
+@pytest.mark.parametrize("backend", ["emulation", "w4a16"])
+@pytest.mark.parametrize("bias_mode", ["output", "fp32"])
+@pytest.mark.parametrize(("m", "n", "k"), [(16, 4096, 4096), (256, 6144, 1024), (3, 100, 48)])
+def test_fused_linear_equals_eager_on_cuda(
+    backend: str, bias_mode: str, m: int, n: int, k: int
+) -> None:
+    w = quantize(make("normal", (n, k), torch.bfloat16, seed=5)).to("cuda")
+    x = make("student_t", (m, k), torch.bfloat16, seed=6).cuda()
+    bias = torch.randn(n).to(torch.bfloat16).cuda()
+    want = linear(x, w, bias, backend=backend, bias_mode=bias_mode, fused=False)
+    for _ in range(2):  # the first call checks the tiles, the second uses the verdict
+        got = linear(x, w, bias, backend=backend, bias_mode=bias_mode, fused=True)
+        assert torch.equal(_bits(got), _bits(want))
