@@ -217,17 +217,24 @@ def _weight_operand(
         if decode is None:
             return EncodedWeight(weight.packed, weight.scales, weight.global_scale, "divide")
         return EncodedWeight(weight.packed, weight.scales, decode, "multiply")
-    return vllm_dequantize(weight, x.dtype) if vllm_order else weight.dequantize(x.dtype)
+    if vllm_order:
+        return vllm_dequantize(weight, x.dtype, fused=fused)
+    return weight.dequantize(x.dtype, fused=fused)
 
 
 def vllm_dequantize(
-    weight: NVFP4Tensor, dtype: torch.dtype, *, decode: torch.Tensor | None = None
+    weight: NVFP4Tensor,
+    dtype: torch.dtype,
+    *,
+    decode: torch.Tensor | None = None,
+    fused: bool | None = None,
 ) -> torch.Tensor:
     """``weight`` decoded with vLLM's arithmetic: ``value * (scale * d)`` in float32, then
     ``dtype``, where ``d`` is vLLM's stored DECODE scale: the exact ``weight.decode_scale`` when
     the weight carries one (a ModelOpt checkpoint's ``weight_scale_2``), else ``1/gs`` (vLLM
     inverts a compressed-tensors ENCODE scale at load). ``decode``: another float32 decode
-    multiplier to use instead (e.g. a merged one, :mod:`nvfp4lab.execution.fused`).
+    multiplier to use instead (e.g. a merged one, :mod:`nvfp4lab.execution.fused`). ``fused``: as
+    in :meth:`NVFP4Tensor.dequantize`.
 
     ``NVFP4Tensor.dequantize`` of a weight without a decode scale computes ``value * (scale /
     gs)`` instead (the compressed-tensors/reference order), which differs by an ulp in float32
@@ -238,7 +245,7 @@ def vllm_dequantize(
     if decode is None:
         decode = torch.reciprocal(weight.global_scale.to(torch.float32))
     as_vllm = dataclasses.replace(weight, decode_scale=decode, check_scales=False)
-    return as_vllm.dequantize(dtype)
+    return as_vllm.dequantize(dtype, fused=fused)
 
 
 def _emulation(

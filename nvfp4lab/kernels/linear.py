@@ -12,10 +12,11 @@ GEMM, but a BLAS library may split the K reduction differently for a ``[M, tile]
 for ``[M, N]`` (oneDNN and MKL choose their partition from the shape and thread count; measured
 here: bf16 M=256, N=6144, K=4096 differs in ~250 elements with 256-1024-row tiles, float32 M=16,
 N=2048, K=1024 in ~30 000 with 512-row tiles; M=16, K=N=4096 is identical). So the first call of
-each GEMM shape class (device, dtype, fp32, M, N, K, tile, threads) computes both products and
-keeps the verdict; it returns the single GEMM's. A shape class whose tiles differ then always
-runs one GEMM on the whole weight (decoded by the fused kernel into one temporary); the others
-run tiled. Either way the result is bit for bit ``torch.matmul(a, W.T)``.
+each GEMM shape class (device, dtype, fp32, M, N, K, tile size, threads) computes the single
+GEMM, returns it, and tries tiles of the default rows, then twice, four times ... as many up to
+N/2, keeping the first that reproduces it bit for bit (:func:`tiled_verdicts`). A shape class
+where none does always runs one GEMM on the whole weight (decoded by the fused kernel into one
+temporary). Either way the result is bit for bit ``torch.matmul(a, W.T)``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ __all__ = ["TILE_BYTES", "EncodedWeight", "tiled_matmul", "tiled_verdicts"]
 #: 16 MiB (2048 rows of bf16 at K=4096) measured fastest on the 2-core CPU at M=16.
 TILE_BYTES: int = 16 << 20
 
-_VERDICTS: dict[tuple[object, ...], bool] = {}
+_VERDICTS: dict[tuple[object, ...], int] = {}
 
 
 class EncodedWeight(NamedTuple):
@@ -45,8 +46,9 @@ class EncodedWeight(NamedTuple):
     order: str  #: "divide" (value·(s/gs)) or "multiply" (value·(s·d), vLLM's and ModelOpt's)
 
 
-def tiled_verdicts() -> dict[tuple[object, ...], bool]:
-    """The per-shape-class verdicts so far (True: tiles equal the single GEMM); a copy."""
+def tiled_verdicts() -> dict[tuple[object, ...], int]:
+    """The per-shape-class verdicts so far: the tile rows that reproduce the single GEMM, 0 where
+    none does (the whole weight is decoded); a copy."""
     return dict(_VERDICTS)
 
 
@@ -95,6 +97,19 @@ def tiled_matmul(
     verdict = _VERDICTS.get(key)
     if verdict is None:
         whole = _whole(a, w, fp32)
-        _VERDICTS[key] = _same_bits(_tiled(a, w, fp32, rows), whole)
+        _VERDICTS[key] = _exact_rows(a, w, fp32, rows, whole)
         return whole
-    return _tiled(a, w, fp32, rows) if verdict else _whole(a, w, fp32)
+    return _tiled(a, w, fp32, verdict) if verdict else _whole(a, w, fp32)
+
+
+def _exact_rows(
+    a: torch.Tensor, w: EncodedWeight, fp32: bool, rows: int, whole: torch.Tensor
+) -> int:
+    """The first tile height of ``rows``, ``2·rows``, ... (below N) whose tiled product is
+    ``whole`` bit for bit; 0 when none is."""
+    n = w.packed.shape[0]
+    while rows < n:
+        if _same_bits(_tiled(a, w, fp32, rows), whole):
+            return rows
+        rows *= 2
+    return 0

@@ -87,7 +87,7 @@ def test_shape_classes_whose_tiles_differ_run_one_gemm(monkeypatch: pytest.Monke
     w = quantize(randn((200, 96), torch.bfloat16, 9))
     x = randn((5, 96), torch.bfloat16, 10)
     assert_linear_equal(x, w, None, backend="w4a16")
-    assert list(klinear.tiled_verdicts().values()) == [False]
+    assert list(klinear.tiled_verdicts().values()) == [0]
 
 
 @pytest.mark.usefixtures("small_tiles")
@@ -109,7 +109,23 @@ def test_no_full_size_weight_after_the_first_call(monkeypatch: pytest.MonkeyPatc
     decoded_rows.clear()
     linear(x, w, backend="w4a16", fused=True)
     assert max(decoded_rows) <= rows and sum(decoded_rows) == 200
-    assert list(klinear.tiled_verdicts().values()) == [True]
+    assert list(klinear.tiled_verdicts().values()) == [rows]
+
+
+@pytest.mark.usefixtures("small_tiles")
+def test_taller_tiles_are_tried_when_the_first_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of 3 rows 'differ' here, 6 rows reproduce the single GEMM: 6 is kept."""
+    monkeypatch.setattr(klinear, "_VERDICTS", {})
+    real_tiled = klinear._tiled
+
+    def tiled(a: torch.Tensor, w: klinear.EncodedWeight, fp32: bool, rows: int) -> torch.Tensor:
+        out = real_tiled(a, w, fp32, rows)
+        return out + 1 if rows == 3 else out  # a BLAS that splits 3-row problems differently
+
+    monkeypatch.setattr(klinear, "_tiled", tiled)
+    w = quantize(randn((200, 96), torch.float32, 15))
+    assert_linear_equal(randn((4, 96), torch.float32, 16), w, None, backend="w4a16")
+    assert list(klinear.tiled_verdicts().values()) == [6]
 
 
 def test_cached_dequantized_weight_stays_eager(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,3 +137,17 @@ def test_cached_dequantized_weight_stays_eager(monkeypatch: pytest.MonkeyPatch) 
     cached = w.dequantize(torch.float32)
     got = linear(x, w, backend="w4a16", dequantized_weight=cached, fused=True)
     assert torch.equal(got, linear(x, w, backend="w4a16", fused=False))
+
+
+def test_fused_false_keeps_every_step_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``linear(..., fused=False)`` decodes and fake-quantizes eagerly even where the setting
+    says on (the bench's eager rows rely on it)."""
+    from nvfp4lab.kernels import fused as fused_kernels
+
+    monkeypatch.setenv("NVFP4LAB_FUSED", "on")
+    w = quantize(randn((64, 64), torch.bfloat16, 17))
+    x = randn((8, 64), torch.bfloat16, 18)
+    monkeypatch.setattr(fused_kernels, "decode", lambda *a, **k: pytest.fail("fused decode"))
+    monkeypatch.setattr(fused_kernels, "block_stats", lambda *a, **k: pytest.fail("fused stats"))
+    for backend in ("emulation", "w4a16"):
+        linear(x, w, backend=backend, fused=False)
