@@ -2,8 +2,9 @@
 
 Measures, over shapes ``M x N x K`` (``y[M, N] = x[M, K] @ W[N, K]^T``):
 
-- ``copy``: ``y.copy_(W)`` into a preallocated ``y``, the bandwidth yardstick of each weight shape
-  and dtype (measured first, in the same run);
+- ``copy``: ``y.copy_(W)`` into a preallocated ``y`` (backend ``copy_``), the bandwidth yardstick
+  of each weight shape and dtype, measured first in the same run; and ``W.clone()`` (backend
+  ``clone``), the same copy into a fresh output, the floor of any op that returns a new tensor;
 - ``quantize`` (both conventions), ``dequantize`` and ``fake_quantize`` of the weight ``W[N, K]``
   on each ``path`` (``eager``: the eager pipeline, ``fused``: the compiled kernels of
   :mod:`nvfp4lab.kernels`), with a derived bandwidth ``gb_s`` (10^9 B/s of the logical bytes read
@@ -202,7 +203,8 @@ def check_timing(warmup: int, repeats: int) -> None:
 def _weight_cases(cfg: BenchConfig, N: int, K: int, dtype: str) -> list[_Case]:
     """The copy yardstick and the elementwise ops of one weight shape, on each path."""
     ops = [op for op in ELEMENTWISE_OPS if op in cfg.ops]
-    cases = [_Case("copy", 0, N, K, dtype, "copy_", "")] if ops or "copy" in cfg.ops else []
+    copies = [_Case("copy", 0, N, K, dtype, b, "") for b in ("copy_", "clone")]
+    cases = copies if ops or "copy" in cfg.ops else []
     for op in ops:
         for conv in map(str, Convention) if op == "quantize" else ("kernel",):
             # modelopt's order has no fused kernel: eager only
@@ -243,7 +245,8 @@ def _prepare(case: _Case, cfg: BenchConfig, seed: int) -> tuple[Callable[[], Any
     fused = case.path == "fused"
     if case.op == "copy":
         y = torch.empty_like(w)
-        return (lambda: y.copy_(w)), 2.0 * nk * itemsize, 0.0
+        fn = (lambda: y.copy_(w)) if case.backend == "copy_" else w.clone
+        return fn, 2.0 * nk * itemsize, 0.0
     if case.op == "quantize":
         conv = case.convention
         fn = lambda: quantize(w, convention=conv, fused=fused)  # noqa: E731
@@ -307,7 +310,7 @@ def run_bench(
         seed = cfg.seed + 1000 * i
         timing, nbytes, flops = _measure(case, cfg, seed)
         weight = (case.N, case.K, case.dtype)
-        if case.op == "copy":
+        if case.op == "copy" and case.backend == "copy_":
             copy_s[weight] = timing.median_s
         shape = f"{case.M}x{case.N}x{case.K}" if case.M else f"{case.N}x{case.K}"
         row = measured_row(

@@ -66,7 +66,8 @@ def test_quick_run_writes_well_formed_rows(quick_run: tuple[Path, int]) -> None:
     for op in ("quantize", "dequantize", "fake_quantize", "linear"):
         assert {r["path"] for r in rows if r["op"] == op} == {"eager", "fused"}, op
     assert {r["path"] for r in rows if r["op"] in ("copy", "matmul")} == {""}
-    copy_s = {r["shape"]: float(r["median_s"]) for r in rows if r["op"] == "copy"}
+    assert {r["backend"] for r in rows if r["op"] == "copy"} == {"copy_", "clone"}
+    copy_s = {r["shape"]: float(r["median_s"]) for r in rows if r["backend"] == "copy_"}
     for r in rows:  # copy_fraction: the same run's copy_ time over the row's time
         if r["op"] in runner.ELEMENTWISE_OPS or r["op"] == "copy":
             expected = copy_s[r["shape"]] / float(r["median_s"])
@@ -120,8 +121,9 @@ def test_one_path_and_the_relative_column(
             "matmul", "--backends", "w4a16"]
     assert bench.main(argv) == 0
     _, rows = _read(out)
-    assert [(r["op"], r["path"]) for r in rows] == [
-        ("copy", ""), ("dequantize", "fused"), ("matmul", ""), ("linear", "fused")
+    assert [(r["op"], r["backend"], r["path"]) for r in rows] == [
+        ("copy", "copy_", ""), ("copy", "clone", ""), ("dequantize", "torch", "fused"),
+        ("matmul", "torch", ""), ("linear", "w4a16", "fused"),
     ]
     text = capsys.readouterr().out
     assert re.search(r"^dequantize .* fused .*x copy_$", text, re.M)
