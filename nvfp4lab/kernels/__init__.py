@@ -26,9 +26,9 @@ must allow it:
     costs seconds: the first fused call of a process 4.0 s with inductor's disk cache warm (3.4 s
     of inductor start-up, 0.6 s for quantize's three graphs) and 15 s cold; each further graph
     set (new kind, convention or dtype) 0.2 s warm, 1.3-2.5 s cold; a new shape 0 s. One call
-    never pays that back, so a process first spends about the warm cost in eager work (the
-    ski-rental rule: never more than about twice the best choice made in hindsight); short
-    scripts and notebooks never compile at all.
+    never pays that back, so a process first spends about that much time in eager work (the
+    ski-rental rule: it never spends much more than twice the best choice made in hindsight);
+    short scripts and the notebooks never compile at all.
 
 Without a working compiler (no C++ compiler for inductor's CPU backend, no Triton on CUDA, ...)
 every call stays eager; the first fused attempt says so ONCE, as one WARNING line on the
@@ -63,9 +63,10 @@ FUSED_DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 #: scalar glue and one host sync leaves less than a 3x gain).
 AUTO_MIN_ELEMENTS: int = 1 << 16
 #: ``auto``: elements of eligible work a process does eagerly on a device type before it
-#: compiles: ~400 M, about 3.7 s of eager bf16 quantize on the 2-core CPU (~110 M elements/s),
-#: the warm-cache cost of a process's first fused call.
-AUTO_WORK_ELEMENTS: int = 3 << 27
+#: compiles: 2**30, about 10 s of eager bf16 quantize on the 2-core CPU (~110 M elements/s),
+#: between the warm (4 s) and cold (15 s) cost of a process's first fused calls. The heaviest
+#: report, notebook 05 (MiniLM), does 0.40 G elements in a full run: it never compiles.
+AUTO_WORK_ELEMENTS: int = 1 << 30
 
 _LOG = logging.getLogger(__name__)
 _EAGER_WORK: dict[str, int] = {}
