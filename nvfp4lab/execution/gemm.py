@@ -29,7 +29,9 @@ Backends (``backend="auto"`` asks :func:`nvfp4lab.execution.dispatch.select_back
   activation scaling.
 
 ``"w4a16"`` (weight-only): ``torch.matmul(x2d, w_dq.T)`` in ``x.dtype``, then the bias the same
-  way. The numerics of vLLM's Marlin fallback (we do not ship Marlin).
+  way, with ``w_dq`` decoded in the same vLLM order (vLLM hands every kernel the inverted decode
+  scale). The numerics of vLLM's Marlin fallback up to the kernel's own arithmetic (Marlin
+  applies the scales in the activation dtype inside its GEMM; we do not ship Marlin).
 
 ``"native"``: activations quantized (kernel order), then ``torch._scaled_mm`` with FP4 operands
   and swizzled E4M3 block scales, fp32 output, ``alpha = 1/(gs_x * gs_w)`` applied in fp32, one
@@ -84,6 +86,7 @@ __all__ = [
     "linear",
     "native_scaled_mm_args",
     "reference_scaled_mm",
+    "vllm_decode_scale",
     "vllm_dequantize",
 ]
 
@@ -201,25 +204,26 @@ def _gemm(
 
 
 def _weight_operand(
-    weight: NVFP4Tensor, x: torch.Tensor, vllm_order: bool, fused: bool | None
+    weight: NVFP4Tensor, x: torch.Tensor, fused: bool | None
 ) -> torch.Tensor | EncodedWeight:
-    """The weight as the emulation (``vllm_order``: :func:`vllm_dequantize`) or w4a16 path
-    (``weight.dequantize``) multiplies it: dequantized to ``x.dtype``, or, when the fused kernels
-    run (16-element blocks, K % 16 == 0, :func:`nvfp4lab.kernels.use_fused`), encoded for a tiled
-    decode in the same arithmetic order."""
+    """The weight as the emulation and w4a16 paths multiply it: :func:`vllm_dequantize` to
+    ``x.dtype``, or, when the fused kernels run (16-element blocks, K % 16 == 0,
+    :func:`nvfp4lab.kernels.use_fused`), encoded for a tiled decode in the same order."""
     n, k = weight.shape
     if weight.block_size == BLOCK_SIZE and k % BLOCK_SIZE == 0 and n * k >= 2 * BLOCK_SIZE and (
         kernels.use_fused(n * k, x.device, fused)
     ):
-        decode = weight.decode_scale
-        if decode is None and vllm_order:
-            decode = torch.reciprocal(weight.global_scale.to(torch.float32))
-        if decode is None:
-            return EncodedWeight(weight.packed, weight.scales, weight.global_scale, "divide")
-        return EncodedWeight(weight.packed, weight.scales, decode, "multiply")
-    if vllm_order:
-        return vllm_dequantize(weight, x.dtype, fused=fused)
-    return weight.dequantize(x.dtype, fused=fused)
+        return EncodedWeight(weight.packed, weight.scales, vllm_decode_scale(weight), "multiply")
+    return vllm_dequantize(weight, x.dtype, fused=fused)
+
+
+def vllm_decode_scale(weight: NVFP4Tensor) -> torch.Tensor:
+    """vLLM's stored DECODE multiplier of ``weight`` (float32 [1]): the exact
+    ``weight.decode_scale`` when it carries one (a ModelOpt ``weight_scale_2``), else ``1/gs``
+    (vLLM inverts a compressed-tensors ENCODE scale once at load)."""
+    if weight.decode_scale is not None:
+        return weight.decode_scale
+    return torch.reciprocal(weight.global_scale.to(torch.float32))
 
 
 def vllm_dequantize(
@@ -241,9 +245,7 @@ def vllm_dequantize(
     for some scales.
     """
     if decode is None:
-        decode = weight.decode_scale
-    if decode is None:
-        decode = torch.reciprocal(weight.global_scale.to(torch.float32))
+        decode = vllm_decode_scale(weight)
     as_vllm = dataclasses.replace(weight, decode_scale=decode, check_scales=False)
     return as_vllm.dequantize(dtype, fused=fused)
 
@@ -449,10 +451,11 @@ def linear(
     ``input_global_scale``: ENCODE convention (2688/amax) for the activations (emulation and
     native); None computes it from this ``x``. ``backend``: "auto" | "native" | "emulation" |
     "w4a16"; ``bias_mode``: "output" | "fp32" | "dropped". The exact arithmetic of each is in the
-    module docstring. ``dequantized_weight``: ``weight.dequantize(x.dtype)`` when the caller
-    already holds it (e.g. a cache); used by the emulation and w4a16 paths. ``fused``: True/False
-    forces the fused kernels on/off for this call, None follows ``NVFP4LAB_FUSED`` (module
-    docstring). Raises RuntimeError for ``backend="native"`` off an FP4 GPU.
+    module docstring. ``dequantized_weight``: ``vllm_dequantize(weight, x.dtype)`` when the
+    caller already holds it (e.g. a cache); used as given by the emulation and w4a16 paths.
+    ``fused``: True/False forces the fused kernels on/off for this call, None follows
+    ``NVFP4LAB_FUSED`` (module docstring). Raises RuntimeError for ``backend="native"`` off an
+    FP4 GPU.
     """
     mode = _check_args(x, weight, bias, bias_mode)
     if input_global_scale is not None:  # validated on every path, also where it is unused
@@ -465,11 +468,10 @@ def linear(
     if chosen == Backend.NATIVE:
         out = _native(x2d, weight, bias, input_global_scale, mode)
     else:
-        emulation = chosen == Backend.EMULATION
         w_dq = dequantized_weight
         if w_dq is None:
-            w_dq = _weight_operand(weight, x, emulation, fused)
-        if emulation:
+            w_dq = _weight_operand(weight, x, fused)
+        if chosen == Backend.EMULATION:
             gs_x = _input_scale(x2d, input_global_scale)
             out = _emulation(x2d, w_dq, bias, gs_x, mode, fused)
         else:

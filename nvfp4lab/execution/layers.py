@@ -43,7 +43,7 @@ from torch import nn
 from nvfp4lab.codec import quantize
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.dispatch import BackendChoice, select_backend
-from nvfp4lab.execution.gemm import linear
+from nvfp4lab.execution.gemm import linear, vllm_dequantize
 from nvfp4lab.scales import as_global_scale
 from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
 from nvfp4lab.vocab import (
@@ -71,10 +71,10 @@ class NVFP4Linear(nn.Module):
     pins it. ``bias_mode``: "output" (default) | "fp32" | "dropped" (see ``linear``).
     ``input_global_scale`` None means dynamic: computed from each forward's input.
 
-    ``cache_dequantized=True`` keeps ``weight.dequantize(dtype)`` for the emulation and w4a16
-    paths, per (dtype, device), rebuilt when a weight buffer changes. Memory: N*K*2 bytes for
-    bf16/fp16 (N*K*4 for fp32) per cached dtype, i.e. 3.6x (7.1x) the packed weight's
-    0.5625 B/weight. The cache is not part of the state dict.
+    ``cache_dequantized=True`` keeps the weight as the emulation and w4a16 paths decode it
+    (:func:`~nvfp4lab.execution.gemm.vllm_dequantize`), per (dtype, device), rebuilt when a
+    weight buffer changes. Memory: N*K*2 bytes for bf16/fp16 (N*K*4 for fp32) per cached dtype,
+    i.e. 3.6x (7.1x) the packed weight's 0.5625 B/weight. The cache is not part of the state dict.
     """
 
     weight_packed: torch.Tensor
@@ -297,7 +297,7 @@ class NVFP4Linear(nn.Module):
         cached = self._dq_cache.get(key)
         if cached is None:
             self._dq_cache.clear()
-            cached = self.weight_nvfp4().dequantize(dtype)
+            cached = vllm_dequantize(self.weight_nvfp4(), dtype)
             self._dq_cache[key] = cached
         return cached
 

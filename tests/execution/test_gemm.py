@@ -34,12 +34,6 @@ def _data(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0):
     return x, quantize(w), b
 
 
-def _manual_weight(weight: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Independent weight decode: the slow reference on the unpacked codes."""
-    codes = unpack_fp4(weight.packed)
-    return reference.dequantize_blocks(codes, weight.scales, float(weight.global_scale)).to(dtype)
-
-
 def _vllm_weight(weight: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Independent weight decode in vLLM's order (dequantize_to_dtype@0.33.0 with the CT
     loader's decode scale): value * (scale * (1/gs)) in float32, from a table of E2M1 values."""
@@ -90,7 +84,7 @@ def test_w4a16_matches_manual(dtype, shape, with_bias) -> None:
     x, w, b = _data(dtype, shape, seed=2)
     bias = b if with_bias else None
     out = linear(x, w, bias, backend="w4a16")
-    expected = torch.matmul(x.reshape(-1, K), _manual_weight(w, dtype).T)
+    expected = torch.matmul(x.reshape(-1, K), _vllm_weight(w, dtype).T)
     if bias is not None:
         expected = expected + bias
     assert out.dtype == dtype
@@ -123,7 +117,7 @@ def test_fp32_bias_mode(dtype, backend) -> None:
         w_dq = _vllm_weight(w, dtype)
     else:
         a = x
-        w_dq = _manual_weight(w, dtype)
+        w_dq = _vllm_weight(w, dtype)
     expected = (torch.matmul(a.float(), w_dq.float().T) + b.float()).to(dtype)
     assert torch.equal(out, expected)
     if dtype == torch.float32:  # one rounding either way in fp32

@@ -113,17 +113,20 @@ def test_load_compressed_tensors_state_dict() -> None:
     assert torch.equal(layer(x), linear(x, q, lin.bias, backend="emulation"))
 
 
-def test_cache_dequantized() -> None:
+@pytest.mark.parametrize("backend", ["w4a16", "emulation"])
+def test_cache_dequantized(backend: str) -> None:
+    """The cache holds the weight exactly as the uncached path decodes it (vLLM's order; in
+    float32 ``weight.dequantize`` differs by an ulp in some blocks and the outputs would too)."""
     lin = _linear(seed=2)
-    cached = NVFP4Linear.from_linear(lin, backend="w4a16", cache_dequantized=True)
-    plain = NVFP4Linear.from_linear(lin, backend="w4a16")
+    cached = NVFP4Linear.from_linear(lin, backend=backend, cache_dequantized=True)
+    plain = NVFP4Linear.from_linear(lin, backend=backend)
     x = torch.randn(4, 64)
     assert torch.equal(cached(x), plain(x))
     assert len(cached._dq_cache) == 1
     cached(x)
     assert len(cached._dq_cache) == 1
     # a weight change invalidates the cache
-    other = NVFP4Linear.from_linear(_linear(seed=3), backend="w4a16")
+    other = NVFP4Linear.from_linear(_linear(seed=3), backend=backend)
     cached.load_state_dict(other.state_dict())
     assert torch.equal(cached(x), other(x))
     assert "_dq_cache" not in str(list(cached.state_dict()))

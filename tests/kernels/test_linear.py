@@ -10,7 +10,7 @@ import torch
 
 from nvfp4lab import kernels
 from nvfp4lab.codec import quantize
-from nvfp4lab.execution.gemm import linear
+from nvfp4lab.execution.gemm import linear, vllm_dequantize
 from nvfp4lab.kernels import linear as klinear
 from nvfp4lab.tensor import NVFP4Tensor
 
@@ -134,7 +134,7 @@ def test_cached_dequantized_weight_stays_eager(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(gemm, "tiled_matmul", lambda *a, **k: pytest.fail("tiled"))
     w = quantize(randn((64, 64), torch.float32, 13))
     x = randn((4, 64), torch.float32, 14)
-    cached = w.dequantize(torch.float32)
+    cached = vllm_dequantize(w, torch.float32)
     got = linear(x, w, backend="w4a16", dequantized_weight=cached, fused=True)
     assert torch.equal(got, linear(x, w, backend="w4a16", fused=False))
 
