@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import re
 from pathlib import Path
 
@@ -27,17 +26,6 @@ def _read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 def _positive_finite(text: str) -> bool:
     value = float(text)
     return math.isfinite(value) and value > 0
-
-
-def _git_in(repo: Path, *args: str) -> str:
-    import subprocess
-
-    cmd = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
-    cmd += ["-c", "commit.gpgsign=false", *args]
-    env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": os.environ["PATH"]}
-    return subprocess.run(
-        cmd, cwd=repo, env=env, capture_output=True, text=True, check=True
-    ).stdout.strip()
 
 
 def _cli_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
