@@ -41,6 +41,19 @@ MODELOPT_IMPORT_DEPS ?= requests=requests huggingface_hub=huggingface_hub omegac
 # dependencies of the venv's extras already, installed into VLLM_PEER only where missing.
 VLLM_IMPORT_DEPS ?= numpy=numpy packaging=packaging psutil=psutil zmq=pyzmq urllib3=urllib3 \
 	regex=regex transformers=transformers
+# What `import vllm.model_executor.kernels.linear` (vLLM's NVFP4 kernel registry, the oracle of
+# tests/peers/test_vllm_selection.py) needs beyond those and the venv, as module=requirement: its
+# imports reach vllm.config, the ROCm aiter ops and the OpenAI-server types. Installed --no-deps
+# into VLLM_PEER only where missing, pinned to versions that import together.
+VLLM_KERNELS_IMPORT_DEPS ?= cbor2=cbor2==6.3.0 aiohttp=aiohttp==3.14.5 multidict=multidict==7.2.1 \
+	yarl=yarl==1.25.1 propcache=propcache==0.5.4 aiohappyeyeballs=aiohappyeyeballs==2.7.1 \
+	aiosignal=aiosignal==1.4.0 frozenlist=frozenlist==1.8.0 openai_harmony=oss-harmony==0.0.11 \
+	openai=openai==3.57.0 sniffio=sniffio==1.3.1 pybase64=pybase64==1.5.1 \
+	cachetools=cachetools==8.0.2 msgspec=msgspec==0.23.0 uvloop=uvloop==0.23.0 \
+	cpuinfo=py-cpuinfo==9.0.0 xgrammar=xgrammar==0.2.8 tvm_ffi=apache-tvm-ffi==0.1.15.post2 \
+	fastapi=fastapi==0.165.0 starlette=starlette==1.10.0 opentelemetry=opentelemetry-api==1.45.2 \
+	partial_json_parser=partial-json-parser==0.2.1.1.post7 llguidance=llguidance==1.7.6 \
+	einops=einops==0.8.2
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-peers lint report bench-quick clean
@@ -84,6 +97,14 @@ $(VLLM_PEER)/.installed: | $(VENV)/.installed
 		$(PIP) install -q --target $(VLLM_PEER) $$missing; fi
 	@touch $@
 
+$(VLLM_PEER)/.kernels-installed: $(VLLM_PEER)/.installed
+	@missing=$$(PYTHONPATH=$(VLLM_PEER) $(PY) -c 'import importlib.util as u, sys; \
+		print(" ".join(p for m, p in (a.split("=", 1) for a in sys.argv[1:]) if not u.find_spec(m)))' \
+		$(VLLM_KERNELS_IMPORT_DEPS)); \
+	if [ -n "$$missing" ]; then echo "into $(VLLM_PEER): $$missing"; \
+		$(PIP) install -q --no-deps --target $(VLLM_PEER) $$missing; fi
+	@touch $@
+
 $(TORCHAO_PEER)/.installed: | $(VENV)/.installed
 	$(PIP) install -q --no-deps --target $(TORCHAO_PEER) "$(TORCHAO_SPEC)"
 	@touch $@
@@ -97,8 +118,8 @@ $(MODELOPT_PEER)/.installed: | $(VENV)/.installed
 		$(PIP) install -q --no-deps --target $(MODELOPT_PEER) $$missing; fi
 	@touch $@
 
-test-peers: $(VENV)/.installed $(VLLM_PEER)/.installed $(TORCHAO_PEER)/.installed \
-		$(MODELOPT_PEER)/.installed
+test-peers: $(VENV)/.installed $(VLLM_PEER)/.installed $(VLLM_PEER)/.kernels-installed \
+		$(TORCHAO_PEER)/.installed $(MODELOPT_PEER)/.installed
 	PYTHONPATH=$(VLLM_PEER):$(TORCHAO_PEER):$(MODELOPT_PEER) $(PY) -m pytest -q -m peers \
 		tests/peers $(PYTEST_ARGS)
 

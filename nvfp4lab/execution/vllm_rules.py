@@ -297,11 +297,18 @@ def kernel_support(
         "FlashInferB12xNvFp4LinearKernel": (
             at_least and cc >= 120 and fi,
             "FlashInfer b12x requires SM120+ and FlashInfer with Sm120BlockScaledDenseGemmKernel"),
-        "FlashInferCuteDslNvFp4W4A16LinearKernel": (
-            cuda and cc is not None and (cc in (100, 103) or 120 <= cc < 130) and fi,
-            "FlashInfer CuTe-DSL W4A16 requires sm_100 or sm_12x"),
         "TorchNvFp4LinearKernel": (family == 10, "Torch NVFP4 requires sm_10x (Blackwell)"),
     }  # fmt: skip
+    if name == "FlashInferCuteDslNvFp4W4A16LinearKernel":
+        # flashinfer.py@0.30.0..0.33.0 (L39-56 @0.33.0): the capability first, then FlashInfer's
+        # BF16 x FP4 GEMM, each with its own reason
+        if not cuda:
+            return "FlashInfer CuTe-DSL W4A16 requires CUDA"
+        if cc is None:
+            return "CUDA compute capability is unavailable"
+        if cc not in (100, 103) and not 120 <= cc < 130:
+            return "FlashInfer CuTe-DSL W4A16 requires sm_100 or sm_12x"
+        return None if fi else "FlashInfer CuTe-DSL BF16 x FP4 GEMM is unavailable"
     if name == "FlashInferCuteDslNvFp4LinearKernel":
         if family != 10:
             return "FlashInfer cutedsl requires sm_10x"

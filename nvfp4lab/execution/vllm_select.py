@@ -381,8 +381,13 @@ def _forced_a16(req: Request, steps: list[str]) -> str | None:
     if v >= R.version("0.30.0") and req.cc in (100, 103) and _supported(_CUTE16, req) is None:
         steps.append("NVFP4A16 on sm_100/103 forces FlashInferCuteDslNvFp4W4A16 (@0.30.0)")
         return _CUTE16
-    if v >= R.version("0.32.0") and req.platform == Platform.CUDA and req.cc == 90:
-        steps.append("NVFP4A16 on sm_90: nothing forced, Humming is preferred (@0.32.0)")
+    # prefers_humming(cc) with the capability given decides on any platform that reports one
+    # (__init__.py@0.33.0 L1237-1248, humming/priority.py@0.33.0 L14-23; so also ROCm 9.0,
+    # whose registry then has no W4A16 kernel); only the registry reordering in _candidates
+    # asks the platform (prefers_humming(None) reads the device on CUDA only)
+    if v >= R.version("0.32.0") and req.cc == 90:
+        steps.append("NVFP4A16 on capability 9.0: nothing forced, Humming is preferred "
+                     "(@0.32.0)")
         return None
     steps.append("NVFP4A16 with --linear-backend auto forces Marlin (__init__.py@0.23.0)")
     return _MAR

@@ -72,7 +72,7 @@ def test_selection_table(
 
 
 # vLLM 0.33.0 (the default rules), default install, from kernels/linear/__init__.py@0.33.0
-# L592-613 and the notes' sim033.py run of the real init_nvfp4_linear_kernel (section 6.4):
+# L592-613 and the real init_nvfp4_linear_kernel (run in tests/peers/test_vllm_selection.py):
 # cc 7.5-8.9 Marlin (w4a16), 9.0 Humming (W4A8 -> nvfp4lab w4a16), 10.x FlashInferCuteDsl,
 # 12.x FlashInferCutlass (native). VLLM_USE_NVFP4_CT_EMULATIONS is not read (envs.py@0.24.0+).
 LATEST_KERNEL = {(7, 5): "Marlin", (8, 0): "Marlin", (8, 9): "Marlin", (9, 0): "Humming",

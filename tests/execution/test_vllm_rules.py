@@ -1,8 +1,9 @@
 """The release-by-release rule table against tables derived from vLLM's own code.
 
 Each table below was written from the released wheels (file@version cited per row) and, for
-0.33.0, from the real ``init_nvfp4_linear_kernel`` run on mocked platforms (the research notes'
-``sim033.py``, section 6.4). They are literal expectations, not computed by nvfp4lab.
+0.33.0, from the real ``init_nvfp4_linear_kernel`` run on mocked platforms (the peer test
+tests/peers/test_vllm_selection.py, ``make test-peers``). They are literal expectations, not
+computed by nvfp4lab.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ NO_KERNEL = "Failed to find a kernel that can implement the NVFP4 linear layer. 
 MARLIN_FORCED = f"Forced NVFP4 kernel {MARLIN} is not supported: Marlin FP4 not available"
 
 # vLLM 0.33.0, default install (flashinfer + humming present, b12x/fbgemm absent):
-# kernels/linear/__init__.py@0.33.0 L592-613 and L1191-1309, notes section 6.4 (sim033.py).
+# kernels/linear/__init__.py@0.33.0 L592-613 and L1191-1309 (run in the peer test
+# tests/peers/test_vllm_selection.py).
 LATEST_CUDA = [
     # (cc, W4A4 kernel, NVFP4A16 kernel, W4A4 without flashinfer/humming, A16 without them)
     ((7, 5), MARLIN, MARLIN, MARLIN, MARLIN),
