@@ -302,7 +302,7 @@ def test_quantize_blocks_exact_grid_block() -> None:
 
 
 def test_quantize_blocks_kernel_by_hand() -> None:
-    """One block worked through steps 1-5 of the notes with gs = 2688 / amax."""
+    """One block worked through steps 1-5 of docs/nvfp4-format.md (kernel order), gs = 2688/amax."""
     x = torch.tensor([[0.1 * (i - 7) for i in range(16)]])  # amax 0.8 (f32(0.1) * 8)
     amax = float(x.abs().max())
     gs = ref.round_f32(2688.0 / amax)

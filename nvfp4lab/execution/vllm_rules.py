@@ -278,8 +278,9 @@ def kernel_support(
     cuda_ok: bool = True,
 ) -> str | None:
     """None when kernel ``name``'s ``is_supported()`` passes in release ``rel``, else vLLM's
-    reason text. Conditions: ``kernels/linear/nvfp4/*.py@0.20.0..0.33.0`` (section 6.3 of the
-    research notes)."""
+    reason text. Conditions: ``kernels/linear/nvfp4/*.py@0.20.0..0.33.0`` (each kernel's
+    ``is_supported``), checked against vLLM 0.33.0's own selection by
+    ``tests/peers/test_vllm_selection.py``."""
     cuda = platform == Platform.CUDA
     fi = VllmPackage.FLASHINFER in packages
     family = None if cc is None or platform in (Platform.CPU, Platform.XPU) else cc // 10

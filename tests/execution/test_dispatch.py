@@ -49,18 +49,23 @@ def _expected(cap: tuple[int, int], switch: str | None, override: str | None) ->
     return "w4a16", False
 
 
+def _env(switch: str | None, override: str | None) -> dict[str, str]:
+    """The seed's switch and nvfp4lab's override as environment entries (None: unset)."""
+    env = {}
+    if switch is not None:
+        env[EMULATION_ENV] = switch
+    if override is not None:
+        env[BACKEND_ENV] = override
+    return env
+
+
 @pytest.mark.parametrize(
     ("cap", "switch", "override"), list(itertools.product(CAPABILITIES, SWITCH_VALUES, OVERRIDES))
 )
 def test_selection_table(
     cap: tuple[int, int], switch: str | None, override: str | None
 ) -> None:
-    env = {}
-    if switch is not None:
-        env[EMULATION_ENV] = switch
-    if override is not None:
-        env[BACKEND_ENV] = override
-    choice = select_backend(capability=cap, env=env, vllm="seed")
+    choice = select_backend(capability=cap, env=_env(switch, override), vllm="seed")
     name, forced = _expected(cap, switch, override)
     assert choice.name == name
     assert choice.forced is forced
@@ -86,12 +91,7 @@ LATEST_KERNEL = {(7, 5): "Marlin", (8, 0): "Marlin", (8, 9): "Marlin", (9, 0): "
 def test_selection_table_latest(
     cap: tuple[int, int], switch: str | None, override: str | None
 ) -> None:
-    env = {}
-    if switch is not None:
-        env[EMULATION_ENV] = switch
-    if override is not None:
-        env[BACKEND_ENV] = override
-    choice = select_backend(capability=cap, env=env)
+    choice = select_backend(capability=cap, env=_env(switch, override))
     forced = override is not None and override.strip().lower() not in ("", "auto")
     name = override.strip().lower() if forced else (  # type: ignore[union-attr]
         "native" if cap >= (10, 0) else "w4a16")
@@ -176,8 +176,8 @@ def test_cpu_device() -> None:
     assert latest.platform == "cpu" and latest.kernel is None and not latest.supported
     assert latest.error.startswith("Failed to find a kernel that can implement")  # type: ignore[union-attr]
     assert latest.name == "w4a16" and "nvfp4lab runs w4a16 in its place" in latest.reason
-    # only VLLM_BATCH_INVARIANT reaches a kernel there (forced Emulation, checked on vLLM's
-    # real CPU platform in the research notes, section 6.4)
+    # only VLLM_BATCH_INVARIANT reaches a kernel there (forced Emulation; vLLM's own selection
+    # on its CPU platform agrees, tests/peers/test_vllm_selection.py)
     batch = select_backend("cpu", env={BATCH_INVARIANT_ENV: "1"})
     assert batch.kernel == "EmulationNvFp4LinearKernel" and batch.name == "emulation"
     # --linear-backend emulation does not help: the CPU list is empty
