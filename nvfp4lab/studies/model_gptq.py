@@ -6,12 +6,13 @@ GPTQ calibrates on :data:`~nvfp4lab.studies.models.CALIBRATION_SENTENCES` and ev
 measured on :data:`~nvfp4lab.studies.models.SENTENCES`, which GPTQ never sees. Per-layer errors
 leave the padding tokens out (they do not reach the embeddings).
 
-Measured (MiniLM, 64 calibration sentences ≈ 900 tokens, damp 0.01, notebook 05): the w4a16
-embedding-cosine gap to float (1 − mean cosine) falls from 0.0233 (RTN) to 0.0133 with GPTQ (43 %
-smaller), 0.0128 with act order (45 %), 0.0133 with scales from the updated weights (43 %); W4A4
-emulation 0.0333 → 0.0241 (28 %); paraphrase recall unchanged (0.958). Held out, GPTQ lowers the
-output NMSE of 36 of 37 layers fed the float input (0.43-0.85× RTN's; 5.attn_out is 1.25× worse)
-and of all 37 with errors propagated. Quantizing MiniLM takes ~16 s on one CPU thread.
+Measured (MiniLM, 64 calibration sentences ≈ 900 tokens, damp 0.01, notebook 05, one torch
+thread): the w4a16 embedding-cosine gap to float (1 − mean cosine) falls from 0.0233 (RTN) to
+0.0136 with GPTQ (41 % smaller), 0.0126 with act order (46 %), 0.0132 with scales from the
+updated weights (44 %); W4A4 emulation 0.0333 → 0.0245 (27 %); paraphrase recall unchanged
+(0.958). Held out, GPTQ lowers the output NMSE of 36 of 37 layers fed the float input
+(0.44-0.85× RTN's; 5.attn_out is 1.31× worse). Quantizing MiniLM takes 11.9 s on one CPU
+thread (9.0 s on two), on a quiet 2-core machine.
 
 Published direction, not re-measured: llm-compressor PR #2294 (Llama-3-8B-Instruct, gsm8k 5-shot
 flexible-extract) has GPTQ recovering part of NVFP4's RTN loss, W4A16 0.7248 → 0.7430 and W4A4
