@@ -46,6 +46,7 @@ from nvfp4lab.studies.models import (
     linear_names,
     paraphrase_recall,
 )
+from nvfp4lab.vocab import BiasMode
 
 if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
@@ -107,7 +108,7 @@ class ModelConfig:
     weights: StudyConfig | None = None
     activations: StudyConfig | None = None
     backend: str | None = None
-    bias_mode: str = "output"
+    bias_mode: str = BiasMode.OUTPUT
 
     @property
     def kind(self) -> str:
@@ -136,7 +137,7 @@ def path_configs() -> list[ModelConfig]:
     return [
         ModelConfig("nvfp4 w4a16", backend="w4a16"),
         *(ModelConfig(f"nvfp4 W4A4 emulation, bias {mode}", backend="emulation", bias_mode=mode)
-          for mode in ("output", "fp32", "dropped")),
+          for mode in BiasMode),
     ]
 
 
