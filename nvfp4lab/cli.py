@@ -159,7 +159,8 @@ _INPUT_ERRORS = (ValueError, OSError, ImportError, KeyError)
 
 def _add_where(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="local worker processes (default: CPU count, at most 4; 0: none)")
+                        help="local worker processes, each with its share of the cores (default 0: "
+                             "run in this process)")
     parser.add_argument("--dask", default=None, metavar="ADDRESS",
                         help="run the tasks on the Dask cluster at this scheduler address")
 
