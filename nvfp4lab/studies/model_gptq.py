@@ -194,7 +194,7 @@ def fit_rows(
     does not carry over), and each layer's input width ``k`` next to the number of calibration
     ``tokens`` (padding left out): a Hessian ``[k, k]`` summed over fewer than ``k`` tokens is
     singular, so only the damping keeps GPTQ from fitting the calibration set's own directions."""
-    seen = next(iter(capture_inputs(fp, calibration_sentences).values()))
+    tokens = int(fp.tokenize(list(calibration_sentences))["attention_mask"].sum())
     fit = layer_nmse_rows(fp, variants, calibration_sentences)
     held = layer_nmse_rows(fp, variants, sentences)
     modules = dict(fp.model.named_modules())
@@ -202,7 +202,7 @@ def fit_rows(
     for a, b in zip(fit, held, strict=True):
         rows.append({"index": a["index"], "layer": a["layer"], "short": a["short"],
                      "variant": a["variant"], "backend": a["backend"],
-                     "k": modules[a["layer"]].in_features, "tokens": seen.shape[0],
+                     "k": modules[a["layer"]].in_features, "tokens": tokens,
                      "calibration_nmse": a["nmse"], "heldout_nmse": b["nmse"],
                      "heldout / calibration": b["nmse"] / a["nmse"]})
     return rows
