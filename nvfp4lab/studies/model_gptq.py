@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "BLOCK_FORMATS",
+    "DAMPED",
     "GPTQ_VARIANTS",
     "QuantizedVariant",
     "fit_rows",
@@ -78,13 +79,15 @@ __all__ = [
     "variant_rows",
 ]
 
+#: Label of the ten-times-damped variant (cures MiniLM's one over-fitted layer, see above).
+DAMPED = "gptq damp 0.1"
 #: label -> GPTQ options (None = RTN, the baseline every reduction is measured against).
 GPTQ_VARIANTS: dict[str, GPTQOptions | None] = {
     "rtn": None,
     "gptq": GPTQOptions(),
     "gptq act_order": GPTQOptions(act_order=True),
     "gptq updated scales": GPTQOptions(scales="updated"),
-    "gptq damp 0.1": GPTQOptions(damp=0.1),
+    DAMPED: GPTQOptions(damp=0.1),
 }
 #: Block formats GPTQ is compared on (NVFP4 and the comparators with a block scale).
 BLOCK_FORMATS: tuple[str, ...] = ("nvfp4", "mxfp4", "int4_g128")
@@ -165,7 +168,7 @@ def headline_numbers(
     cut of the "gptq damp 0.1" variant when the rows hold it."""
     by_path = {r["label"]: r for r in path_rows}
     gptq = next(r for r in gptq_rows if r["label"] == "gptq" and r["backend"] == "w4a16")
-    damped = [r for r in gptq_rows if r["label"] == "gptq damp 0.1" and r["backend"] == "w4a16"]
+    damped = [r for r in gptq_rows if r["label"] == DAMPED and r["backend"] == "w4a16"]
     extra = [{"name": "GPTQ (damp 0.1) cut of the w4a16 cosine gap", "unit": "%",
               "value": round(100.0 * damped[0]["gap_reduction"], 1)}] if damped else []
     return [
@@ -188,23 +191,30 @@ def fit_rows(
     variants: Sequence[QuantizedVariant],
     calibration_sentences: Sequence[str] = CALIBRATION_SENTENCES,
     sentences: Sequence[str] = SENTENCES,
+    *,
+    heldout: Sequence[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Per (layer, variant): the isolated output NMSE on the ``calibration_sentences`` GPTQ saw
     and on the held-out ``sentences``, their ratio ``heldout / calibration`` (how much of the fit
     does not carry over), and each layer's input width ``k`` next to the number of calibration
     ``tokens`` (padding left out): a Hessian ``[k, k]`` summed over fewer than ``k`` tokens is
-    singular, so only the damping keeps GPTQ from fitting the calibration set's own directions."""
+    singular, so only the damping keeps GPTQ from fitting the calibration set's own directions.
+
+    ``heldout``: the :func:`layer_nmse_rows` of ``variants`` on ``sentences`` when already
+    computed (reused, not recomputed)."""
     tokens = int(fp.tokenize(list(calibration_sentences))["attention_mask"].sum())
-    fit = layer_nmse_rows(fp, variants, calibration_sentences)
-    held = layer_nmse_rows(fp, variants, sentences)
+    if heldout is None:
+        heldout = layer_nmse_rows(fp, variants, sentences)
+    held = {(r["layer"], r["variant"]): r["nmse"] for r in heldout}
     modules = dict(fp.model.named_modules())
     rows = []
-    for a, b in zip(fit, held, strict=True):
+    for a in layer_nmse_rows(fp, variants, calibration_sentences):
+        b = held[(a["layer"], a["variant"])]
         rows.append({"index": a["index"], "layer": a["layer"], "short": a["short"],
                      "variant": a["variant"], "backend": a["backend"],
                      "k": modules[a["layer"]].in_features, "tokens": tokens,
-                     "calibration_nmse": a["nmse"], "heldout_nmse": b["nmse"],
-                     "heldout / calibration": b["nmse"] / a["nmse"]})
+                     "calibration_nmse": a["nmse"], "heldout_nmse": b,
+                     "heldout / calibration": b / a["nmse"]})
     return rows
 
 

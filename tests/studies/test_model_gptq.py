@@ -112,6 +112,8 @@ def test_gptq_overfits_the_last_attention_output_and_damping_cures_it(
                 mg.QuantizedVariant("gptq", "w4a16", gptq_quantized, 1.0, 1.0)]
     rows = mg.fit_rows(encoder, variants)
     assert len(rows) == 2 * 37
+    held = mg.layer_nmse_rows(encoder, variants)  # passed in: reused, same rows
+    assert mg.fit_rows(encoder, variants, heldout=held) == rows
     by = {(r["short"], r["variant"]): r for r in rows}
     assert {r["tokens"] for r in rows} == {894}  # calibration tokens, padding left out
     assert by[("5.attn_out", "gptq")]["k"] == 384 and by[("5.ffn_out", "gptq")]["k"] == 1536
