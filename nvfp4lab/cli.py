@@ -74,13 +74,13 @@ def _run_info(args: argparse.Namespace) -> int:
 
 
 def _add_bench(parser: argparse.ArgumentParser) -> None:
-    from nvfp4lab.bench.cli import add_arguments
+    from nvfp4lab.bench.command import add_arguments
 
     add_arguments(parser)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from nvfp4lab.bench.cli import run_cli
+    from nvfp4lab.bench.command import run_cli
 
     return int(run_cli(args))
 

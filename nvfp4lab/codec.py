@@ -74,7 +74,7 @@ from nvfp4lab import kernels
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes, stochastic_round_to_e2m1_codes
 from nvfp4lab.hadamard import check_seed, hadamard_transform
-from nvfp4lab.kernels import fused as fused_kernels
+from nvfp4lab.kernels import compiled as fused_kernels
 from nvfp4lab.options import NVFP4Options, block_shape, nvfp4_options
 from nvfp4lab.scales import (
     KERNEL_MAX_GLOBAL_SCALE,

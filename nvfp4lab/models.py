@@ -7,7 +7,7 @@ cache directory and loads it with transformers from disk only (``local_files_onl
 downloaded). Embeddings are mean-pooled over the attention mask and L2-normalized, as
 sentence-transformers does for this model.
 
-What quantization does to it is studied in :mod:`nvfp4lab.studies.models`.
+What quantization does to it is studied in :mod:`nvfp4lab.studies.model_fidelity`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 from nvfp4lab.constants import BLOCK_SIZE, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 from nvfp4lab.hadamard import hadamard_transform
-from nvfp4lab.kernels import fused as fused_kernels
+from nvfp4lab.kernels import compiled as fused_kernels
 from nvfp4lab.kernels import use_fused
 from nvfp4lab.layout import swizzle_scales
 from nvfp4lab.scales import as_global_scale

@@ -68,7 +68,7 @@ def quantized(encoder: models.SentenceEncoder) -> models.SentenceEncoder:
 def gptq_quantized(encoder: models.SentenceEncoder) -> models.SentenceEncoder:
     """MiniLM with every Linear NVFP4 by sequential GPTQ (weight-only path, q/k/v sharing a
     global scale), calibrated on the study's CALIBRATION_SENTENCES (disjoint from SENTENCES)."""
-    from nvfp4lab.studies import models as study
+    from nvfp4lab.studies import model_fidelity as study
 
     model = copy.deepcopy(encoder.model)
     report = quantize_model(model, backend="w4a16", share_global_scale="bert", method="gptq",

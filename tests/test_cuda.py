@@ -2,7 +2,7 @@
 
 The CPU results are the oracle: quantization is elementwise IEEE float32 arithmetic plus exact
 reductions, so CUDA must agree bit for bit. The fused kernels compiled to Triton (division with
-IEEE rounding and no flush to zero, :data:`nvfp4lab.kernels.fused.GPU_OPTIONS`) must equal the
+IEEE rounding and no flush to zero, :data:`nvfp4lab.kernels.compiled.GPU_OPTIONS`) must equal the
 CPU's eager bits too; the fused linear must equal the eager linear on the same GPU (the same
 cuBLAS products). The native FP4 GEMM is checked on FP4 GPUs only.
 """

@@ -14,7 +14,7 @@ import torch
 from nvfp4lab import checkpoint, models
 from nvfp4lab.checkpoint import TransformersDtypeWarning
 from nvfp4lab.execution import NVFP4Linear
-from nvfp4lab.studies import models as study
+from nvfp4lab.studies import model_fidelity as study
 from tests.conftest import needs_minilm
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ A new measured op goes into ``runner`` (its case and closure); a new peer into `
 
 from __future__ import annotations
 
-from nvfp4lab.bench.cli import main, resolve_device, run_cli
+from nvfp4lab.bench.command import main, resolve_device, run_cli
 from nvfp4lab.bench.peers import PeerResult, run_peers
 from nvfp4lab.bench.runner import BenchConfig, run_bench
 from nvfp4lab.bench.store import COLUMNS, append_rows, read_shards, shard_path

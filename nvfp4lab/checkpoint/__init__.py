@@ -39,7 +39,7 @@ from nvfp4lab.checkpoint.writer import (
     fused_groups,
     save_pretrained,
 )
-from nvfp4lab.execution.model import FUSED_GROUPS
+from nvfp4lab.execution.whole_model import FUSED_GROUPS
 
 __all__ = [
     "CT_FORMAT",

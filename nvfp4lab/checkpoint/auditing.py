@@ -22,7 +22,8 @@ no model is built. One row per quantized layer:
   layer is flagged when unswizzling raises R² by :data:`SWIZZLE_GAIN` to at least
   :data:`SWIZZLE_MIN_R2` (unstructured, e.g. i.i.d. random, weights never are);
 * fused groups whose tensor scales differ: the extra error vLLM's max-merge causes in each
-  shard, computed exactly (:mod:`nvfp4lab.execution.fused`: its merged scale and its decode);
+  shard, computed exactly (:mod:`nvfp4lab.execution.shared_scales`: its merged scale and its
+  decode);
 * the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`);
 * with ``reference`` (a float checkpoint folder): the weight SQNR against ``<layer>.weight``.
 
@@ -46,7 +47,7 @@ from nvfp4lab.checkpoint.stream import Inventory, RowReader, TensorInfo, invento
 from nvfp4lab.checkpoint.stream import run_tasks as _run_tasks
 from nvfp4lab.constants import BLOCK_SIZE, E4M3_MAX
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
-from nvfp4lab.execution.model import FUSED_GROUPS
+from nvfp4lab.execution.whole_model import FUSED_GROUPS
 from nvfp4lab.layout import padded_scale_shape, unswizzle_scales
 from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
 from nvfp4lab.vocab import CheckpointFormat, Scheme
@@ -289,8 +290,8 @@ def _audit_layer(task: _Task, name: str) -> _Layer:
 
 def _merge_cost(task: _Task, layers: list[_Layer]) -> None:
     """Per shard of an unshared fused group: vLLM's merged decode scale and the weight SQNR of
-    the shard decoded with it against its own (:mod:`nvfp4lab.execution.fused`)."""
-    from nvfp4lab.execution.fused import decode_with, merged_decode_scale
+    the shard decoded with it against its own (:mod:`nvfp4lab.execution.shared_scales`)."""
+    from nvfp4lab.execution.shared_scales import decode_with, merged_decode_scale
 
     names = LAYER_NAMES[task.fmt]
     ok = [lay for lay in layers if math.isfinite(lay.decode) and lay.n]

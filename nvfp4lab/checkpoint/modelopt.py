@@ -11,7 +11,8 @@ is used). Per quantized Linear ``<name>``:
 
 Unquantized tensors keep their names and the model dtype. Fused groups (q/k/v, gate/up) share
 ``weight_scale_2`` and ``input_scale`` (the group's max): vLLM keeps ONE value per fused layer,
-``max`` over the shards (:mod:`nvfp4lab.execution.fused`). The configuration is written twice:
+``max`` over the shards (:mod:`nvfp4lab.execution.shared_scales`). The configuration is written
+twice:
 ``hf_quant_config.json`` (``{"producer": {"name": "modelopt", "version": ...}, "quantization":
 {"quant_algo", "kv_cache_quant_algo", "group_size", "exclude_modules"}}``, the form vLLM needs all
 four keys of) and a ``quantization_config`` in ``config.json`` (``quant_method: "modelopt"``,

@@ -41,7 +41,7 @@ from nvfp4lab.checkpoint.files import (
 from nvfp4lab.checkpoint.modelopt import HF_QUANT_CONFIG_NAME, config_quantization, hf_quant_config
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
-from nvfp4lab.execution.model import FUSED_GROUPS
+from nvfp4lab.execution.whole_model import FUSED_GROUPS
 from nvfp4lab.tensor import invalid_block_scales
 from nvfp4lab.vocab import CheckpointFormat, check_choice
 

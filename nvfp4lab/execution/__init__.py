@@ -7,7 +7,7 @@ module              holds
 ``gemm``            :func:`linear` on the ``native`` / ``emulation`` / ``w4a16`` backends and
                     the bias epilogues
 ``layers``          :class:`NVFP4Linear` (compressed-tensors buffer names)
-``model``           :func:`quantize_model` and its report; the fused groups
+``whole_model``     :func:`quantize_model` and its report; the fused groups
 ``gptq``            GPTQ for NVFP4 (``quantize_model(method="gptq")``), and for the other block
                     formats as a study function
 ``calibrate``       activation-scale calibration
@@ -24,7 +24,7 @@ from nvfp4lab.execution.dispatch import BackendChoice, info_report, select_backe
 from nvfp4lab.execution.gemm import DroppedBiasWarning, linear
 from nvfp4lab.execution.gptq import GPTQFallbackWarning, GPTQOptions, gptq_quantize
 from nvfp4lab.execution.layers import NVFP4Linear
-from nvfp4lab.execution.model import (
+from nvfp4lab.execution.whole_model import (
     FUSED_GROUPS,
     SHARE_PRESETS,
     QuantizeReport,

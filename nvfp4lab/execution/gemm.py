@@ -237,7 +237,8 @@ def vllm_dequantize(
     ``dtype``, where ``d`` is vLLM's stored DECODE scale: the exact ``weight.decode_scale`` when
     the weight carries one (a ModelOpt checkpoint's ``weight_scale_2``), else ``1/gs`` (vLLM
     inverts a compressed-tensors ENCODE scale at load). ``decode``: another float32 decode
-    multiplier to use instead (e.g. a merged one, :mod:`nvfp4lab.execution.fused`). ``fused``: as
+    multiplier to use instead (e.g. a merged one, :mod:`nvfp4lab.execution.shared_scales`).
+    ``fused``: as
     in :meth:`NVFP4Tensor.dequantize`.
 
     ``NVFP4Tensor.dequantize`` of a weight without a decode scale computes ``value * (scale /

@@ -36,7 +36,7 @@ block scales        ``scales="original"`` (default): every group's E4M3 scale is
                     static groups, which read the block-start state instead). Not combinable
                     with act order (a group's columns are then scattered over the order).
 global scale        ``2688 / amax`` of the ORIGINAL weights (or the fused group's shared one,
-                    as :func:`~nvfp4lab.execution.model.quantize_model` shares it), never
+                    as :func:`~nvfp4lab.execution.whole_model.quantize_model` shares it), never
                     changed by GPTQ
 Cholesky failure    (a singular ``H`` with ``damp = 0``): the layer falls back to RTN with a
                     :class:`GPTQFallbackWarning`, as llm-compressor does

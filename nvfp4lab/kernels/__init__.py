@@ -1,7 +1,7 @@
 """Fused NVFP4 kernels, written once as tensor code and compiled by ``torch.compile``.
 
 The same source lowers to C++/OpenMP (``at::vec``) on the CPU and to Triton on CUDA:
-:mod:`~nvfp4lab.kernels.graphs` holds the graphs, :mod:`~nvfp4lab.kernels.fused` compiles them
+:mod:`~nvfp4lab.kernels.graphs` holds the graphs, :mod:`~nvfp4lab.kernels.compiled` compiles them
 (one compiled function per graph kind and static configuration, dynamic in the number of blocks)
 and :mod:`~nvfp4lab.kernels.linear` runs a linear layer with the weight decoded tile by tile.
 They are bit for bit the eager pipeline of :mod:`nvfp4lab.codec` and :mod:`nvfp4lab.tensor`;

@@ -2,7 +2,7 @@
 
 ``tiled_matmul(a, w)`` returns what ``torch.matmul(a, W.T)`` returns for the decoded weight
 ``W = decode(w)`` [N, K] (in ``a.dtype``), without ever holding W whole: ``tile_rows`` rows of W at
-a time are decoded by the fused kernel (:func:`nvfp4lab.kernels.fused.decode`) into one reused
+a time are decoded by the fused kernel (:func:`nvfp4lab.kernels.compiled.decode`) into one reused
 buffer (:data:`TILE_BYTES`, a cache-sized 16 MiB) and multiplied, ``out[:, n0:n1] = a @ W_tile.T``.
 ``fp32=True`` multiplies float32 copies of ``a`` and of the decoded tile, as the linear's
 ``bias_mode="fp32"`` does.
@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from nvfp4lab.kernels.fused import balanced, decode
+from nvfp4lab.kernels.compiled import balanced, decode
 
 __all__ = ["TILE_BYTES", "EncodedWeight", "tiled_matmul", "tiled_verdicts"]
 

@@ -8,7 +8,7 @@ module             studies                                     notebook
 ``bias``           the bias epilogue and the seed's bug        ``02_bias_study``
 ``throughput``     modeled (roofline) and measured throughput  ``03_throughput``
 ``formats``        error of every format and NVFP4 option      ``04_formats``
-``models``         fidelity of a real model (MiniLM), its      ``05_model_study``
+``model_fidelity`` fidelity of a real model (MiniLM), its      ``05_model_study``
                    activations, the calibration text
 ``model_formats``  MiniLM through every path, format, option   ``05_model_study``
 ``model_gptq``     GPTQ vs RTN on MiniLM and outlier layers    ``05_model_study``

@@ -2,13 +2,14 @@
 comparator format and NVFP4 option, on its real weights and its real activations.
 
 Configurations (:class:`ModelConfig`) are of two kinds. An NVFP4 *path* is the real thing:
-:func:`~nvfp4lab.execution.model.quantize_model` with a backend ("w4a16", or "emulation" = W4A4)
+:func:`~nvfp4lab.execution.whole_model.quantize_model` with a backend ("w4a16", or "emulation" =
+W4A4)
 and a bias epilogue ("output", "fp32", or the seed's bug "dropped"). A *format* configuration
 fake-quantizes every Linear weight with a :class:`~nvfp4lab.studies.formats.StudyConfig` and,
 for "W+A", every Linear input too (forward pre-hooks, a dynamic per-call tensor scale); 16×16
 weight tiles quantize activations with plain 16-element blocks (a tile would mix tokens).
 Activations are captured with forward hooks while the model embeds the project's own
-:data:`~nvfp4lab.studies.models.SENTENCES` (padding tokens left out).
+:data:`~nvfp4lab.studies.model_fidelity.SENTENCES` (padding tokens left out).
 
 Measured on the 32 sentences (float32 CPU; notebook 05): NVFP4 w4a16 mean cosine to float
 0.9767 (paraphrase recall 0.958), W4A4 emulation 0.9667 with the bias added after the GEMM or in
@@ -38,7 +39,7 @@ from nvfp4lab.models import SentenceEncoder
 from nvfp4lab.plots import new_figure
 from nvfp4lab.studies.explorer import explorer, stream_output, table_output
 from nvfp4lab.studies.formats import StudyConfig
-from nvfp4lab.studies.models import (
+from nvfp4lab.studies.model_fidelity import (
     SENTENCES,
     capture_inputs,
     embedding_fidelity,

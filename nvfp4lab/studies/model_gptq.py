@@ -2,9 +2,9 @@
 with outlier activations, for NVFP4 and (as a study) MXFP4 / INT4-g128 with and without the
 block Hadamard rotation (MR-GPTQ style).
 
-GPTQ calibrates on :data:`~nvfp4lab.studies.models.CALIBRATION_SENTENCES` and every number is
-measured on :data:`~nvfp4lab.studies.models.SENTENCES`, which GPTQ never sees. Per-layer errors
-leave the padding tokens out (they do not reach the embeddings).
+GPTQ calibrates on :data:`~nvfp4lab.studies.model_fidelity.CALIBRATION_SENTENCES` and every number
+is measured on :data:`~nvfp4lab.studies.model_fidelity.SENTENCES`, which GPTQ never sees. Per-layer
+errors leave the padding tokens out (they do not reach the embeddings).
 
 Measured (MiniLM, 64 calibration sentences ≈ 900 tokens, damp 0.01, notebook 05, one torch
 thread): the w4a16 embedding-cosine gap to float (1 − mean cosine) falls from 0.0233 (RTN) to
@@ -48,8 +48,7 @@ from nvfp4lab.execution import quantize_model
 from nvfp4lab.execution.gptq import GPTQOptions, gptq_fake_quantize
 from nvfp4lab.models import SentenceEncoder
 from nvfp4lab.plots import new_figure
-from nvfp4lab.studies.model_formats import plot_per_layer, short_name
-from nvfp4lab.studies.models import (
+from nvfp4lab.studies.model_fidelity import (
     CALIBRATION_SENTENCES,
     SENTENCES,
     capture_inputs,
@@ -57,6 +56,7 @@ from nvfp4lab.studies.models import (
     layer_sqnr,
     paraphrase_recall,
 )
+from nvfp4lab.studies.model_formats import plot_per_layer, short_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -114,7 +114,7 @@ def quantize_variants(
     ignore: Sequence[str] | None = None,
 ) -> list[QuantizedVariant]:
     """One quantized copy of ``fp`` per variant (``quantize_model`` with the q/k/v scales
-    shared); ``calibration``: tokenizer outputs, e.g. :func:`~nvfp4lab.studies.models.
+    shared); ``calibration``: tokenizer outputs, e.g. :func:`~nvfp4lab.studies.model_fidelity.
     calibration_batches`. ``ignore``: layers left float (e.g. to quantize only a few)."""
     out = []
     for label, options in variants.items():

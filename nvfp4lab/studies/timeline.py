@@ -6,7 +6,8 @@ every catalogue GPU (:mod:`nvfp4lab.gpus`) and to the ROCm, XPU and CPU platform
 scenarios (the switches people set). Nothing is measured: a row says which kernel vLLM's code
 would pick (or that it picks none), the numerics class of that kernel, what happens to the
 bias, and what nvfp4lab runs in its place. The second part shows the bias bug's modern twin:
-:func:`nvfp4lab.execution.fused.merge_error` on seeded q/k/v shards whose global scales differ.
+:func:`nvfp4lab.execution.shared_scales.merge_error` on seeded q/k/v shards whose global scales
+differ.
 Figures are returned (matplotlib imported inside the ``plot_*`` functions).
 """
 
@@ -22,7 +23,7 @@ from nvfp4lab import gpus
 from nvfp4lab.codec import quantize
 from nvfp4lab.execution import vllm_rules
 from nvfp4lab.execution.dispatch import select_backend
-from nvfp4lab.execution.fused import merge_error
+from nvfp4lab.execution.shared_scales import merge_error
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import BATCH_INVARIANT_ENV, EMULATION_ENV
 from nvfp4lab.studies.explorer import Outputs, explorer, stream_output, table_output

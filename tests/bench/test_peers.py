@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4lab.bench import cli as bench
+from nvfp4lab.bench import command as bench
 from nvfp4lab.bench import peers, runner, store
 
 

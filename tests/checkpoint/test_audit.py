@@ -17,7 +17,7 @@ import nvfp4lab
 from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError, auditing
 from nvfp4lab.execution.dispatch import select_backend
-from nvfp4lab.execution.fused import merge_error
+from nvfp4lab.execution.shared_scales import merge_error
 from nvfp4lab.layout import swizzle_scales
 from tests.checkpoint.builders import copy_checkpoint, file_tensors, tiny_llama
 

@@ -142,7 +142,7 @@ def test_cached_dequantized_weight_stays_eager(monkeypatch: pytest.MonkeyPatch) 
 def test_fused_false_keeps_every_step_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """``linear(..., fused=False)`` decodes and fake-quantizes eagerly even where the setting
     says on (the bench's eager rows rely on it)."""
-    from nvfp4lab.kernels import fused as fused_kernels
+    from nvfp4lab.kernels import compiled as fused_kernels
 
     monkeypatch.setenv("NVFP4LAB_FUSED", "on")
     w = quantize(randn((64, 64), torch.bfloat16, 17))

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from nvfp4lab import models
+from nvfp4lab.studies import model_fidelity as study
 from nvfp4lab.studies import model_gptq as mg
-from nvfp4lab.studies import models as study
 from tests.conftest import needs_minilm
 
 

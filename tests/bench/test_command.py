@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4lab.bench import cli as bench
+from nvfp4lab.bench import command as bench
 from nvfp4lab.bench import runner, store
 from nvfp4lab.execution.dispatch import native_fp4_status
 

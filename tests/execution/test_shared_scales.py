@@ -15,8 +15,8 @@ import torch
 
 import nvfp4lab
 from nvfp4lab.e2m1 import unpack_fp4
-from nvfp4lab.execution.fused import merge_error, merged_decode_scale
 from nvfp4lab.execution.gemm import vllm_dequantize
+from nvfp4lab.execution.shared_scales import merge_error, merged_decode_scale
 
 AMAX = {"q_proj": 1.0, "k_proj": 2.0, "v_proj": 4.0}
 

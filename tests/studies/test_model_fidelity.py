@@ -10,7 +10,7 @@ import torch
 from nvfp4lab import models
 from nvfp4lab.execution import NVFP4Linear
 from nvfp4lab.metrics import sqnr_db
-from nvfp4lab.studies import models as study
+from nvfp4lab.studies import model_fidelity as study
 from tests.conftest import needs_minilm
 
 

@@ -16,7 +16,8 @@ import torch
 from nvfp4lab import kernels
 from nvfp4lab.codec import dequantize, fake_quantize, quantize
 from nvfp4lab.e2m1 import round_to_e2m1_codes
-from nvfp4lab.kernels import fused, graphs
+from nvfp4lab.kernels import compiled as fused
+from nvfp4lab.kernels import graphs
 from nvfp4lab.settings import FUSED_ENV, fused_mode
 from nvfp4lab.tensor import NVFP4Tensor
 from nvfp4lab.vocab import FusedMode
