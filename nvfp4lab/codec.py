@@ -4,16 +4,14 @@ Every call runs the same steps: check the input once, pad/rotate it, choose the 
 cut it into blocks, then per block pick an E4M3 scale and round the elements to E2M1 codes.
 Plain NVFP4 is the default of every option; the research options change one step each.
 
-Arithmetic (``convention``, the order of operations; see :mod:`nvfp4lab.scales`)
-    ``"kernel"`` (default): vLLM's float32 reference of its CUDA kernel, per 16-block ``b``::
-
-        s_b  = e4m3(clamp(gs * (amax_b * f32(1/6)), -448, 448))
-        code = RNE_E2M1(clamp(x * (1 / (s_b * (1/gs))), -6, 6))      (0 where s_b == 0)
-
-    ``"compressed-tensors"``: compressed-tensors 0.20 bit for bit (``amax_b / 6`` in the input
-    dtype, a division by ``s_b / gs``, zero scales replaced by 0.125, ``gs`` computed in the
-    input dtype). Both decode as ``value(code) * (s_b / gs)`` in float32, cast to the wanted
-    dtype; they disagree on a small fraction of codes (mostly bf16/fp16 inputs).
+Arithmetic (``convention``, the order of operations): a :class:`~nvfp4lab.vocab.Convention` name
+or an :class:`~nvfp4lab.orders.ArithmeticOrder`; :mod:`nvfp4lab.orders` states each order step by
+step and this module only reads those steps. ``"kernel"`` (default) is vLLM's float32 reference
+of its CUDA kernel, ``"compressed-tensors"`` compressed-tensors 0.20 bit for bit, ``"modelopt"``
+ModelOpt 0.47's ``NVFP4QTensor`` (written in the DECODE scale, which its tensors keep). The
+orders disagree on a small fraction of codes (mostly bf16/fp16 inputs). The block-level functions
+(:func:`block_scales_of`, :func:`encode_blocks`, :func:`decode_codes`, :func:`quantize_blocks`)
+are the arithmetic every NVFP4 path calls, GPTQ included.
 
 Tensor scale (``global_scale``, ENCODE convention ``2688 / amax``)
     ``None`` (default) computes it from ``amax(|x|)`` (:func:`compute_global_scale`; with a
@@ -62,9 +60,9 @@ rotating makes heavy-tailed blocks Gaussian, whose NMSE is higher).
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -76,32 +74,29 @@ from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes, stochastic_round_to_e2m
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.kernels import compiled as fused_kernels
 from nvfp4lab.options import NVFP4Options, block_shape, nvfp4_options
+from nvfp4lab.orders import ArithmeticOrder, DecodeRule, E2M1Ties
+from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import (
-    KERNEL_MAX_GLOBAL_SCALE,
+    TensorScale,
     abs_max,
     as_global_scale,
     block_scales,
-    decode_scale_from_amax,
     global_scale_from_amax,
     scale_elements,
+    tensor_scale_from_amax,
 )
 from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor, block_chunks, decode_blocks
-from nvfp4lab.vocab import (
-    SUPPORTED_DTYPES,
-    Convention,
-    NonFinite,
-    Rounding,
-    ScaleSelection,
-    check_choice,
-    check_dtype,
-)
+from nvfp4lab.vocab import Convention, NonFinite, Rounding, check_dtype
 
 __all__ = [
     "ScaleUnderflowWarning",
     "TensorScale",
+    "block_scales_of",
     "check_input",
     "compute_global_scale",
+    "decode_codes",
     "dequantize",
+    "encode_blocks",
     "fake_quantize",
     "finite_amax",
     "quantize",
@@ -225,21 +220,6 @@ def _warn_if_everything_underflows(gs: float, amax: float) -> None:
         )
 
 
-@dataclass(frozen=True)
-class TensorScale:
-    """The tensor scale of one quantization: ``encode`` (2688/amax, float32 ``[1]``, what an
-    NVFP4Tensor stores as ``global_scale``) and, for the modelopt order, the exact ``decode``
-    scale (amax/2688) that order's arithmetic is written in."""
-
-    encode: torch.Tensor
-    decode: torch.Tensor | None = None
-
-    @property
-    def arithmetic(self) -> torch.Tensor:
-        """The scale the block arithmetic of the convention takes (see :mod:`nvfp4lab.scales`)."""
-        return self.encode if self.decode is None else self.decode
-
-
 def _tensor_scale(
     amax: torch.Tensor,
     global_scale: torch.Tensor | float | None,
@@ -248,27 +228,23 @@ def _tensor_scale(
     device: torch.device,
 ) -> TensorScale:
     """Resolve the tensor scale from an ENCODE ``global_scale``, a DECODE ``decode_scale`` or
-    (both None) the amax; validated, with the kernel order's cap and the underflow warning."""
-    modelopt = opts.convention == Convention.MODELOPT
+    (both None) the amax, in the form the order needs; validated, with the order's cap and the
+    underflow warning."""
+    order = opts.order
     if decode_scale is not None:
-        d = as_global_scale(decode_scale, device)
-        return TensorScale(torch.reciprocal(d), d if modelopt else None)
+        return TensorScale.of(order, decode=as_global_scale(decode_scale, device))
     if global_scale is None:
-        if modelopt:
-            d = decode_scale_from_amax(amax, opts.global_scale_numerator)
-            return TensorScale(torch.reciprocal(d), d)
-        return TensorScale(
-            global_scale_from_amax(amax, opts.convention, opts.global_scale_numerator)
-        )
+        return tensor_scale_from_amax(amax, order, opts.global_scale_numerator)
     gs = as_global_scale(global_scale, device)
     _warn_if_everything_underflows(float(gs), float(amax))
-    if opts.convention == Convention.KERNEL and float(gs) > KERNEL_MAX_GLOBAL_SCALE:
+    if order.max_global_scale is not None and float(gs) > order.max_global_scale:
         raise ValueError(
-            f"global_scale {float(gs):.4g} exceeds {KERNEL_MAX_GLOBAL_SCALE:.4g} (2**116): the "
-            "kernel order's 1/(s * (1/gs)) overflows float32 there; use a smaller global scale "
+            f"global_scale {float(gs):.4g} exceeds {order.max_global_scale:.4g} "
+            f"(2**{math.log2(order.max_global_scale):g}), the largest the {order.name} order "
+            "accepts (its float32 arithmetic overflows above it); use a smaller global scale "
             "(any value <= 2688/amax is valid) or convention='compressed-tensors'"
         )
-    return TensorScale(gs, torch.reciprocal(gs) if modelopt else None)
+    return TensorScale.of(order, encode=gs)
 
 
 def _prepare(
@@ -302,23 +278,15 @@ def _prepare(
 def _fused_route(
     x: object, opts: NVFP4Options, decode_scale: object, fused: bool | None
 ) -> bool:
-    """Whether a quantize/fake_quantize call runs the fused kernels: plain options in the kernel
-    or compressed-tensors order, an fp32/bf16/fp16 tensor of two or more blocks with K % 16 == 0,
-    and :func:`nvfp4lab.kernels.use_fused` agrees (setting, size, a working compiler)."""
-    plain = (
-        opts.block_shape == (1, BLOCK_SIZE)
-        and opts.rounding == Rounding.RNE
-        and opts.scale_selection == ScaleSelection.AMAX
-        and opts.hadamard is None
-        and opts.nonfinite == NonFinite.RAISE
-        and opts.convention != Convention.MODELOPT
-        and decode_scale is None
-    )
-    if not (plain and isinstance(x, torch.Tensor) and x.dtype in SUPPORTED_DTYPES):
+    """Whether a quantize/fake_quantize call runs the fused kernels: the one rule of
+    :func:`nvfp4lab.kernels.fused_route`, asked with this call's options."""
+    if not isinstance(x, torch.Tensor) or x.ndim == 0:
         return False
-    if x.ndim == 0 or x.numel() < 2 * BLOCK_SIZE or x.shape[-1] % BLOCK_SIZE:
-        return False  # one block: inductor would compile a separate size-1 specialization
-    return kernels.use_fused(x.numel(), x.device, fused)
+    return kernels.fused_route(
+        x.numel(), x.shape[-1], x.dtype, x.device, fused,
+        block_size=opts.block_shape[1], order=opts.order,
+        plain=opts.plain and decode_scale is None,
+    )
 
 
 def _fused_prepare(
@@ -326,64 +294,110 @@ def _fused_prepare(
 ) -> tuple[fused_kernels.BlockStats, TensorScale]:
     """:func:`_prepare` for the fused path: the block statistics pass, then the same NaN/Inf
     error and tensor-scale rules as eager (from the amax that pass returns)."""
-    stats = fused_kernels.block_stats(x.detach(), opts.convention)
+    stats = fused_kernels.block_stats(x.detach(), opts.order)
     if not bool(torch.isfinite(stats.amax)):
         finite_amax(x.detach(), opts.nonfinite)  # raises, naming the count and first index
     return stats, _tensor_scale(stats.amax, global_scale, None, opts, x.device)
 
 
 # --------------------------------------------------------------------------------------------
-# blocks: scale selection and element rounding
+# blocks: the block-level arithmetic every NVFP4 path calls (quantize, GPTQ)
 # --------------------------------------------------------------------------------------------
+
+
+def block_scales_of(
+    blocks: torch.Tensor,
+    scale: torch.Tensor,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
+    *,
+    target: float = E2M1_MAX,
+) -> torch.Tensor:
+    """float32 E4M3 block scales ``[..., nb]`` of ``blocks [..., nb, B]`` (input dtype) mapping
+    each block's max to ``target``; ``scale``: float32 ``[1]`` tensor scale in the order's form
+    (:attr:`~nvfp4lab.scales.TensorScale.arithmetic`)."""
+    return block_scales(abs_max(blocks, -1), scale, convention, target)
+
+
+def encode_blocks(
+    blocks: torch.Tensor,
+    scales: torch.Tensor,
+    scale: torch.Tensor,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
+    *,
+    rounding: str = Rounding.RNE,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """uint8 E2M1 codes of ``blocks [..., nb, B]`` at float32 block ``scales [..., nb]`` and
+    tensor ``scale`` (the order's form): the order's element scaling, then its E2M1 rounding
+    (``rounding="stochastic"`` draws from ``generator`` instead)."""
+    order = get_order(convention)
+    scaled = scale_elements(blocks, scales, scale, order)
+    if rounding == Rounding.STOCHASTIC:
+        if generator is None:
+            raise ValueError("stochastic rounding needs a torch.Generator")
+        return stochastic_round_to_e2m1_codes(scaled, generator)
+    if order.e2m1_ties is not E2M1Ties.EVEN:  # pragma: no cover - a new tie rule goes here
+        raise NotImplementedError(f"E2M1 ties {order.e2m1_ties} of the {order.name} order")
+    return round_to_e2m1_codes(scaled)
+
+
+def decode_codes(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    scale: torch.Tensor,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
+) -> torch.Tensor:
+    """float32 values of ``codes [..., nb, B]`` at block ``scales [..., nb]`` and tensor ``scale``
+    (the order's form), by the order's :class:`~nvfp4lab.orders.DecodeRule`."""
+    if get_order(convention).decode is DecodeRule.SCALE_TIMES_DECODE:
+        return decode_blocks(codes, scales, scale, decode_scale=scale)
+    return decode_blocks(codes, scales, scale)
 
 
 def quantize_blocks(
     blocks: torch.Tensor,
     global_scale: torch.Tensor,
-    convention: str = Convention.KERNEL,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
     *,
     targets: Sequence[float] = (E2M1_MAX,),
     rounding: str = Rounding.RNE,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Core arithmetic on ``blocks [..., nb, B]`` (any B) with float32 ``global_scale [1]`` (the
-    DECODE scale for the modelopt order: see :mod:`nvfp4lab.scales`).
+    """Core arithmetic on ``blocks [..., nb, B]`` (any B) with float32 ``global_scale [1]`` in the
+    order's form (the DECODE scale for the modelopt order: see :mod:`nvfp4lab.orders`).
 
     Returns (codes uint8 of the blocks' shape, scales float8_e4m3fn ``[..., nb]``). For each
     block and each target ``t`` the scale maps the block max to ``t``; with several targets the
     candidate with the lowest squared error (RNE codes) wins, earlier targets winning ties, and
     stochastic rounding then encodes with the chosen scale. No checks.
     """
-    amax = abs_max(blocks, -1)
-    scales = block_scales(amax, global_scale, convention, targets[0])
+    order = get_order(convention)
     codes: torch.Tensor | None = None
     if len(targets) > 1:
-        scales, codes = _best_scales(blocks, amax, global_scale, convention, targets)
-    if rounding == Rounding.STOCHASTIC:
-        if generator is None:
-            raise ValueError("stochastic rounding needs a torch.Generator")
-        scaled = scale_elements(blocks, scales, global_scale, convention)
-        codes = stochastic_round_to_e2m1_codes(scaled, generator)
-    elif codes is None:
-        codes = round_to_e2m1_codes(scale_elements(blocks, scales, global_scale, convention))
+        scales, codes = _best_scales(blocks, global_scale, order, targets)
+    else:
+        scales = block_scales_of(blocks, global_scale, order, target=targets[0])
+    if rounding == Rounding.STOCHASTIC or codes is None:
+        codes = encode_blocks(
+            blocks, scales, global_scale, order, rounding=rounding, generator=generator
+        )
     return codes, scales.to(torch.float8_e4m3fn)
 
 
 def _best_scales(
     blocks: torch.Tensor,
-    amax: torch.Tensor,
     global_scale: torch.Tensor,
-    convention: str,
+    order: ArithmeticOrder,
     targets: Sequence[float],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(float32 scales, RNE codes) of the lowest-squared-error target per block."""
     reference = blocks.to(torch.float32)
+    amax = abs_max(blocks, -1)
     best: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     for target in targets:
-        scales = block_scales(amax, global_scale, convention, target)
-        codes = round_to_e2m1_codes(scale_elements(blocks, scales, global_scale, convention))
-        decode = global_scale if convention == Convention.MODELOPT else None
-        err = (decode_blocks(codes, scales, global_scale, decode) - reference).square_().sum(-1)
+        scales = block_scales(amax, global_scale, order, target)
+        codes = encode_blocks(blocks, scales, global_scale, order)
+        err = (decode_codes(codes, scales, global_scale, order) - reference).square_().sum(-1)
         if best is None:
             best = (scales, codes, err)
             continue
@@ -415,7 +429,7 @@ def _encode_blocks(
     generator = _generator(opts, blocks.device)
     for part in block_chunks(blocks.shape[0], blocks.shape[1], blocks.device):
         codes, scales = quantize_blocks(
-            blocks[part], gs, opts.convention,
+            blocks[part], gs, opts.order,
             targets=opts.targets, rounding=opts.rounding, generator=generator,
         )
         sink(part, codes, scales)
@@ -429,7 +443,7 @@ def _encode_blocks(
 def compute_global_scale(
     x: torch.Tensor,
     *,
-    convention: str = Convention.KERNEL,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
     numerator: float = GLOBAL_SCALE_NUMERATOR,
 ) -> torch.Tensor:
     """ENCODE-convention global scale ``numerator / amax(|x|)`` as float32 ``[1]``.
@@ -443,13 +457,11 @@ def compute_global_scale(
     the scale at 2**116 (amax < 3.2e-32) so its reciprocal arithmetic cannot overflow.
     """
     check_input(x)
-    conv = check_choice("convention", convention, Convention)
+    order = get_order(convention)
     if x.is_meta:
         return torch.empty(1, dtype=torch.float32, device="meta")
     amax = finite_amax(x.detach(), NonFinite.PROPAGATE)
-    if conv == Convention.MODELOPT:
-        return torch.reciprocal(decode_scale_from_amax(amax, numerator))
-    return global_scale_from_amax(amax, conv, numerator)
+    return global_scale_from_amax(amax, order, numerator)
 
 
 def quantize(
@@ -457,7 +469,7 @@ def quantize(
     global_scale: torch.Tensor | float | None = None,
     *,
     block_size: int | tuple[int, int] = BLOCK_SIZE,
-    convention: str = Convention.KERNEL,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
     pad: bool = False,
     nonfinite: str = NonFinite.RAISE,
     decode_scale: torch.Tensor | float | None = None,
@@ -480,7 +492,7 @@ def quantize(
     )
     if _fused_route(x, opts, decode_scale, fused):
         stats, scale = _fused_prepare(x, global_scale, opts)
-        packed, scales = fused_kernels.encode(stats, scale.encode, opts.convention)
+        packed, scales = fused_kernels.encode(stats, scale.encode, opts.order)
         return NVFP4Tensor(
             packed, scales, scale.encode, shape=x.shape, dtype=x.dtype, check_scales=False
         )
@@ -549,7 +561,7 @@ def fake_quantize(
     opts = nvfp4_options(**options)
     if _fused_route(x, opts, decode_scale, fused):
         stats, scale = _fused_prepare(x, global_scale, opts)
-        return fused_kernels.fake_quantize(stats, scale.encode, opts.convention)
+        return fused_kernels.fake_quantize(stats, scale.encode, opts.order)
     xp, scale = _prepare(x, global_scale, opts, decode_scale)
     if xp.is_meta:
         return torch.empty_like(x)

@@ -15,6 +15,8 @@ import torch
 
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.hadamard import check_seed
+from nvfp4lab.orders import ArithmeticOrder
+from nvfp4lab.orders import get as get_order
 from nvfp4lab.vocab import Convention, NonFinite, Rounding, ScaleSelection, check_choice
 
 __all__ = [
@@ -53,6 +55,25 @@ class NVFP4Options:
     scale_selection: ScaleSelection = ScaleSelection.AMAX
     search_targets: tuple[float, ...] | None = None
     hadamard: int | None = None
+    arithmetic: ArithmeticOrder | None = None  #: a custom order given as ``convention=``
+
+    @property
+    def order(self) -> ArithmeticOrder:
+        """The :class:`~nvfp4lab.orders.ArithmeticOrder` the pipeline runs: the custom one given
+        as ``convention=``, else the registered order of ``convention``."""
+        return self.arithmetic if self.arithmetic is not None else get_order(self.convention)
+
+    @property
+    def plain(self) -> bool:
+        """Whether the options are plain NVFP4 apart from the order and padding (1-D blocks, RNE,
+        amax scales, no rotation, NaN/Inf raising): what the fused kernels implement."""
+        return (
+            self.block_shape[0] == 1
+            and self.rounding == Rounding.RNE
+            and self.scale_selection == ScaleSelection.AMAX
+            and self.hadamard is None
+            and self.nonfinite == NonFinite.RAISE
+        )
 
     @property
     def targets(self) -> tuple[float, ...]:
@@ -112,7 +133,7 @@ def _search_targets(targets: object) -> tuple[float, ...]:
 def nvfp4_options(
     *,
     block_size: int | tuple[int, int] = BLOCK_SIZE,
-    convention: str = Convention.KERNEL,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
     pad: bool = False,
     nonfinite: str = NonFinite.RAISE,
     rounding: str = Rounding.RNE,
@@ -121,9 +142,15 @@ def nvfp4_options(
     search_targets: Sequence[float] | None = None,
     hadamard: int | None = None,
 ) -> NVFP4Options:
-    """Validate the pipeline's options; ValueError names the bad one and the accepted values."""
+    """Validate the pipeline's options; ValueError names the bad one and the accepted values.
+
+    ``convention``: a :class:`~nvfp4lab.vocab.Convention` name, or an
+    :class:`~nvfp4lab.orders.ArithmeticOrder` (a custom order, e.g. a registered one with a step
+    changed by ``dataclasses.replace``).
+    """
     shape = block_shape(block_size)
-    conv = check_choice("convention", convention, Convention)
+    custom = convention if isinstance(convention, ArithmeticOrder) else None
+    conv = custom.convention if custom else check_choice("convention", convention, Convention)
     policy = check_choice("nonfinite policy", nonfinite, NonFinite)
     rnd = check_choice("rounding", rounding, Rounding)
     selection = check_choice("scale_selection", scale_selection, ScaleSelection)
@@ -151,5 +178,5 @@ def nvfp4_options(
                 "pad=True cannot be combined with hadamard (the rotation needs K % 16 == 0)"
             )
     return NVFP4Options(
-        shape, conv, pad, policy, rnd, generator, selection, search_targets, hadamard  # type: ignore[arg-type]
+        shape, conv, pad, policy, rnd, generator, selection, search_targets, hadamard, custom  # type: ignore[arg-type]
     )

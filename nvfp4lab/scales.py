@@ -8,25 +8,11 @@ Global scale, two conventions (a mix-up is a classic bug):
 * DECODE, ``amax / 2688``: torchao's ``per_tensor_scale``, ModelOpt's ``weight_scale_2`` and
   ``input_scale``. Convert with :func:`encode_to_decode_scale` / :func:`decode_to_encode_scale`.
 
-Block scales, per block ``b`` of a tensor with encode scale ``gs``, in two arithmetic orders:
-
-* ``kernel`` (vLLM's float32 reference of its CUDA kernel)::
-
-      s_b = e4m3(clamp(gs * (amax_b * f32(1/t)), -448, 448))      t = 6 for plain NVFP4
-      scaled = x * (1 / (s_b * (1/gs))),  0 where s_b == 0
-
-* ``compressed-tensors`` (compressed-tensors 0.20)::
-
-      s_b = e4m3(clamp(gs * f32(amax_b / t in x.dtype), -448, 448)); 0 -> 0.125
-      scaled = f32(x) / (s_b / gs)
-
-* ``modelopt`` (NVIDIA ModelOpt 0.47, ``NVFP4QTensor.quantize``), written in the DECODE scale
-  ``d = amax / 2688`` (ModelOpt's ``weight_scale_2``; the functions below take ``d`` in place of
-  ``gs`` for this order)::
-
-      s_b = e4m3(clamp(amax_b / f32(t * d), 2^-9, 448))      (1 for an all-zero block)
-      scaled = f32(x) / f32(s_b * d)
-      decode: value * f32(s_b * d)
+Block scales and element scaling follow an :class:`~nvfp4lab.orders.ArithmeticOrder` (the
+``convention`` arguments below take one or its convention's name); its table in
+:mod:`nvfp4lab.orders` states each order's steps. An order whose ``scale_form`` is DECODE (the
+``modelopt`` order) is written in ``d = amax / 2688``: the functions below then take ``d`` where
+the ENCODE orders take ``gs`` (:attr:`TensorScale.arithmetic` hands each order its form).
 
 ``torch.float8_e4m3fn`` casts do not saturate, hence the explicit clamp to ±448.
 """
@@ -35,20 +21,27 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 
 import torch
 
-from nvfp4lab.constants import (
-    CT_ZERO_SCALE_REPLACEMENT,
-    E2M1_MAX,
-    E4M3_MAX,
-    GLOBAL_SCALE_NUMERATOR,
+from nvfp4lab.constants import E2M1_MAX, E4M3_MAX, E4M3_MIN_SUBNORMAL, GLOBAL_SCALE_NUMERATOR
+from nvfp4lab.orders import (
+    KERNEL_MAX_GLOBAL_SCALE,
+    ArithmeticOrder,
+    BlockScaleRule,
+    E4M3Rounding,
+    ElementScaling,
+    ScaleForm,
+    TensorScaleRule,
 )
+from nvfp4lab.orders import get as get_order
 from nvfp4lab.vocab import Convention
 
 __all__ = [
     "KERNEL_MAX_GLOBAL_SCALE",
     "MODELOPT_MIN_BLOCK_SCALE",
+    "TensorScale",
     "abs_max",
     "as_global_scale",
     "block_scales",
@@ -57,14 +50,11 @@ __all__ = [
     "encode_to_decode_scale",
     "global_scale_from_amax",
     "scale_elements",
+    "tensor_scale_from_amax",
 ]
 
 #: ModelOpt clamps every block scale to at least E4M3's smallest subnormal.
-MODELOPT_MIN_BLOCK_SCALE: float = 2.0**-9
-
-#: Largest global scale the kernel order accepts: above it ``1/gs`` is so small that
-#: ``1 / (s_b * (1/gs))`` overflows float32 for the smallest block scales (2**-9).
-KERNEL_MAX_GLOBAL_SCALE: float = 2.0**116
+MODELOPT_MIN_BLOCK_SCALE: float = E4M3_MIN_SUBNORMAL
 
 
 def abs_max(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -116,22 +106,35 @@ def as_global_scale(
 
 
 def global_scale_from_amax(
-    amax: torch.Tensor, convention: str, numerator: float = GLOBAL_SCALE_NUMERATOR
+    amax: torch.Tensor,
+    convention: str | ArithmeticOrder,
+    numerator: float = GLOBAL_SCALE_NUMERATOR,
 ) -> torch.Tensor:
-    """float32 ``[1]`` ENCODE scale ``numerator / amax`` from a finite 0-d ``amax`` (input dtype).
+    """float32 ``[1]`` ENCODE scale ``numerator / amax`` from a finite 0-d ``amax`` (input dtype),
+    by the order's :class:`~nvfp4lab.orders.TensorScaleRule`.
 
-    ``kernel``: a true float32 division (``2688 / tensor`` would be reciprocal-then-multiply in
-    torch), capped at :data:`KERNEL_MAX_GLOBAL_SCALE`. ``compressed-tensors``: exactly
-    compressed-tensors' expression, torch's ``2688 / t`` = ``reciprocal(t) * 2688`` with each
-    step rounded to the input dtype, amax clamped below at ``finfo(dtype).tiny``. Either way a
-    non-finite or non-positive result becomes 1.0 (compressed-tensors' rule).
+    ``FLOAT32_DIVISION`` (kernel): a true float32 division (``2688 / tensor`` would be
+    reciprocal-then-multiply in torch), capped at the order's ``max_global_scale``.
+    ``INPUT_DTYPE_RECIPROCAL`` (compressed-tensors): torch's ``2688 / t`` = ``reciprocal(t) *
+    2688`` with each step rounded to the input dtype, amax clamped below at ``finfo(dtype).tiny``.
+    ``DECODE_FLOAT32_DIVISION`` (modelopt): the float32 reciprocal of
+    :func:`decode_scale_from_amax`.
+    Either way a non-finite or non-positive result becomes 1.0 (compressed-tensors' rule).
     """
-    if convention == Convention.KERNEL:
+    order = get_order(convention)
+    rule = order.tensor_scale
+    if rule is TensorScaleRule.DECODE_FLOAT32_DIVISION:
+        return torch.reciprocal(decode_scale_from_amax(amax, numerator))
+    if rule is TensorScaleRule.FLOAT32_DIVISION:
         gs = torch.full_like(amax, numerator, dtype=torch.float32) / amax.float()
-        gs = torch.where(amax > 0, gs.clamp(max=KERNEL_MAX_GLOBAL_SCALE), 1.0)
-    else:
+        if order.max_global_scale is not None:
+            gs = gs.clamp(max=order.max_global_scale)
+        gs = torch.where(amax > 0, gs, 1.0)
+    elif rule is TensorScaleRule.INPUT_DTYPE_RECIPROCAL:
         tiny = torch.finfo(amax.dtype).tiny
         gs = (numerator / amax.clamp(min=tiny)).to(torch.float32)
+    else:  # pragma: no cover - a new rule must be taught here
+        raise NotImplementedError(f"tensor-scale rule {rule} of the {order.name} order")
     gs = torch.where(torch.isfinite(gs) & (gs > 0), gs, torch.ones_like(gs))
     return gs.reshape(1)
 
@@ -148,6 +151,55 @@ def decode_scale_from_amax(
     return d.reshape(1)
 
 
+@dataclass(frozen=True)
+class TensorScale:
+    """The tensor scale of one quantization: ``encode`` (2688/amax, float32 ``[1]``, what an
+    NVFP4Tensor stores as ``global_scale``) and, for an order written in the DECODE form (the
+    modelopt order), the exact ``decode`` scale (amax/2688) its arithmetic uses and its tensor
+    keeps (the float32 reciprocal does not round-trip)."""
+
+    encode: torch.Tensor
+    decode: torch.Tensor | None = None
+
+    @property
+    def arithmetic(self) -> torch.Tensor:
+        """The form the order's block arithmetic takes (``decode`` when there is one)."""
+        return self.encode if self.decode is None else self.decode
+
+    @classmethod
+    def of(
+        cls,
+        order: ArithmeticOrder,
+        encode: torch.Tensor | None = None,
+        decode: torch.Tensor | None = None,
+    ) -> TensorScale:
+        """The scale ``order`` works with, given either form (float32 ``[1]``): a DECODE-form
+        order keeps ``decode`` exactly (or the reciprocal of ``encode``), an ENCODE-form order
+        keeps only ``encode`` (or the reciprocal of ``decode``)."""
+        if encode is None and decode is None:
+            raise ValueError("TensorScale.of needs encode= or decode=")
+        if encode is None:
+            encode = torch.reciprocal(decode)  # type: ignore[arg-type]
+        if order.scale_form is ScaleForm.DECODE:
+            return cls(encode, decode if decode is not None else torch.reciprocal(encode))
+        return cls(encode)
+
+
+def tensor_scale_from_amax(
+    amax: torch.Tensor,
+    convention: str | ArithmeticOrder,
+    numerator: float = GLOBAL_SCALE_NUMERATOR,
+) -> TensorScale:
+    """The :class:`TensorScale` an order computes from a finite 0-d ``amax`` (input dtype): the
+    DECODE-form order divides ``amax / numerator`` and keeps that exactly; the ENCODE-form orders
+    compute :func:`global_scale_from_amax`."""
+    order = get_order(convention)
+    if order.scale_form is ScaleForm.DECODE:
+        d = decode_scale_from_amax(amax, numerator)
+        return TensorScale(torch.reciprocal(d), d)
+    return TensorScale(global_scale_from_amax(amax, order, numerator))
+
+
 def encode_to_decode_scale(global_scale: torch.Tensor | float) -> torch.Tensor:
     """ENCODE (2688/amax, compressed-tensors) -> DECODE (amax/2688, torchao/ModelOpt): ``1/x``."""
     return torch.reciprocal(as_global_scale(global_scale))
@@ -158,51 +210,73 @@ def decode_to_encode_scale(decode_scale: torch.Tensor | float) -> torch.Tensor:
     return torch.reciprocal(as_global_scale(decode_scale))
 
 
+def _round_e4m3(pre: torch.Tensor, rounding: E4M3Rounding) -> torch.Tensor:
+    """float32 E4M3 values of float32 ``pre`` (already clamped to E4M3's range)."""
+    if rounding is E4M3Rounding.NEAREST_EVEN:
+        return pre.to(torch.float8_e4m3fn).to(torch.float32)
+    raise NotImplementedError(f"E4M3 rounding {rounding}")  # pragma: no cover
+
+
 def block_scales(
     amax: torch.Tensor,
     global_scale: torch.Tensor,
-    convention: str = Convention.KERNEL,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
     target: float = E2M1_MAX,
 ) -> torch.Tensor:
     """float32 block scales (E4M3 values) mapping each block max ``amax [..., nb]`` to ``target``.
 
     ``amax`` is in the input dtype (the compressed-tensors order divides in it); ``target`` is 6
-    for plain NVFP4 (other values serve the scale-selection options). Zero scales stay zero in
-    the kernel order and become 0.125 in the compressed-tensors order; the modelopt order
-    (``global_scale`` = the DECODE scale d) divides by ``t * d`` and clamps to [2^-9, 448].
+    for plain NVFP4 (other values serve the scale-selection options); ``global_scale`` is the
+    tensor scale in the order's form (:attr:`TensorScale.arithmetic`: the DECODE scale ``d`` for
+    the modelopt order). The order's ``block_scale`` rule, clamp, ``zero_block_scale`` and
+    ``zero_scale_replacement`` apply (see :mod:`nvfp4lab.orders`).
     """
-    if convention == Convention.KERNEL:
+    order = get_order(convention)
+    rule = order.block_scale
+    if rule is BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET:
         pre = global_scale * (amax.to(torch.float32) * (1.0 / target))
-        return pre.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-    if convention == Convention.MODELOPT:  # ``global_scale`` is the DECODE scale here
+    elif rule is BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE:
+        # Division in the input dtype by a same-device tensor, as compressed-tensors does (a
+        # Python-number divisor would become a reciprocal multiply on CUDA).
+        divisor = torch.tensor(target, dtype=amax.dtype, device=amax.device)
+        pre = global_scale * (amax / divisor).to(torch.float32)
+    elif rule is BlockScaleRule.AMAX_OVER_TARGET_TIMES_DECODE:
         pre = amax.to(torch.float32) / (target * global_scale)
-        pre = torch.where(pre == 0, 1.0, pre).clamp_(MODELOPT_MIN_BLOCK_SCALE, E4M3_MAX)
-        return pre.to(torch.float8_e4m3fn).to(torch.float32)
-    # Division in the input dtype by a same-device tensor, as compressed-tensors does (a
-    # Python-number divisor would become a reciprocal multiply on CUDA).
-    divisor = torch.tensor(target, dtype=amax.dtype, device=amax.device)
-    pre = global_scale * (amax / divisor).to(torch.float32)
-    scales = pre.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-    return torch.where(scales == 0, CT_ZERO_SCALE_REPLACEMENT, scales)
+    else:  # pragma: no cover - a new rule must be taught here
+        raise NotImplementedError(f"block-scale rule {rule} of the {order.name} order")
+    if order.zero_block_scale is not None:
+        pre = torch.where(pre == 0, order.zero_block_scale, pre)
+    low = order.min_block_scale if order.min_block_scale > 0 else -E4M3_MAX
+    scales = _round_e4m3(pre.clamp_(low, E4M3_MAX), order.e4m3_rounding)
+    if order.zero_scale_replacement is not None:
+        scales = torch.where(scales == 0, order.zero_scale_replacement, scales)
+    return scales
 
 
 def scale_elements(
     blocks: torch.Tensor,
     scales: torch.Tensor,
     global_scale: torch.Tensor,
-    convention: str = Convention.KERNEL,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
 ) -> torch.Tensor:
-    """float32 ``x * gs / s`` clamped to ±6 for ``blocks [..., nb, B]`` and float32 ``scales``.
+    """float32 ``x * gs / s`` clamped to ±6 for ``blocks [..., nb, B]`` and float32 ``scales``,
+    by the order's :class:`~nvfp4lab.orders.ElementScaling` (``global_scale`` in the order's form).
 
-    Kernel order: a multiply by ``m = 1 / (s * (1/gs))`` (0 where ``s == 0``); compressed-tensors
-    order: a division by ``s / gs``; modelopt: a division by ``s * d`` (``global_scale`` = d).
+    ``MULTIPLY_BY_INVERSE`` (kernel): a multiply by ``m = 1 / (s * (1/gs))`` (0 where ``s == 0``);
+    ``DIVIDE_BY_SCALE_OVER_ENCODE`` (compressed-tensors): a division by ``s / gs``;
+    ``DIVIDE_BY_SCALE_TIMES_DECODE`` (modelopt): a division by ``s * d``.
     """
-    if convention == Convention.KERNEL:
+    order = get_order(convention)
+    rule = order.element_scaling
+    x = blocks.to(torch.float32)
+    if rule is ElementScaling.MULTIPLY_BY_INVERSE:
         multiplier = torch.reciprocal(scales * torch.reciprocal(global_scale))
         multiplier = torch.where(scales == 0, 0.0, multiplier)
-        scaled = blocks.to(torch.float32) * multiplier.unsqueeze(-1)
-    elif convention == Convention.MODELOPT:  # ``global_scale`` is the DECODE scale here
-        scaled = blocks.to(torch.float32) / (scales * global_scale).unsqueeze(-1)
-    else:
-        scaled = blocks.to(torch.float32) / (scales / global_scale).unsqueeze(-1)
+        scaled = x * multiplier.unsqueeze(-1)
+    elif rule is ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE:
+        scaled = x / (scales / global_scale).unsqueeze(-1)
+    elif rule is ElementScaling.DIVIDE_BY_SCALE_TIMES_DECODE:
+        scaled = x / (scales * global_scale).unsqueeze(-1)
+    else:  # pragma: no cover - a new rule must be taught here
+        raise NotImplementedError(f"element scaling {rule} of the {order.name} order")
     return scaled.clamp_(-E2M1_MAX, E2M1_MAX)

@@ -25,10 +25,10 @@ from nvfp4lab.constants import BLOCK_SIZE, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 from nvfp4lab.hadamard import hadamard_transform
 from nvfp4lab.kernels import compiled as fused_kernels
-from nvfp4lab.kernels import use_fused
+from nvfp4lab.kernels import fused_route
 from nvfp4lab.layout import swizzle_scales
+from nvfp4lab.orders import DecodeRule
 from nvfp4lab.scales import as_global_scale
-from nvfp4lab.vocab import SUPPORTED_DTYPES
 
 __all__ = [
     "NVFP4Tensor",
@@ -241,16 +241,14 @@ class NVFP4Tensor:
         if self.device.type == "meta":  # no data: the shape and dtype of the result only
             return torch.empty(self.shape, dtype=dtype or self.dtype, device="meta")
         out_dtype = dtype or self.dtype
-        if (
-            self.block_size == BLOCK_SIZE
-            and out_dtype in SUPPORTED_DTYPES
-            and self.packed.numel() >= BLOCK_SIZE  # two blocks or more (see the codec)
-            and use_fused(2 * self.packed.numel(), self.device, fused)
-        ):
-            divide = self.decode_scale is None
+        numel = 2 * self.packed.numel()
+        if fused_route(numel, 2 * self.packed.shape[-1], out_dtype, self.device, fused,
+                       block_size=self.block_size):
+            over = self.decode_scale is None
             out = fused_kernels.decode(
-                self.packed, self.scales, self.global_scale if divide else self.decode_scale,
-                out_dtype, order="divide" if divide else "multiply",
+                self.packed, self.scales, self.global_scale if over else self.decode_scale,
+                out_dtype,
+                rule=DecodeRule.SCALE_OVER_ENCODE if over else DecodeRule.SCALE_TIMES_DECODE,
             )
             return out if out.shape[-1] == self.shape[-1] else out[..., : self.shape[-1]]
         half = self.block_size // 2

@@ -76,6 +76,7 @@ from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 from nvfp4lab.execution.dispatch import native_fp4_status, select_backend
 from nvfp4lab.kernels.linear import EncodedWeight, tiled_matmul
 from nvfp4lab.layout import swizzle_scales, unswizzle_scales
+from nvfp4lab.orders import DecodeRule
 from nvfp4lab.scales import as_global_scale
 from nvfp4lab.tensor import NVFP4Tensor
 from nvfp4lab.vocab import AUTO, Backend, BiasMode, check_choice, check_dtype
@@ -207,13 +208,13 @@ def _weight_operand(
     weight: NVFP4Tensor, x: torch.Tensor, fused: bool | None
 ) -> torch.Tensor | EncodedWeight:
     """The weight as the emulation and w4a16 paths multiply it: :func:`vllm_dequantize` to
-    ``x.dtype``, or, when the fused kernels run (16-element blocks, K % 16 == 0,
-    :func:`nvfp4lab.kernels.use_fused`), encoded for a tiled decode in the same order."""
+    ``x.dtype``, or, when the fused kernels run (the one rule,
+    :func:`nvfp4lab.kernels.fused_route`), encoded for a tiled decode in the same order."""
     n, k = weight.shape
-    if weight.block_size == BLOCK_SIZE and k % BLOCK_SIZE == 0 and n * k >= 2 * BLOCK_SIZE and (
-        kernels.use_fused(n * k, x.device, fused)
-    ):
-        return EncodedWeight(weight.packed, weight.scales, vllm_decode_scale(weight), "multiply")
+    if kernels.fused_route(n * k, k, x.dtype, x.device, fused, block_size=weight.block_size):
+        return EncodedWeight(
+            weight.packed, weight.scales, vllm_decode_scale(weight), DecodeRule.SCALE_TIMES_DECODE
+        )
     return vllm_dequantize(weight, x.dtype, fused=fused)
 
 
@@ -260,8 +261,8 @@ def _emulation(
     fused: bool | None,
 ) -> torch.Tensor:
     pad = x2d.shape[-1] % BLOCK_SIZE != 0  # a weight quantized with pad=True
-    if isinstance(w_dq, EncodedWeight):
-        fused = True  # the fused linear fake-quantizes its activations with the fused kernels
+    # The activations take the same route rule as every tensor (kernels.fused_route): the
+    # weight's and theirs are decided apart, and either route gives the same bits.
     x_dq = fake_quantize(x2d, gs_x, convention="kernel", pad=pad, fused=fused)
     return _gemm(x_dq, w_dq, bias, bias_mode)
 

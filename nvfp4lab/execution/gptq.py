@@ -40,8 +40,10 @@ global scale        ``2688 / amax`` of the ORIGINAL weights (or the fused group'
                     changed by GPTQ
 Cholesky failure    (a singular ``H`` with ``damp = 0``): the layer falls back to RTN with a
                     :class:`GPTQFallbackWarning`, as llm-compressor does
-precision           H, W and the factors in float64; each column is rounded with nvfp4lab's
-                    float32 arithmetic (:func:`~nvfp4lab.scales.scale_elements`)
+precision           H, W and the factors in float64; each column is rounded with the codec's
+                    block functions in the chosen arithmetic order
+                    (:func:`~nvfp4lab.codec.block_scales_of`,
+                    :func:`~nvfp4lab.codec.encode_blocks`, :func:`~nvfp4lab.codec.decode_codes`)
 ==================  ==========================================================================
 
 With ``H = I`` no error is fed forward and GPTQ is exactly RTN (the tests check bit equality with
@@ -82,14 +84,16 @@ import torch
 from torch import nn
 
 from nvfp4lab import formats
-from nvfp4lab.codec import compute_global_scale
+from nvfp4lab.codec import block_scales_of, decode_codes, encode_blocks, finite_amax
 from nvfp4lab.constants import BLOCK_SIZE
-from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes
+from nvfp4lab.e2m1 import pack_fp4
 from nvfp4lab.formats.base import BlockFormat, BlockFormatInfo
 from nvfp4lab.hadamard import check_seed, hadamard_transform, rotation_matrix
-from nvfp4lab.scales import abs_max, as_global_scale, block_scales, scale_elements
-from nvfp4lab.tensor import NVFP4Tensor, decode_blocks
-from nvfp4lab.vocab import Convention, ScaleTiming, check_choice, check_dtype
+from nvfp4lab.orders import ArithmeticOrder
+from nvfp4lab.orders import get as get_order
+from nvfp4lab.scales import TensorScale, abs_max, as_global_scale, tensor_scale_from_amax
+from nvfp4lab.tensor import NVFP4Tensor
+from nvfp4lab.vocab import Convention, NonFinite, ScaleTiming, check_choice, check_dtype
 
 __all__ = [
     "GPTQFallbackWarning",
@@ -203,23 +207,34 @@ class _Columns(Protocol):
 
 
 class _NVFP4Columns:
-    """NVFP4 with nvfp4lab's arithmetic: ``block_scales`` / ``scale_elements`` / RNE."""
+    """NVFP4 in one arithmetic order, through the codec's block functions."""
 
     group = BLOCK_SIZE
 
-    def __init__(self, global_scale: torch.Tensor, convention: str) -> None:
-        self.gs = global_scale
-        self.convention = convention
+    def __init__(self, scale: TensorScale, order: ArithmeticOrder) -> None:
+        self.scale = scale
+        self.order = order
 
     def scales(self, w: torch.Tensor) -> torch.Tensor:
-        amax = abs_max(w.reshape(w.shape[0], -1, self.group), -1)
-        return block_scales(amax, self.gs, self.convention)
+        blocks = w.reshape(w.shape[0], -1, self.group)
+        return block_scales_of(blocks, self.scale.arithmetic, self.order)
 
     def column(self, col: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = col.shape[0]
         blocks, s = col.to(torch.float32).view(n, 1, 1), scale.view(n, 1)
-        codes = round_to_e2m1_codes(scale_elements(blocks, s, self.gs, self.convention))
-        return decode_blocks(codes, s, self.gs).view(n), codes.view(n)
+        codes = encode_blocks(blocks, s, self.scale.arithmetic, self.order)
+        values = decode_codes(codes, s, self.scale.arithmetic, self.order)
+        return values.view(n), codes.view(n)
+
+
+def _tensor_scale(
+    w: torch.Tensor, global_scale: torch.Tensor | float | None, order: ArithmeticOrder
+) -> TensorScale:
+    """The tensor scale :func:`nvfp4lab.quantize` would use for ``w`` in ``order`` (from its amax,
+    or the given ENCODE ``global_scale``)."""
+    if global_scale is None:
+        return tensor_scale_from_amax(finite_amax(w, NonFinite.PROPAGATE), order)
+    return TensorScale.of(order, encode=as_global_scale(global_scale, w.device))
 
 
 class _BlockColumns:
@@ -362,15 +377,15 @@ def gptq_quantize(
     """
     options = options or GPTQOptions()
     _check_pair(weight, hessian, BLOCK_SIZE)
-    conv = check_choice("convention", convention, Convention)
+    order = get_order(convention)
     w = weight.detach()
-    gs = (compute_global_scale(w, convention=conv) if global_scale is None
-          else as_global_scale(global_scale, w.device))
-    q, codes, scales, dead, reason = _run(w, hessian, _NVFP4Columns(gs, conv), options)
+    scale = _tensor_scale(w, global_scale, order)
+    q, codes, scales, dead, reason = _run(w, hessian, _NVFP4Columns(scale, order), options)
     if reason:
         warnings.warn(f"GPTQ fell back to RTN: {reason}", GPTQFallbackWarning, stacklevel=2)
     tensor = NVFP4Tensor(
-        pack_fp4(codes), scales.to(torch.float8_e4m3fn), gs, shape=w.shape, dtype=w.dtype
+        pack_fp4(codes), scales.to(torch.float8_e4m3fn), scale.encode, shape=w.shape,
+        dtype=w.dtype, decode_scale=scale.decode,
     )
     return GPTQResult(tensor, q, dead, bool(reason), reason)
 
@@ -410,7 +425,8 @@ def gptq_fake_quantize(
         rot = rotation_matrix(w.shape[1], hadamard, block=group, dtype=_WORK).to(w.device)
         h = rot.T @ h.to(device=w.device, dtype=_WORK) @ rot
     if cols is None:
-        cols = _NVFP4Columns(compute_global_scale(w), Convention.KERNEL)
+        order = get_order(Convention.KERNEL)
+        cols = _NVFP4Columns(_tensor_scale(w, None, order), order)
     q, _, _, _, reason = _run(w, h, cols, options)
     if reason:
         warnings.warn(f"GPTQ fell back to RTN: {reason}", GPTQFallbackWarning, stacklevel=2)

@@ -10,10 +10,13 @@ They are bit for bit the eager pipeline of :mod:`nvfp4lab.codec` and :mod:`nvfp4
 :mod:`nvfp4lab.constants`, :mod:`nvfp4lab.vocab` and :mod:`nvfp4lab.settings`; ``torch._dynamo``
 and inductor are imported on the first fused call, never by ``import nvfp4lab``).
 
-When a call runs fused (:func:`use_fused`): the call must be eligible (plain NVFP4 options, see
-the codec) on a CPU or CUDA tensor, a compiler must work here (:func:`compiler_available`), and
-the setting ``NVFP4LAB_FUSED`` (:func:`nvfp4lab.settings.fused_mode`) or the call's ``fused=``
-must allow it:
+When a call runs fused: :func:`fused_route` is the one rule every caller asks (the codec's
+quantize and fake_quantize, ``NVFP4Tensor.dequantize``, the linear's weight). The call must be
+eligible (plain options, 16-element blocks, K % 16 == 0, two blocks or more, an fp32/bf16/fp16
+tensor, an arithmetic order the graphs implement: :func:`nvfp4lab.kernels.graphs.supports`) on a
+CPU or CUDA tensor, a compiler must work here (:func:`compiler_available`), and the setting
+``NVFP4LAB_FUSED`` (:func:`nvfp4lab.settings.fused_mode`) or the call's ``fused=`` must allow it
+(:func:`use_fused`):
 
 ``on`` / ``fused=True``
     every eligible call (tests, benchmarks, long runs).
@@ -45,8 +48,11 @@ from collections.abc import Mapping
 
 import torch
 
+from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.kernels.graphs import supports
+from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.settings import fused_mode
-from nvfp4lab.vocab import FusedMode
+from nvfp4lab.vocab import SUPPORTED_DTYPES, FusedMode
 
 __all__ = [
     "AUTO_MIN_ELEMENTS",
@@ -54,6 +60,7 @@ __all__ = [
     "FUSED_DEVICE_TYPES",
     "compiler_available",
     "eager_work",
+    "fused_route",
     "use_fused",
 ]
 
@@ -108,6 +115,36 @@ def use_fused(
         ):
             return False
     return compiler_available(device.type)
+
+
+def fused_route(
+    numel: int,
+    k: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    fused: bool | None = None,
+    *,
+    block_size: int = BLOCK_SIZE,
+    order: ArithmeticOrder | None = None,
+    plain: bool = True,
+) -> bool:
+    """THE fused-eligibility rule: whether a call over ``numel`` elements (K = ``k``) of
+    ``dtype`` on ``device`` runs the fused kernels.
+
+    Eligible: ``plain`` (the caller's options are the defaults the graphs implement: RNE, amax
+    scales, no rotation, NaN/Inf raising, no other tensor scale), 16-element blocks, ``k`` a
+    multiple of 16, two blocks or more (a single block would compile its own size-1
+    specialization), ``dtype`` in :data:`~nvfp4lab.vocab.SUPPORTED_DTYPES` and, for a quantizing
+    call, an ``order`` the graphs implement (``None``: a decode, whose rule every graph covers).
+    Then :func:`use_fused` decides (device, ``fused`` / ``NVFP4LAB_FUSED``, a working compiler).
+    """
+    if not plain or block_size != BLOCK_SIZE or dtype not in SUPPORTED_DTYPES:
+        return False
+    if order is not None and not supports(order):
+        return False
+    if numel < 2 * BLOCK_SIZE or k % BLOCK_SIZE:
+        return False
+    return use_fused(numel, device, fused)
 
 
 def _probe_graph(x: torch.Tensor) -> torch.Tensor:

@@ -6,11 +6,14 @@ NB, so a new shape never recompiles (a new dtype does, once). The callers in
 :mod:`nvfp4lab.codec` and :mod:`nvfp4lab.tensor` have checked the inputs; here tensors are only
 viewed as blocks, graphs run, and results are shaped back::
 
-    block_stats(x, convention)             -> BlockStats (x as blocks, statistic, amax)
+    block_stats(x, order)                  -> BlockStats (x as blocks, statistic, amax)
     (caller)  amax -> NaN/Inf check, global scale gs (the codec's own rules)
-    encode(stats, gs, convention)          -> packed uint8 [..., K/2], scales e4m3 [..., K/16]
-    fake_quantize(stats, gs, convention)   -> x_hat, x.dtype [..., K]
-    decode(packed, scales, t, dtype, order)-> value·(s/t) or value·(s·t), dtype [..., K]
+    encode(stats, gs, order)               -> packed uint8 [..., K/2], scales e4m3 [..., K/16]
+    fake_quantize(stats, gs, order)        -> x_hat, x.dtype [..., K]
+    decode(packed, scales, t, dtype, rule) -> value·(s/t) or value·(s·t), dtype [..., K]
+
+``order`` is an :class:`~nvfp4lab.orders.ArithmeticOrder` the graphs support
+(:func:`nvfp4lab.kernels.graphs.supports`), ``rule`` a :class:`~nvfp4lab.orders.DecodeRule`.
 
 Inductor options are scoped to each compiled function (``torch.compile(options=...)``), never set
 globally. CPU: 256-bit vectors for the compare/select-heavy float graphs (inductor's 512-bit code
@@ -30,6 +33,7 @@ import torch
 
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX
 from nvfp4lab.kernels.graphs import GRAPHS
+from nvfp4lab.orders import ArithmeticOrder, DecodeRule
 
 __all__ = [
     "CHUNK_BLOCKS",
@@ -67,8 +71,13 @@ GPU_OPTIONS: dict[str, Any] = {
 _HALF = BLOCK_SIZE // 2
 
 
+def _static_name(value: object) -> str:
+    """A static argument's part of a compiled function's name (an order's or a rule's name)."""
+    return str(getattr(value, "name", value)).lower()
+
+
 @functools.cache
-def compiled(kind: str, static: tuple[str, ...], device_type: str) -> Callable[..., Any]:
+def compiled(kind: str, static: tuple[Any, ...], device_type: str) -> Callable[..., Any]:
     """Graph ``kind`` compiled for ``device_type``, its static trailing arguments ``static``.
 
     Each (kind, static, device type) gets its own function *and code object*: dynamo's
@@ -79,7 +88,7 @@ def compiled(kind: str, static: tuple[str, ...], device_type: str) -> Callable[.
     def graph(*tensors: torch.Tensor) -> Any:
         return base(*tensors, *static)
 
-    name = "_".join([kind, *static, device_type]).replace("-", "_")
+    name = "_".join([kind, *map(_static_name, static), device_type]).replace("-", "_")
     graph.__code__ = graph.__code__.replace(co_name=f"nvfp4_{name}")
     options = dict(CPU_OPTIONS[kind]) if device_type == "cpu" else dict(GPU_OPTIONS)
     return torch.compile(graph, dynamic=True, fullgraph=True, options=options or None)
@@ -108,21 +117,21 @@ class BlockStats(NamedTuple):
     """The first pass over ``x``: its blocks, their statistic and the tensor's amax."""
 
     blocks: torch.Tensor  #: x as [NB, 16], x.dtype
-    stat: torch.Tensor  #: [NB], x.dtype: block amax (kernel) or amax/6 (compressed-tensors)
+    stat: torch.Tensor  #: [NB], x.dtype: block amax, or amax/6 in x.dtype (see graphs)
     amax: torch.Tensor  #: 0-d, x.dtype: max |x| (NaN/Inf propagate)
     shape: torch.Size  #: the shape of x [..., K], K a multiple of 16
 
 
-def block_stats(x: torch.Tensor, convention: str) -> BlockStats:
+def block_stats(x: torch.Tensor, order: ArithmeticOrder) -> BlockStats:
     """Block statistics of ``x`` [..., K] (fp32/bf16/fp16, K % 16 == 0, non-empty)."""
     xb = _blocks(x, BLOCK_SIZE)
     divisor = torch.full((1,), E2M1_MAX, dtype=x.dtype, device=x.device)
-    stat, amax = compiled("stats", (str(convention),), x.device.type)(xb, divisor)
+    stat, amax = compiled("stats", (order,), x.device.type)(xb, divisor)
     return BlockStats(xb, stat, amax, x.shape)
 
 
 def encode(
-    stats: BlockStats, global_scale: torch.Tensor, convention: str
+    stats: BlockStats, global_scale: torch.Tensor, order: ArithmeticOrder
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 [..., K/2], float8_e4m3fn scales [..., K/16]) of ``stats``' tensor with the
     float32 [1] ENCODE ``global_scale``; bit for bit the eager codec's."""
@@ -131,7 +140,7 @@ def encode(
     packed = torch.empty((*lead, k // 2), dtype=torch.uint8, device=dev)
     scales = torch.empty((*lead, k // BLOCK_SIZE), dtype=torch.uint8, device=dev)
     packed_b, scales_b = _blocks(packed, _HALF), scales.view(-1).detach()
-    codes_graph = compiled("codes", (str(convention),), dev.type)
+    codes_graph = compiled("codes", (order,), dev.type)
     pack_graph = compiled("pack", (), dev.type)
     rgs = torch.reciprocal(global_scale)
     codes = torch.empty((min(xb.shape[0], CHUNK_BLOCKS), BLOCK_SIZE), dtype=torch.uint8, device=dev)
@@ -146,7 +155,7 @@ def encode(
 def fake_quantize(
     stats: BlockStats,
     global_scale: torch.Tensor,
-    convention: str,
+    order: ArithmeticOrder,
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -156,7 +165,7 @@ def fake_quantize(
     if out is None:
         out = torch.empty(stats.shape, dtype=xb.dtype, device=xb.device)
     out_b = _blocks(out, BLOCK_SIZE)
-    graph = compiled("fake", (str(convention),), xb.device.type)
+    graph = compiled("fake", (order,), xb.device.type)
     rgs = torch.reciprocal(global_scale)
     for part in _chunks(xb.shape[0], xb.device):
         graph(xb[part].detach(), stats.stat[part].detach(), global_scale, rgs,
@@ -170,13 +179,13 @@ def decode(
     tensor_scale: torch.Tensor,
     dtype: torch.dtype,
     *,
-    order: str = "divide",
+    rule: DecodeRule = DecodeRule.SCALE_OVER_ENCODE,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode ``packed`` uint8 [..., K/2] with E4M3 ``scales`` [..., K/16] (float8_e4m3fn or
-    its uint8 bytes) to ``dtype`` [..., K]: ``value(code)·(s / t)`` (``order="divide"``, ``t`` the
-    float32 [1] ENCODE global scale) or ``value(code)·(s·t)`` (``order="multiply"``, ``t`` a DECODE
-    scale) in float32, one rounding to ``dtype``. ``out``: a contiguous result buffer."""
+    its uint8 bytes) to ``dtype`` [..., K]: ``value(code)·(s / t)`` (``SCALE_OVER_ENCODE``, ``t``
+    the float32 [1] ENCODE global scale) or ``value(code)·(s·t)`` (``SCALE_TIMES_DECODE``, ``t`` a
+    DECODE scale) in float32, one rounding to ``dtype``. ``out``: a contiguous result buffer."""
     if out is None:
         out = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=dtype,
                           device=packed.device)
@@ -184,7 +193,7 @@ def decode(
     bytes_b = scales.view(torch.uint8).reshape(-1).detach()
     out_b = _blocks(out, BLOCK_SIZE)
     t = tensor_scale.detach().to(device=packed.device, dtype=torch.float32).reshape(1)
-    graph = compiled("decode", (order,), packed.device.type)
+    graph = compiled("decode", (rule,), packed.device.type)
     for part in _chunks(packed_b.shape[0], packed.device):
         graph(packed_b[part].detach(), bytes_b[part].detach(), t, out_b[part].detach())
     return out

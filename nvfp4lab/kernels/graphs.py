@@ -15,10 +15,14 @@ fake      x, statistic, gs, 1/gs                   x_hat* [NB, 16] (x.dtype)
 decode    packed [NB, 8], scale bytes [NB], t [1]  x_hat* [NB, 16] (any float dtype)
 ========  =======================================  =========================================
 
-The block statistic is the block amax (kernel order) or ``amax_b / 6`` rounded to x.dtype
-(compressed-tensors order). Being a graph *output* it is really stored in x.dtype: inside one
-graph inductor would keep it in float32 (it elides a downcast feeding another op unless the
-compiled function has ``emulate_precision_casts``), which changes 0.3-1.7 % of bf16/fp16 scales.
+The graphs take an :class:`~nvfp4lab.orders.ArithmeticOrder` as their static argument and read
+its steps (never a convention's name); :func:`supports` says which orders they implement: the
+ENCODE-form orders with RNE rounding and no lower clamp (today ``kernel`` and
+``compressed-tensors``); any other order runs the eager pipeline. The block statistic is the
+block amax, or ``amax_b / 6`` rounded to x.dtype where the order divides in the input dtype.
+Being a graph *output* it is really stored in x.dtype: inside one graph inductor would keep it in
+float32 (it elides a downcast feeding another op unless the compiled function has
+``emulate_precision_casts``), which changes 0.3-1.7 % of bf16/fp16 scales.
 
 Arithmetic, the eager operations of :mod:`nvfp4lab.scales` / :mod:`nvfp4lab.e2m1` in the eager
 order, in float32, with three exact rewrites:
@@ -45,6 +49,16 @@ from __future__ import annotations
 
 import torch
 
+from nvfp4lab.orders import (
+    ArithmeticOrder,
+    BlockScaleRule,
+    DecodeRule,
+    E2M1Ties,
+    E4M3Rounding,
+    ElementScaling,
+    ScaleForm,
+)
+
 __all__ = [
     "GRAPHS",
     "codes_graph",
@@ -57,9 +71,31 @@ __all__ = [
     "pin_widths",
     "round_e4m3",
     "stats_graph",
+    "supports",
 ]
 
-_KERNEL = "kernel"  # the convention names of nvfp4lab.vocab.Convention (static graph arguments)
+_BLOCK_RULES = (
+    BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET,
+    BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE,
+)
+_ELEMENT_RULES = (ElementScaling.MULTIPLY_BY_INVERSE, ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE)
+
+
+def supports(order: ArithmeticOrder) -> bool:
+    """Whether the graphs implement ``order`` (its steps, not its name): ENCODE form, a block
+    rule and element scaling below, E4M3 and E2M1 nearest-even, no lower clamp, no zero-block
+    scale, a zero scale kept or replaced by 0.125, decode ``value * (s / gs)``."""
+    return (
+        order.scale_form is ScaleForm.ENCODE
+        and order.block_scale in _BLOCK_RULES
+        and order.element_scaling in _ELEMENT_RULES
+        and order.e4m3_rounding is E4M3Rounding.NEAREST_EVEN
+        and order.e2m1_ties is E2M1Ties.EVEN
+        and order.decode is DecodeRule.SCALE_OVER_ENCODE
+        and order.zero_block_scale is None
+        and order.min_block_scale == 0
+        and order.zero_scale_replacement in (None, 0.125)
+    )
 
 
 def pin_widths(*pairs: tuple[torch.Tensor, int]) -> None:
@@ -134,14 +170,24 @@ def _unpack(packed: torch.Tensor) -> torch.Tensor:
     return w.view(torch.uint8)
 
 
+def _divides_in_input_dtype(order: ArithmeticOrder) -> bool:
+    return order.block_scale is BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE
+
+
+def _multiplies(order: ArithmeticOrder) -> bool:
+    return order.element_scaling is ElementScaling.MULTIPLY_BY_INVERSE
+
+
 def _block_scales(
-    stat: torch.Tensor, gs: torch.Tensor, convention: str
+    stat: torch.Tensor, gs: torch.Tensor, order: ArithmeticOrder
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(E4M3 block scale as float32, its byte as int32) from the block statistic [NB];
     ``gs * stat >= 0``, so eager's clamp to [-448, 448] is a clamp to 448."""
-    pre = gs * (stat.float() * (1.0 / 6.0)) if convention == _KERNEL else gs * stat.float()
+    # where the order divides in x.dtype, the statistic is already amax_b / 6
+    divided = _divides_in_input_dtype(order)
+    pre = gs * stat.float() if divided else gs * (stat.float() * (1.0 / 6.0))
     value, byte = round_e4m3(_min_gt(pre, 448.0))
-    if convention != _KERNEL:
+    if order.zero_scale_replacement is not None:  # 0.125 (see supports)
         zero = value == 0
         value = torch.where(zero, 0.125, value)
         byte = torch.where(zero, 0x20, byte)  # 0.125 = 2**-3: biased exponent 4, mantissa 0
@@ -149,34 +195,34 @@ def _block_scales(
 
 
 def _block_factor(
-    scale: torch.Tensor, gs: torch.Tensor, rgs: torch.Tensor, convention: str
+    scale: torch.Tensor, gs: torch.Tensor, rgs: torch.Tensor, order: ArithmeticOrder
 ) -> torch.Tensor:
-    """The element step's per-block factor: the multiplier ``1/(s·(1/gs))`` (0 where s == 0) in
-    the kernel order, the divisor ``s/gs`` in the compressed-tensors order; ``rgs = 1/gs``."""
-    if convention == _KERNEL:
+    """The element step's per-block factor: the multiplier ``1/(s·(1/gs))`` (0 where s == 0)
+    when the order multiplies by the inverse, else the divisor ``s/gs``; ``rgs = 1/gs``."""
+    if _multiplies(order):
         return torch.where(scale == 0, 0.0, torch.reciprocal(scale * rgs))
     return scale / gs
 
 
 def _scaled(
-    xb: torch.Tensor, factor: torch.Tensor, convention: str
+    xb: torch.Tensor, factor: torch.Tensor, order: ArithmeticOrder
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(``min(|x·gs/s|, 6)``, ``x·gs/s < 0``) for x [NB, 16] and the block factor [NB, 1]."""
-    v = xb.float() * factor if convention == _KERNEL else xb.float() / factor
+    v = xb.float() * factor if _multiplies(order) else xb.float() / factor
     return _min_gt(v.abs(), 6.0), v < 0
 
 
 def stats_graph(
-    xb: torch.Tensor, divisor: torch.Tensor, convention: str
+    xb: torch.Tensor, divisor: torch.Tensor, order: ArithmeticOrder
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [NB, 16] -> (block statistic [NB] in x.dtype, amax(|x|) 0-d in x.dtype). ``divisor`` is
     6 in x.dtype (a tensor: eager divides by a same-device tensor)."""
     pin_widths((xb, 16))
     amax_b = xb.abs().amax(dim=-1)
     amax = amax_b.amax()
-    if convention == _KERNEL:
-        return amax_b, amax
-    return amax_b / divisor, amax
+    if _divides_in_input_dtype(order):
+        return amax_b / divisor, amax
+    return amax_b, amax
 
 
 def codes_graph(
@@ -186,14 +232,14 @@ def codes_graph(
     rgs: torch.Tensor,
     codes_out: torch.Tensor,
     bytes_out: torch.Tensor,
-    convention: str,
+    order: ArithmeticOrder,
 ) -> torch.Tensor:
     """E2M1 codes, one per byte, into ``codes_out`` [NB, 16]; scale bytes into ``bytes_out``.
     Returns the block factor [NB] (see :data:`GRAPHS` on why per-block values are outputs)."""
     pin_widths((xb, 16), (codes_out, 16))
-    scale, byte = _block_scales(stat, gs, convention)
-    factor = _block_factor(scale, gs, rgs, convention)
-    a, negative = _scaled(xb, factor.unsqueeze(-1), convention)
+    scale, byte = _block_scales(stat, gs, order)
+    factor = _block_factor(scale, gs, rgs, order)
+    a, negative = _scaled(xb, factor.unsqueeze(-1), order)
     index, _ = e2m1_round(a)
     codes_out.copy_(index + 8.0 * negative.float())
     bytes_out.copy_(byte)
@@ -213,15 +259,15 @@ def fake_graph(
     gs: torch.Tensor,
     rgs: torch.Tensor,
     out: torch.Tensor,
-    convention: str,
+    order: ArithmeticOrder,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``dequantize(quantize(x))`` into ``out`` [NB, 16] (x.dtype): ``value·(s/gs)`` in float32,
     one rounding to ``out.dtype``. Returns the block factor and decode factor [NB]."""
     pin_widths((xb, 16), (out, 16))
-    scale, _ = _block_scales(stat, gs, convention)
-    factor = _block_factor(scale, gs, rgs, convention)
-    decode = factor if convention != _KERNEL else scale / gs  # the divisor s/gs is the decode
-    a, negative = _scaled(xb, factor.unsqueeze(-1), convention)
+    scale, _ = _block_scales(stat, gs, order)
+    factor = _block_factor(scale, gs, rgs, order)
+    decode = scale / gs if _multiplies(order) else factor  # the divisor s/gs is the decode
+    a, negative = _scaled(xb, factor.unsqueeze(-1), order)
     _, magnitude = e2m1_round(a)
     out.copy_(torch.where(negative, -magnitude, magnitude) * decode.unsqueeze(-1))
     return factor, decode
@@ -232,20 +278,22 @@ def decode_graph(
     scale_bytes: torch.Tensor,
     tensor_scale: torch.Tensor,
     out: torch.Tensor,
-    order: str,
+    rule: DecodeRule,
 ) -> torch.Tensor:
     """``value(code)·f`` in float32 into ``out`` [NB, 16] (any float dtype), with the block factor
-    ``f = s / tensor_scale`` (``order="divide"``: the ENCODE global scale) or ``f = s ·
-    tensor_scale`` (``order="multiply"``: a DECODE scale, ModelOpt's and vLLM's order).
+    ``f = s / tensor_scale`` (``SCALE_OVER_ENCODE``: the ENCODE global scale) or ``f = s ·
+    tensor_scale`` (``SCALE_TIMES_DECODE``: a DECODE scale, ModelOpt's and vLLM's order).
     Returns ``f`` [NB]."""
     pin_widths((packed, 8), (out, 16))
     s = decode_e4m3(scale_bytes)
-    factor = s / tensor_scale if order == "divide" else s * tensor_scale
+    over = rule is DecodeRule.SCALE_OVER_ENCODE
+    factor = s / tensor_scale if over else s * tensor_scale
     out.copy_(decode_e2m1(_unpack(packed)) * factor.unsqueeze(-1))
     return factor
 
 
-#: The graphs by kind; their trailing static arguments (convention, order) follow the tensors.
+#: The graphs by kind; their trailing static argument (an ArithmeticOrder, or the DecodeRule of
+#: ``decode``) follows the tensors.
 #: Per-block values (scale, multiplier, decode factor) are returned on purpose: a graph output is
 #: realized in a loop vectorized across blocks, and the element loop then loads one float per
 #: block; left inline, the scalar chain (E4M3 rounding, divisions) ran once per block inside the

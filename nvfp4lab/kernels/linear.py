@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 
 from nvfp4lab.kernels.compiled import balanced, decode
+from nvfp4lab.orders import DecodeRule
 
 __all__ = ["TILE_BYTES", "EncodedWeight", "tiled_matmul", "tiled_verdicts"]
 
@@ -42,8 +43,8 @@ class EncodedWeight(NamedTuple):
 
     packed: torch.Tensor  #: uint8 [N, K/2]
     scales: torch.Tensor  #: float8_e4m3fn [N, K/16]
-    tensor_scale: torch.Tensor  #: float32 [1]: ENCODE gs ("divide") or a DECODE scale ("multiply")
-    order: str  #: "divide" (value·(s/gs)) or "multiply" (value·(s·d), vLLM's and ModelOpt's)
+    tensor_scale: torch.Tensor  #: float32 [1]: ENCODE gs or DECODE d, as ``rule`` says
+    rule: DecodeRule  #: value·(s/gs) or value·(s·d) (vLLM's and ModelOpt's)
 
 
 def tiled_verdicts() -> dict[tuple[object, ...], int]:
@@ -66,7 +67,7 @@ def _product(a: torch.Tensor, w: torch.Tensor, fp32: bool) -> torch.Tensor:
 
 
 def _whole(a: torch.Tensor, w: EncodedWeight, fp32: bool) -> torch.Tensor:
-    full = decode(w.packed, w.scales, w.tensor_scale, a.dtype, order=w.order)
+    full = decode(w.packed, w.scales, w.tensor_scale, a.dtype, rule=w.rule)
     return _product(a, full, fp32)
 
 
@@ -76,7 +77,7 @@ def _tiled(a: torch.Tensor, w: EncodedWeight, fp32: bool, rows: int) -> torch.Te
     buf = torch.empty((rows, k), dtype=a.dtype, device=a.device)
     for part in balanced(n, rows):
         tile = buf[: part.stop - part.start]
-        decode(w.packed[part], w.scales[part], w.tensor_scale, a.dtype, order=w.order, out=tile)
+        decode(w.packed[part], w.scales[part], w.tensor_scale, a.dtype, rule=w.rule, out=tile)
         out[:, part] = _product(a, tile, fp32)
     return out
 

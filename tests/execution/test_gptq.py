@@ -24,6 +24,7 @@ from nvfp4lab.execution.gptq import (
     gptq_fake_quantize,
     gptq_quantize,
 )
+from nvfp4lab.vocab import Convention
 from tests.execution.tiny_models import tiny_model, token_batches
 
 
@@ -58,7 +59,7 @@ def _output_error(x: torch.Tensor, w: torch.Tensor, w_hat: torch.Tensor) -> floa
 # -- (a) identity Hessian: GPTQ is RTN -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("convention", ["kernel", "compressed-tensors"])
+@pytest.mark.parametrize("convention", list(Convention))  # every arithmetic order
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_identity_hessian_is_rtn_bit_for_bit(convention: str, dtype: torch.dtype) -> None:
     w = (_layer(64, 128) * 0.05).to(dtype)
@@ -69,6 +70,9 @@ def test_identity_hessian_is_rtn_bit_for_bit(convention: str, dtype: torch.dtype
         assert torch.equal(got.packed, want.packed)
         assert torch.equal(_raw(got.scales), _raw(want.scales))
         assert torch.equal(got.global_scale, want.global_scale)
+        assert (got.decode_scale is None) == (want.decode_scale is None)
+        if want.decode_scale is not None:  # the modelopt order keeps its exact DECODE scale
+            assert torch.equal(got.decode_scale, want.decode_scale)
 
 
 def test_orthogonal_inputs_are_rtn_and_act_order_changes_nothing() -> None:

@@ -1,0 +1,200 @@
+"""Arithmetic orders as data: how each :class:`~nvfp4lab.vocab.Convention` computes NVFP4.
+
+NVFP4's format is fixed (E2M1 codes, one E4M3 scale per 16 values, one FP32 tensor scale), but
+the float32 arithmetic that picks the scales and codes is not: libraries differ in where they
+divide, in which dtype, and what an all-zero block gets, so they disagree on a small fraction of
+codes. One :class:`ArithmeticOrder` per convention states those choices step by step; the eager
+pipeline (:mod:`nvfp4lab.scales`, :mod:`nvfp4lab.codec`), the fused graphs
+(:mod:`nvfp4lab.kernels.graphs`) and GPTQ (through the codec's block functions) all read it, and
+none of them names a convention. :mod:`nvfp4lab.reference` keeps its own slow, independent
+version of every order: the oracle the fast paths are checked against.
+
+Notation, per block ``b`` of 16 values with maximum ``amax_b``: ``gs`` is the ENCODE tensor
+scale (2688/amax), ``d`` the DECODE one (amax/2688), ``t`` the value a block's max maps to (6
+for plain NVFP4), ``s`` the block scale (an E4M3 value), ``f32(·)`` a float32 rounding.
+
+``kernel`` (ENCODE form; vLLM's float32 reference of its CUDA quantize kernel)::
+
+    tensor scale   gs = 2688 / amax, one float32 division, capped at 2**116
+    block scale    s = e4m3(clamp(gs * (amax_b * f32(1/t)), -448, 448))  (0 for a zero block)
+    elements       RNE_E2M1(clamp(x * (1 / (s * (1/gs))), -6, 6))        (0 where s == 0)
+    decode         value * (s / gs)
+
+``compressed-tensors`` (ENCODE form; compressed-tensors 0.20)::
+
+    tensor scale   gs = reciprocal(amax) * 2688, each step rounded to x.dtype
+    block scale    s = e4m3(clamp(gs * f32(amax_b / t), -448, 448)), the / in x.dtype; 0 -> 0.125
+    elements       RNE_E2M1(clamp(f32(x) / (s / gs), -6, 6))
+    decode         value * (s / gs)
+
+``modelopt`` (DECODE form; NVIDIA ModelOpt 0.47, ``NVFP4QTensor``)::
+
+    tensor scale   d = amax / 2688, one float32 division
+    block scale    s = e4m3(clamp(amax_b / f32(t * d), 2**-9, 448))       (1 for a zero block)
+    elements       RNE_E2M1(clamp(f32(x) / f32(s * d), -6, 6))
+    decode         value * f32(s * d)
+
+E4M3 and E2M1 rounding are round-to-nearest, ties to even, in all three.
+
+Each step's variants are an :class:`~enum.Enum` here; the functions that carry a step out
+(:mod:`nvfp4lab.scales`, :mod:`nvfp4lab.e2m1`, the graphs) dispatch on these members. A new
+order is a new :data:`ORDERS` entry (and a new member of a step's enum only if one of its steps
+is new); ``docs/architecture.md`` ("How to add an arithmetic order") gives the recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, auto
+
+from nvfp4lab.constants import CT_ZERO_SCALE_REPLACEMENT, E4M3_MIN_SUBNORMAL
+from nvfp4lab.vocab import Convention, check_choice
+
+__all__ = [
+    "KERNEL_MAX_GLOBAL_SCALE",
+    "ORDERS",
+    "ArithmeticOrder",
+    "BlockScaleRule",
+    "DecodeRule",
+    "E2M1Ties",
+    "E4M3Rounding",
+    "ElementScaling",
+    "ScaleForm",
+    "TensorScaleRule",
+    "get",
+]
+
+#: Largest ENCODE scale the kernel order accepts: above it ``1/gs`` is so small that
+#: ``1 / (s_b * (1/gs))`` overflows float32 for the smallest block scales (2**-9).
+KERNEL_MAX_GLOBAL_SCALE: float = 2.0**116
+
+
+class ScaleForm(Enum):
+    """Which form of the tensor scale an order's block arithmetic is written in."""
+
+    ENCODE = auto()  #: ``gs = 2688 / amax`` (compressed-tensors, vLLM's kernel)
+    DECODE = auto()  #: ``d = amax / 2688`` (ModelOpt's ``weight_scale_2``, torchao)
+
+
+class TensorScaleRule(Enum):
+    """How the tensor scale is computed from ``amax`` (the numerator ``n`` is 2688 = 448·6)."""
+
+    FLOAT32_DIVISION = auto()  #: ENCODE ``n / amax`` as one true float32 division
+    INPUT_DTYPE_RECIPROCAL = auto()  #: ENCODE ``reciprocal(amax) * n``, each step in x.dtype
+    DECODE_FLOAT32_DIVISION = auto()  #: DECODE ``amax / n`` as one true float32 division
+
+
+class BlockScaleRule(Enum):
+    """How a block's scale is computed before its E4M3 rounding."""
+
+    ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET = auto()  #: ``gs * (amax_b * f32(1/t))``
+    ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE = auto()  #: ``gs * f32(amax_b / t)``, / in x.dtype
+    AMAX_OVER_TARGET_TIMES_DECODE = auto()  #: ``amax_b / f32(t * d)``
+
+
+class E4M3Rounding(Enum):
+    """How the block scale is rounded to E4M3."""
+
+    NEAREST_EVEN = auto()  #: ``torch.float8_e4m3fn`` cast: nearest, ties to even
+
+
+class ElementScaling(Enum):
+    """How an element is brought into the E2M1 range ``x * gs / s`` (clamped to ±6 after)."""
+
+    MULTIPLY_BY_INVERSE = auto()  #: ``f32(x) * (1 / (s * (1/gs)))``, 0 where ``s == 0``
+    DIVIDE_BY_SCALE_OVER_ENCODE = auto()  #: ``f32(x) / (s / gs)``
+    DIVIDE_BY_SCALE_TIMES_DECODE = auto()  #: ``f32(x) / f32(s * d)``
+
+
+class E2M1Ties(Enum):
+    """How a scaled element halfway between two E2M1 values is rounded."""
+
+    EVEN = auto()  #: nearest, ties to the even code (IEEE round-half-even)
+
+
+class DecodeRule(Enum):
+    """How codes and block scales decode (float32, then one rounding to the wanted dtype)."""
+
+    SCALE_OVER_ENCODE = auto()  #: ``value * (s / gs)``
+    SCALE_TIMES_DECODE = auto()  #: ``value * f32(s * d)`` (exact ``d`` kept by the tensor)
+
+
+@dataclass(frozen=True)
+class ArithmeticOrder:
+    """One convention's arithmetic, step by step (see the module docstring).
+
+    ``zero_block_scale``: the scale a block gets before E4M3 rounding where its rule gives 0 (an
+    all-zero block; None: it stays 0). ``zero_scale_replacement``: what an E4M3 scale of 0
+    becomes after rounding (None: it stays 0 and its block's codes are 0).
+    ``min_block_scale``: the lower clamp (0: clamp to -448 only). ``max_global_scale``: largest
+    ENCODE scale the order accepts (None: any finite one). ``source``: where the order comes from.
+    """
+
+    convention: Convention
+    scale_form: ScaleForm
+    tensor_scale: TensorScaleRule
+    block_scale: BlockScaleRule
+    e4m3_rounding: E4M3Rounding
+    element_scaling: ElementScaling
+    e2m1_ties: E2M1Ties
+    decode: DecodeRule
+    zero_block_scale: float | None = None
+    zero_scale_replacement: float | None = None
+    min_block_scale: float = 0.0
+    max_global_scale: float | None = None
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        """The convention's name (``"kernel"``, ...)."""
+        return self.convention.value
+
+
+#: Every arithmetic order nvfp4lab runs, by convention.
+ORDERS: dict[Convention, ArithmeticOrder] = {
+    Convention.KERNEL: ArithmeticOrder(
+        Convention.KERNEL,
+        scale_form=ScaleForm.ENCODE,
+        tensor_scale=TensorScaleRule.FLOAT32_DIVISION,
+        block_scale=BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET,
+        e4m3_rounding=E4M3Rounding.NEAREST_EVEN,
+        element_scaling=ElementScaling.MULTIPLY_BY_INVERSE,
+        e2m1_ties=E2M1Ties.EVEN,
+        decode=DecodeRule.SCALE_OVER_ENCODE,
+        max_global_scale=KERNEL_MAX_GLOBAL_SCALE,
+        source="vLLM 0.33: the float32 reference of its CUDA NVFP4 quantize kernel",
+    ),
+    Convention.COMPRESSED_TENSORS: ArithmeticOrder(
+        Convention.COMPRESSED_TENSORS,
+        scale_form=ScaleForm.ENCODE,
+        tensor_scale=TensorScaleRule.INPUT_DTYPE_RECIPROCAL,
+        block_scale=BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE,
+        e4m3_rounding=E4M3Rounding.NEAREST_EVEN,
+        element_scaling=ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE,
+        e2m1_ties=E2M1Ties.EVEN,
+        decode=DecodeRule.SCALE_OVER_ENCODE,
+        zero_scale_replacement=CT_ZERO_SCALE_REPLACEMENT,
+        source="compressed-tensors 0.20: its NVFP4 quantize and global-scale helpers",
+    ),
+    Convention.MODELOPT: ArithmeticOrder(
+        Convention.MODELOPT,
+        scale_form=ScaleForm.DECODE,
+        tensor_scale=TensorScaleRule.DECODE_FLOAT32_DIVISION,
+        block_scale=BlockScaleRule.AMAX_OVER_TARGET_TIMES_DECODE,
+        e4m3_rounding=E4M3Rounding.NEAREST_EVEN,
+        element_scaling=ElementScaling.DIVIDE_BY_SCALE_TIMES_DECODE,
+        e2m1_ties=E2M1Ties.EVEN,
+        decode=DecodeRule.SCALE_TIMES_DECODE,
+        zero_block_scale=1.0,
+        min_block_scale=E4M3_MIN_SUBNORMAL,
+        source="NVIDIA ModelOpt 0.47: NVFP4QTensor.quantize and its dequantize",
+    ),
+}
+
+
+def get(order: str | ArithmeticOrder) -> ArithmeticOrder:
+    """The :class:`ArithmeticOrder` of a convention name (or the order itself); a bad name raises
+    the vocabulary's one error, ``unknown convention …; accepted values: …``."""
+    if isinstance(order, ArithmeticOrder):
+        return order
+    return ORDERS[check_choice("convention", order, Convention)]  # type: ignore[index]
