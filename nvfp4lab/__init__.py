@@ -34,6 +34,7 @@ from nvfp4lab.execution import (  # the whole of nvfp4lab.execution.__all__
     select_backend,
 )
 from nvfp4lab.layout import swizzle_scales, unswizzle_scales
+from nvfp4lab.orders import ORDERS, ArithmeticOrder
 from nvfp4lab.scales import decode_to_encode_scale, encode_to_decode_scale
 from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor
 from nvfp4lab.vocab import Backend, BiasMode, Convention
@@ -64,6 +65,7 @@ _SUBMODULES = (
     "metrics",
     "models",
     "options",
+    "orders",
     "plots",
     "reference",
     "reports",
@@ -78,7 +80,9 @@ _SUBMODULES = (
 __all__ = [
     "CONVENTIONS",
     "FUSED_GROUPS",
+    "ORDERS",
     "SHARE_PRESETS",
+    "ArithmeticOrder",
     "Backend",
     "BackendChoice",
     "BiasMode",

@@ -74,7 +74,7 @@ from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes, stochastic_round_to_e2m
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.kernels import compiled as fused_kernels
 from nvfp4lab.options import NVFP4Options, block_shape, nvfp4_options
-from nvfp4lab.orders import ArithmeticOrder, DecodeRule, E2M1Ties
+from nvfp4lab.orders import KERNEL_MAX_GLOBAL_SCALE, ArithmeticOrder, DecodeRule, E2M1Ties
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import (
     TensorScale,
@@ -89,6 +89,7 @@ from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor, block_chunks, decod
 from nvfp4lab.vocab import Convention, NonFinite, Rounding, check_dtype
 
 __all__ = [
+    "KERNEL_MAX_GLOBAL_SCALE",
     "ScaleUnderflowWarning",
     "TensorScale",
     "block_scales_of",
