@@ -53,7 +53,7 @@ def test_global_scale_numerator_is_2688() -> None:
     assert C.GLOBAL_SCALE_NUMERATOR == 2688.0 == 448 * 6
     assert C.GLOBAL_SCALE_NUMERATOR == C.E4M3_MAX * C.E2M1_MAX
     # an amax of 2688 gives global scale 1: the largest block then gets the largest E4M3 scale
-    assert C.GLOBAL_SCALE_NUMERATOR / C.E2M1_MAX == float(torch.finfo(torch.float8_e4m3fn).max)
+    assert float(torch.finfo(torch.float8_e4m3fn).max) == C.GLOBAL_SCALE_NUMERATOR / C.E2M1_MAX
 
 
 def test_ct_zero_scale_replacement_is_an_exact_e4m3_value() -> None:

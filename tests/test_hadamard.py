@@ -110,9 +110,9 @@ def test_bad_sizes_and_inputs() -> None:
     for k in (0, 24, -16, True):
         with pytest.raises(ValueError, match=rf"multiple of 16, got {k!r}"):
             H.rotation_matrix(k, 0)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="float tensor, got dtype torch.int64"):
+    with pytest.raises(TypeError, match=r"float tensor, got dtype torch\.int64"):
         H.hadamard_transform(torch.ones(2, 16, dtype=torch.int64), 0)
-    with pytest.raises(TypeError, match="expected a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"expected a torch\.Tensor, got list"):
         H.hadamard_transform([1.0] * 16, 0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"shape \(\) has K"):
         H.hadamard_transform(torch.tensor(1.0), 0)
