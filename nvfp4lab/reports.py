@@ -33,13 +33,13 @@ import json
 import math
 import re
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from nvfp4lab.bench.timing import stopwatch
 from nvfp4lab.settings import environ
 
 __all__ = [
@@ -410,9 +410,8 @@ def _run_one(
     out_html = out_dir / f"{name}.html"
     for stale in (out_ipynb, out_html):
         stale.unlink(missing_ok=True)
-    start = time.perf_counter()
-    error = _execute(path, out_ipynb, parameters, kernel_name, timeout_s)
-    duration = time.perf_counter() - start
+    with stopwatch() as took:
+        error = _execute(path, out_ipynb, parameters, kernel_name, timeout_s)
 
     nb = _read_notebook(out_ipynb) if out_ipynb.exists() else _read_notebook(path)
     headlines = extract_headlines(nb) if out_ipynb.exists() else {}
@@ -425,7 +424,7 @@ def _run_one(
         name=name,
         notebook=path,
         status="failed" if error else "ok",
-        duration_s=duration,
+        duration_s=took.wall_s,
         html_path=out_html if out_html.exists() else None,
         ipynb_path=out_ipynb if out_ipynb.exists() else None,
         parameters=dict(parameters),

@@ -10,6 +10,10 @@ Reported: the **median** per-call time, and as the spread the **interquartile ra
 (``iqr_s = q3_s - q1_s``, linear-interpolated quartiles of the samples); ``min_s``/``max_s`` are
 kept too. Everything is in seconds. Nothing here asserts on speed: timings are measurements,
 never pass/fail tests.
+
+:func:`stopwatch` is the one-shot form, for "how long did this step take" (a notebook run, a
+model quantization): ``with stopwatch() as sw: ...`` then ``sw.wall_s`` and ``sw.cpu_s`` (this
+process's CPU seconds, all threads), set when the block ends, also when it raises.
 """
 
 from __future__ import annotations
@@ -17,11 +21,20 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SPREAD_KIND", "Timing", "quantile", "time_fn", "time_interleaved"]
+__all__ = [
+    "SPREAD_KIND",
+    "Stopwatch",
+    "Timing",
+    "quantile",
+    "stopwatch",
+    "time_fn",
+    "time_interleaved",
+]
 
 #: What :attr:`Timing.spread_s` measures.
 SPREAD_KIND = "iqr"
@@ -215,3 +228,24 @@ def time_interleaved(
         name: Timing(tuple(t.samples[0] for t in ts), 1, warmup, ts[0].method, ts[0].device)
         for name, ts in samples.items()
     }
+
+
+@dataclass
+class Stopwatch:
+    """Seconds one ``with stopwatch()`` block took: ``wall_s`` (:func:`time.perf_counter`) and
+    ``cpu_s`` (:func:`time.process_time`); NaN until the block ends."""
+
+    wall_s: float = math.nan
+    cpu_s: float = math.nan
+
+
+@contextmanager
+def stopwatch() -> Iterator[Stopwatch]:
+    """Time the body of a ``with`` block once (no warm-up, no repeats): see :class:`Stopwatch`."""
+    watch = Stopwatch()
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        yield watch
+    finally:
+        watch.wall_s = time.perf_counter() - wall
+        watch.cpu_s = time.process_time() - cpu

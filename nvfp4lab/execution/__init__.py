@@ -4,8 +4,12 @@
 module              holds
 ==================  ===========================================================================
 ``dispatch``        :func:`select_backend`: which backend runs on a device, and why
+``vllm_rules``      vLLM's NVFP4 kernel rules by release as data: releases, eras, kernels,
+                    their support conditions, the variables, each with its source
+``vllm_select``     what a given vLLM release picks for an NVFP4 linear layer, era by era
 ``gemm``            :func:`linear` on the ``native`` / ``emulation`` / ``w4a16`` backends and
                     the bias epilogues
+``shared_scales``   the cost of merging the global scales of fused shards (vLLM's ``max``)
 ``layers``          :class:`NVFP4Linear` (compressed-tensors buffer names)
 ``whole_model``     :func:`quantize_model` and its report; the fused groups
 ``gptq``            GPTQ for NVFP4 (``quantize_model(method="gptq")``), and for the other block

@@ -1,4 +1,4 @@
-"""``NVFP4Linear``, whole-model quantization and activation-scale calibration.
+"""``NVFP4Linear``: a Linear layer holding an NVFP4 weight under compressed-tensors names.
 
 :class:`NVFP4Linear` stores its weight with exactly the tensor names of a compressed-tensors
 "nvfp4-pack-quantized" checkpoint, so a checkpoint's per-layer state dict loads with

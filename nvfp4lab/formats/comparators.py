@@ -15,8 +15,8 @@ name            bits    definition
 ``bf16``        16      identity after a round-to-nearest-even cast to bfloat16
 ==============  ======  ==========================================================================
 
-Measured NMSE on a seeded 2048×2048 float32 N(0,1) tensor (tests/formats/test_registry.py checks
-these): nvfp4 9.04e-3 (20.44 dB), mxfp4 1.323e-2 (18.78 dB), int4_g128 1.378e-2, fp8_e4m3
+Measured NMSE on a seeded 2048×2048 float32 N(0,1) tensor (tests/formats/test_comparators.py
+checks these): nvfp4 9.04e-3 (20.44 dB), mxfp4 1.323e-2 (18.78 dB), int4_g128 1.378e-2, fp8_e4m3
 7.00e-4, bf16 2.76e-6. On Student-t(ν=3) the ranking changes: nvfp4 8.22e-3 (slightly BETTER
 than on N(0,1)), mxfp4 2.00e-2, int4_g128 5.05e-2, fp8_e4m3 6.98e-4 (per channel 6.27e-4, now
 ahead of per tensor). INT4-g128 loses 3.7× because one outlier stretches its uniform grid over

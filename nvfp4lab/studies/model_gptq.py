@@ -36,7 +36,6 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nvfp4lab import metrics
+from nvfp4lab.bench.timing import stopwatch
 from nvfp4lab.execution import quantize_model
 from nvfp4lab.execution.gptq import GPTQOptions, gptq_fake_quantize
 from nvfp4lab.models import SentenceEncoder
@@ -119,14 +119,14 @@ def quantize_variants(
     out = []
     for label, options in variants.items():
         model = copy.deepcopy(fp.model)
-        wall, cpu = time.perf_counter(), time.process_time()
-        if options is None:
-            quantize_model(model, backend=backend, share_global_scale="bert", ignore=ignore)
-        else:
-            quantize_model(model, backend=backend, share_global_scale="bert", ignore=ignore,
-                           method="gptq", calibration=calibration, gptq=options)
-        out.append(QuantizedVariant(label, backend, fp.with_model(model),
-                                    time.perf_counter() - wall, time.process_time() - cpu))
+        with stopwatch() as took:
+            if options is None:
+                quantize_model(model, backend=backend, share_global_scale="bert", ignore=ignore)
+            else:
+                quantize_model(model, backend=backend, share_global_scale="bert", ignore=ignore,
+                               method="gptq", calibration=calibration, gptq=options)
+        out.append(QuantizedVariant(label, backend, fp.with_model(model), took.wall_s,
+                                    took.cpu_s))
     return out
 
 

@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from nvfp4lab.bench.timing import SPREAD_KIND, Timing, quantile, time_fn, time_interleaved
+from nvfp4lab.bench import timing
+from nvfp4lab.bench.timing import (
+    SPREAD_KIND,
+    Timing,
+    quantile,
+    stopwatch,
+    time_fn,
+    time_interleaved,
+)
 
 
 def test_quantile_matches_linear_interpolation() -> None:
@@ -65,6 +73,33 @@ def test_time_interleaved_round_robin() -> None:
     assert order == ["a", "b"] * 4
     assert set(out) == {"a", "b"}
     assert all(t.repeats == 3 and t.number == 1 for t in out.values())
+
+
+def _fake_clock(readings: list[float]):
+    it = iter(readings)
+    return lambda: next(it)
+
+
+def test_stopwatch_reads_both_clocks_once_each_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timing.time, "perf_counter", _fake_clock([10.0, 12.5]))
+    monkeypatch.setattr(timing.time, "process_time", _fake_clock([3.0, 7.25]))
+    with stopwatch() as sw:
+        assert math.isnan(sw.wall_s) and math.isnan(sw.cpu_s)  # not measured yet
+    assert (sw.wall_s, sw.cpu_s) == (2.5, 4.25)
+
+
+def test_stopwatch_records_a_step_that_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timing.time, "perf_counter", _fake_clock([1.0, 1.75]))
+    monkeypatch.setattr(timing.time, "process_time", _fake_clock([0.0, 0.5]))
+    with pytest.raises(ZeroDivisionError), stopwatch() as sw:
+        _ = 1 / 0
+    assert (sw.wall_s, sw.cpu_s) == (0.75, 0.5)
+
+
+def test_stopwatch_on_the_real_clocks() -> None:
+    with stopwatch() as sw:
+        sum(range(1000))
+    assert math.isfinite(sw.wall_s) and sw.wall_s >= 0 and math.isfinite(sw.cpu_s)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,63 @@
+"""nvfp4lab.studies.explorer: the output dicts and the VBox plumbing every explorer shares."""
+
+from __future__ import annotations
+
+import ipywidgets
+import nbformat
+import pandas as pd
+
+from nvfp4lab.studies.explorer import explorer, stream_output, table_output
+from tests.studies import widgets as W
+
+
+def test_stream_output_is_a_valid_stream_with_one_trailing_newline() -> None:
+    for text, want in (("a", "a\n"), ("a\n\n", "a\n"), ("", "\n"), ("x\ny", "x\ny\n")):
+        out = stream_output(text)
+        assert out == {"output_type": "stream", "name": "stdout", "text": want}
+        nbformat.validate(_notebook(out))
+    assert stream_output("oops", "stderr")["name"] == "stderr"
+
+
+def test_table_output_formats_floats_in_text_and_html() -> None:
+    frame = pd.DataFrame({"nmse": [0.0090412345, 1.5e-7], "n": [3, 4]}, index=["nvfp4", "bf16"])
+    out = table_output(frame)
+    nbformat.validate(_notebook(out))
+    text, page = out["data"]["text/plain"], out["data"]["text/html"]
+    assert text.splitlines()[1].split() == ["nvfp4", "0.009041", "3"]  # 4 significant digits
+    assert text.splitlines()[2].split() == ["bf16", "1.5e-07", "4"]
+    assert "<td>0.009041</td>" in page and "<td>1.5e-07</td>" in page and "<table" in page
+    assert "0.0090412" not in text + page
+    wide = table_output(frame, "{:.2f}")["data"]["text/plain"]
+    assert wide.splitlines()[1].split() == ["nvfp4", "0.01", "3"]
+
+
+def _notebook(output: dict) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("")
+    cell.outputs = [nbformat.from_dict(output)]
+    nb.cells.append(cell)
+    return nb
+
+
+def test_explorer_renders_now_and_on_every_change() -> None:
+    a = ipywidgets.IntSlider(value=2, min=0, max=10, description="a")
+    b = ipywidgets.IntSlider(value=3, min=0, max=10, description="b")
+    calls = []
+
+    def render() -> tuple[dict, ...]:
+        calls.append((a.value, b.value))
+        return (stream_output(f"{a.value} / {b.value} = {a.value / b.value:.3f}"),)
+
+    box = explorer(ipywidgets, [a, b], render)
+    assert isinstance(box, ipywidgets.VBox)
+    assert box.children[:2] == (a, b) and isinstance(box.children[2], ipywidgets.Output)
+    assert W.text(box) == "2 / 3 = 0.667\n" and calls == [(2, 3)]
+    W.control(box, "a").value = 9
+    assert W.text(box) == "9 / 3 = 3.000\n"
+    # a failing render is shown on stderr, not raised into the widget callback
+    W.control(box, "b").value = 0
+    (shown,) = box.children[-1].outputs
+    assert shown["name"] == "stderr" and shown["text"] == "ZeroDivisionError: division by zero\n"
+    W.control(box, "b").value = 4  # and the explorer recovers
+    assert W.text(box) == "9 / 4 = 2.250\n"
+    assert calls == [(2, 3), (9, 3), (9, 0), (9, 4)]

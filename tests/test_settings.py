@@ -1,0 +1,65 @@
+"""nvfp4lab.settings: the one reader of the environment, through monkeypatched variables."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from nvfp4lab import settings
+from nvfp4lab.settings import FUSED_ENV, environ, fused_mode
+
+
+def test_environ_is_the_live_environment_unless_a_mapping_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert environ() is os.environ
+    monkeypatch.setenv(FUSED_ENV, "off")
+    assert environ()[FUSED_ENV] == "off"  # read at call time, not cached at import
+    given = {FUSED_ENV: "on"}
+    assert environ(given) is given
+    assert environ({}) == {}  # an empty mapping is used as is, not replaced by os.environ
+
+
+@pytest.mark.parametrize(
+    ("raw", "mode"),
+    [("on", "on"), ("OFF", "off"), (" Auto\n", "auto"), ("", "auto"), ("   ", "auto")],
+)
+def test_fused_mode_parses_the_live_variable(
+    monkeypatch: pytest.MonkeyPatch, raw: str, mode: str
+) -> None:
+    monkeypatch.setenv(FUSED_ENV, raw)
+    assert fused_mode() == mode
+    assert fused_mode({FUSED_ENV: "off" if mode != "off" else "on"}) != mode  # a mapping wins
+
+
+def test_fused_mode_follows_changes_and_unset_is_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FUSED_ENV, raising=False)
+    assert fused_mode() == "auto"
+    monkeypatch.setenv(FUSED_ENV, "on")
+    assert fused_mode() == "on"
+    monkeypatch.setenv(FUSED_ENV, "off")
+    assert fused_mode() == "off"
+
+
+@pytest.mark.parametrize("raw", ["yes", "1", "true", "fused"])
+def test_bad_fused_value_names_it(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(FUSED_ENV, raw)
+    with pytest.raises(
+        ValueError,
+        match=rf"^unknown NVFP4LAB_FUSED value '{raw}'; accepted values: 'auto', 'on', 'off' "
+        r"\(unset = auto\)$",
+    ):
+        fused_mode()
+
+
+def test_variable_names() -> None:
+    assert (settings.BACKEND_ENV, settings.FUSED_ENV, settings.CACHE_ENV) == (
+        "NVFP4LAB_BACKEND", "NVFP4LAB_FUSED", "NVFP4LAB_CACHE")
+    assert settings.VLLM_ENV_VARS == (
+        "VLLM_USE_NVFP4_CT_EMULATIONS", "VLLM_NVFP4_GEMM_BACKEND", "VLLM_USE_FBGEMM",
+        "VLLM_BATCH_INVARIANT", "VLLM_DISABLED_KERNELS")
+    # every public *_ENV name is documented in the module docstring
+    for name in settings.__all__:
+        if name.endswith("_ENV"):
+            assert f"``{getattr(settings, name)}``" in settings.__doc__, name
