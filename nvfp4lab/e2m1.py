@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from nvfp4lab.constants import E2M1_MAX, E2M1_SIGN_BIT, E2M1_VALUES
+from nvfp4lab.vocab import SUPPORTED_DTYPES
 
 __all__ = [
     "decode_e2m1",
@@ -22,7 +23,8 @@ __all__ = [
     "unpack_fp4",
 ]
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+#: The supported dtypes, and float64 (rounded exactly, without narrowing to float32 first).
+_FLOAT_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
 
 
 def round_to_e2m1_codes(values: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from nvfp4lab.vocab import SUPPORTED_DTYPES
+
 __all__ = [
     "HADAMARD_SIZE",
     "check_seed",
@@ -32,7 +34,8 @@ __all__ = [
 #: Points of the block-diagonal Hadamard (one NVFP4 block).
 HADAMARD_SIZE: int = 16
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+#: The supported dtypes, and float64.
+_FLOAT_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
 
 
 def check_seed(seed: object, what: str = "hadamard") -> int:

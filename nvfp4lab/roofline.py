@@ -78,30 +78,30 @@ _BF16_SRC = "B200 torch BF16 GEMM 8192^3: 1,420 of 2,250 TFLOPS = 0.63 (pytorch/
 
 #: Default efficiency factors per path; override per call with ``efficiency=``/``mem_efficiency=``.
 EFFICIENCY: dict[str, Efficiency] = {
-    "bf16": Efficiency(_BF16_EFF, _MEM_EFF, _BF16_SRC, _MEM_SRC),
-    "fp8": Efficiency(
+    GemmPath.BF16: Efficiency(_BF16_EFF, _MEM_EFF, _BF16_SRC, _MEM_SRC),
+    GemmPath.FP8: Efficiency(
         _BF16_EFF,
         _MEM_EFF,
         "assumed equal to BF16's 0.63 (no published FP8 GEMM measurement is catalogued)",
         _MEM_SRC,
     ),
-    "native": Efficiency(
+    GemmPath.NATIVE: Efficiency(
         5370.0 / 9000.0,
         _MEM_EFF,
         "B200 torch._scaled_mm NVFP4 8192^3: 5,370 of 9,000 TFLOPS = 0.60 (pytorch/ao PR #2427); "
         "GPUs with their own measurement use it instead (GPU_EFFICIENCY)",
         _MEM_SRC,
     ),
-    "w4a16": Efficiency(
+    GemmPath.W4A16: Efficiency(
         _BF16_EFF, _MEM_EFF, "16-bit tensor-core math: BF16's 0.63 (" + _BF16_SRC + ")", _MEM_SRC
     ),
-    "emulation": Efficiency(
+    GemmPath.EMULATION: Efficiency(
         _BF16_EFF, _MEM_EFF, "its GEMM is a BF16 GEMM: BF16's 0.63 (" + _BF16_SRC + ")", _MEM_SRC
     ),
 }
 
 #: Paths whose GEMM runs on the 16-bit tensor cores: a GPU's BF16 measurement applies to all.
-_BF16_MATH_PATHS: tuple[str, ...] = ("bf16", "w4a16", "emulation")
+_BF16_MATH_PATHS: tuple[str, ...] = (GemmPath.BF16, GemmPath.W4A16, GemmPath.EMULATION)
 
 
 #: The published measurements, one per row, each with its source (loaded at import).
@@ -209,7 +209,7 @@ MEASUREMENTS: tuple[Measurement, ...] = tuple(m for m in PUBLISHED if m.sets_eff
 def _gpu_efficiency() -> dict[tuple[str, str], Efficiency]:
     out: dict[tuple[str, str], Efficiency] = {}
     for m in MEASUREMENTS:
-        paths = _BF16_MATH_PATHS if m.path == "bf16" else (m.path,)
+        paths = _BF16_MATH_PATHS if m.path == GemmPath.BF16 else (m.path,)
         for path in paths:
             base = EFFICIENCY[path]
             src = m.summary if path == m.path else f"its GEMM is 16-bit: {m.summary}"
@@ -277,19 +277,19 @@ class Prediction:
 def _bytes(path: str, M: int, N: int, K: int, quantize_activations: bool) -> tuple[float, float]:
     """(GEMM bytes, extra-pass bytes) of DRAM traffic for one path; see :func:`predict`."""
     x16, w16, y16 = M * K * BYTES_16BIT, N * K * BYTES_16BIT, M * N * BYTES_16BIT
-    if path == "bf16":
+    if path == GemmPath.BF16:
         return x16 + w16 + y16, 0.0
-    if path == "fp8":
+    if path == GemmPath.FP8:
         x8 = M * K * BYTES_FP8
         quant = (x16 + x8) if quantize_activations else 0.0  # read bf16 x, write fp8 x
         return x8 + N * K * BYTES_FP8 + y16 + quant, 0.0
-    if path == "native":
+    if path == GemmPath.NATIVE:
         x4 = M * K * NVFP4_BYTES_PER_WEIGHT
         quant = (x16 + x4) if quantize_activations else 0.0
         return x4 + N * K * NVFP4_BYTES_PER_WEIGHT + y16 + quant, 0.0
-    if path == "w4a16":
+    if path == GemmPath.W4A16:
         return x16 + N * K * NVFP4_BYTES_PER_WEIGHT + y16, 0.0
-    if path == "emulation":
+    if path == GemmPath.EMULATION:
         # weight dequantize pass: read packed+scales, write 16-bit W;
         # activation quant-dequant pass: read x, write x_dq (both 16-bit).
         passes = N * K * NVFP4_BYTES_PER_WEIGHT + w16
@@ -339,7 +339,7 @@ def predict(
     for label, v in (("M", M), ("N", N), ("K", K)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{label} must be a positive int, got {v!r}")
-    if path == "native" and not g.native_fp4:
+    if path == GemmPath.NATIVE and not g.native_fp4:
         raise NotSupportedError(
             f"{g.name} (cc {g.capability_str}) has no FP4 tensor cores, so path 'native' "
             "cannot run there; use 'w4a16' or 'emulation' (native FP4 needs cc >= 10.0)"

@@ -8,7 +8,7 @@ member or raises the one error wording, ``unknown <what> <value>; accepted value
 vocabulary             values                                                          used by
 =====================  ==============================================================  ========
 :class:`Backend`       native, emulation, w4a16 (``"auto"`` asks the dispatcher)        execution
-:class:`GemmPath`      the backends plus bf16 and fp8 (roofline paths)                 roofline
+:class:`GemmPath`      Backend's three plus bf16 and fp8 (roofline paths)              roofline
 :class:`BiasMode`      output, fp32, dropped                                           execution
 :class:`Convention`    kernel, compressed-tensors, modelopt (arithmetic orders)        codec
 :class:`Rounding`      rne, stochastic                                                 codec
@@ -18,14 +18,24 @@ vocabulary             values                                                   
 :class:`ScaleTiming`   original, updated (when GPTQ fixes a group's block scale)       execution
 :class:`Platform`      cuda, rocm, xpu, cpu (vLLM's platforms)                         execution
 :class:`Scheme`        NVFP4 (W4A4), NVFP4A16 (weight-only) checkpoint schemes         execution
-:class:`Numerics`      native, emulation, w4a16, w4a8 (what a vLLM kernel computes)    execution
+:class:`Numerics`      Backend's three plus w4a8 (what a vLLM kernel computes)         execution
 :class:`VllmPackage`   flashinfer, humming, b12x, fbgemm (optional kernel packages)    execution
 :class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
-:class:`CheckpointFormat`  compressed-tensors, modelopt (global scales on disk)       execution
+:class:`CheckpointFormat`  compressed-tensors, modelopt (disk families)             checkpoint
 :class:`FusedMode`     auto, on, off (``NVFP4LAB_FUSED``: when the fused kernels run)  kernels
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.
+
+The overlaps, one line each (a value is written once: the later enum takes it from the earlier):
+
+- ``Backend`` / ``GemmPath`` / ``Numerics``: what an NVFP4 layer runs / that plus the unquantized
+  ``bf16`` and ``fp8`` GEMMs the roofline models / what a vLLM kernel computes (that plus ``w4a8``).
+- ``Convention`` / ``CheckpointFormat``: the arithmetic order in memory (``kernel`` included) /
+  the disk family, named after the order its producer computes in, with its global-scale storage.
+
+Values are spelled only here: the package names the members, and
+``tests/test_vocabulary_guard.py`` fails on a vocabulary literal anywhere else.
 """
 
 from __future__ import annotations
@@ -73,13 +83,17 @@ class Backend(StrEnum):
 
 
 class GemmPath(StrEnum):
-    """Roofline paths: the backends, plus the unquantized 16-bit and FP8 GEMMs."""
+    """Roofline paths: the backends, plus the unquantized 16-bit and FP8 GEMMs.
+
+    GemmPath = :class:`Backend` + ``bf16`` and ``fp8`` (GEMMs the roofline models but no NVFP4
+    layer runs); its backend members take their values from :class:`Backend`.
+    """
 
     BF16 = "bf16"
     FP8 = "fp8"
-    NATIVE = "native"
-    W4A16 = "w4a16"
-    EMULATION = "emulation"
+    NATIVE = Backend.NATIVE.value
+    W4A16 = Backend.W4A16.value
+    EMULATION = Backend.EMULATION.value
 
 
 class BiasMode(StrEnum):
@@ -91,7 +105,11 @@ class BiasMode(StrEnum):
 
 
 class Convention(StrEnum):
-    """Arithmetic order of quantization (see :mod:`nvfp4lab.codec`)."""
+    """Arithmetic order of quantization (see :mod:`nvfp4lab.codec`).
+
+    Convention = how the numbers are computed (in memory); :class:`CheckpointFormat` = which disk
+    family stores them (its two members share these values; ``kernel`` has no disk family).
+    """
 
     KERNEL = "kernel"
     COMPRESSED_TENSORS = "compressed-tensors"
@@ -153,13 +171,14 @@ class Scheme(StrEnum):
 class Numerics(StrEnum):
     """What a vLLM NVFP4 kernel computes (the numerics class of a kernel).
 
-    The first three are :class:`Backend` paths nvfp4lab runs; ``w4a8`` is not (nvfp4lab has no
-    FP8-activation path and runs ``w4a16`` in its place).
+    Numerics = :class:`Backend`'s three (values taken from it) + ``w4a8``: the first three are
+    paths nvfp4lab runs; ``w4a8`` is not (nvfp4lab has no FP8-activation path and runs ``w4a16``
+    in its place).
     """
 
-    NATIVE = "native"  #: W4A4: FP4 x FP4 block-scaled products, fp32 accumulation
-    EMULATION = "emulation"  #: W4A4 fake-quantized in 16 bits, then a 16-bit GEMM
-    W4A16 = "w4a16"  #: weight-only: FP4 weights decoded, 16-bit activations
+    NATIVE = Backend.NATIVE.value  #: W4A4: FP4 x FP4 block-scaled products, fp32 accumulation
+    EMULATION = Backend.EMULATION.value  #: W4A4 fake-quantized in 16 bits, then a 16-bit GEMM
+    W4A16 = Backend.W4A16.value  #: weight-only: FP4 weights decoded, 16-bit activations
     W4A8 = "w4a8"  #: FP4 weights, activations quantized per token to FP8 E4M3 (Humming sm_89/90)
 
 
@@ -180,10 +199,15 @@ class VllmAlias(StrEnum):
 
 
 class CheckpointFormat(StrEnum):
-    """An NVFP4 checkpoint family, by how it stores the per-tensor (global) scale."""
+    """An NVFP4 checkpoint family, by how it stores the per-tensor (global) scale.
 
-    COMPRESSED_TENSORS = "compressed-tensors"  #: ENCODE scale, 2688/amax (weight_global_scale)
-    MODELOPT = "modelopt"  #: DECODE scale, amax/2688 (weight_scale_2)
+    CheckpointFormat = the disk family; :class:`Convention` = the arithmetic order. A family is
+    named after the convention its producer computes in, so the values are Convention's.
+    """
+
+    #: ENCODE scale, 2688/amax (weight_global_scale)
+    COMPRESSED_TENSORS = Convention.COMPRESSED_TENSORS.value
+    MODELOPT = Convention.MODELOPT.value  #: DECODE scale, amax/2688 (weight_scale_2)
 
 
 class FusedMode(StrEnum):

@@ -42,3 +42,14 @@ def test_check_dtype() -> None:
     with pytest.raises(TypeError, match=r"got torch\.int32$"):
         check_dtype(torch.int32, "x")
     assert vocab.dtype_name(torch.float16) == "float16"
+
+
+def test_overlapping_vocabularies_share_one_spelling() -> None:
+    from nvfp4lab.vocab import CheckpointFormat, Numerics
+
+    assert [str(m) for m in GemmPath] == ["bf16", "fp8", "native", "w4a16", "emulation"]
+    assert [str(m) for m in Numerics] == ["native", "emulation", "w4a16", "w4a8"]
+    for b in Backend:
+        assert GemmPath[b.name] == b and Numerics[b.name] == b
+    assert [str(m) for m in CheckpointFormat] == ["compressed-tensors", "modelopt"]
+    assert all(Convention[f.name] == f for f in CheckpointFormat)

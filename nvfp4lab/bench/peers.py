@@ -17,11 +17,16 @@ from typing import TYPE_CHECKING, Any
 from nvfp4lab.bench import timing
 from nvfp4lab.bench.runner import bench_dtype, check_timing, seeded_randn
 from nvfp4lab.bench.store import measured_row
+from nvfp4lab.vocab import Convention, Scheme
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["PeerResult", "peer_rows", "run_peers"]
+
+#: The reference peer's name in the results: the compressed-tensors library (its PyPI name),
+#: not nvfp4lab's convention of the same name.
+_CT_PEER = "compressed-tensors"
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ def _ct_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     from compressed_tensors.quantization import preset_name_to_scheme
     from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
 
-    args = preset_name_to_scheme("NVFP4", ["Linear"]).weights
+    args = preset_name_to_scheme(Scheme.NVFP4.value, ["Linear"]).weights
     gs = generate_gparam(*torch.aminmax(x))
     blocks = x.reshape(x.shape[0], x.shape[1] // 16, 16)
     bmin, bmax = torch.aminmax(blocks, dim=-1)
@@ -169,7 +174,7 @@ def run_peers(
         x = seeded_randn((N, K), dt, seed + i, device)
         ref_packed, ref_scale, _ = _ct_quantize(x)
         ref_codes = unpack_fp4(ref_packed)
-        impls: dict[str, Callable[[], Any]] = {"compressed-tensors": lambda x=x: _ct_quantize(x)}
+        impls: dict[str, Callable[[], Any]] = {_CT_PEER: lambda x=x: _ct_quantize(x)}
         impls.update(_nvfp4lab_impls(x))
         if ao is not None:
             ao_fn, ao_note = _torchao_closure(ao, x)
@@ -178,7 +183,7 @@ def run_peers(
             if ao_fn is not None:
                 impls["torchao"] = ao_fn
         timings = timing.time_interleaved(impls, warmup=warmup, repeats=repeats, device=device)
-        t_ct = timings["compressed-tensors"].median_s
+        t_ct = timings[_CT_PEER].median_s
         for name, t in timings.items():
             match: bool | None = None
             agree: float | None = None
@@ -189,7 +194,7 @@ def run_peers(
                     and torch.equal(q.scales.view(torch.uint8), ref_scale.view(torch.uint8))
                 )
                 agree = float((unpack_fp4(q.packed) == ref_codes).double().mean())
-            elif name == "compressed-tensors":
+            elif name == _CT_PEER:
                 match, agree = True, 1.0
             path = ""
             if name.startswith("nvfp4lab"):
@@ -206,7 +211,7 @@ def _nvfp4lab_impls(x: torch.Tensor) -> dict[str, Callable[[], Any]]:
 
     impls: dict[str, Callable[[], Any]] = {}
     for fused in (False, True):
-        for conv in ("compressed-tensors", "kernel"):
+        for conv in (str(Convention.COMPRESSED_TENSORS), str(Convention.KERNEL)):
             name = f"nvfp4lab[{conv}{', fused' if fused else ''}]"
             impls[name] = lambda c=conv, f=fused: quantize(x, convention=c, fused=f)
             if fused:

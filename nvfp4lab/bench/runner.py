@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvfp4lab.bench.store import environment, measured_row
 from nvfp4lab.bench.timing import Timing, time_fn
-from nvfp4lab.vocab import SUPPORTED_DTYPES, Backend, Convention
+from nvfp4lab.vocab import SUPPORTED_DTYPES, Backend, Convention, check_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -181,9 +181,10 @@ def bench_dtype(name: str) -> torch.dtype:
     import torch
 
     dt = getattr(torch, name, None)
-    if dt not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtype {name!r}; use float32, bfloat16 or float16")
-    return dt  # type: ignore[return-value]
+    try:  # the one dtype wording, as the ValueError the command line reports
+        return check_dtype(dt if dt in SUPPORTED_DTYPES else name, "--dtypes")
+    except TypeError as err:
+        raise ValueError(str(err)) from None
 
 
 def check_timing(warmup: int, repeats: int) -> None:
@@ -206,7 +207,7 @@ def _weight_cases(cfg: BenchConfig, N: int, K: int, dtype: str) -> list[_Case]:
     copies = [_Case("copy", 0, N, K, dtype, b, "") for b in ("copy_", "clone")]
     cases = copies if ops or "copy" in cfg.ops else []
     for op in ops:
-        for conv in map(str, Convention) if op == "quantize" else ("kernel",):
+        for conv in map(str, Convention) if op == "quantize" else (str(Convention.KERNEL),):
             # modelopt's order has no fused kernel: eager only
             paths = [p for p in cfg.paths if p == "eager" or conv != Convention.MODELOPT]
             cases += [_Case(op, 0, N, K, dtype, "torch", conv, path) for path in paths]
@@ -226,7 +227,8 @@ def _cases(cfg: BenchConfig) -> list[_Case]:
             if "linear" in cfg.ops:
                 for b in cfg.backends:
                     paths = ("",) if b == Backend.NATIVE else cfg.paths
-                    cases += [_Case("linear", M, N, K, dtype, b, "kernel", p) for p in paths]
+                    conv = str(Convention.KERNEL)
+                    cases += [_Case("linear", M, N, K, dtype, b, conv, p) for p in paths]
     return cases
 
 
@@ -302,7 +304,7 @@ def run_bench(
     skipped: list[str] = []
     copy_s: dict[tuple[int, int, str], float] = {}
     for i, case in enumerate(progress(cases) if progress else cases):
-        if case.op == "linear" and case.backend == "native" and not native_ok:
+        if case.op == "linear" and case.backend == Backend.NATIVE and not native_ok:
             msg = f"linear/native skipped: {native_why}"
             if msg not in skipped:
                 skipped.append(msg)

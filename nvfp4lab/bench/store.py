@@ -34,6 +34,8 @@ try:  # POSIX advisory locks; elsewhere appends are not locked
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
+from nvfp4lab.vocab import Backend
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -396,7 +398,7 @@ def legacy_path(op: str, backend: str) -> str:
     nvfp4lab's pipeline (there was no other then), ``""`` for the rest (matmul, native)."""
     if op in ("quantize", "dequantize", "fake_quantize"):
         return "eager"
-    if op == "linear" and backend in ("emulation", "w4a16"):
+    if op == "linear" and backend in (Backend.EMULATION, Backend.W4A16):
         return "eager"
     return "eager" if op == "peer_quantize" and backend.startswith("nvfp4lab") else ""
 

@@ -79,7 +79,7 @@ from nvfp4lab.layout import swizzle_scales, unswizzle_scales
 from nvfp4lab.orders import DecodeRule
 from nvfp4lab.scales import as_global_scale
 from nvfp4lab.tensor import NVFP4Tensor
-from nvfp4lab.vocab import AUTO, Backend, BiasMode, check_choice, check_dtype
+from nvfp4lab.vocab import AUTO, Backend, BiasMode, Convention, check_choice, check_dtype
 
 __all__ = [
     "DroppedBiasWarning",
@@ -146,7 +146,7 @@ def _check_args(
 
 def _input_scale(x: torch.Tensor, input_global_scale: torch.Tensor | float | None) -> torch.Tensor:
     if input_global_scale is None:
-        return compute_global_scale(x, convention="kernel")
+        return compute_global_scale(x, convention=Convention.KERNEL)
     return as_global_scale(input_global_scale, x.device)
 
 
@@ -158,7 +158,7 @@ def _epilogue(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """Apply the bias epilogue. ``out``: GEMM output in ``dtype``; ``out_f32``: in float32."""
-    if bias_mode == "fp32":
+    if bias_mode == BiasMode.FP32:
         assert out_f32 is not None
         if bias is not None:
             out_f32 = out_f32 + bias.to(torch.float32)
@@ -168,7 +168,7 @@ def _epilogue(
         out = out_f32.to(dtype)
     if bias is None:
         return out
-    if bias_mode == "dropped":
+    if bias_mode == BiasMode.DROPPED:
         warnings.warn(
             "bias_mode='dropped': the bias is ignored (reproducing the seed's emulation bug); "
             "use bias_mode='output' for correct results",
@@ -192,7 +192,7 @@ def _gemm(
 ) -> torch.Tensor:
     """``a [M, K] @ w_dq[N, K].T`` (both in the output dtype) with the bias epilogue; an
     :class:`EncodedWeight` is decoded tile by tile by the fused kernel (the same product)."""
-    fp32 = bias_mode == "fp32"
+    fp32 = bias_mode == BiasMode.FP32
     if isinstance(w_dq, EncodedWeight):
         product = tiled_matmul(a, w_dq, fp32=fp32)
     elif fp32:
@@ -263,7 +263,7 @@ def _emulation(
     pad = x2d.shape[-1] % BLOCK_SIZE != 0  # a weight quantized with pad=True
     # The activations take the same route rule as every tensor (kernels.fused_route): the
     # weight's and theirs are decided apart, and either route gives the same bits.
-    x_dq = fake_quantize(x2d, gs_x, convention="kernel", pad=pad, fused=fused)
+    x_dq = fake_quantize(x2d, gs_x, convention=Convention.KERNEL, pad=pad, fused=fused)
     return _gemm(x_dq, w_dq, bias, bias_mode)
 
 
@@ -348,7 +348,7 @@ def native_scaled_mm_args(
     We request fp32 output so that alpha is applied before the single rounding to the output
     dtype, as vLLM's CUTLASS FP4 GEMM applies alpha in its fp32 epilogue.
     """
-    _check_args(x, weight, bias, "output")
+    _check_args(x, weight, bias, BiasMode.OUTPUT)
     if weight.block_size != BLOCK_SIZE:
         raise ValueError(f"native NVFP4 needs block size 16, the weight has {weight.block_size}")
     n, k = weight.shape
@@ -357,7 +357,7 @@ def native_scaled_mm_args(
     kp = -(-k // _NATIVE_K_MULTIPLE) * _NATIVE_K_MULTIPLE
     np_ = -(-n // _NATIVE_N_MULTIPLE) * _NATIVE_N_MULTIPLE
     gs_x = _input_scale(x2d, input_global_scale)
-    xq = quantize(x2d, gs_x, convention="kernel", pad=k % BLOCK_SIZE != 0)
+    xq = quantize(x2d, gs_x, convention=Convention.KERNEL, pad=k % BLOCK_SIZE != 0)
     a_packed = _pad_cols(xq.packed, kp // 2).contiguous()
     a_scales = _pad_cols(xq.scales, kp // BLOCK_SIZE)
     w_packed = _pad_cols(_pad_rows(weight.packed, np_), kp // 2).contiguous()

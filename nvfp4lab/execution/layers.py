@@ -94,7 +94,7 @@ class NVFP4Linear(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.bfloat16,
         cache_dequantized: bool = False,
-        bias_mode: str = "output",
+        bias_mode: str = BiasMode.OUTPUT,
     ) -> None:
         super().__init__()
         if in_features <= 0 or in_features % BLOCK_SIZE:
@@ -147,7 +147,7 @@ class NVFP4Linear(nn.Module):
         input_global_scale: torch.Tensor | float | None = None,
         backend: str = AUTO,
         cache_dequantized: bool = False,
-        bias_mode: str = "output",
+        bias_mode: str = BiasMode.OUTPUT,
     ) -> NVFP4Linear:
         """Wrap an NVFP4Tensor ``[N, K]`` (K a multiple of 16, unpadded) and an optional bias.
 
@@ -207,7 +207,7 @@ class NVFP4Linear(nn.Module):
         weight_global_scale: torch.Tensor | float | None = None,
         convention: str = Convention.KERNEL,
         cache_dequantized: bool = False,
-        bias_mode: str = "output",
+        bias_mode: str = BiasMode.OUTPUT,
     ) -> NVFP4Linear:
         """Quantize an ``nn.Linear`` (weight ``[N, K]``, K a multiple of 16).
 
@@ -272,14 +272,14 @@ class NVFP4Linear(nn.Module):
 
         None when the layer was built with a concrete backend.
         """
-        if self.backend != "auto":
+        if self.backend != AUTO:
             return None
         return select_backend(device if device is not None else self.weight_packed.device, env=env)
 
     def _resolve_backend(self, x: torch.Tensor) -> str:
         if self._calibrating:
-            return "w4a16"  # observe unquantized activations while calibrating
-        if self.backend == "auto":
+            return Backend.W4A16  # observe unquantized activations while calibrating
+        if self.backend == AUTO:
             return select_backend(x.device).name
         return self.backend
 
@@ -304,7 +304,7 @@ class NVFP4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., K]`` (fp32/bf16/fp16) -> ``[..., N]`` in ``x.dtype``."""
         backend = self._resolve_backend(x)
-        w_dq = self._cached_weight(x.dtype) if backend != "native" else None
+        w_dq = self._cached_weight(x.dtype) if backend != Backend.NATIVE else None
         return linear(
             x,
             self.weight_nvfp4(),
@@ -316,10 +316,10 @@ class NVFP4Linear(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        if self.backend == "auto":
+        if self.backend == AUTO:
             try:
                 choice = self.backend_choice()
-                backend = f"auto → {choice.name} ({choice.reason})" if choice else "auto"
+                backend = f"auto → {choice.name} ({choice.reason})" if choice else AUTO
             except ValueError as err:  # a bad environment variable
                 backend = f"auto (cannot resolve: {err})"
         else:

@@ -59,6 +59,9 @@ _A16: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0.32.0", (_B1216, _CUTE16, _MAR, _HUM)),
 )
 
+#: vLLM's own ``--linear-backend`` names for automatic selection and for its emulation kernel.
+LINEAR_BACKEND_AUTO, LINEAR_BACKEND_EMULATION = "auto", "emulation"
+
 #: ``--linear-backend`` values (``LinearBackend`` Literal, vllm/config/kernel.py@X) by release.
 LINEAR_BACKENDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("0.22.0", ("auto", "cutlass", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cudnn",
@@ -368,9 +371,9 @@ def _forced(req: Request, backend: str, steps: list[str]) -> str | None:
         return pick
     if R.version(req.rel) < R.version("0.22.0"):
         return _forced_by_env(req, steps)
-    if backend == "auto" and a16:
+    if backend == LINEAR_BACKEND_AUTO and a16:
         return _forced_a16(req, steps)
-    if backend == "auto" and R.version(req.rel) < R.version("0.24.0"):
+    if backend == LINEAR_BACKEND_AUTO and R.version(req.rel) < R.version("0.24.0"):
         return _forced_by_env(req, steps)
     return None
 
@@ -409,7 +412,7 @@ def _candidates(req: Request, backend: str, steps: list[str]) -> list[str] | str
         possible.remove(_HUM)
         possible.insert(possible.index(_MAR), _HUM)
         steps.append("sm_90: Humming moved ahead of Marlin (humming/priority.py@0.32.0)")
-    if backend == "auto":
+    if backend == LINEAR_BACKEND_AUTO:
         return possible
     mapped = R.by_release(_BACKEND_MAP, req.rel).get(backend, ())  # type: ignore[attr-defined]
     filtered = [k for k in possible if k in mapped]
@@ -442,6 +445,7 @@ def _registry(req: Request, backend: str) -> Outcome:
                          emulation_asked=asked)
         return _ok(forced, steps, req, emulation_asked=asked)
     possible = _candidates(req, backend, steps)
+    asked_emulation = backend == LINEAR_BACKEND_EMULATION
     if isinstance(possible, str):
         return _fail(possible, steps)
     disabled = R.disabled_kernels(req.env)
@@ -456,8 +460,8 @@ def _registry(req: Request, backend: str) -> Outcome:
             continue
         if reasons:
             steps.append("skipped: " + "; ".join(r.strip() for r in reasons))
-        return _ok(kernel, steps, req, emulation_asked=kernel == _EMU and backend == "emulation")
-    return _fail(_NO_KERNEL + "\n".join(reasons), steps, emulation_asked=backend == "emulation")
+        return _ok(kernel, steps, req, emulation_asked=kernel == _EMU and asked_emulation)
+    return _fail(_NO_KERNEL + "\n".join(reasons), steps, emulation_asked=asked_emulation)
 
 
 def decide(req: Request) -> Outcome:
@@ -478,11 +482,11 @@ def check_linear_backend(value: str | None, rel: str) -> str:
     vllm/config/kernel.py@0.33.0); None -> "auto". ValueError for a value release ``rel`` does
     not accept, or for any explicit value before 0.22.0 (the flag came with PR #39538)."""
     if value is None:
-        return "auto"
+        return LINEAR_BACKEND_AUTO
     name = value.lower().replace("-", "_")
     accepted = linear_backends(rel)
     if not accepted:
-        if name == "auto":
+        if name == LINEAR_BACKEND_AUTO:
             return name
         raise ValueError(
             f"linear_backend={value!r}: vLLM {rel} has no --linear-backend (added in 0.22.0 by "
@@ -517,13 +521,13 @@ def ignored_variables(req: Request) -> tuple[str, ...]:
             notes.append(f"{name} is ignored: vLLM has not read it since "
                          f"{_first_without(var.last)}{instead}")  # type: ignore[arg-type]
         elif req.scheme == Scheme.NVFP4A16 and var.replacement and (
-                v < R.version("0.23.0") or backend == "auto"):
+                v < R.version("0.23.0") or backend == LINEAR_BACKEND_AUTO):
             notes.append(f"{name} is ignored for an NVFP4A16 checkpoint (the weight-only path "
                          "never reads it)")
         elif req.scheme == Scheme.NVFP4A16 and v < R.version("0.23.0"):
             notes.append(f"{name} is ignored for an NVFP4A16 checkpoint before 0.23.0 (the "
                          "weight-only scheme calls Marlin directly)")
-        elif var.replacement and v >= R.version("0.22.0") and backend != "auto":
+        elif var.replacement and v >= R.version("0.22.0") and backend != LINEAR_BACKEND_AUTO:
             notes.append(f"{name} is ignored: with --linear-backend={backend} vLLM {req.rel} "
                          f"reads it only under --linear-backend auto (deprecated{instead})")
     return tuple(notes)

@@ -9,33 +9,35 @@ Options (see :mod:`nvfp4lab.codec` for what each does; the defaults are plain NV
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from nvfp4lab.codec import dequantize, fake_quantize, quantize
-from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.formats.base import QuantFormat
-from nvfp4lab.options import nvfp4_options
+from nvfp4lab.options import NVFP4Options, nvfp4_options
 from nvfp4lab.scales import as_global_scale
 from nvfp4lab.tensor import NVFP4Tensor
 
 __all__ = ["OPTION_DEFAULTS", "NVFP4Format", "options_label"]
 
-#: Accepted option names of the NVFP4 format and their defaults.
+#: Plain NVFP4: the pipeline's own defaults, the one place they are written.
+_PLAIN = NVFP4Options()
+
+#: Fields of NVFP4Options that are no keyword of their own: ``block_shape`` is ``block_size``'s
+#: validated form, ``arithmetic`` a custom order passed as ``convention=``.
+_DERIVED_FIELDS = ("block_shape", "arithmetic")
+
+#: Accepted option names of the NVFP4 format and their defaults (the pipeline's, plus
+#: ``global_scale``; ``block_size`` is the width of the default ``(1, 16)`` block shape).
 OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {
         "global_scale": None,
-        "block_size": BLOCK_SIZE,
-        "convention": "kernel",
-        "pad": False,
-        "nonfinite": "raise",
-        "rounding": "rne",
-        "generator": None,
-        "scale_selection": "amax",
-        "search_targets": None,
-        "hadamard": None,
+        "block_size": _PLAIN.block_shape[1],
+        **{f.name: getattr(_PLAIN, f.name) for f in fields(_PLAIN)
+           if f.name not in _DERIVED_FIELDS},
     }
 )
 
@@ -87,7 +89,7 @@ def options_label(options: Mapping[str, Any]) -> str:
         if isinstance(value, torch.Tensor | torch.Generator):
             return False
         if key == "block_size":
-            return nvfp4_options(block_size=value).block_shape == (1, BLOCK_SIZE)
+            return nvfp4_options(block_size=value).block_shape == _PLAIN.block_shape
         return bool(value == default)
 
     parts = [f"{k}={v}" for k, v in options.items() if not is_default(k, v)]

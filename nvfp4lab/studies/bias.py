@@ -23,7 +23,7 @@ from nvfp4lab.codec import quantize
 from nvfp4lab.execution.gemm import DroppedBiasWarning, linear
 from nvfp4lab.plots import new_figure
 from nvfp4lab.studies.explorer import explorer, stream_output
-from nvfp4lab.vocab import BiasMode
+from nvfp4lab.vocab import Backend, BiasMode
 
 if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
@@ -45,9 +45,9 @@ __all__ = [
 #: Bias RMS relative to the RMS of ``x @ W.T`` (unitless).
 DEFAULT_BIAS_SCALES: tuple[float, ...] = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 _MODE_LABELS = {
-    "output": "bias after rounding (output dtype)",
-    "fp32": "bias in fp32 epilogue",
-    "dropped": "bias dropped (seed bug)",
+    BiasMode.OUTPUT: "bias after rounding (output dtype)",
+    BiasMode.FP32: "bias in fp32 epilogue",
+    BiasMode.DROPPED: "bias dropped (seed bug)",
     "float": "float layer in its dtype",
 }
 
@@ -85,7 +85,11 @@ def make_layer(
 
 
 def run_layer(
-    layer: BiasLayer, bias_scale: float, *, backend: str = "emulation", bias_mode: str = "output"
+    layer: BiasLayer,
+    bias_scale: float,
+    *,
+    backend: str = Backend.EMULATION,
+    bias_mode: str = BiasMode.OUTPUT,
 ) -> torch.Tensor:
     """The NVFP4 layer's output ``[M, N]`` (layer dtype) for one bias size and epilogue."""
     q = quantize(layer.weight)
@@ -100,7 +104,7 @@ def bias_sweep(
     layer: BiasLayer,
     bias_scales: Sequence[float] = DEFAULT_BIAS_SCALES,
     *,
-    backends: Sequence[str] = ("emulation", "w4a16"),
+    backends: Sequence[str] = (Backend.EMULATION, Backend.W4A16),
 ) -> list[dict[str, object]]:
     """Error of every (backend, epilogue) against the exact float layer, per bias size.
 
@@ -126,7 +130,8 @@ def bias_sweep(
                         layer.x, q, bias, backend=backend, bias_mode=mode  # type: ignore[arg-type]
                     )
             for mode in map(str, BiasMode):
-                rows.append(_row(backend, mode, scale, truth, outs[mode], outs["fp32"], truth_rms))
+                out_fp32 = outs[BiasMode.FP32]
+                rows.append(_row(backend, mode, scale, truth, outs[mode], out_fp32, truth_rms))
     return rows
 
 
@@ -158,7 +163,7 @@ def dropped_bias_check(
     layer: BiasLayer,
     bias_scales: Sequence[float] = DEFAULT_BIAS_SCALES,
     *,
-    backend: str = "emulation",
+    backend: str = Backend.EMULATION,
 ) -> list[dict[str, object]]:
     """The seed bug in numbers: dropping the bias removes exactly ``b`` from every output.
 
@@ -176,7 +181,7 @@ def dropped_bias_check(
         good = linear(layer.x, q, bias, backend=backend)  # type: ignore[arg-type]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DroppedBiasWarning)
-            dropped = linear(layer.x, q, bias, backend=backend, bias_mode="dropped")  # type: ignore[arg-type]
+            dropped = linear(layer.x, q, bias, backend=backend, bias_mode=BiasMode.DROPPED)  # type: ignore[arg-type]
         n_quant = metrics.nmse(truth, good.double())
         bias_power = float(bias.double().pow(2).sum()) * layer.x.shape[0]
         rows.append(
@@ -204,14 +209,19 @@ def _xs(scales: Sequence[float]) -> list[float]:
     return [s if s > 0 else floor for s in scales]
 
 
-def plot_sqnr_vs_bias(rows: Sequence[dict[str, object]], backend: str = "emulation") -> Figure:
+def plot_sqnr_vs_bias(
+    rows: Sequence[dict[str, object]], backend: str = Backend.EMULATION
+) -> Figure:
     """SQNR (dB) vs bias size for each epilogue of ``backend``, with the float layer."""
     fig, ax = new_figure(
         f"Layer output SQNR vs bias size ({backend})",
         "bias RMS / RMS(x·Wᵀ) (unitless, log scale; 0 drawn at the left edge)",
         "SQNR vs exact float layer (dB)",
     )
-    for mode, style in (("float", ":"), ("fp32", "-"), ("output", "--"), ("dropped", "-")):
+    styles = (
+        ("float", ":"), (BiasMode.FP32, "-"), (BiasMode.OUTPUT, "--"), (BiasMode.DROPPED, "-")
+    )
+    for mode, style in styles:
         sel = [r for r in rows if r["mode"] == mode and r["backend"] in (backend, "float")]
         scales = [float(r["bias_scale"]) for r in sel]  # type: ignore[arg-type]
         ax.plot(_xs(scales), [r["sqnr_db"] for r in sel], style, marker="o",
@@ -233,7 +243,8 @@ def plot_epilogue_rounding(rows_by_dtype: dict[str, Sequence[dict[str, object]]]
     for dtype_name, rows in rows_by_dtype.items():
         sel = [
             r for r in rows
-            if r["mode"] == "output" and r["backend"] == "emulation" and r["bias_scale"] > 0  # type: ignore[operator]
+            if r["mode"] == BiasMode.OUTPUT and r["backend"] == Backend.EMULATION
+            and r["bias_scale"] > 0  # type: ignore[operator]
         ]
         scales = [float(r["bias_scale"]) for r in sel]  # type: ignore[arg-type]
         line = ax.plot(
@@ -263,7 +274,7 @@ def bias_text(layer: BiasLayer, bias_scale: float, mode: str, backend: str) -> s
     dtype = str(layer.x.dtype).removeprefix("torch.")
     return "\n".join([
         f"bias RMS = {bias_scale:.3g} × RMS(x·Wᵀ) = {bias_scale * layer.gemm_rms:.3g}; "
-        f"epilogue {mode!r}, backend {backend!r}",
+        f"epilogue {str(mode)!r}, backend {str(backend)!r}",
         f"SQNR vs float layer: {metrics.sqnr_db(truth, out.double()):.2f} dB | "
         f"NMSE {metrics.nmse(truth, out.double()):.3e}",
         f"float layer in {dtype} (ceiling): {metrics.sqnr_db(truth, ceiling.double()):.2f} dB",
@@ -271,7 +282,7 @@ def bias_text(layer: BiasLayer, bias_scale: float, mode: str, backend: str) -> s
 
 
 def bias_explorer(
-    layer: BiasLayer, *, backends: Sequence[str] = ("emulation", "w4a16")
+    layer: BiasLayer, *, backends: Sequence[str] = (Backend.EMULATION, Backend.W4A16)
 ) -> ipywidgets.VBox:
     """Bias size, epilogue (``bias_mode``) and backend → SQNR of ``layer`` (from
     :func:`make_layer`) against the exact float layer (notebook 02)."""
@@ -282,9 +293,9 @@ def bias_explorer(
         continuous_update=False,
     )
     mode = widgets.Dropdown(
-        options=[str(m) for m in BiasMode], value="output", description="bias_mode"
+        options=[str(m) for m in BiasMode], value=str(BiasMode.OUTPUT), description="bias_mode"
     )
-    backend = widgets.Dropdown(options=list(backends), description="backend")
+    backend = widgets.Dropdown(options=[str(b) for b in backends], description="backend")
     return explorer(
         widgets,
         [scale, mode, backend],

@@ -48,6 +48,7 @@ from nvfp4lab.codec import ScaleUnderflowWarning
 from nvfp4lab.hadamard import rotated_matmul
 from nvfp4lab.plots import new_figure
 from nvfp4lab.studies.explorer import explorer, stream_output
+from nvfp4lab.vocab import Convention, Rounding, ScaleSelection
 
 if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
@@ -133,16 +134,19 @@ def default_configs(seed: int = 0, *, fast: bool = False) -> list[StudyConfig]:
     ``fast`` drops ``mse_search`` (8 candidate scales: the slowest row)."""
     nv = [
         StudyConfig("nvfp4", "nvfp4"),
-        StudyConfig("nvfp4 compressed-tensors", "nvfp4", {"convention": "compressed-tensors"}),
-        StudyConfig("nvfp4 four_over_six", "nvfp4", {"scale_selection": "four_over_six"}),
-        StudyConfig("nvfp4 mse_search", "nvfp4", {"scale_selection": "mse_search"}),
-        StudyConfig("nvfp4 stochastic", "nvfp4", {"rounding": "stochastic", "generator": seed}),
+        StudyConfig("nvfp4 compressed-tensors", "nvfp4",
+                    {"convention": Convention.COMPRESSED_TENSORS}),
+        StudyConfig("nvfp4 four_over_six", "nvfp4",
+                    {"scale_selection": ScaleSelection.FOUR_OVER_SIX}),
+        StudyConfig("nvfp4 mse_search", "nvfp4", {"scale_selection": ScaleSelection.MSE_SEARCH}),
+        StudyConfig("nvfp4 stochastic", "nvfp4",
+                    {"rounding": Rounding.STOCHASTIC, "generator": seed}),
         StudyConfig("nvfp4 16×16 blocks", "nvfp4", {"block_size": (16, 16)}),
         StudyConfig("nvfp4 hadamard", "nvfp4", {"hadamard": seed}),
         StudyConfig(
             "nvfp4 hadamard + four_over_six",
             "nvfp4",
-            {"hadamard": seed, "scale_selection": "four_over_six"},
+            {"hadamard": seed, "scale_selection": ScaleSelection.FOUR_OVER_SIX},
         ),
         StudyConfig("nvfp4 no tensor scale", "nvfp4", {"global_scale": 1.0}),
     ]
@@ -301,7 +305,7 @@ def stochastic_bias(
     total = torch.zeros_like(x, dtype=torch.float64)
     rows = []
     for n in range(1, n_seeds + 1):
-        y = fmt.fake_quantize(x, rounding="stochastic", generator=n - 1)
+        y = fmt.fake_quantize(x, rounding=Rounding.STOCHASTIC, generator=n - 1)
         total += (y - x).to(torch.float64)
         if n in wanted:
             rms = float((total / n).square().mean().sqrt())

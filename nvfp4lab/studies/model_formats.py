@@ -47,7 +47,7 @@ from nvfp4lab.studies.model_fidelity import (
     linear_names,
     paraphrase_recall,
 )
-from nvfp4lab.vocab import BiasMode
+from nvfp4lab.vocab import Backend, BiasMode, ScaleSelection
 
 if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
@@ -136,9 +136,9 @@ class ModelConfig:
 def path_configs() -> list[ModelConfig]:
     """NVFP4 for real: weight-only, and W4A4 emulation with each bias epilogue."""
     return [
-        ModelConfig("nvfp4 w4a16", backend="w4a16"),
-        *(ModelConfig(f"nvfp4 W4A4 emulation, bias {mode}", backend="emulation", bias_mode=mode)
-          for mode in BiasMode),
+        ModelConfig("nvfp4 w4a16", backend=Backend.W4A16),
+        *(ModelConfig(f"nvfp4 W4A4 emulation, bias {mode}", backend=Backend.EMULATION,
+                      bias_mode=mode) for mode in BiasMode),
     ]
 
 
@@ -147,8 +147,9 @@ def layer_formats(seed: int = 0, *, fast: bool = False) -> list[StudyConfig]:
     (``fast`` drops ``mse_search``, the slowest)."""
     configs = [
         StudyConfig("nvfp4", "nvfp4"),
-        StudyConfig("nvfp4 four_over_six", "nvfp4", {"scale_selection": "four_over_six"}),
-        StudyConfig("nvfp4 mse_search", "nvfp4", {"scale_selection": "mse_search"}),
+        StudyConfig("nvfp4 four_over_six", "nvfp4",
+                    {"scale_selection": ScaleSelection.FOUR_OVER_SIX}),
+        StudyConfig("nvfp4 mse_search", "nvfp4", {"scale_selection": ScaleSelection.MSE_SEARCH}),
         StudyConfig("nvfp4 hadamard", "nvfp4", {"hadamard": seed}),
         StudyConfig("nvfp4 16×16 blocks", "nvfp4", {"block_size": (16, 16)}),
         StudyConfig("mxfp4", "mxfp4"),
@@ -200,7 +201,7 @@ def config_rows(
             recall = paraphrase_recall(enc, sentences) if sentences == SENTENCES else math.nan
         bits = (formats.get(cfg.weights.format).bits_per_element if cfg.weights is not None
                 else formats.get("nvfp4").bits_per_element)
-        quantized_inputs = cfg.activations is not None or cfg.backend == "emulation"
+        quantized_inputs = cfg.activations is not None or cfg.backend == Backend.EMULATION
         rows.append({
             "label": cfg.label, "kind": cfg.kind, "weight_bits": bits,
             "activations": "quantized" if quantized_inputs else "float",
@@ -385,7 +386,7 @@ def plot_bias_modes(rows: Sequence[dict[str, Any]]) -> Figure:
     for mode in dict.fromkeys(r["bias_mode"] for r in rows):
         mine = [r for r in rows if r["bias_mode"] == mode]
         ax.plot([r["index"] for r in mine], [r["sqnr_db"] for r in mine], marker=".",
-                linestyle="--" if mode == "fp32" else "-", label=f"bias {mode}")
+                linestyle="--" if mode == BiasMode.FP32 else "-", label=f"bias {mode}")
     _layer_axis(ax, rows)
     ax.legend()
     return fig

@@ -57,6 +57,7 @@ from nvfp4lab.studies.model_fidelity import (
     paraphrase_recall,
 )
 from nvfp4lab.studies.model_formats import plot_per_layer, short_name
+from nvfp4lab.vocab import Backend, QuantMethod, ScaleTiming
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -83,10 +84,10 @@ __all__ = [
 DAMPED = "gptq damp 0.1"
 #: label -> GPTQ options (None = RTN, the baseline every reduction is measured against).
 GPTQ_VARIANTS: dict[str, GPTQOptions | None] = {
-    "rtn": None,
-    "gptq": GPTQOptions(),
+    QuantMethod.RTN.value: None,
+    QuantMethod.GPTQ.value: GPTQOptions(),
     "gptq act_order": GPTQOptions(act_order=True),
-    "gptq updated scales": GPTQOptions(scales="updated"),
+    "gptq updated scales": GPTQOptions(scales=ScaleTiming.UPDATED),
     DAMPED: GPTQOptions(damp=0.1),
 }
 #: Block formats GPTQ is compared on (NVFP4 and the comparators with a block scale).
@@ -110,7 +111,7 @@ def quantize_variants(
     calibration: Sequence[Any],
     variants: Mapping[str, GPTQOptions | None] = GPTQ_VARIANTS,
     *,
-    backend: str = "w4a16",
+    backend: str = Backend.W4A16,
     ignore: Sequence[str] | None = None,
 ) -> list[QuantizedVariant]:
     """One quantized copy of ``fp`` per variant (``quantize_model`` with the q/k/v scales
@@ -124,7 +125,7 @@ def quantize_variants(
                 quantize_model(model, backend=backend, share_global_scale="bert", ignore=ignore)
             else:
                 quantize_model(model, backend=backend, share_global_scale="bert", ignore=ignore,
-                               method="gptq", calibration=calibration, gptq=options)
+                               method=QuantMethod.GPTQ, calibration=calibration, gptq=options)
         out.append(QuantizedVariant(label, backend, fp.with_model(model), took.wall_s,
                                     took.cpu_s))
     return out
@@ -145,18 +146,18 @@ def variant_rows(
                      "cosine_min": fidelity.min, "cosine_gap": 1.0 - fidelity.mean,
                      "recall": recall})
     for row in rows:
-        base = [r for r in rows if r["backend"] == row["backend"] and r["label"] == "rtn"]
+        base = [r for r in rows if r["backend"] == row["backend"] and r["label"] == QuantMethod.RTN]
         row["gap_reduction"] = 1.0 - row["cosine_gap"] / base[0]["cosine_gap"] if base else math.nan
     return rows
 
 
-def gap_reduction(rows: Sequence[dict[str, Any]], label: str = "gptq",
-                  backend: str = "w4a16") -> float:
+def gap_reduction(rows: Sequence[dict[str, Any]], label: str = QuantMethod.GPTQ.value,
+                  backend: str = Backend.W4A16) -> float:
     """``gap_reduction`` of one :func:`variant_rows` row (ValueError if absent)."""
     for row in rows:
         if row["label"] == label and row["backend"] == backend:
             return float(row["gap_reduction"])
-    raise ValueError(f"no variant {label!r} on backend {backend!r} in the rows")
+    raise ValueError(f"no variant {label!r} on backend {str(backend)!r} in the rows")
 
 
 def headline_numbers(
@@ -167,8 +168,9 @@ def headline_numbers(
     :func:`variant_rows`: cosines per path, GPTQ's cut of the w4a16 gap, recall and time, and the
     cut of the "gptq damp 0.1" variant when the rows hold it."""
     by_path = {r["label"]: r for r in path_rows}
-    gptq = next(r for r in gptq_rows if r["label"] == "gptq" and r["backend"] == "w4a16")
-    damped = [r for r in gptq_rows if r["label"] == DAMPED and r["backend"] == "w4a16"]
+    gptq = next(r for r in gptq_rows
+                if r["label"] == QuantMethod.GPTQ and r["backend"] == Backend.W4A16)
+    damped = [r for r in gptq_rows if r["label"] == DAMPED and r["backend"] == Backend.W4A16]
     extra = [{"name": "GPTQ (damp 0.1) cut of the w4a16 cosine gap", "unit": "%",
               "value": round(100.0 * damped[0]["gap_reduction"], 1)}] if damped else []
     return [
@@ -274,7 +276,7 @@ def _method_rows(
 ) -> list[dict[str, Any]]:
     """RTN / GPTQ / GPTQ act order × rotation for each format: held-out output NMSE."""
     eye = torch.eye(w.shape[1], dtype=torch.float64)
-    methods = {"rtn": (eye, None), "gptq": (h, GPTQOptions()),
+    methods = {QuantMethod.RTN.value: (eye, None), QuantMethod.GPTQ.value: (h, GPTQOptions()),
                "gptq act_order": (h, GPTQOptions(act_order=True))}
     rows = []
     for fmt, rotation in itertools.product(formats, (None, seed)):

@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 from nvfp4lab import gpus, roofline
 from nvfp4lab.execution.dispatch import select_backend
 from nvfp4lab.execution.vllm_rules import SEED_RELEASE
+from nvfp4lab.execution.vllm_select import LINEAR_BACKEND_EMULATION
 from nvfp4lab.plots import new_figure
 from nvfp4lab.roofline import PATHS, NotSupportedError
 from nvfp4lab.settings import EMULATION_ENV
 from nvfp4lab.studies.explorer import Outputs, explorer, stream_output, table_output
-from nvfp4lab.vocab import GemmPath
+from nvfp4lab.vocab import GemmPath, VllmAlias
 
 if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
@@ -121,8 +122,9 @@ def backend_frame(gpu_names: Iterable[str] | None = None) -> pd.DataFrame:
     rows = []
     for g in (gpus.get(n) for n in (gpu_names or gpus.CATALOGUE)):
         choice = select_backend(capability=g.capability, env={})
-        seed = select_backend(capability=g.capability, env=_EMULATION_ENV, vllm="seed")
-        flag = select_backend(capability=g.capability, env={}, linear_backend="emulation")
+        seed = select_backend(capability=g.capability, env=_EMULATION_ENV, vllm=VllmAlias.SEED)
+        flag = select_backend(capability=g.capability, env={},
+                              linear_backend=LINEAR_BACKEND_EMULATION)
         rows.append(
             {
                 "gpu": g.name,
@@ -212,7 +214,7 @@ def chosen_path_speedup(blocks: pd.DataFrame) -> pd.DataFrame:
     """Modeled speedup over BF16 (t_bf16 / t_path) of the path each GPU's backend choice takes,
     from a :func:`block_frame` table; GPUs without a BF16 figure are dropped."""
     choice = backend_frame(blocks["gpu"].unique())["modeled_path"]
-    base = blocks[blocks["path"] == "bf16"].set_index(["gpu", "model", "M"])["time_s"]
+    base = blocks[blocks["path"] == GemmPath.BF16].set_index(["gpu", "model", "M"])["time_s"]
     rows = blocks[blocks["path"] == blocks["gpu"].map(choice)].set_index(["gpu", "model", "M"])
     out = rows.join(base.rename("bf16_time_s"), how="inner")
     out["speedup_vs_bf16"] = out["bf16_time_s"] / out["time_s"]

@@ -24,10 +24,11 @@ from nvfp4lab.codec import quantize
 from nvfp4lab.execution import vllm_rules
 from nvfp4lab.execution.dispatch import select_backend
 from nvfp4lab.execution.shared_scales import merge_error
+from nvfp4lab.execution.vllm_select import LINEAR_BACKEND_EMULATION
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import BATCH_INVARIANT_ENV, EMULATION_ENV
 from nvfp4lab.studies.explorer import Outputs, explorer, stream_output, table_output
-from nvfp4lab.vocab import CheckpointFormat, Platform
+from nvfp4lab.vocab import BiasMode, CheckpointFormat, Numerics, Platform, Scheme
 
 if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
@@ -56,7 +57,7 @@ class Scenario:
     name: str
     env: Mapping[str, str]
     linear_backend: str | None = None
-    scheme: str = "NVFP4"
+    scheme: str = Scheme.NVFP4
 
     def flag_for(self, release: str) -> str | None:
         """The flag where the release has ``--linear-backend`` (0.22.0+), else None."""
@@ -71,16 +72,19 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario("default", {}),
         Scenario(f"{EMULATION_ENV}=1", {EMULATION_ENV: "1"}),
-        Scenario("--linear-backend emulation", {}, linear_backend="emulation"),
+        Scenario(f"--linear-backend {LINEAR_BACKEND_EMULATION}", {},
+                 linear_backend=LINEAR_BACKEND_EMULATION),
         Scenario(f"{BATCH_INVARIANT_ENV}=1", {BATCH_INVARIANT_ENV: "1"}),
-        Scenario("NVFP4A16 checkpoint", {}, scheme="NVFP4A16"),
+        Scenario(f"{Scheme.NVFP4A16} checkpoint", {}, scheme=Scheme.NVFP4A16),
     )
 }
 
 #: Numerics classes in plotting order; "none" = vLLM selects no kernel.
-NUMERICS_ORDER: tuple[str, ...] = ("native", "emulation", "w4a8", "w4a16", "none")
-_COLOURS = {"native": "#1b9e77", "emulation": "#d95f02", "w4a8": "#e6ab02", "w4a16": "#7570b3",
-            "none": "#bbbbbb"}  # fmt: skip
+NUMERICS_ORDER: tuple[str, ...] = (
+    Numerics.NATIVE, Numerics.EMULATION, Numerics.W4A8, Numerics.W4A16, "none"
+)
+_COLOURS = {Numerics.NATIVE: "#1b9e77", Numerics.EMULATION: "#d95f02", Numerics.W4A8: "#e6ab02",
+            Numerics.W4A16: "#7570b3", "none": "#bbbbbb"}  # fmt: skip
 
 
 def _row(release: str, scenario: Scenario, **target: Any) -> dict[str, Any]:
@@ -125,9 +129,9 @@ def platform_rows(
 ) -> list[dict[str, Any]]:
     """The same for the ROCm (an MI300-class cc 9.4), XPU and CPU platforms."""
     targets = {
-        Platform.ROCM: {"capability": (9, 4), "platform": "rocm"},
-        Platform.XPU: {"device": "cpu", "platform": "xpu"},
-        Platform.CPU: {"device": "cpu", "platform": "cpu"},
+        Platform.ROCM: {"capability": (9, 4), "platform": Platform.ROCM},
+        Platform.XPU: {"device": "cpu", "platform": Platform.XPU},
+        Platform.CPU: {"device": "cpu", "platform": Platform.CPU},
     }
     rows = []
     for plat, target in targets.items():
@@ -142,7 +146,7 @@ def bias_windows(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
     (the 0.9.1 fallback; the 0.16-0.19 emulation dividing by the decode scale)."""
     found: dict[str, list[str]] = {"bias dropped": [], "wrong weights": []}
     for r in rows:
-        key = "bias dropped" if r["bias"] == "dropped" else (
+        key = "bias dropped" if r["bias"] == BiasMode.DROPPED else (
             "wrong weights" if r["defect"] else None)
         if key and r["release"] not in found[key]:
             found[key].append(r["release"])
@@ -198,16 +202,16 @@ def plot_timeline(rows: Sequence[Mapping[str, Any]], scenario: str = "default") 
               interpolation="nearest")
     hatches = {"bias dropped": "////", "wrong weights": "xx"}
     for r in rows:  # hatch exactly the cells hit by a defect
-        if r["scenario"] != scenario or not (r["bias"] == "dropped" or r["defect"]):
+        if r["scenario"] != scenario or not (r["bias"] == BiasMode.DROPPED or r["defect"]):
             continue
-        hatch = hatches["bias dropped" if r["bias"] == "dropped" else "wrong weights"]
+        hatch = hatches["bias dropped" if r["bias"] == BiasMode.DROPPED else "wrong weights"]
         x = releases.index(r["release"])
         y = labels.index(f"{r['gpu']} ({r['capability']})")
         ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, hatch=hatch, lw=0))
     windows = bias_windows([r for r in rows if r["scenario"] == scenario])
     ax.set_xticks(range(len(releases)), releases, rotation=90, fontsize=7)
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
-    handles = [Patch(color=_COLOURS[n], label=n) for n in NUMERICS_ORDER]
+    handles = [Patch(color=_COLOURS[n], label=str(n)) for n in NUMERICS_ORDER]
     handles += [Patch(fill=False, hatch=hatches[k], label=f"{k}: {_span(v)}")
                 for k, v in windows.items()]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -268,8 +272,8 @@ def choice_text(release: str, target: str, scenario: str) -> str:
     where: dict[str, Any] = {"device": "cpu", "platform": target}
     if target in gpus.CATALOGUE:
         where = {"capability": gpus.get(target).capability}
-    elif target == "rocm":
-        where = {"capability": (9, 4), "platform": "rocm"}
+    elif target == Platform.ROCM:
+        where = {"capability": (9, 4), "platform": Platform.ROCM}
     choice = select_backend(env=dict(sc.env), vllm=release, linear_backend=sc.flag_for(release),
                             scheme=sc.scheme, **where)
     kernel = choice.kernel or f"no kernel — {(choice.error or '').strip()}"
@@ -285,7 +289,7 @@ def timeline_explorer(releases: Sequence[str] | None = None) -> ipywidgets.VBox:
 
     rels = list(releases or vllm_rules.MODELLED_RELEASES)
     rel = widgets.SelectionSlider(options=rels, value=rels[-1], description="vLLM")
-    targets = [*gpus.CATALOGUE, "rocm", "xpu", "cpu"]
+    targets = [*gpus.CATALOGUE, *(p.value for p in (Platform.ROCM, Platform.XPU, Platform.CPU))]
     target = widgets.Dropdown(options=targets, value="H100 SXM", description="target")
     scenario = widgets.Dropdown(options=list(SCENARIOS), description="scenario")
 
