@@ -53,6 +53,7 @@ _SUBMODULES = (
     "bench",
     "checkpoint",
     "cli",
+    "blocks",
     "codec",
     "constants",
     "e2m1",

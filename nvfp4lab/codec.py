@@ -10,8 +10,8 @@ step and this module only reads those steps. ``"kernel"`` (default) is vLLM's fl
 of its CUDA kernel, ``"compressed-tensors"`` compressed-tensors 0.20 bit for bit, ``"modelopt"``
 ModelOpt 0.47's ``NVFP4QTensor`` (written in the DECODE scale, which its tensors keep). The
 orders disagree on a small fraction of codes (mostly bf16/fp16 inputs). The block-level functions
-(:func:`block_scales_of`, :func:`encode_blocks`, :func:`decode_codes`, :func:`quantize_blocks`)
-are the arithmetic every NVFP4 path calls, GPTQ included.
+(:mod:`nvfp4lab.blocks`, re-exported here) are the arithmetic every NVFP4 path calls, GPTQ
+included.
 
 Tensor scale (``global_scale``, ENCODE convention ``2688 / amax``)
     ``None`` (default) computes it from ``amax(|x|)`` (:func:`compute_global_scale`; with a
@@ -62,31 +62,30 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from nvfp4lab import kernels
+from nvfp4lab.blocks import block_scales_of, decode_codes, encode_blocks, quantize_blocks
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
-from nvfp4lab.e2m1 import pack_fp4, round_to_e2m1_codes, stochastic_round_to_e2m1_codes
+from nvfp4lab.e2m1 import pack_fp4
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.kernels import compiled as fused_kernels
 from nvfp4lab.options import NVFP4Options, block_shape, nvfp4_options
-from nvfp4lab.orders import KERNEL_MAX_GLOBAL_SCALE, ArithmeticOrder, DecodeRule, E2M1Ties
+from nvfp4lab.orders import KERNEL_MAX_GLOBAL_SCALE, ArithmeticOrder
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import (
     TensorScale,
     abs_max,
     as_global_scale,
-    block_scales,
     global_scale_from_amax,
-    scale_elements,
     tensor_scale_from_amax,
 )
 from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor, block_chunks, decode_blocks
-from nvfp4lab.vocab import Convention, NonFinite, Rounding, check_dtype
+from nvfp4lab.vocab import Convention, NonFinite, check_dtype
 
 __all__ = [
     "KERNEL_MAX_GLOBAL_SCALE",
@@ -299,117 +298,6 @@ def _fused_prepare(
     if not bool(torch.isfinite(stats.amax)):
         finite_amax(x.detach(), opts.nonfinite)  # raises, naming the count and first index
     return stats, _tensor_scale(stats.amax, global_scale, None, opts, x.device)
-
-
-# --------------------------------------------------------------------------------------------
-# blocks: the block-level arithmetic every NVFP4 path calls (quantize, GPTQ)
-# --------------------------------------------------------------------------------------------
-
-
-def block_scales_of(
-    blocks: torch.Tensor,
-    scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
-    *,
-    target: float = E2M1_MAX,
-) -> torch.Tensor:
-    """float32 E4M3 block scales ``[..., nb]`` of ``blocks [..., nb, B]`` (input dtype) mapping
-    each block's max to ``target``; ``scale``: float32 ``[1]`` tensor scale in the order's form
-    (:attr:`~nvfp4lab.scales.TensorScale.arithmetic`)."""
-    return block_scales(abs_max(blocks, -1), scale, convention, target)
-
-
-def encode_blocks(
-    blocks: torch.Tensor,
-    scales: torch.Tensor,
-    scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
-    *,
-    rounding: str = Rounding.RNE,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """uint8 E2M1 codes of ``blocks [..., nb, B]`` at float32 block ``scales [..., nb]`` and
-    tensor ``scale`` (the order's form): the order's element scaling, then its E2M1 rounding
-    (``rounding="stochastic"`` draws from ``generator`` instead)."""
-    order = get_order(convention)
-    scaled = scale_elements(blocks, scales, scale, order)
-    if rounding == Rounding.STOCHASTIC:
-        if generator is None:
-            raise ValueError("stochastic rounding needs a torch.Generator")
-        return stochastic_round_to_e2m1_codes(scaled, generator)
-    if order.e2m1_ties is not E2M1Ties.EVEN:  # pragma: no cover - a new tie rule goes here
-        raise NotImplementedError(f"E2M1 ties {order.e2m1_ties} of the {order.name} order")
-    return round_to_e2m1_codes(scaled)
-
-
-def decode_codes(
-    codes: torch.Tensor,
-    scales: torch.Tensor,
-    scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
-) -> torch.Tensor:
-    """float32 values of ``codes [..., nb, B]`` at block ``scales [..., nb]`` and tensor ``scale``
-    (the order's form), by the order's :class:`~nvfp4lab.orders.DecodeRule`."""
-    if get_order(convention).decode is DecodeRule.SCALE_TIMES_DECODE:
-        return decode_blocks(codes, scales, scale, decode_scale=scale)
-    return decode_blocks(codes, scales, scale)
-
-
-def quantize_blocks(
-    blocks: torch.Tensor,
-    global_scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
-    *,
-    targets: Sequence[float] = (E2M1_MAX,),
-    rounding: str = Rounding.RNE,
-    generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Core arithmetic on ``blocks [..., nb, B]`` (any B) with float32 ``global_scale [1]`` in the
-    order's form (the DECODE scale for the modelopt order: see :mod:`nvfp4lab.orders`).
-
-    Returns (codes uint8 of the blocks' shape, scales float8_e4m3fn ``[..., nb]``). For each
-    block and each target ``t`` the scale maps the block max to ``t``; with several targets the
-    candidate with the lowest squared error (RNE codes) wins, earlier targets winning ties, and
-    stochastic rounding then encodes with the chosen scale. No checks.
-    """
-    order = get_order(convention)
-    codes: torch.Tensor | None = None
-    if len(targets) > 1:
-        scales, codes = _best_scales(blocks, global_scale, order, targets)
-    else:
-        scales = block_scales_of(blocks, global_scale, order, target=targets[0])
-    if rounding == Rounding.STOCHASTIC or codes is None:
-        codes = encode_blocks(
-            blocks, scales, global_scale, order, rounding=rounding, generator=generator
-        )
-    return codes, scales.to(torch.float8_e4m3fn)
-
-
-def _best_scales(
-    blocks: torch.Tensor,
-    global_scale: torch.Tensor,
-    order: ArithmeticOrder,
-    targets: Sequence[float],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float32 scales, RNE codes) of the lowest-squared-error target per block."""
-    reference = blocks.to(torch.float32)
-    amax = abs_max(blocks, -1)
-    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    for target in targets:
-        scales = block_scales(amax, global_scale, order, target)
-        codes = encode_blocks(blocks, scales, global_scale, order)
-        err = (decode_codes(codes, scales, global_scale, order) - reference).square_().sum(-1)
-        if best is None:
-            best = (scales, codes, err)
-            continue
-        better = err < best[2]
-        best = (
-            torch.where(better, scales, best[0]),
-            torch.where(better.unsqueeze(-1), codes, best[1]),
-            torch.where(better, err, best[2]),
-        )
-    assert best is not None
-    return best[0], best[1]
 
 
 def _generator(opts: NVFP4Options, device: torch.device) -> torch.Generator | None:

@@ -41,9 +41,8 @@ global scale        ``2688 / amax`` of the ORIGINAL weights (or the fused group'
 Cholesky failure    (a singular ``H`` with ``damp = 0``): the layer falls back to RTN with a
                     :class:`GPTQFallbackWarning`, as llm-compressor does
 precision           H, W and the factors in float64; each column is rounded with the codec's
-                    block functions in the chosen arithmetic order
-                    (:func:`~nvfp4lab.codec.block_scales_of`,
-                    :func:`~nvfp4lab.codec.encode_blocks`, :func:`~nvfp4lab.codec.decode_codes`)
+                    block functions (:mod:`nvfp4lab.blocks`) in the chosen arithmetic
+                    order
 ==================  ==========================================================================
 
 With ``H = I`` no error is fed forward and GPTQ is exactly RTN (the tests check bit equality with
@@ -84,7 +83,8 @@ import torch
 from torch import nn
 
 from nvfp4lab import formats
-from nvfp4lab.codec import block_scales_of, decode_codes, encode_blocks, finite_amax
+from nvfp4lab.blocks import block_scales_of, decode_codes, encode_blocks
+from nvfp4lab.codec import finite_amax
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.e2m1 import pack_fp4
 from nvfp4lab.formats.base import BlockFormat, BlockFormatInfo

@@ -1,0 +1,142 @@
+"""Block-level NVFP4 arithmetic in any arithmetic order: the functions every NVFP4 path calls.
+
+The codec's pipeline (:mod:`nvfp4lab.codec`) cuts a tensor into blocks and hands them here; GPTQ
+(:mod:`nvfp4lab.execution.gptq`) calls the same functions one column at a time. Each takes the
+:class:`~nvfp4lab.orders.ArithmeticOrder` (or its convention's name) and the tensor scale in the
+order's form (:attr:`nvfp4lab.scales.TensorScale.arithmetic`: ENCODE ``2688/amax`` for the
+kernel and compressed-tensors orders, DECODE ``amax/2688`` for the modelopt order) and reads
+the order's steps; none names a convention.
+
+========================  =====================================================================
+function                  computes
+========================  =====================================================================
+:func:`block_scales_of`   float32 E4M3 block scales of ``blocks [..., nb, B]``
+:func:`encode_blocks`     uint8 E2M1 codes of blocks at given block scales
+:func:`decode_codes`      float32 values of codes at given block scales (the order's decode)
+:func:`quantize_blocks`   both, with optional scale search over several targets
+========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from nvfp4lab.constants import E2M1_MAX
+from nvfp4lab.e2m1 import round_to_e2m1_codes, stochastic_round_to_e2m1_codes
+from nvfp4lab.orders import ArithmeticOrder, DecodeRule, E2M1Ties
+from nvfp4lab.orders import get as get_order
+from nvfp4lab.scales import abs_max, block_scales, scale_elements
+from nvfp4lab.tensor import decode_blocks
+from nvfp4lab.vocab import Convention, Rounding
+
+__all__ = ["block_scales_of", "decode_codes", "encode_blocks", "quantize_blocks"]
+
+
+
+
+def block_scales_of(
+    blocks: torch.Tensor,
+    scale: torch.Tensor,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
+    *,
+    target: float = E2M1_MAX,
+) -> torch.Tensor:
+    """float32 E4M3 block scales ``[..., nb]`` of ``blocks [..., nb, B]`` (input dtype) mapping
+    each block's max to ``target``; ``scale``: float32 ``[1]`` tensor scale in the order's form
+    (:attr:`~nvfp4lab.scales.TensorScale.arithmetic`)."""
+    return block_scales(abs_max(blocks, -1), scale, convention, target)
+
+
+def encode_blocks(
+    blocks: torch.Tensor,
+    scales: torch.Tensor,
+    scale: torch.Tensor,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
+    *,
+    rounding: str = Rounding.RNE,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """uint8 E2M1 codes of ``blocks [..., nb, B]`` at float32 block ``scales [..., nb]`` and
+    tensor ``scale`` (the order's form): the order's element scaling, then its E2M1 rounding
+    (``rounding="stochastic"`` draws from ``generator`` instead)."""
+    order = get_order(convention)
+    scaled = scale_elements(blocks, scales, scale, order)
+    if rounding == Rounding.STOCHASTIC:
+        if generator is None:
+            raise ValueError("stochastic rounding needs a torch.Generator")
+        return stochastic_round_to_e2m1_codes(scaled, generator)
+    if order.e2m1_ties is not E2M1Ties.EVEN:  # pragma: no cover - a new tie rule goes here
+        raise NotImplementedError(f"E2M1 ties {order.e2m1_ties} of the {order.name} order")
+    return round_to_e2m1_codes(scaled)
+
+
+def decode_codes(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    scale: torch.Tensor,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
+) -> torch.Tensor:
+    """float32 values of ``codes [..., nb, B]`` at block ``scales [..., nb]`` and tensor ``scale``
+    (the order's form), by the order's :class:`~nvfp4lab.orders.DecodeRule`."""
+    if get_order(convention).decode is DecodeRule.SCALE_TIMES_DECODE:
+        return decode_blocks(codes, scales, scale, decode_scale=scale)
+    return decode_blocks(codes, scales, scale)
+
+
+def quantize_blocks(
+    blocks: torch.Tensor,
+    global_scale: torch.Tensor,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
+    *,
+    targets: Sequence[float] = (E2M1_MAX,),
+    rounding: str = Rounding.RNE,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Core arithmetic on ``blocks [..., nb, B]`` (any B) with float32 ``global_scale [1]`` in the
+    order's form (the DECODE scale for the modelopt order: see :mod:`nvfp4lab.orders`).
+
+    Returns (codes uint8 of the blocks' shape, scales float8_e4m3fn ``[..., nb]``). For each
+    block and each target ``t`` the scale maps the block max to ``t``; with several targets the
+    candidate with the lowest squared error (RNE codes) wins, earlier targets winning ties, and
+    stochastic rounding then encodes with the chosen scale. No checks.
+    """
+    order = get_order(convention)
+    codes: torch.Tensor | None = None
+    if len(targets) > 1:
+        scales, codes = _best_scales(blocks, global_scale, order, targets)
+    else:
+        scales = block_scales_of(blocks, global_scale, order, target=targets[0])
+    if rounding == Rounding.STOCHASTIC or codes is None:
+        codes = encode_blocks(
+            blocks, scales, global_scale, order, rounding=rounding, generator=generator
+        )
+    return codes, scales.to(torch.float8_e4m3fn)
+
+
+def _best_scales(
+    blocks: torch.Tensor,
+    global_scale: torch.Tensor,
+    order: ArithmeticOrder,
+    targets: Sequence[float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 scales, RNE codes) of the lowest-squared-error target per block."""
+    reference = blocks.to(torch.float32)
+    amax = abs_max(blocks, -1)
+    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    for target in targets:
+        scales = block_scales(amax, global_scale, order, target)
+        codes = encode_blocks(blocks, scales, global_scale, order)
+        err = (decode_codes(codes, scales, global_scale, order) - reference).square_().sum(-1)
+        if best is None:
+            best = (scales, codes, err)
+            continue
+        better = err < best[2]
+        best = (
+            torch.where(better, scales, best[0]),
+            torch.where(better.unsqueeze(-1), codes, best[1]),
+            torch.where(better, err, best[2]),
+        )
+    assert best is not None
+    return best[0], best[1]
