@@ -13,7 +13,7 @@ import torch
 
 from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError
-from nvfp4lab.checkpoint.modelopt import HF_QUANT_CONFIG_NAME, excluded
+from nvfp4lab.checkpoint.formats.modelopt import HF_QUANT_CONFIG_NAME, excluded
 from nvfp4lab.execution import NVFP4Linear, quantize_model
 from nvfp4lab.vocab import CheckpointFormat
 from tests.checkpoint.builders import (
