@@ -6,20 +6,13 @@ tensor by tensor, copying every unchanged tensor's bytes file to file in bounded
 codes, E4M3 block scales, biases, embeddings, norms: all byte-identical), so memory stays small
 whatever the checkpoint size, and no model is built. Shards are converted in parallel
 (:func:`nvfp4lab.checkpoint.stream.run_tasks`: local processes or a Dask cluster). Per quantized
-Linear only the names and the tensor scales change (each format's spec says both: its
-``names``, and ``from_disk`` / ``to_disk`` for the convention on disk). Between the two formats
-of today:
+Linear only the names and the tensor scales change; each format's spec says both (its ``names``,
+and ``from_disk`` / ``to_disk`` between its convention on disk and nvfp4lab's in-memory ENCODE
+scale). Codes ``[N, K/2]`` and block scales ``[N, K/16]`` keep their bytes under the new names;
+a tensor scale stored ENCODE (2688/amax) by one format and DECODE (amax/2688) by the other
+converts by its float32 reciprocal, ``fl32(1/x)``, and takes the target's scalar shape.
 
-=========================================  ============================================
-compressed-tensors                         ModelOpt
-=========================================  ============================================
-``weight_packed``     uint8 ``[N, K/2]``   ``weight``         (same bytes)
-``weight_scale``      e4m3 ``[N, K/16]``   ``weight_scale``   (same bytes)
-``weight_global_scale`` f32 ``[1]`` ENCODE ``weight_scale_2`` f32 ``[]`` DECODE = fl32(1/x)
-``input_global_scale``  f32 ``[1]`` ENCODE ``input_scale``    f32 ``[]`` DECODE = fl32(1/x)
-=========================================  ============================================
-
-The tensor scale converts by its float32 reciprocal, which is not an exact involution: for some
+The float32 reciprocal is not an exact involution: for some
 values ``x``, ``fl(1/fl(1/x)) != x`` (about 14% of random float32 values), so a round trip
 CT -> ModelOpt -> CT changes those scales by one ulp. :class:`ConvertReport` counts and names
 them. The folder is written atomically (a temporary sibling renamed into place) with the

@@ -3,8 +3,8 @@
 ==========================  =================================================================
 module                      holds
 ==========================  =================================================================
-``compressed_tensors``      compressed-tensors ``nvfp4-pack-quantized`` (ENCODE scales)
-``modelopt``                NVIDIA ModelOpt 0.47 ``export_hf_checkpoint`` (DECODE scales)
+``compressed_tensors``      compressed-tensors NVFP4 (ENCODE tensor scales)
+``modelopt``                NVIDIA ModelOpt 0.47 ``export_hf_checkpoint`` (DECODE tensor scales)
 ==========================  =================================================================
 
 Each module defines a class with the members of :class:`CheckpointFormatSpec` and one instance
