@@ -165,8 +165,16 @@ def _add_where(parser: argparse.ArgumentParser) -> None:
                         help="run the tasks on the Dask cluster at this scheduler address")
 
 
+def _format_titles() -> str:
+    """The checkpoint formats as help texts name them: ``a, b or c``."""
+    from nvfp4lab.checkpoint.formats import FORMATS
+
+    titles = [spec.title for spec in FORMATS.values()]
+    return " or ".join(titles) if len(titles) < 3 else ", ".join(titles[:-1]) + " or " + titles[-1]
+
+
 def _add_audit(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="checkpoint folder (compressed-tensors or ModelOpt NVFP4)")
+    parser.add_argument("path", help=f"checkpoint folder ({_format_titles()})")
     parser.add_argument("--reference", default=None, metavar="FLOAT_DIR",
                         help="float checkpoint folder: adds each layer's weight SQNR")
     parser.add_argument("--out", default=None, metavar="DIR",
@@ -237,9 +245,11 @@ def _run_audit(args: argparse.Namespace) -> int:
 
 
 def _add_convert(parser: argparse.ArgumentParser) -> None:
+    from nvfp4lab.checkpoint.formats import FORMATS
+
     parser.add_argument("src", help="NVFP4 checkpoint folder to convert")
     parser.add_argument("dst", help="new checkpoint folder")
-    parser.add_argument("--format", required=True, choices=("modelopt", "compressed-tensors"),
+    parser.add_argument("--format", required=True, choices=[fmt.value for fmt in FORMATS],
                         help="format of DST")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace DST when it holds only checkpoint files")
@@ -269,8 +279,8 @@ COMMANDS: dict[str, Command] = {
     "report": Command("execute the notebooks into reports/*.html", _add_report, _run_report),
     "audit": Command("check every quantized layer of an NVFP4 checkpoint (streamed)", _add_audit,
                      _run_audit),
-    "convert": Command("convert an NVFP4 checkpoint between compressed-tensors and ModelOpt",
-                       _add_convert, _run_convert),
+    "convert": Command("convert an NVFP4 checkpoint to another checkpoint format", _add_convert,
+                       _run_convert),
 }
 
 

@@ -4,33 +4,41 @@
 module             holds
 =================  ==========================================================================
 ``files``          the shared plumbing: names, JSON, safetensors streaming, atomic folders
-``config``         the compressed-tensors ``nvfp4-pack-quantized`` quantization config
-``modelopt``       the ModelOpt NVFP4 format: detection (:func:`detect_format`), its configs
-``writer``         :func:`save_pretrained` (``format="compressed-tensors"`` or ``"modelopt"``)
-``reader``         :func:`load` (either format, detected)
+``formats``        one module per checkpoint format (``compressed_tensors``, ``modelopt``):
+                   detection, tensor names, configs, the tensor-scale convention on disk;
+                   the interface and the registry :data:`FORMATS` (:func:`detect_format`)
+``writer``         :func:`save_pretrained` (any format, ``format=``)
+``reader``         :func:`load` (any format, detected)
 ``verification``   :func:`verify`: load in transformers, one forward pass
 ``stream``         checkpoints larger than memory: header inventory, row reads, task runner
 ``conversion``     :func:`convert`: lossless, streamed format conversion
 ``auditing``       :func:`audit`: per-layer checks, streamed (``nvfp4lab audit``)
 =================  ==========================================================================
 
-Each on-disk format has its own config module (format detection, tensor names) and a branch in
-``writer`` / ``reader``; ``files`` serves both.
+``writer``, ``reader``, ``stream``, ``conversion`` and ``auditing`` look the format up in
+:data:`FORMATS` and call its spec; ``files`` serves every format.
 """
 
 from __future__ import annotations
 
 from nvfp4lab.checkpoint.auditing import audit, audit_rows
-from nvfp4lab.checkpoint.config import (
+from nvfp4lab.checkpoint.conversion import ConvertReport, convert
+from nvfp4lab.checkpoint.files import CheckpointError
+from nvfp4lab.checkpoint.formats import (
+    FORMATS,
+    CheckpointFormatSpec,
+    FormatConfig,
+    detect_format,
+    format_spec,
+)
+from nvfp4lab.checkpoint.formats.compressed_tensors import (
     CT_FORMAT,
     QUANTIZED_TENSOR_NAMES,
     SCHEMES,
     quantization_config,
     read_quantization_config,
 )
-from nvfp4lab.checkpoint.conversion import ConvertReport, convert
-from nvfp4lab.checkpoint.files import CheckpointError
-from nvfp4lab.checkpoint.modelopt import detect_format, read_modelopt_config
+from nvfp4lab.checkpoint.formats.modelopt import read_modelopt_config
 from nvfp4lab.checkpoint.reader import load
 from nvfp4lab.checkpoint.verification import Verified, verify
 from nvfp4lab.checkpoint.writer import (
@@ -43,11 +51,14 @@ from nvfp4lab.execution.whole_model import FUSED_GROUPS
 
 __all__ = [
     "CT_FORMAT",
+    "FORMATS",
     "FUSED_GROUPS",
     "QUANTIZED_TENSOR_NAMES",
     "SCHEMES",
     "CheckpointError",
+    "CheckpointFormatSpec",
     "ConvertReport",
+    "FormatConfig",
     "TransformersDtypeWarning",
     "UnsharedGlobalScaleWarning",
     "Verified",
@@ -55,6 +66,7 @@ __all__ = [
     "audit_rows",
     "convert",
     "detect_format",
+    "format_spec",
     "fused_groups",
     "load",
     "quantization_config",

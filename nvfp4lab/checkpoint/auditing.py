@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from nvfp4lab.checkpoint.files import LAYER_NAMES, CheckpointError, LayerNames
+from nvfp4lab.checkpoint.files import CheckpointError, LayerNames
+from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, format_spec
 from nvfp4lab.checkpoint.stream import Inventory, RowReader, TensorInfo, inventory, read_scalar
 from nvfp4lab.checkpoint.stream import run_tasks as _run_tasks
 from nvfp4lab.constants import BLOCK_SIZE, E4M3_MAX
@@ -103,8 +104,7 @@ def _info(task: _Task, layer: str, leaf: str) -> TensorInfo | None:
 
 
 def _check_scalar(info: TensorInfo, names: LayerNames, what: str, issues: list[str]) -> bool:
-    shapes = {names.scalar_shape, (1,)} if names.decode else {names.scalar_shape}
-    if info.dtype != "F32" or info.shape not in shapes:
+    if info.dtype != "F32" or info.shape not in names.scalar_shapes:
         issues.append(f"{what} {info.key.rpartition('.')[2]} is {info.dtype} {list(info.shape)}; "
                       f"expected F32 {list(names.scalar_shape)}")
         return False
@@ -193,18 +193,16 @@ def _scale_stats(lay: _Layer, scales: torch.Tensor) -> None:
                           f"{plain:.2f}")
 
 
-def _decoder(lay: _Layer, names: LayerNames) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _decoder(lay: _Layer, spec: CheckpointFormatSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(ENCODE global scale, exact DECODE scale or None) to decode with."""
-    value = torch.tensor([lay.stored], dtype=torch.float32)
-    if names.decode:
-        return torch.reciprocal(value), value
-    return value, None
+    return spec.from_disk(torch.tensor([lay.stored], dtype=torch.float32))
 
 
-def _stream_layer(task: _Task, lay: _Layer, names: LayerNames) -> None:
+def _stream_layer(task: _Task, lay: _Layer, spec: CheckpointFormatSpec) -> None:
     """Decoded |W|max, zero scales over nonzero codes and (with a reference) the SQNR, reading
     ``CHUNK_ELEMENTS`` at a time."""
-    gs, decode = _decoder(lay, names)
+    names = spec.names
+    gs, decode = _decoder(lay, spec)
     ref_info = task.reference.get(lay.name)
     if lay.name in task.reference and ref_info is None:
         lay.issues.append(f"the reference has no {lay.name}.weight")
@@ -272,7 +270,8 @@ def _convention_check(lay: _Layer, names: LayerNames) -> None:
 
 
 def _audit_layer(task: _Task, name: str) -> _Layer:
-    names = LAYER_NAMES[task.fmt]
+    spec = format_spec(task.fmt)
+    names = spec.names
     lay = _Layer(name, {"layer": name, "format": task.fmt.value})
     has_input = _info(task, name, names.input_scale) is not None
     lay.row["scheme"] = (Scheme.NVFP4 if has_input else Scheme.NVFP4A16).value
@@ -284,28 +283,23 @@ def _audit_layer(task: _Task, name: str) -> _Layer:
     with RowReader(task.tensors[f"{name}.{names.scale}"]) as reader:
         _scale_stats(lay, reader.rows())
     if math.isfinite(lay.decode):
-        _stream_layer(task, lay, names)
+        _stream_layer(task, lay, spec)
     return lay
 
 
 def _merge_cost(task: _Task, layers: list[_Layer]) -> None:
     """Per shard of an unshared fused group: vLLM's merged decode scale and the weight SQNR of
     the shard decoded with it against its own (:mod:`nvfp4lab.execution.shared_scales`)."""
-    from nvfp4lab.execution.shared_scales import decode_with, merged_decode_scale
+    from nvfp4lab.execution.shared_scales import decode_with
 
-    names = LAYER_NAMES[task.fmt]
+    spec = format_spec(task.fmt)
+    names = spec.names
     ok = [lay for lay in layers if math.isfinite(lay.decode) and lay.n]
     if len(ok) != len(layers) or len({lay.stored for lay in ok}) == 1:
         return
-    stub = torch.zeros(1, BLOCK_SIZE // 2, dtype=torch.uint8)
-    one = torch.zeros(1, 1, dtype=torch.float8_e4m3fn)
-    if names.decode:  # vLLM's ModelOpt loader: max of the stored DECODE scales
-        merged = torch.tensor([max(lay.decode for lay in ok)], dtype=torch.float32)
-    else:
-        merged = merged_decode_scale({lay.name: NVFP4Tensor(stub, one, lay.stored)
-                                      for lay in ok}, task.fmt)
+    merged = spec.fused_decode_scale([lay.stored for lay in ok])
     for lay in ok:
-        gs, decode = _decoder(lay, names)
+        gs, decode = _decoder(lay, spec)
         own = decode if decode is not None else torch.reciprocal(gs)
         signal = noise = 0.0
         step = max(1, CHUNK_ELEMENTS // lay.k)

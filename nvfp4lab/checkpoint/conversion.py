@@ -1,22 +1,18 @@
-"""Lossless conversion between the compressed-tensors and ModelOpt NVFP4 checkpoint formats.
+"""Lossless conversion between NVFP4 checkpoint formats (any two of
+:data:`nvfp4lab.checkpoint.formats.FORMATS`).
 
 :func:`convert` streams: it reads only the safetensors headers, then writes each output shard
 tensor by tensor, copying every unchanged tensor's bytes file to file in bounded chunks (packed
 codes, E4M3 block scales, biases, embeddings, norms: all byte-identical), so memory stays small
 whatever the checkpoint size, and no model is built. Shards are converted in parallel
 (:func:`nvfp4lab.checkpoint.stream.run_tasks`: local processes or a Dask cluster). Per quantized
-Linear only the names and the tensor scales change:
+Linear only the names and the tensor scales change; each format's spec says both (its ``names``,
+and ``from_disk`` / ``to_disk`` between its convention on disk and nvfp4lab's in-memory ENCODE
+scale). Codes ``[N, K/2]`` and block scales ``[N, K/16]`` keep their bytes under the new names;
+a tensor scale stored ENCODE (2688/amax) by one format and DECODE (amax/2688) by the other
+converts by its float32 reciprocal, ``fl32(1/x)``, and takes the target's scalar shape.
 
-=========================================  ============================================
-compressed-tensors                         ModelOpt
-=========================================  ============================================
-``weight_packed``     uint8 ``[N, K/2]``   ``weight``         (same bytes)
-``weight_scale``      e4m3 ``[N, K/16]``   ``weight_scale``   (same bytes)
-``weight_global_scale`` f32 ``[1]`` ENCODE ``weight_scale_2`` f32 ``[]`` DECODE = fl32(1/x)
-``input_global_scale``  f32 ``[1]`` ENCODE ``input_scale``    f32 ``[]`` DECODE = fl32(1/x)
-=========================================  ============================================
-
-The tensor scale converts by its float32 reciprocal, which is not an exact involution: for some
+The float32 reciprocal is not an exact involution: for some
 values ``x``, ``fl(1/fl(1/x)) != x`` (about 14% of random float32 values), so a round trip
 CT -> ModelOpt -> CT changes those scales by one ulp. :class:`ConvertReport` counts and names
 them. The folder is written atomically (a temporary sibling renamed into place) with the
@@ -33,27 +29,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nvfp4lab.checkpoint.config import quantization_config, read_quantization_config
+import torch
+
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
-    LAYER_NAMES,
     WEIGHTS_INDEX_NAME,
     CheckpointError,
     StoredTensor,
+    Unquantized,
     check_target,
     read_json,
     write_safetensors,
 )
-from nvfp4lab.checkpoint.modelopt import (
-    HF_QUANT_CONFIG_NAME,
-    config_quantization,
-    hf_quant_config,
-    read_modelopt_config,
-    to_ct_ignore,
-)
+from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, format_spec
 from nvfp4lab.checkpoint.stream import Inventory, TensorInfo, inventory, read_scalar, run_tasks
 from nvfp4lab.checkpoint.writer import CHECKPOINT_FILES, COPIED_FILES, write_atomically
-from nvfp4lab.vocab import CheckpointFormat, Scheme, check_choice
+from nvfp4lab.vocab import CheckpointFormat, Scheme
 
 __all__ = ["ConvertReport", "convert", "reciprocal_round_trips"]
 
@@ -112,13 +103,20 @@ class _ShardTask:
     metadata: dict[str, str]
 
 
+def _convert_scale(value: float, src: CheckpointFormatSpec, dst: CheckpointFormatSpec) -> float:
+    """A stored float32 tensor scale of ``src`` as ``dst`` stores it (through nvfp4lab's
+    in-memory convention: ``src.from_disk`` then ``dst.to_disk``)."""
+    stored = torch.tensor([value], dtype=torch.float32)
+    return float(dst.to_disk(*src.from_disk(stored)).reshape(()))
+
+
 def _rename(key: str, layers: frozenset[str], src: CheckpointFormat,
             dst: CheckpointFormat) -> tuple[str, str | None]:
     """(new key, role) of ``key``: role is "global"/"input" for a tensor scale, "packed"/"scale"
     for the codes and block scales, None for an unquantized tensor."""
     prefix, _, leaf = key.rpartition(".")
     if prefix in layers:
-        old, new = LAYER_NAMES[src].roles(), LAYER_NAMES[dst].roles()
+        old, new = format_spec(src).names.roles(), format_spec(dst).names.roles()
         for role, name in old.items():
             if leaf == name:
                 return f"{prefix}.{new[role]}", role
@@ -131,14 +129,15 @@ def _convert_shard(task: _ShardTask) -> tuple[str, dict[str, str], list[str], in
     out: list[StoredTensor] = []
     bad: list[str] = []
     scales = 0
-    shape = LAYER_NAMES[task.dst_format].scalar_shape
+    src, dst = format_spec(task.src_format), format_spec(task.dst_format)
+    shape = dst.names.scalar_shape
     for info in task.tensors:
         key, role = _rename(info.key, task.layers, task.src_format, task.dst_format)
         if role in ("global", "input"):
             value = read_scalar(info)
-            new = _reciprocal(value)
+            new = _convert_scale(value, src, dst)
             scales += 1
-            if _reciprocal(new) != _f32(value):
+            if _convert_scale(new, dst, src) != _f32(value):
                 bad.append(key)
             out.append(StoredTensor(key, "F32", shape, 4, struct.pack("<f", new)))
         else:
@@ -151,7 +150,7 @@ def _convert_shard(task: _ShardTask) -> tuple[str, dict[str, str], list[str], in
 
 def _check_layers(inv: Inventory) -> None:
     """Every quantized layer must hold its codes, block scales and tensor scale."""
-    names = LAYER_NAMES[inv.fmt]
+    names = format_spec(inv.fmt).names
     for layer in inv.layers:
         for leaf in (names.packed, names.scale):
             if f"{layer}.{leaf}" not in inv.tensors:
@@ -164,8 +163,8 @@ def _check_layers(inv: Inventory) -> None:
 
 
 def _excluded(inv: Inventory) -> list[str]:
-    """Unquantized modules with a 2-D floating ``weight`` (Linear, Embedding): ModelOpt's
-    ``exclude_modules`` rule, from the tensor names alone."""
+    """Unquantized modules with a 2-D floating ``weight`` (Linear, Embedding), from the tensor
+    names alone (:attr:`~nvfp4lab.checkpoint.files.Unquantized.weights`)."""
     layers = set(inv.layers)
     return sorted(
         key.removesuffix(".weight")
@@ -175,34 +174,13 @@ def _excluded(inv: Inventory) -> list[str]:
     )
 
 
-def _scheme(inv: Inventory) -> Scheme:
-    if inv.fmt == CheckpointFormat.MODELOPT:
-        return read_modelopt_config(inv.directory).scheme
-    config = read_quantization_config(inv.directory)
-    static = [g.input_activations is not None and g.input_activations.dynamic is not True
-              for g in config.config_groups.values()]
-    if any(static) and not all(static):
-        raise CheckpointError(f"{inv.directory / CONFIG_NAME}: config groups mix W4A4 and "
-                              "weight-only layers; a ModelOpt NVFP4 checkpoint holds one scheme")
-    return Scheme.NVFP4 if all(static) else Scheme.NVFP4A16
-
-
-def _write_configs(inv: Inventory, dst: CheckpointFormat, scheme: Scheme, tmp: Path) -> None:
+def _write_configs(inv: Inventory, dst: CheckpointFormatSpec, scheme: Scheme,
+                   unquantized: Unquantized, tmp: Path) -> None:
+    """The source's ``config.json`` without its quantization config, then ``dst``'s."""
     data = read_json(inv.directory / CONFIG_NAME)
     data.pop("quantization_config", None)
-    if dst == CheckpointFormat.MODELOPT:
-        exclude = _excluded(inv)
-        data["quantization_config"] = config_quantization(scheme, exclude)
-        (tmp / HF_QUANT_CONFIG_NAME).write_text(
-            json.dumps(hf_quant_config(scheme, exclude), indent=4), encoding="utf-8")
-        (tmp / CONFIG_NAME).write_text(json.dumps(data, indent=4), encoding="utf-8")
-        return
-    from compressed_tensors.compressors import ModelCompressor
-
-    ignore = to_ct_ignore(read_modelopt_config(inv.directory).exclude_modules)
-    (tmp / CONFIG_NAME).write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
-    config = quantization_config(scheme.value, ignore=ignore)  # type: ignore[arg-type]
-    ModelCompressor(quantization_config=config).update_config(str(tmp))
+    (tmp / CONFIG_NAME).write_text(json.dumps(data, indent=2), encoding="utf-8")
+    dst.write_config(tmp, scheme, unquantized)
 
 
 def _write_index(inv: Inventory, tmp: Path, weight_map: dict[str, str]) -> None:
@@ -222,7 +200,7 @@ def _check_paths(src: Path, dst: Path, overwrite: bool) -> None:
     if s == d or d.is_relative_to(s) or s.is_relative_to(d):
         raise CheckpointError(f"the destination {dst} overlaps the source {src}; convert to "
                               "a folder outside it")
-    check_target(dst, overwrite, CHECKPOINT_FILES | {HF_QUANT_CONFIG_NAME})
+    check_target(dst, overwrite, CHECKPOINT_FILES)
 
 
 def convert(
@@ -235,8 +213,9 @@ def convert(
     dask: str | None = None,
     progress: bool = False,
 ) -> ConvertReport:
-    """Convert the NVFP4 checkpoint ``src`` to ``format`` ("modelopt" or "compressed-tensors")
-    in the new folder ``dst``; returns a :class:`ConvertReport`.
+    """Convert the NVFP4 checkpoint ``src`` to ``format`` (a
+    :class:`~nvfp4lab.vocab.CheckpointFormat`) in the new folder ``dst``; returns a
+    :class:`ConvertReport`.
 
     Codes and block scales (and every unquantized tensor) are copied byte for byte; tensor
     scales convert by their float32 reciprocal (see the module docstring). The shard layout and
@@ -246,7 +225,8 @@ def convert(
     are converted (:func:`~nvfp4lab.checkpoint.stream.run_tasks`). Converting to the format
     ``src`` already has is an error.
     """
-    target_format = check_choice("format", format, CheckpointFormat)
+    dst_spec = format_spec(format)
+    target_format = dst_spec.format
     source, target = Path(src), Path(dst)
     _check_paths(source, target, overwrite)
     inv = inventory(source)
@@ -256,7 +236,9 @@ def convert(
     if not inv.layers:
         raise CheckpointError(f"{source}: no quantized layer found in the weight files")
     _check_layers(inv)
-    scheme = _scheme(inv)
+    src_config = format_spec(inv.fmt).read_config(inv.directory)
+    scheme = src_config.checkpoint_scheme()
+    unquantized = Unquantized(src_config.unquantized, tuple(_excluded(inv)))
     layers = frozenset(inv.layers)
     result: dict[str, Any] = {}
 
@@ -270,7 +252,7 @@ def convert(
         result["scales"] = sum(n for *_, n in done)
         result["tensors"] = len(weight_map)
         _write_index(inv, tmp, weight_map)
-        _write_configs(inv, target_format, scheme, tmp)
+        _write_configs(inv, dst_spec, scheme, unquantized, tmp)
         for rel in COPIED_FILES:
             if (source / rel).is_file():
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,11 @@ renamed into place at the end (:func:`fresh_dir`, :func:`replace_dir`).
 For work on checkpoints larger than memory, :func:`read_header` reads a safetensors header (the
 8-byte little-endian length, then the JSON table of dtype, shape and byte range per tensor) and
 :func:`write_safetensors` writes a file tensor by tensor, copying unchanged tensors file to file
-in bounded chunks (``os.copy_file_range``), so no tensor is ever held whole. :data:`LAYER_NAMES`
-names the tensors of one quantized Linear in each checkpoint format.
+in bounded chunks (``os.copy_file_range``), so no tensor is ever held whole.
+
+Nothing here knows a checkpoint format: each format (:mod:`nvfp4lab.checkpoint.formats`) fills
+a :class:`LayerNames` with its tensor names and reads its own configuration, through
+:func:`quantization_block` when it lives in ``config.json``.
 """
 
 from __future__ import annotations
@@ -25,11 +28,8 @@ from typing import Any
 
 import torch
 
-from nvfp4lab.vocab import CheckpointFormat
-
 __all__ = [
     "CONFIG_NAME",
-    "LAYER_NAMES",
     "OWNER_MARKER",
     "PICKLE_SUFFIXES",
     "WEIGHTS_INDEX_NAME",
@@ -38,10 +38,12 @@ __all__ = [
     "LayerNames",
     "StoredTensor",
     "TensorSource",
+    "Unquantized",
     "WeightFiles",
     "check_target",
     "fresh_dir",
     "missing_tensor",
+    "quantization_block",
     "read_exact",
     "read_header",
     "read_json",
@@ -77,6 +79,16 @@ def read_json(file: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise CheckpointError(f"{file}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def quantization_block(directory: Path) -> dict[str, Any] | None:
+    """``config.json``'s ``quantization_config`` object (transformers' place for it), or None
+    when the folder has no ``config.json`` or the file has no such object."""
+    file = directory / CONFIG_NAME
+    if not file.is_file():
+        return None
+    block = read_json(file).get("quantization_config")
+    return block if isinstance(block, dict) else None
 
 
 def refuse_pickle(file: Path) -> CheckpointError:
@@ -370,7 +382,7 @@ def replace_dir(tmp: Path, target: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# tensor names per format, and safetensors files read and written without holding tensors
+# what a format names and lists, and safetensors files read and written without holding tensors
 
 
 @dataclass(frozen=True)
@@ -378,8 +390,9 @@ class LayerNames:
     """The tensor leaves of one quantized Linear ``<name>`` in a checkpoint format.
 
     ``packed``: uint8 ``[N, K/2]`` codes; ``scale``: float8_e4m3fn ``[N, K/16]`` block scales
-    (plain layout); ``global_scale`` / ``input_scale``: float32 of shape ``scalar_shape``, in the
-    DECODE convention (amax/2688) when ``decode`` is True, else ENCODE (2688/amax).
+    (plain layout); ``global_scale`` / ``input_scale``: float32 of shape ``scalar_shape`` (also
+    read: any shape of ``scalar_shapes``), in the DECODE convention (amax/2688) when ``decode``
+    is True, else ENCODE (2688/amax).
     """
 
     packed: str
@@ -388,22 +401,36 @@ class LayerNames:
     input_scale: str
     scalar_shape: tuple[int, ...]
     decode: bool
+    also_read: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def scalar_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The tensor-scale shapes accepted on read: ``scalar_shape`` first, then ``also_read``."""
+        return (self.scalar_shape, *self.also_read)
 
     def roles(self) -> dict[str, str]:
         """role -> leaf for the four quantized tensors (roles: packed, scale, global, input)."""
         return {"packed": self.packed, "scale": self.scale, "global": self.global_scale,
                 "input": self.input_scale}
 
+    def keys(self, prefix: str) -> dict[str, str]:
+        """role -> full tensor name of the layer ``prefix`` (``<prefix>.<leaf>``)."""
+        return {role: f"{prefix}.{leaf}" for role, leaf in self.roles().items()}
 
-#: compressed-tensors ``nvfp4-pack-quantized`` and ModelOpt 0.47 ``export_hf_checkpoint`` names.
-LAYER_NAMES: dict[CheckpointFormat, LayerNames] = {
-    CheckpointFormat.COMPRESSED_TENSORS: LayerNames(
-        "weight_packed", "weight_scale", "weight_global_scale", "input_global_scale", (1,), False
-    ),
-    CheckpointFormat.MODELOPT: LayerNames(
-        "weight", "weight_scale", "weight_scale_2", "input_scale", (), True
-    ),
-}
+
+@dataclass(frozen=True)
+class Unquantized:
+    """The modules a checkpoint leaves in floating point, for a format's config to list.
+
+    ``listed``: module names or fnmatch wildcards (``model.layers.*.mlp``): the unquantized
+    Linears of a model being saved, or what the config of a checkpoint being converted lists;
+    ``weights``: every unquantized module holding a 2-D floating ``weight`` (Linear, Embedding),
+    sorted. Each format picks what its config records.
+    """
+
+    listed: tuple[str, ...]
+    weights: tuple[str, ...]
+
 
 #: Largest safetensors header accepted (the format's own limit is 100 MB).
 MAX_HEADER_BYTES = 100_000_000

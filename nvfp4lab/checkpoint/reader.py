@@ -1,5 +1,5 @@
-"""Read an NVFP4 checkpoint (compressed-tensors or ModelOpt) into a transformers model with
-NVFP4Linear layers.
+"""Read an NVFP4 checkpoint (any format of :data:`nvfp4lab.checkpoint.formats.FORMATS`,
+detected) into a transformers model with NVFP4Linear layers.
 
 The model is built from its config with every parameter moved to the meta device as it is
 created (no float weight is ever materialized for a quantized layer), then tensors are streamed
@@ -15,15 +15,13 @@ import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from nvfp4lab.checkpoint.config import read_quantization_config
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
-    LAYER_NAMES,
     PICKLE_SUFFIXES,
     CheckpointError,
     LayerNames,
@@ -35,21 +33,14 @@ from nvfp4lab.checkpoint.files import (
     stored_meta,
     weight_files,
 )
-from nvfp4lab.checkpoint.modelopt import (
-    ModelOptConfig,
-    detect_format,
-    excluded,
-    read_modelopt_config,
-)
+from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
-from nvfp4lab.vocab import CheckpointFormat, Scheme
-
-if TYPE_CHECKING:
-    from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
+from nvfp4lab.vocab import AUTO
 
 __all__ = ["load"]
+
 
 @contextlib.contextmanager
 def _parameters_on_meta() -> Iterator[None]:
@@ -108,11 +99,12 @@ def _build_skeleton(
 
 
 def _read_scale(source: TensorSource, key: str, names: LayerNames) -> torch.Tensor:
-    """A float32 tensor scale, checked finite and > 0, as ``[1]``; ModelOpt's 0-d scalars are
-    also accepted as ``[1]`` (vLLM accepts both)."""
+    """A float32 tensor scale, checked finite and > 0, as ``[1]``; any shape of the format's
+    ``scalar_shapes`` is accepted (ModelOpt's 0-d scalars also as ``[1]``, as vLLM does)."""
     shape = names.scalar_shape
-    if names.decode and stored_meta(source, key)[2] == [1]:
-        shape = (1,)
+    found = tuple(stored_meta(source, key)[2])
+    if found in names.scalar_shapes:
+        shape = found
     value = read_exact(source, key, torch.float32, shape)
     flat = value.reshape(-1).to(torch.float64)
     if not (math.isfinite(float(flat)) and float(flat) > 0):
@@ -135,49 +127,6 @@ def _check_block_scales(source: TensorSource, key: str, scales: torch.Tensor) ->
             "non-negative and finite, so this checkpoint is corrupt or not NVFP4"
         )
     return scales
-
-
-def _quantized_modules(
-    model: nn.Module, config: QuantizationConfig, config_file: Path
-) -> dict[str, QuantizationScheme]:
-    """Module name -> scheme, matched with compressed-tensors' own target/ignore rules."""
-    from compressed_tensors.utils.match import match_named_modules, match_targets
-
-    target_to_scheme: dict[str, QuantizationScheme] = {}
-    for group in config.config_groups.values():
-        for target in group.targets:
-            target_to_scheme[target] = group
-    out: dict[str, QuantizationScheme] = {}
-    for name, module in match_named_modules(model, list(target_to_scheme), config.ignore or []):
-        if not isinstance(module, nn.Linear):
-            raise CheckpointError(
-                f"{config_file}: module {name!r} ({type(module).__name__}) is targeted for "
-                "quantization; nvfp4lab loads quantized nn.Linear layers only"
-            )
-        out[name] = target_to_scheme[match_targets(name, module, target_to_scheme)[0]]
-    if not out:
-        raise CheckpointError(
-            f"{config_file}: the quantization_config targets no module of the model "
-            f"(targets {list(target_to_scheme)}, ignore {config.ignore})"
-        )
-    return out
-
-
-def _modelopt_modules(
-    model: nn.Module, config: ModelOptConfig
-) -> dict[str, Scheme]:
-    """Module name -> scheme: every nn.Linear not matched by ``exclude_modules`` (as vLLM)."""
-    out = {
-        name: config.scheme
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and not excluded(name, config.exclude_modules)
-    }
-    if not out:
-        raise CheckpointError(
-            f"{config.file}: every Linear of the model is in exclude_modules "
-            f"{list(config.exclude_modules)}; nothing is quantized"
-        )
-    return out
 
 
 def _expected_keys(model: nn.Module, quantized: Mapping[str, Any], names: LayerNames) -> set[str]:
@@ -205,35 +154,26 @@ def _key_prefix_fix(model: nn.Module, keys: set[str], expected: set[str]) -> tup
     return "", ""
 
 
-def _static_input(scheme: QuantizationScheme | Scheme) -> bool:
-    """Whether the layer stores a static activation scale (W4A4 with a calibrated scale)."""
-    if isinstance(scheme, Scheme):
-        return scheme == Scheme.NVFP4
-    acts = scheme.input_activations
-    return acts is not None and acts.dynamic is not True
-
-
 def _load_quantized_linear(
     source: TensorSource,
     name: str,
     module: nn.Linear,
-    names: LayerNames,
+    spec: CheckpointFormatSpec,
     static_input: bool,
     dtype: torch.dtype,
     backend: str,
 ) -> tuple[nn.Module, set[str]]:
-    """One quantized Linear from its stored tensors (``names``: the format's leaves); DECODE
-    scales (ModelOpt) are kept exactly as the layer's ``*_decode_scale`` buffers."""
+    """One quantized Linear from its stored tensors (``spec``: the format); a stored DECODE
+    scale (``spec.from_disk``) is kept exactly as the layer's ``*_decode_scale`` buffer."""
+    names = spec.names
     n, k = module.out_features, module.in_features
     if k % BLOCK_SIZE:
         raise CheckpointError(f"{name}: in_features={k} is not a multiple of {BLOCK_SIZE}")
-    keys = {role: f"{name}.{leaf}" for role, leaf in names.roles().items()}
+    keys = names.keys(name)
     packed = read_exact(source, keys["packed"], torch.uint8, (n, k // 2))
     scales = read_exact(source, keys["scale"], torch.float8_e4m3fn, (n, k // BLOCK_SIZE))
     scales = _check_block_scales(source, keys["scale"], scales)
-    stored = _read_scale(source, keys["global"], names)
-    decode = stored if names.decode else None
-    gs = torch.reciprocal(stored) if names.decode else stored
+    gs, decode = spec.from_disk(_read_scale(source, keys["global"], names))
     used = {keys["packed"], keys["scale"], keys["global"]}
     bias = None
     if module.bias is not None:
@@ -243,11 +183,11 @@ def _load_quantized_linear(
                          decode_scale=decode)
     layer = NVFP4Linear.from_quantized(weight, bias, backend=backend)
     if static_input:
-        value = _read_scale(source, keys["input"], names)
-        if names.decode:
-            layer.set_input_decode_scale(value)
+        encode, exact = spec.from_disk(_read_scale(source, keys["input"], names))
+        if exact is not None:
+            layer.set_input_decode_scale(exact)
         else:
-            layer.set_input_global_scale(value)
+            layer.set_input_global_scale(encode)
         used.add(keys["input"])
     return layer, used
 
@@ -292,27 +232,28 @@ def _load_plain_tensors(
 def load(
     path: str | os.PathLike[str],
     *,
-    backend: str = "auto",
+    backend: str = AUTO,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
     model_class: type[nn.Module] | None = None,
     strict: bool = True,
 ) -> nn.Module:
-    """Load an NVFP4 checkpoint directory (compressed-tensors or ModelOpt) into a transformers
+    """Load an NVFP4 checkpoint directory (any format nvfp4lab knows) into a transformers
     model.
 
-    The format comes from the configuration (:func:`~nvfp4lab.checkpoint.modelopt.detect_format`).
-    Quantized Linears (compressed-tensors: its target/ignore matching; ModelOpt: every Linear not
-    in ``exclude_modules``, as vLLM decides) become :class:`nvfp4lab.NVFP4Linear` (``backend``
-    passed on) holding the stored codes / block scales / tensor scales byte for byte (a ModelOpt
-    DECODE scale is kept exactly in ``weight_decode_scale`` / ``input_decode_scale``, and the
-    ENCODE buffers hold its float32 reciprocal); other float tensors are
-    cast to ``dtype`` (default: the config's dtype, else float32). ``model_class``: the
-    transformers class to build (default: ``config.architectures[0]``, else ``AutoModel``).
-    ``strict``: raise on stored tensors the model has no place for. Raises
-    :class:`CheckpointError` naming the file and tensor for a missing tensor, a wrong dtype or
-    shape, a format other than nvfp4-pack-quantized or ModelOpt NVFP4 / W4A16_NVFP4, a group size
-    other than 16, a pickle file or a truncated file. Returns the model in eval mode on
+    The format comes from the configuration (:func:`~nvfp4lab.checkpoint.formats.detect_format`).
+    Quantized Linears (as the format's config decides: compressed-tensors' target/ignore
+    matching; ModelOpt: every Linear not in ``exclude_modules``, as vLLM does) become
+    :class:`nvfp4lab.NVFP4Linear` (``backend`` passed on) holding the stored codes / block
+    scales / tensor scales byte for byte (a stored DECODE scale, ModelOpt's, is kept exactly in
+    ``weight_decode_scale`` / ``input_decode_scale``, and the ENCODE buffers hold its float32
+    reciprocal); other float tensors are cast to ``dtype`` (default: the config's dtype, else
+    float32). ``model_class``: the transformers class to build (default:
+    ``config.architectures[0]``, else ``AutoModel``). ``strict``: raise on stored tensors the
+    model has no place for. Raises :class:`CheckpointError` naming the file and tensor for a
+    missing tensor, a wrong dtype or shape, a configuration the format refuses (another
+    algorithm, a group size other than 16, ...), a pickle file or a truncated file. Returns the
+    model in eval mode on
     ``device``.
     """
     directory = Path(path)
@@ -322,31 +263,24 @@ def load(
         raise CheckpointError(f"{directory} is a file; pass the checkpoint directory")
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
-    fmt = detect_format(directory)
-    names = LAYER_NAMES[fmt]
-    if fmt == CheckpointFormat.MODELOPT:
-        mo_config = read_modelopt_config(directory)
-    else:
-        qconfig = read_quantization_config(directory)
+    spec = format_spec(detect_format(directory))
+    config = spec.read_config(directory)
     files = weight_files(directory)
     device = torch.device(device)
     model, dtype = _build_skeleton(directory, dtype, model_class)
-    quantized: Mapping[str, QuantizationScheme | Scheme] = (
-        _modelopt_modules(model, mo_config) if fmt == CheckpointFormat.MODELOPT
-        else _quantized_modules(model, qconfig, directory / CONFIG_NAME)
-    )
+    quantized: Mapping[str, bool] = config.quantized_modules(model)
 
     with contextlib.ExitStack() as stack:
         source = TensorSource(files, device, stack)
-        expected = _expected_keys(model, quantized, names)
+        expected = _expected_keys(model, quantized, spec.names)
         strip, add = _key_prefix_fix(model, set(source.entries), expected)
         source.rekey(strip, add)
         used: set[str] = set()
-        for name, scheme in quantized.items():
+        for name, static_input in quantized.items():
             module = model.get_submodule(name)
             assert isinstance(module, nn.Linear)
             layer, keys = _load_quantized_linear(
-                source, name, module, names, _static_input(scheme), dtype, backend
+                source, name, module, spec, static_input, dtype, backend
             )
             owner, leaf = _owner(model, name)
             setattr(owner, leaf, layer)

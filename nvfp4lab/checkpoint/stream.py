@@ -23,13 +23,12 @@ import numpy as np
 import torch
 
 from nvfp4lab.checkpoint.files import (
-    LAYER_NAMES,
     ST_DTYPES,
     CheckpointError,
     read_header,
     weight_files,
 )
-from nvfp4lab.checkpoint.modelopt import detect_format
+from nvfp4lab.checkpoint.formats import detect_format, format_spec
 from nvfp4lab.vocab import CheckpointFormat
 
 __all__ = [
@@ -99,7 +98,7 @@ def _file_entries(file: Path) -> tuple[dict[str, str], list[TensorInfo]]:
 def inventory(path: str | os.PathLike[str], fmt: str | None = None) -> Inventory:
     """Describe the checkpoint folder ``path`` from its configuration and safetensors headers.
 
-    ``fmt``: the format, default detected (:func:`~nvfp4lab.checkpoint.modelopt.detect_format`).
+    ``fmt``: the format, default detected (:func:`~nvfp4lab.checkpoint.formats.detect_format`).
     With an index, each tensor comes from the file its ``weight_map`` names; without one, a
     tensor stored in two files is an error naming both.
     """
@@ -125,7 +124,7 @@ def inventory(path: str | os.PathLike[str], fmt: str | None = None) -> Inventory
         if key not in tensors:
             raise CheckpointError(f"{file}: the index maps tensor {key!r} to this file, but the "
                                   "file does not hold it")
-    suffix = "." + LAYER_NAMES[form].global_scale
+    suffix = "." + format_spec(form).names.global_scale
     layers = tuple(k.removesuffix(suffix) for k in tensors if k.endswith(suffix))
     return Inventory(directory, form, tensors, tuple(weights.files), metadata, layers,
                      weights.weight_map is not None)

@@ -1,6 +1,6 @@
 """Check a saved checkpoint where users will run it: load it in transformers, run one forward.
 
-compressed-tensors (installed with nvfp4lab) lets transformers read ``nvfp4-pack-quantized``
+compressed-tensors (installed with nvfp4lab) lets transformers read compressed-tensors NVFP4
 checkpoints and decompress their weights on load. :func:`verify` does exactly what a user would
 (``from_pretrained`` offline, then a forward pass on a few token ids) and says what failed.
 """

@@ -1,5 +1,6 @@
-"""Write a model whose quantized Linears are NVFP4Linear as a compressed-tensors or ModelOpt
-checkpoint.
+"""Write a model whose quantized Linears are NVFP4Linear as an NVFP4 checkpoint, in any format of
+:data:`nvfp4lab.checkpoint.formats.FORMATS` (its spec names the tensors, converts the tensor
+scales to the convention on disk and writes the quantization config).
 
 The directory is assembled under a hidden temporary name and renamed into place only when
 everything is written, so a failed save never leaves a directory that looks like a checkpoint.
@@ -19,31 +20,25 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nvfp4lab.checkpoint.config import (
-    Scheme,
-    check_scheme,
-    quantization_config,
-)
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
-    LAYER_NAMES,
     OWNER_MARKER,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     CheckpointError,
-    LayerNames,
+    Unquantized,
     check_target,
     fresh_dir,
     read_json,
     remove_stale_dirs,
     replace_dir,
 )
-from nvfp4lab.checkpoint.modelopt import HF_QUANT_CONFIG_NAME, config_quantization, hf_quant_config
+from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, checkpoint_files, format_spec
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.whole_model import FUSED_GROUPS
 from nvfp4lab.tensor import invalid_block_scales
-from nvfp4lab.vocab import CheckpointFormat, check_choice
+from nvfp4lab.vocab import CheckpointFormat, Scheme, check_choice
 
 __all__ = [
     "CHECKPOINT_FILES",
@@ -100,12 +95,19 @@ def fused_groups(
     return found
 
 
+def _global_scales(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The layer's ENCODE tensor scale buffers (weight, then input when set), by buffer name."""
+    return {name: b for name, b in module.named_buffers(recurse=False)
+            if name.endswith("_global_scale")}
+
+
 def _check_shared_global_scales(model: nn.Module, quantized: Mapping[str, nn.Module]) -> None:
     for members in fused_groups(model):
         if not all(m in quantized for m in members):
             continue
-        for attr in ("weight_global_scale", "input_global_scale"):
-            values = [getattr(quantized[m], attr, None) for m in members]
+        held = [_global_scales(quantized[m]) for m in members]
+        for attr in dict.fromkeys(name for scales in held for name in scales):
+            values = [scales.get(attr) for scales in held]
             if any(v is None for v in values):
                 continue
             floats = [float(v) for v in values]
@@ -119,47 +121,36 @@ def _check_shared_global_scales(model: nn.Module, quantized: Mapping[str, nn.Mod
                 )
 
 
-def _resolve_scheme(scheme: str | None, quantized: Mapping[str, nn.Module]) -> str:
-    with_input = [
-        n for n, m in quantized.items() if getattr(m, "input_global_scale", None) is not None
-    ]
+def _resolve_scheme(scheme: str | None, quantized: Mapping[str, NVFP4Linear]) -> Scheme:
+    with_input = [n for n, m in quantized.items() if m.input_global_scale is not None]
     if scheme is None:
         if len(with_input) == len(quantized):
-            return "NVFP4"
+            return Scheme.NVFP4
         if not with_input:
-            return "NVFP4A16"
+            return Scheme.NVFP4A16
         missing = sorted(set(quantized) - set(with_input))
         raise ValueError(
             f"{len(with_input)} of {len(quantized)} NVFP4Linear layers have an "
             f"input_global_scale (missing e.g. {missing[0]!r}); pass scheme='NVFP4A16' to save "
             "weight-only, or calibrate all layers for scheme='NVFP4'"
         )
-    check_scheme(scheme)
-    if scheme == "NVFP4" and len(with_input) != len(quantized):
+    resolved = check_choice("scheme", scheme, Scheme)
+    if resolved == Scheme.NVFP4 and len(with_input) != len(quantized):
         missing = sorted(set(quantized) - set(with_input))
         raise ValueError(
             f"scheme 'NVFP4' (W4A4) needs an input_global_scale on every quantized layer; "
             f"{len(missing)} have none (e.g. {missing[0]!r}). Calibrate with "
             "nvfp4lab.calibrate_inputs, or save with scheme='NVFP4A16'"
         )
-    return scheme
-
-
-def _stored_scale(
-    encode: torch.Tensor, decode: torch.Tensor | None, names: LayerNames
-) -> torch.Tensor:
-    """A tensor scale as the format stores it: ENCODE as held, or DECODE (the layer's exact
-    DECODE buffer when it has one, else the float32 reciprocal of the ENCODE scale)."""
-    if not names.decode or encode.shape != (1,):
-        return encode
-    value = decode if decode is not None else torch.reciprocal(encode)
-    return value.reshape(names.scalar_shape)
+    return resolved  # type: ignore[return-value]
 
 
 def _quantized_tensors(
-    name: str, module: nn.Module, scheme: str, names: LayerNames
+    name: str, module: nn.Module, scheme: Scheme, spec: CheckpointFormatSpec
 ) -> dict[str, torch.Tensor]:
-    """The tensors of one NVFP4Linear under the format's ``names``, validated."""
+    """The tensors of one NVFP4Linear under the format's names, tensor scales converted to its
+    convention on disk (``spec.to_disk``), validated."""
+    names = spec.names
     out: dict[str, torch.Tensor] = {}
     packed = module.weight_packed
     scale = module.weight_scale
@@ -173,13 +164,12 @@ def _quantized_tensors(
     expected = {
         names.packed: (packed, torch.uint8, (n, k // 2)),
         names.scale: (scale, torch.float8_e4m3fn, (n, k // BLOCK_SIZE)),
-        names.global_scale: (_stored_scale(module.weight_global_scale,
-                                           module.weight_decode_scale, names), torch.float32,
-                             scalar),
+        names.global_scale: (spec.to_disk(module.weight_global_scale,
+                                          module.weight_decode_scale), torch.float32, scalar),
     }
-    if scheme == "NVFP4":
+    if scheme == Scheme.NVFP4:
         expected[names.input_scale] = (
-            _stored_scale(module.input_global_scale, module.input_decode_scale, names),
+            spec.to_disk(module.input_global_scale, module.input_decode_scale),
             torch.float32, scalar,
         )
     for leaf, (tensor, dtype, shape) in expected.items():
@@ -204,19 +194,19 @@ def _quantized_tensors(
 def _state_to_save(
     model: nn.Module,
     quantized: Mapping[str, nn.Module],
-    scheme: str,
+    scheme: Scheme,
     dtype: torch.dtype | None,
-    names: LayerNames,
+    spec: CheckpointFormatSpec,
 ) -> dict[str, torch.Tensor]:
     """Name -> tensor in ``model.state_dict()`` order; tied (aliased) tensors written once.
 
     ``dtype``: cast unquantized floating tensors (and biases) to it; packed weights, block
-    scales and float32 global scales are never touched. ``names``: the format's tensor leaves.
+    scales and float32 global scales are never touched. ``spec``: the format written.
     """
     tensors: dict[str, torch.Tensor] = {}
     by_owner: dict[str, list[str]] = {}
     for name, module in quantized.items():
-        for key, tensor in _quantized_tensors(name, module, scheme, names).items():
+        for key, tensor in _quantized_tensors(name, module, scheme, spec).items():
             if dtype is not None and key.endswith(".bias"):
                 tensor = tensor.to(dtype)
             tensors[key] = tensor
@@ -308,8 +298,8 @@ def _model_dtype(model: nn.Module, quantized: Mapping[str, nn.Module]) -> torch.
 def _write_config(
     model: nn.Module, directory: Path, source: Path | None, dtype: torch.dtype
 ) -> None:
-    """config.json as transformers writes it (diff against defaults); the quantization config is
-    added afterwards by compressed-tensors' ``ModelCompressor.update_config``."""
+    """config.json as transformers writes it (diff against defaults), without a quantization
+    config: the format's ``write_config`` adds its own afterwards."""
     config = getattr(model, "config", None)
     file = directory / CONFIG_NAME
     if config is not None and hasattr(config, "to_json_file"):
@@ -364,7 +354,7 @@ def _copy_side_files(source: Path | None, directory: Path, written: set[str]) ->
 #: Names (relative paths) a checkpoint folder may hold besides its weights: what overwrite=True
 #: may replace.
 CHECKPOINT_FILES: frozenset[str] = frozenset(
-    {CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME, "hf_quant_config.json", *COPIED_FILES}
+    {CONFIG_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME, *checkpoint_files(), *COPIED_FILES}
 )
 
 
@@ -434,43 +424,21 @@ def write_atomically(target: Path, write: Callable[[Path], None]) -> None:
         raise CheckpointError(f"{message} ({type(exc).__name__})") from exc
 
 
-def _excluded_modules(model: nn.Module) -> list[str]:
-    """ModelOpt's ``exclude_modules`` for ``model``: the modules holding a 2-D floating weight
-    (Linear, Embedding) that are not quantized, as ModelOpt's export lists them."""
-    return sorted(
+def _unquantized(model: nn.Module) -> Unquantized:
+    """What ``model`` leaves unquantized: its Linears that are not NVFP4Linear (in module
+    order), and every such module holding a 2-D floating weight (Linear, Embedding), sorted."""
+    linears = tuple(
+        name for name, module in model.named_modules()
+        if name and isinstance(module, nn.Linear) and not isinstance(module, NVFP4Linear)
+    )
+    weights = tuple(sorted(
         name
         for name, module in model.named_modules()
         if name and not isinstance(module, NVFP4Linear)
         and isinstance(getattr(module, "weight", None), torch.Tensor)
         and module.weight.ndim == 2 and module.weight.is_floating_point()
-    )
-
-
-def _ct_config_writer(model: nn.Module, scheme: str) -> Callable[[Path], None]:
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.utils.match import is_match
-
-    ignore = [
-        name
-        for name, module in model.named_modules()
-        if name and not isinstance(module, NVFP4Linear) and is_match(name, module, "Linear")
-    ]
-    config = quantization_config(scheme, ignore=ignore)  # type: ignore[arg-type]
-    return lambda folder: ModelCompressor(quantization_config=config).update_config(str(folder))
-
-
-def _modelopt_config_writer(model: nn.Module, scheme: str) -> Callable[[Path], None]:
-    exclude = _excluded_modules(model)
-
-    def write(folder: Path) -> None:
-        data = read_json(folder / CONFIG_NAME)
-        data["quantization_config"] = config_quantization(scheme, exclude)
-        with open(folder / CONFIG_NAME, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=4)
-        with open(folder / HF_QUANT_CONFIG_NAME, "w", encoding="utf-8") as handle:
-            json.dump(hf_quant_config(scheme, exclude), handle, indent=4)
-
-    return write
+    ))
+    return Unquantized(linears, weights)
 
 
 def save_pretrained(
@@ -487,12 +455,10 @@ def save_pretrained(
 ) -> Path:
     """Write ``model`` (quantized Linears are NVFP4Linear) as an NVFP4 checkpoint.
 
-    ``format``: "compressed-tensors" (default; ``nvfp4-pack-quantized``, ENCODE global scales)
-    or "modelopt" (ModelOpt 0.47's export, :mod:`nvfp4lab.checkpoint.modelopt`: DECODE
-    ``weight_scale_2`` / ``input_scale``, taken from the layer's exact ``*_decode_scale`` buffers
-    when it has them, else the float32 reciprocal of the ENCODE scale; ``hf_quant_config.json``
-    and ``config.json`` ``quantization_config`` as ModelOpt writes them, ``exclude_modules`` =
-    the unquantized Linear and Embedding modules).
+    ``format``: a :class:`~nvfp4lab.vocab.CheckpointFormat` (default compressed-tensors,
+    ENCODE tensor scales; ModelOpt stores DECODE scales, taken from the layer's exact
+    ``*_decode_scale`` buffers when it has them, else the float32 reciprocal of the ENCODE
+    scale). Each format's module in :mod:`nvfp4lab.checkpoint.formats` says what it writes.
 
     ``scheme``: "NVFP4" (W4A4; every quantized layer needs ``input_global_scale``),
     "NVFP4A16" (weight-only; input scales are not written), or None to infer it from the
@@ -518,7 +484,7 @@ def save_pretrained(
     :class:`TransformersDtypeWarning` naming the remedy (:func:`nvfp4lab.checkpoint.verify`
     checks a saved folder in transformers).
     """
-    fmt = check_choice("format", format, CheckpointFormat)
+    spec = format_spec(format)
     target = Path(path)
     check_target(target, overwrite, CHECKPOINT_FILES)
     if max_shard_bytes <= 0:
@@ -528,19 +494,16 @@ def save_pretrained(
     quantized = _quantized_layers(model)
     resolved = _resolve_scheme(scheme, quantized)
     _check_fused(model, quantized, require_shared_global_scale)
-    modelopt = fmt == CheckpointFormat.MODELOPT
-    write_quant_config = (_modelopt_config_writer if modelopt else _ct_config_writer)(
-        model, resolved
-    )
-    tensors = _state_to_save(model, quantized, resolved, dtype, LAYER_NAMES[fmt])
+    unquantized = _unquantized(model)
+    tensors = _state_to_save(model, quantized, resolved, dtype, spec)
     src = _source_dir(model, source)
     config_dtype = dtype or _model_dtype(model, quantized)
 
     def write(tmp: Path) -> None:
         shards = _write_shards(tensors, tmp, max_shard_bytes)
         _write_config(model, tmp, src, config_dtype)
-        write_quant_config(tmp)
-        written = {CONFIG_NAME, *shards, *([HF_QUANT_CONFIG_NAME] if modelopt else [])}
+        spec.write_config(tmp, resolved, unquantized)
+        written = {CONFIG_NAME, *shards, *spec.config_files}
         generation = getattr(model, "generation_config", None)
         if generation is not None and hasattr(generation, "save_pretrained") and (
             src is None or not (src / "generation_config.json").is_file()
@@ -550,6 +513,6 @@ def save_pretrained(
         _copy_side_files(src, tmp, written)
 
     write_atomically(target, write)
-    if not modelopt:
+    if spec.transformers_needs_bfloat16:
         _warn_transformers_dtype(target, config_dtype)
     return target

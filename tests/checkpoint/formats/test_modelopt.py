@@ -13,7 +13,12 @@ import torch
 
 from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError
-from nvfp4lab.checkpoint.modelopt import HF_QUANT_CONFIG_NAME, excluded
+from nvfp4lab.checkpoint.formats.modelopt import (
+    HF_QUANT_CONFIG_NAME,
+    SPEC,
+    excluded,
+    hf_quant_config,
+)
 from nvfp4lab.execution import NVFP4Linear, quantize_model
 from nvfp4lab.vocab import CheckpointFormat
 from tests.checkpoint.builders import (
@@ -236,3 +241,57 @@ def test_kernel_convention_model_saves_reciprocals(tmp_path: Path) -> None:
     stored = file_tensors(tmp_path / "k")[f"{LAYER}.weight_scale_2"].item()
     gs = model.get_submodule(LAYER).weight_global_scale.numpy()
     assert stored == float(np.float32(1) / gs[0])
+
+
+# -- the format's spec, against compressed-tensors' ModelOpt converter (an independent reading) --
+
+
+def test_names_and_convention_match_compressed_tensors_modelopt_converter() -> None:
+    """compressed-tensors' ``ModelOptNvfp4Converter`` renames a ModelOpt layer to
+    compressed-tensors names and stores 1/x: the two specs must do the same."""
+    from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import (
+        ModelOptNvfp4Converter,
+    )
+
+    ct = checkpoint.FORMATS[CheckpointFormat.COMPRESSED_TENSORS]
+    gen = torch.Generator().manual_seed(0)
+    scales = torch.rand(2, generator=gen, dtype=torch.float32) * 0.1 + 1e-3
+    stored = {
+        f"m.{SPEC.names.packed}": torch.zeros(4, 8, dtype=torch.uint8),
+        f"m.{SPEC.names.scale}": torch.ones(4, 1, dtype=torch.float8_e4m3fn),
+        f"m.{SPEC.names.global_scale}": scales[0].reshape(SPEC.names.scalar_shape),
+        f"m.{SPEC.names.input_scale}": scales[1].reshape(SPEC.names.scalar_shape),
+    }
+    oracle = ModelOptNvfp4Converter(targets=["Linear"]).process(dict(stored))
+    mo, ours = SPEC.names.keys("m"), ct.names.keys("m")
+    assert set(oracle) == set(ours.values())
+    for role in ("global", "input"):
+        value = stored[mo[role]].reshape(1)
+        converted = ct.to_disk(*SPEC.from_disk(value))
+        assert float(converted) == float(oracle[ours[role]]), role
+    assert SPEC.names.decode and not ct.names.decode
+
+
+def test_decode_scales_stored_exactly_and_read_back() -> None:
+    held = torch.tensor([0.0123], dtype=torch.float32)
+    stored = SPEC.to_disk(torch.reciprocal(held), held)
+    assert stored.shape == () and float(stored) == float(held)
+    assert float(SPEC.to_disk(torch.tensor([81.3]), None)) == float(
+        np.float32(1) / np.float32(81.3))
+    encode, exact = SPEC.from_disk(held)
+    assert exact is held and float(encode) == float(np.float32(1) / np.float32(0.0123))
+    assert SPEC.names.scalar_shapes == ((), (1,))
+    assert float(SPEC.fused_decode_scale([0.5, 0.25, 0.75])) == 0.75
+
+
+def test_detect_from_hf_quant_config_alone(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    assert not SPEC.detect(tmp_path)
+    (tmp_path / HF_QUANT_CONFIG_NAME).write_text(json.dumps(hf_quant_config("NVFP4", [])))
+    assert SPEC.detect(tmp_path) and checkpoint.detect_format(tmp_path) == "modelopt"
+    config = SPEC.read_config(tmp_path)
+    assert (config.quant_algo, config.checkpoint_scheme(), config.unquantized) == (
+        "NVFP4", "NVFP4", ())
+    (tmp_path / HF_QUANT_CONFIG_NAME).write_text(json.dumps({"producer": {"name": "other"}}))
+    with pytest.raises(CheckpointError, match="is not ModelOpt"):
+        SPEC.detect(tmp_path)

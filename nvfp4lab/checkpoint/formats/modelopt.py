@@ -1,4 +1,5 @@
-"""The NVIDIA ModelOpt NVFP4 checkpoint format (``export_hf_checkpoint`` of ModelOpt 0.47).
+"""The NVIDIA ModelOpt NVFP4 checkpoint format (``export_hf_checkpoint`` of ModelOpt 0.47;
+:data:`SPEC`).
 
 Written from the format as ModelOpt 0.47.0 exports it and vLLM 0.33.0 reads it (no code of either
 is used). Per quantized Linear ``<name>``:
@@ -35,17 +36,31 @@ Why ModelOpt's codes differ from the kernel order in bf16/fp16 (0.02-0.44% of co
     ``s = 448`` gives exactly 0.75): 0.2% of bf16 and 0.02% of fp16 elements are exact ties, and
     the two orders' rounding errors send each tie to a different side. Block scales differ the
     same way one level up (exact E4M3 midpoints). ``convention="modelopt"`` reproduces ModelOpt.
+
+In memory nvfp4lab holds ENCODE scales; a ModelOpt DECODE scale read from disk is also kept
+exactly (``weight_decode_scale`` / ``input_decode_scale``) and written back unchanged.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nvfp4lab.checkpoint.files import CONFIG_NAME, CheckpointError, read_json
+import torch
+from torch import nn
+
+from nvfp4lab.checkpoint.files import (
+    CONFIG_NAME,
+    CheckpointError,
+    LayerNames,
+    Unquantized,
+    quantization_block,
+    read_json,
+)
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.vocab import CheckpointFormat, Scheme
 
@@ -53,16 +68,22 @@ __all__ = [
     "HF_QUANT_CONFIG_NAME",
     "MODELOPT_VERSION",
     "QUANT_ALGOS",
+    "QUANT_METHOD",
+    "SPEC",
+    "ModelOpt",
     "ModelOptConfig",
     "config_quantization",
-    "detect_format",
     "excluded",
     "hf_quant_config",
     "read_modelopt_config",
-    "to_ct_ignore",
 ]
 
 HF_QUANT_CONFIG_NAME = "hf_quant_config.json"
+#: ``quantization_config.quant_method`` (and ``producer.name``) of a ModelOpt checkpoint.
+QUANT_METHOD = "modelopt"
+#: The tensor names of one quantized Linear (DECODE tensor scales, float32 ``[]``; ``[1]`` is
+#: also read, as vLLM does).
+NAMES = LayerNames("weight", "weight_scale", "weight_scale_2", "input_scale", (), True, ((1,),))
 #: The ModelOpt export format nvfp4lab reads and writes.
 MODELOPT_VERSION = "0.47.0"
 #: ModelOpt ``quant_algo`` -> the NVFP4 scheme it stores.
@@ -81,51 +102,29 @@ class ModelOptConfig:
     kv_cache_quant_algo: str | None
     file: Path
 
+    @property
+    def unquantized(self) -> tuple[str, ...]:
+        """``exclude_modules``: module names and fnmatch wildcards."""
+        return self.exclude_modules
 
-def _quantization_config(directory: Path) -> dict[str, Any] | None:
-    file = directory / CONFIG_NAME
-    if not file.is_file():
-        return None
-    block = read_json(file).get("quantization_config")
-    return block if isinstance(block, dict) else None
+    def checkpoint_scheme(self) -> Scheme:
+        return self.scheme
 
-
-def detect_format(path: str | Path) -> CheckpointFormat:
-    """The format of the checkpoint folder ``path``, from its configuration alone.
-
-    compressed-tensors: ``config.json`` ``quantization_config.quant_method ==
-    "compressed-tensors"``; ModelOpt: ``quant_method == "modelopt"`` there, or an
-    ``hf_quant_config.json`` from the ModelOpt producer. Raises :class:`CheckpointError` (or
-    FileNotFoundError for a missing folder) naming what was found instead.
-    """
-    directory = Path(path)
-    if not directory.exists():
-        raise FileNotFoundError(f"checkpoint folder {directory} does not exist")
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory} is a file; pass the checkpoint folder")
-    block = _quantization_config(directory)
-    method = None if block is None else block.get("quant_method")
-    if method == CheckpointFormat.COMPRESSED_TENSORS.value:
-        return CheckpointFormat.COMPRESSED_TENSORS
-    if method == "modelopt":
-        return CheckpointFormat.MODELOPT
-    hf_file = directory / HF_QUANT_CONFIG_NAME
-    if method is None and hf_file.is_file():
-        producer = read_json(hf_file).get("producer") or {}
-        if isinstance(producer, dict) and producer.get("name") == "modelopt":
-            return CheckpointFormat.MODELOPT
-        raise CheckpointError(f"{hf_file}: producer {producer!r} is not ModelOpt")
-    if method is not None:
-        raise CheckpointError(
-            f"{directory / CONFIG_NAME}: quantization_config.quant_method is {method!r}; nvfp4lab "
-            "reads 'compressed-tensors' (nvfp4-pack-quantized) and 'modelopt' (NVFP4) checkpoints"
-        )
-    if not (directory / CONFIG_NAME).is_file():
-        raise CheckpointError(f"{directory} has no {CONFIG_NAME}: not a checkpoint folder")
-    raise CheckpointError(
-        f"{directory / CONFIG_NAME} has no quantization_config and there is no "
-        f"{HF_QUANT_CONFIG_NAME}: not a quantized checkpoint (a float model?)"
-    )
+    def quantized_modules(self, model: nn.Module) -> dict[str, bool]:
+        """Module name -> whether it stores an input scale: every nn.Linear not matched by
+        ``exclude_modules`` (as vLLM decides), all of one scheme."""
+        static = self.scheme == Scheme.NVFP4
+        out = {
+            name: static
+            for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and not excluded(name, self.exclude_modules)
+        }
+        if not out:
+            raise CheckpointError(
+                f"{self.file}: every Linear of the model is in exclude_modules "
+                f"{list(self.exclude_modules)}; nothing is quantized"
+            )
+        return out
 
 
 def _group_size(block: dict[str, Any]) -> Any:
@@ -153,8 +152,8 @@ def read_modelopt_config(path: str | Path) -> ModelOptConfig:
     than 16 or KV-cache quantization.
     """
     directory = Path(path)
-    block = _quantization_config(directory)
-    if block is not None and block.get("quant_method") == "modelopt":
+    block = quantization_block(directory)
+    if block is not None and block.get("quant_method") == QUANT_METHOD:
         file = directory / CONFIG_NAME
         algo, group, exclude, kv = _from_config_json(block)
     else:
@@ -190,18 +189,10 @@ def excluded(name: str, patterns: Iterable[str]) -> bool:
     )
 
 
-def to_ct_ignore(patterns: Iterable[str]) -> list[str]:
-    """ModelOpt ``exclude_modules`` as compressed-tensors ``ignore`` entries: plain names stay,
-    wildcards become ``re:`` patterns (``fnmatch.translate``)."""
-    return [
-        f"re:{fnmatch.translate(p)}" if any(c in p for c in "*?[") else p for p in patterns
-    ]
-
-
 def hf_quant_config(scheme: str, exclude: Iterable[str]) -> dict[str, Any]:
     """The ``hf_quant_config.json`` object of an NVFP4 export, key order as ModelOpt writes it."""
     return {
-        "producer": {"name": "modelopt", "version": MODELOPT_VERSION},
+        "producer": {"name": QUANT_METHOD, "version": MODELOPT_VERSION},
         "quantization": {
             "quant_algo": _ALGO_OF[Scheme(scheme)],
             "kv_cache_quant_algo": None,
@@ -221,6 +212,68 @@ def config_quantization(scheme: str, exclude: Iterable[str]) -> dict[str, Any]:
         "config_groups": {"group_0": group},
         "ignore": sorted(exclude),
         "quant_algo": _ALGO_OF[Scheme(scheme)],
-        "producer": {"name": "modelopt", "version": MODELOPT_VERSION},
-        "quant_method": "modelopt",
+        "producer": {"name": QUANT_METHOD, "version": MODELOPT_VERSION},
+        "quant_method": QUANT_METHOD,
     }
+
+
+class ModelOpt:
+    """The ModelOpt NVFP4 format (see the module docstring)."""
+
+    format = CheckpointFormat.MODELOPT
+    title = "ModelOpt NVFP4"
+    description = f"{QUANT_METHOD!r} (NVFP4)"
+    names = NAMES
+    config_files: tuple[str, ...] = (HF_QUANT_CONFIG_NAME,)
+    transformers_needs_bfloat16 = False
+
+    def detect(self, directory: Path) -> bool:
+        """``quant_method == "modelopt"`` in ``config.json``'s ``quantization_config``, or no
+        ``quant_method`` there and an ``hf_quant_config.json`` whose producer is ModelOpt (another
+        producer raises :class:`CheckpointError`)."""
+        block = quantization_block(directory)
+        method = None if block is None else block.get("quant_method")
+        if method == QUANT_METHOD:
+            return True
+        hf_file = directory / HF_QUANT_CONFIG_NAME
+        if method is not None or not hf_file.is_file():
+            return False
+        producer = read_json(hf_file).get("producer") or {}
+        if isinstance(producer, dict) and producer.get("name") == QUANT_METHOD:
+            return True
+        raise CheckpointError(f"{hf_file}: producer {producer!r} is not ModelOpt")
+
+    def read_config(self, directory: Path) -> ModelOptConfig:
+        return read_modelopt_config(directory)
+
+    def write_config(self, folder: Path, scheme: Scheme, unquantized: Unquantized) -> None:
+        """Add the ``quantization_config`` to ``folder/config.json`` and write
+        ``hf_quant_config.json`` (``exclude_modules``: ``unquantized.weights``)."""
+        exclude = unquantized.weights
+        data = read_json(folder / CONFIG_NAME)
+        data["quantization_config"] = config_quantization(scheme, exclude)
+        with open(folder / CONFIG_NAME, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=4)
+        with open(folder / HF_QUANT_CONFIG_NAME, "w", encoding="utf-8") as handle:
+            json.dump(hf_quant_config(scheme, exclude), handle, indent=4)
+
+    def to_disk(self, encode: torch.Tensor, decode: torch.Tensor | None) -> torch.Tensor:
+        """The stored DECODE scale ``[]``: the layer's exact DECODE buffer when it has one, else
+        the float32 reciprocal of the ENCODE scale (anything but a ``[1]`` ENCODE scale is
+        returned as it is, for the caller's shape check to name)."""
+        if encode.shape != (1,):
+            return encode
+        value = decode if decode is not None else torch.reciprocal(encode)
+        return value.reshape(NAMES.scalar_shape)
+
+    def from_disk(self, stored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(ENCODE scale = the float32 reciprocal, the stored DECODE scale kept exactly)."""
+        return torch.reciprocal(stored), stored
+
+    def fused_decode_scale(self, stored: Sequence[float]) -> torch.Tensor:
+        """The one DECODE scale vLLM's ModelOpt loader keeps for a fused group: the max of the
+        stored DECODE scales (float32 ``[1]``)."""
+        return torch.tensor([max(stored)], dtype=torch.float32)
+
+
+SPEC = ModelOpt()

@@ -1,0 +1,309 @@
+"""The compressed-tensors ``nvfp4-pack-quantized`` checkpoint format (:data:`SPEC`).
+
+Built and validated with compressed-tensors' own classes, never by hand. On disk, per quantized
+Linear ``<name>``: ``<name>.weight_packed`` uint8 ``[N, K/2]`` (element ``2i`` in the low
+nibble), ``<name>.weight_scale`` float8_e4m3fn ``[N, K/16]`` (plain row-major layout),
+``<name>.weight_global_scale`` float32 ``[1]`` (ENCODE convention, 2688/amax, as nvfp4lab holds
+it in memory), ``<name>.input_global_scale`` float32 ``[1]`` (scheme "NVFP4", W4A4 only) and
+``<name>.bias``. ``config.json`` carries ``quantization_config`` with ``quant_method:
+"compressed-tensors"``, ``format: "nvfp4-pack-quantized"``, ``quantization_status:
+"compressed"`` and config groups of 4-bit float weights in ``tensor_group`` blocks of 16
+(compressed-tensors' presets "NVFP4", "NVFP4A16"). Which Linears are quantized follows
+compressed-tensors' own target / ignore matching. compressed-tensors is imported inside the
+functions that need it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from nvfp4lab.checkpoint.files import (
+    CONFIG_NAME,
+    CheckpointError,
+    LayerNames,
+    Unquantized,
+    quantization_block,
+    read_json,
+)
+from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.vocab import CheckpointFormat, Scheme, check_choice
+
+if TYPE_CHECKING:
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
+
+__all__ = [
+    "CT_FORMAT",
+    "QUANTIZED_TENSOR_NAMES",
+    "QUANT_METHOD",
+    "SCHEMES",
+    "SPEC",
+    "CompressedTensors",
+    "CompressedTensorsConfig",
+    "check_scheme",
+    "ignore_entries",
+    "quantization_config",
+    "read_quantization_config",
+]
+
+#: The compressed-tensors presets nvfp4lab writes and reads (:class:`nvfp4lab.vocab.Scheme`).
+SCHEMES: tuple[str, ...] = tuple(s.value for s in Scheme)
+CT_FORMAT = "nvfp4-pack-quantized"
+#: ``quantization_config.quant_method`` of a compressed-tensors checkpoint.
+QUANT_METHOD = "compressed-tensors"
+#: The tensor names of one quantized Linear (ENCODE tensor scales, float32 ``[1]``).
+NAMES = LayerNames(
+    "weight_packed", "weight_scale", "weight_global_scale", "input_global_scale", (1,), False
+)
+#: Per-module tensors of a quantized Linear, as compressed-tensors names them.
+QUANTIZED_TENSOR_NAMES: tuple[str, ...] = (
+    NAMES.packed, NAMES.scale, NAMES.global_scale, NAMES.input_scale
+)
+
+
+def check_scheme(scheme: object) -> Scheme:
+    """``scheme`` as a :class:`~nvfp4lab.vocab.Scheme` (ValueError in the one wording)."""
+    return check_choice("scheme", scheme, Scheme)  # type: ignore[return-value]
+
+
+def quantization_config(
+    scheme: Scheme | str = Scheme.NVFP4, *, ignore: Sequence[str] = (),
+    targets: Sequence[str] = ("Linear",),
+) -> QuantizationConfig:
+    """compressed-tensors ``QuantizationConfig`` of a compressed NVFP4 checkpoint.
+
+    ``scheme``: "NVFP4" (W4A4: weights + activations with a static ``input_global_scale``) or
+    "NVFP4A16" (weight-only), compressed-tensors' preset of that name applied to ``targets``
+    (module class names or ``re:`` patterns); ``ignore``: module names left unquantized.
+    """
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        preset_name_to_scheme,
+    )
+
+    group = preset_name_to_scheme(check_scheme(scheme).value, list(targets))
+    group.format = CT_FORMAT
+    return QuantizationConfig(
+        config_groups={"group_0": group},
+        ignore=list(ignore),
+        format=CT_FORMAT,
+        quantization_status=QuantizationStatus.COMPRESSED,
+    )
+
+
+def _config_error(file: Path, message: str) -> CheckpointError:
+    return CheckpointError(f"{file}: {message}")
+
+
+def _value(x: object) -> object:
+    """An enum member's value (compressed-tensors' str enums), anything else unchanged."""
+    return getattr(x, "value", x)
+
+
+def _check_group(file: Path, name: str, group: QuantizationScheme) -> None:
+    """Accept only what NVFP4Linear can hold: FP4 weights in tensor_group blocks of 16."""
+    w = group.weights
+    if w is None:
+        raise _config_error(file, f"config group {name!r} quantizes no weights; not NVFP4")
+    fmt = getattr(group, "format", None)
+    if fmt is not None and _value(fmt) != CT_FORMAT:
+        raise _config_error(
+            file, f"config group {name!r} has format {fmt!r}; nvfp4lab reads only {CT_FORMAT!r}"
+        )
+    found = (w.num_bits, _value(w.type), _value(w.strategy), w.symmetric)
+    if found != (4, "float", "tensor_group", True):
+        raise _config_error(
+            file,
+            f"config group {name!r} weights are num_bits={w.num_bits}, type={w.type}, "
+            f"strategy={w.strategy}, symmetric={w.symmetric}; NVFP4 needs 4-bit float, "
+            "tensor_group, symmetric",
+        )
+    if w.group_size != BLOCK_SIZE:
+        raise _config_error(
+            file,
+            f"config group {name!r} has weights group_size={w.group_size}; NVFP4 uses blocks "
+            f"of {BLOCK_SIZE} (group_size 32 with E8M0 scales would be MXFP4)",
+        )
+    if w.scale_dtype is not None and w.scale_dtype != torch.float8_e4m3fn:
+        raise _config_error(
+            file, f"config group {name!r} has scale_dtype={w.scale_dtype}; NVFP4 needs E4M3"
+        )
+    a = group.input_activations
+    if a is not None and (
+        (a.num_bits, _value(a.type), _value(a.strategy), a.group_size)
+        != (4, "float", "tensor_group", BLOCK_SIZE)
+    ):
+        raise _config_error(
+            file,
+            f"config group {name!r} quantizes activations as num_bits={a.num_bits}, "
+            f"type={a.type}, strategy={a.strategy}, group_size={a.group_size}; nvfp4lab "
+            "supports NVFP4 activations (W4A4) or none (W4A16) only",
+        )
+    if group.output_activations is not None:
+        raise _config_error(file, f"config group {name!r} quantizes outputs; not supported")
+
+
+def _validate_config(file: Path, data: Mapping[str, Any]) -> QuantizationConfig:
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
+
+    method = data.get("quant_method")
+    if method != QUANT_METHOD:
+        raise _config_error(
+            file, f"quantization_config.quant_method is {method!r}, not {QUANT_METHOD!r}"
+        )
+    fmt = data.get("format")
+    if fmt != CT_FORMAT:
+        raise _config_error(
+            file, f"quantization_config.format is {fmt!r}; nvfp4lab reads only {CT_FORMAT!r}"
+        )
+    fields = set(QuantizationConfig.model_fields)
+    try:
+        config = QuantizationConfig.model_validate({k: v for k, v in data.items() if k in fields})
+    except Exception as exc:  # pydantic.ValidationError and friends
+        raise _config_error(file, f"invalid quantization_config: {exc}") from exc
+    status = _value(config.quantization_status)
+    if status != QuantizationStatus.COMPRESSED.value:
+        raise _config_error(
+            file,
+            f"quantization_status is {status!r}; only 'compressed' checkpoints hold packed "
+            "NVFP4 weights",
+        )
+    if config.kv_cache_scheme is not None:
+        raise _config_error(file, "KV-cache quantization (kv_cache_scheme) is not supported")
+    if not config.config_groups:
+        raise _config_error(file, "quantization_config has no config_groups")
+    for name, group in config.config_groups.items():
+        _check_group(file, name, group)
+    return config
+
+
+def read_quantization_config(path: str | os.PathLike[str]) -> QuantizationConfig:
+    """Read and validate ``<path>/config.json``'s ``quantization_config`` (compressed-tensors).
+
+    Raises :class:`CheckpointError` naming the file for anything but a compressed
+    "nvfp4-pack-quantized" config with 4-bit float weights in blocks of 16.
+    """
+    file = Path(path) / CONFIG_NAME
+    qdata = read_json(file).get("quantization_config")
+    if not isinstance(qdata, dict):
+        raise CheckpointError(
+            f"{file} has no quantization_config: not a compressed-tensors checkpoint (load a "
+            "float model with transformers instead)"
+        )
+    return _validate_config(file, qdata)
+
+
+def ignore_entries(patterns: Iterable[str]) -> list[str]:
+    """Module names and fnmatch wildcards as compressed-tensors ``ignore`` entries: plain names
+    stay, wildcards become ``re:`` patterns (``fnmatch.translate``)."""
+    return [
+        f"re:{fnmatch.translate(p)}" if any(c in p for c in "*?[") else p for p in patterns
+    ]
+
+
+def _static_input(group: QuantizationScheme) -> bool:
+    """Whether the group stores a static activation scale (W4A4 with a calibrated scale)."""
+    acts = group.input_activations
+    return acts is not None and acts.dynamic is not True
+
+
+@dataclass(frozen=True)
+class CompressedTensorsConfig:
+    """A validated compressed-tensors ``quantization_config`` (``file``: where it was read)."""
+
+    config: QuantizationConfig
+    file: Path
+
+    @property
+    def unquantized(self) -> tuple[str, ...]:
+        """The config's ``ignore`` entries (names or ``re:`` patterns)."""
+        return tuple(self.config.ignore or ())
+
+    def checkpoint_scheme(self) -> Scheme:
+        """The one scheme of every config group; CheckpointError when they mix."""
+        static = [_static_input(g) for g in self.config.config_groups.values()]
+        if any(static) and not all(static):
+            raise CheckpointError(f"{self.file}: config groups mix W4A4 and weight-only layers; "
+                                  "a ModelOpt NVFP4 checkpoint holds one scheme")
+        return Scheme.NVFP4 if all(static) else Scheme.NVFP4A16
+
+    def quantized_modules(self, model: nn.Module) -> dict[str, bool]:
+        """Module name -> whether it stores a static input scale, matched with
+        compressed-tensors' own target / ignore rules."""
+        from compressed_tensors.utils.match import match_named_modules, match_targets
+
+        config = self.config
+        target_to_scheme: dict[str, QuantizationScheme] = {}
+        for group in config.config_groups.values():
+            for target in group.targets:
+                target_to_scheme[target] = group
+        out: dict[str, bool] = {}
+        for name, module in match_named_modules(model, list(target_to_scheme),
+                                                config.ignore or []):
+            if not isinstance(module, nn.Linear):
+                raise CheckpointError(
+                    f"{self.file}: module {name!r} ({type(module).__name__}) is targeted for "
+                    "quantization; nvfp4lab loads quantized nn.Linear layers only"
+                )
+            group = target_to_scheme[match_targets(name, module, target_to_scheme)[0]]
+            out[name] = _static_input(group)
+        if not out:
+            raise CheckpointError(
+                f"{self.file}: the quantization_config targets no module of the model "
+                f"(targets {list(target_to_scheme)}, ignore {config.ignore})"
+            )
+        return out
+
+
+class CompressedTensors:
+    """The compressed-tensors ``nvfp4-pack-quantized`` format (see the module docstring)."""
+
+    format = CheckpointFormat.COMPRESSED_TENSORS
+    title = "compressed-tensors"
+    description = f"{QUANT_METHOD!r} ({CT_FORMAT})"
+    names = NAMES
+    config_files: tuple[str, ...] = ()
+    #: compressed-tensors 0.20 decompresses NVFP4 weights to bfloat16 in transformers.
+    transformers_needs_bfloat16 = True
+
+    def detect(self, directory: Path) -> bool:
+        """``config.json`` ``quantization_config.quant_method == "compressed-tensors"``."""
+        block = quantization_block(directory)
+        return block is not None and block.get("quant_method") == QUANT_METHOD
+
+    def read_config(self, directory: Path) -> CompressedTensorsConfig:
+        return CompressedTensorsConfig(read_quantization_config(directory),
+                                       directory / CONFIG_NAME)
+
+    def write_config(self, folder: Path, scheme: Scheme, unquantized: Unquantized) -> None:
+        """Add the ``quantization_config`` to ``folder/config.json`` (compressed-tensors'
+        ``ModelCompressor.update_config``; ``ignore``: ``unquantized.listed``)."""
+        from compressed_tensors.compressors import ModelCompressor
+
+        config = quantization_config(scheme, ignore=ignore_entries(unquantized.listed))
+        ModelCompressor(quantization_config=config).update_config(str(folder))
+
+    def to_disk(self, encode: torch.Tensor, decode: torch.Tensor | None) -> torch.Tensor:
+        """The stored tensor scale: the ENCODE scale as nvfp4lab holds it."""
+        return encode
+
+    def from_disk(self, stored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(ENCODE scale, exact DECODE scale or None) of a stored tensor scale."""
+        return stored, None
+
+    def fused_decode_scale(self, stored: Sequence[float]) -> torch.Tensor:
+        """The one DECODE scale vLLM keeps for a fused group: ``1 / max(encode)`` (float32
+        ``[1]``)."""
+        encode = torch.tensor(list(stored), dtype=torch.float32)
+        return torch.reciprocal(encode.max()).reshape(1)
+
+
+SPEC = CompressedTensors()

@@ -1,0 +1,167 @@
+"""The checkpoint-format registry (nvfp4lab/checkpoint/formats/__init__.py): complete, each
+format detected as itself, and no format knowledge outside the format modules."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+import nvfp4lab
+from nvfp4lab import checkpoint, vocab
+from nvfp4lab.checkpoint import CheckpointError, auditing
+from nvfp4lab.checkpoint.files import Unquantized
+from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, detect_format, format_spec
+from nvfp4lab.vocab import CheckpointFormat, Scheme
+
+PACKAGE = Path(nvfp4lab.__file__).parent
+FORMAT_MODULES = {f"nvfp4lab/checkpoint/formats/{m.name.lower()}.py" for m in CheckpointFormat}
+
+
+def _module(fmt: CheckpointFormat) -> object:
+    return importlib.import_module(f"nvfp4lab.checkpoint.formats.{fmt.name.lower()}")
+
+
+def test_every_format_has_a_module_and_a_registry_entry() -> None:
+    assert list(FORMATS) == list(CheckpointFormat)
+    for fmt in CheckpointFormat:
+        spec = FORMATS[fmt]
+        assert spec is _module(fmt).SPEC  # type: ignore[attr-defined]
+        assert isinstance(spec, CheckpointFormatSpec)
+        assert spec.format is fmt and format_spec(fmt.value) is spec
+        assert spec.names.scalar_shape in spec.names.scalar_shapes
+    assert checkpoint.detect_format is detect_format
+
+
+def test_an_unknown_format_is_named_with_the_accepted_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown format 'gguf'; accepted values: "
+                                         r"'compressed-tensors', 'modelopt'$"):
+        format_spec("gguf")
+
+
+def _folder(path: Path, spec: CheckpointFormatSpec) -> Path:
+    path.mkdir()
+    (path / "config.json").write_text("{}", encoding="utf-8")
+    spec.write_config(path, Scheme.NVFP4A16, Unquantized(("lm_head",), ("lm_head",)))
+    return path
+
+
+@pytest.mark.parametrize("fmt", list(CheckpointFormat))
+def test_each_formats_folder_is_detected_as_exactly_that_format(
+    fmt: CheckpointFormat, tmp_path: Path
+) -> None:
+    folder = _folder(tmp_path / fmt.name, FORMATS[fmt])
+    assert detect_format(folder) is fmt
+    assert [f for f, spec in FORMATS.items() if spec.detect(folder)] == [fmt]
+    config = FORMATS[fmt].read_config(folder)
+    assert config.checkpoint_scheme() == Scheme.NVFP4A16
+    written = {p.name for p in folder.iterdir()}
+    assert written == {"config.json", *FORMATS[fmt].config_files}
+
+
+def test_an_unknown_quant_method_lists_every_format(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "awq"}}), encoding="utf-8")
+    with pytest.raises(CheckpointError, match="quant_method is 'awq'") as err:
+        detect_format(tmp_path)
+    for spec in FORMATS.values():
+        assert spec.description in str(err.value)
+
+
+def _f32(x: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", x))[0])
+
+
+@pytest.mark.parametrize("fmt", list(CheckpointFormat))
+def test_the_scale_convention_on_disk(fmt: CheckpointFormat) -> None:
+    """ENCODE formats store the in-memory scale; DECODE formats its float32 reciprocal (or the
+    exact DECODE value the layer holds); reading gives both back."""
+    spec = FORMATS[fmt]
+    encode = torch.tensor([2688 / 3.7], dtype=torch.float32)
+    stored = spec.to_disk(encode, None)
+    assert tuple(stored.shape) == spec.names.scalar_shape and stored.dtype == torch.float32
+    expected = _f32(1 / float(encode)) if spec.names.decode else float(encode)
+    assert float(stored) == expected
+    back, exact = spec.from_disk(stored.reshape(1))
+    if spec.names.decode:
+        assert float(exact) == expected and float(back) == _f32(1 / expected)
+        held = torch.tensor([0.123], dtype=torch.float32)
+        assert float(spec.to_disk(torch.reciprocal(held), held)) == float(held)
+    else:
+        assert exact is None and float(back) == float(encode)
+
+
+# -- no format knowledge outside the format modules ------------------------------------------
+
+#: cli.py functions that make up the checkpoint commands.
+CLI_CHECKPOINT = {"_format_titles", "_add_audit", "_audit_out", "_render_audit", "_run_audit",
+                  "_add_convert", "_run_convert"}
+
+
+def _format_names() -> set[str]:
+    """On-disk names of the formats that no other module may spell."""
+    out: set[str] = set()
+    for fmt, spec in FORMATS.items():
+        out |= {spec.names.global_scale, spec.names.input_scale, *spec.config_files}
+        module = _module(fmt)
+        for attr in ("CT_FORMAT", "QUANT_METHOD", "HF_QUANT_CONFIG_NAME"):
+            if hasattr(module, attr):
+                out.add(getattr(module, attr))
+        out |= set(getattr(module, "QUANT_ALGOS", {}))
+    out |= {"quant_algo", "exclude_modules", "producer"}
+    return out
+
+
+def _vocabulary() -> set[str]:
+    enums = (vocab.CheckpointFormat, vocab.Scheme, vocab.Backend, vocab.Numerics,
+             vocab.Convention)
+    return {m.value for e in enums for m in e} | {vocab.AUTO}
+
+
+def _strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, value) of every string constant that is not a docstring."""
+    docstrings = {
+        id(node.body[0].value) for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+        and node.body and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def _checked_sources() -> list[tuple[str, ast.AST]]:
+    out = []
+    for file in sorted((PACKAGE / "checkpoint").rglob("*.py")):
+        rel = file.relative_to(PACKAGE.parent).as_posix()
+        if rel not in FORMAT_MODULES:
+            out.append((rel, ast.parse(file.read_text(encoding="utf-8"))))
+    cli = ast.parse((PACKAGE / "cli.py").read_text(encoding="utf-8"))
+    for node in cli.body:
+        if isinstance(node, ast.FunctionDef) and node.name in CLI_CHECKPOINT:
+            out.append((f"nvfp4lab/cli.py:{node.name}", node))
+    return out
+
+
+#: Literals a module may hold although a format spells them too: the audit table's own columns
+#: (its "input_scale" column is the activation scale of any format).
+ALLOWED = {"nvfp4lab/checkpoint/auditing.py": set(auditing.COLUMNS)}
+
+
+def test_format_names_and_vocabulary_literals_live_only_in_the_format_modules() -> None:
+    forbidden = _format_names() | _vocabulary()
+    found = [f"{where}:{line}: {value!r}" for where, tree in _checked_sources()
+             for line, value in _strings(tree)
+             if value in forbidden and value not in ALLOWED.get(where, set())]
+    assert found == []
+
+
+def test_the_literal_check_can_fail() -> None:
+    tree = ast.parse('"""doc"""\nx = "modelopt"\ny = "weight_scale_2"\n')
+    assert [v for _, v in _strings(tree) if v in _format_names() | _vocabulary()] == [
+        "modelopt", "weight_scale_2"]

@@ -1,0 +1,88 @@
+"""checkpoint.stream: the header inventory, row reads and the task runner, against tensors the
+safetensors library wrote and read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from nvfp4lab.checkpoint import FORMATS
+from nvfp4lab.checkpoint.files import CheckpointError
+from nvfp4lab.checkpoint.stream import RowReader, inventory, read_scalar, run_tasks
+from nvfp4lab.vocab import CheckpointFormat
+
+
+@pytest.fixture
+def sharded(tmp_path: Path) -> Path:
+    """A two-shard compressed-tensors-named checkpoint (headers only matter here)."""
+    names = FORMATS[CheckpointFormat.COMPRESSED_TENSORS].names
+    gen = torch.Generator().manual_seed(0)
+    first = {f"l0.{names.packed}": torch.randint(0, 255, (6, 8), generator=gen,
+                                                   dtype=torch.uint8),
+             f"l0.{names.global_scale}": torch.tensor([123.5]),
+             "emb.weight": torch.randn(5, 4, generator=gen, dtype=torch.bfloat16)}
+    second = {f"l1.{names.global_scale}": torch.tensor([7.25]),
+              "norm.weight": torch.randn(4, generator=gen)}
+    save_file(first, str(tmp_path / "a.safetensors"), metadata={"format": "pt"})
+    save_file(second, str(tmp_path / "b.safetensors"))
+    weight_map = {**dict.fromkeys(first, "a.safetensors"), **dict.fromkeys(second, "b.safetensors")}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return tmp_path
+
+
+def test_inventory_describes_every_tensor_from_the_headers(sharded: Path) -> None:
+    inv = inventory(sharded, CheckpointFormat.COMPRESSED_TENSORS)
+    assert inv.indexed and inv.layers == ("l0", "l1")
+    assert inv.files == (sharded / "a.safetensors", sharded / "b.safetensors")
+    assert inv.metadata[sharded / "a.safetensors"] == {"format": "pt"}
+    loaded = {**load_file(str(sharded / "a.safetensors")),
+              **load_file(str(sharded / "b.safetensors"))}
+    assert set(inv.tensors) == set(loaded)
+    for key, info in inv.tensors.items():
+        tensor = loaded[key]
+        assert info.torch_dtype == tensor.dtype and info.shape == tuple(tensor.shape)
+        assert info.nbytes == tensor.numel() * tensor.element_size()
+        raw = info.file.read_bytes()[info.offset:info.offset + info.nbytes]
+        assert raw == tensor.contiguous().view(torch.uint8).numpy().tobytes(), key
+    offsets = [t.offset for t in inv.in_file(sharded / "a.safetensors")]
+    assert offsets == sorted(offsets)
+
+
+def test_row_reads_and_scalars(sharded: Path) -> None:
+    inv = inventory(sharded, CheckpointFormat.COMPRESSED_TENSORS)
+    loaded = load_file(str(sharded / "a.safetensors"))
+    packed = inv.tensors["l0.weight_packed"]
+    with RowReader(packed) as reader:
+        assert torch.equal(reader.rows(2, 5), loaded["l0.weight_packed"][2:5])
+        assert torch.equal(reader.rows(), loaded["l0.weight_packed"])
+    with RowReader(inv.tensors["emb.weight"]) as reader:
+        assert torch.equal(reader.rows(1, 3), loaded["emb.weight"][1:3])
+    assert read_scalar(inv.tensors["l0.weight_global_scale"]) == 123.5
+    assert read_scalar(inv.tensors["l1.weight_global_scale"]) == 7.25
+    with pytest.raises(CheckpointError, match="expected one value"):
+        read_scalar(packed)
+
+
+def test_inventory_refuses_a_stale_index(sharded: Path) -> None:
+    index = sharded / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"]["ghost"] = "b.safetensors"
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="'ghost'"):
+        inventory(sharded, CheckpointFormat.COMPRESSED_TENSORS)
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_run_tasks_keeps_order_and_checks_workers() -> None:
+    assert run_tasks(_square, [3, 1, 2], workers=0) == [9, 1, 4]
+    assert run_tasks(_square, [], workers=0) == []
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="workers must be an int"):
+            run_tasks(_square, [1], workers=bad)  # type: ignore[arg-type]
