@@ -17,6 +17,14 @@ values ``x``, ``fl(1/fl(1/x)) != x`` (about 14% of random float32 values), so a 
 CT -> ModelOpt -> CT changes those scales by one ulp. :class:`ConvertReport` counts and names
 them. The folder is written atomically (a temporary sibling renamed into place) with the
 overwrite rules of :func:`~nvfp4lab.checkpoint.writer.save_pretrained`.
+
+Everything in ``src`` that is not a weight is copied byte for byte, as ``save_pretrained``
+users expect (README, custom modelling code of ``auto_map``, processor configs, sub-folders
+such as ``2_Normalize/``): all but the top-level ``*.safetensors`` files, their index,
+``config.json`` (rewritten) and the formats' quantization config files (written anew). A
+symlink to a file is copied as the file it points to (a Hugging Face cache snapshot is made of
+them); a symlink to a folder, or a dangling one, is refused; hidden folders (``.git``,
+``.cache``) are left out.
 """
 
 from __future__ import annotations
@@ -38,12 +46,13 @@ from nvfp4lab.checkpoint.files import (
     StoredTensor,
     Unquantized,
     check_target,
+    folder_entries,
     read_json,
     write_safetensors,
 )
-from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, format_spec
+from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, format_spec
 from nvfp4lab.checkpoint.stream import Inventory, TensorInfo, inventory, read_scalar, run_tasks
-from nvfp4lab.checkpoint.writer import CHECKPOINT_FILES, COPIED_FILES, write_atomically
+from nvfp4lab.checkpoint.writer import CHECKPOINT_FILES, write_atomically
 from nvfp4lab.vocab import CheckpointFormat, Scheme
 
 __all__ = ["ConvertReport", "convert", "reciprocal_round_trips"]
@@ -62,6 +71,7 @@ class ConvertReport:
     tensors: int
     scales: int
     not_round_trip: tuple[str, ...] = field(default=())
+    copied: tuple[str, ...] = field(default=())
 
     @property
     def fraction(self) -> float:
@@ -72,7 +82,7 @@ class ConvertReport:
             f"{self.src} ({self.src_format}) -> {self.dst} ({self.dst_format}): {self.tensors} "
             f"tensors, {self.scales} tensor scales converted by their float32 reciprocal, "
             f"{len(self.not_round_trip)} of them ({100 * self.fraction:.1f}%) do not round-trip "
-            "exactly (1/(1/x) != x)"
+            f"exactly (1/(1/x) != x); {len(self.copied)} other files copied byte for byte"
         )
 
 
@@ -193,14 +203,43 @@ def _write_index(inv: Inventory, tmp: Path, weight_map: dict[str, str]) -> None:
     (tmp / WEIGHTS_INDEX_NAME).write_text(json.dumps(body, indent=2), encoding="utf-8")
 
 
-def _check_paths(src: Path, dst: Path, overwrite: bool) -> None:
+def _side_files(src: Path) -> list[tuple[Path, str]]:
+    """What :func:`convert` copies from ``src`` (see the module docstring): (relative path,
+    "file" or "empty folder"), a symlink to a file as a file."""
+    skip = {CONFIG_NAME, WEIGHTS_INDEX_NAME, *(f for spec in FORMATS.values()
+                                               for f in spec.config_files)}
+    out: list[tuple[Path, str]] = []
+    for rel, kind in folder_entries(src):
+        top = rel.parts[0]
+        if (len(rel.parts) == 1 and (top in skip or rel.suffix == ".safetensors")) or (
+                top.startswith(".") and (len(rel.parts) > 1 or kind == "empty folder")):
+            continue
+        if kind == "symlink":
+            if (src / rel).is_dir() or not (src / rel).exists():
+                raise CheckpointError(
+                    f"{src / rel} is a symlink to a folder or to nothing; convert copies files, "
+                    "never linked folders: replace it with a copy or remove it")
+            kind = "file"
+        out.append((rel, kind))
+    return out
+
+
+def _check_paths(src: Path, dst: Path, overwrite: bool) -> list[tuple[Path, str]]:
     if not src.exists():
         raise FileNotFoundError(f"checkpoint folder {src} does not exist")
     s, d = src.resolve(), dst.resolve()
     if s == d or d.is_relative_to(s) or s.is_relative_to(d):
         raise CheckpointError(f"the destination {dst} overlaps the source {src}; convert to "
                               "a folder outside it")
-    check_target(dst, overwrite, CHECKPOINT_FILES)
+    side = _side_files(src) if src.is_dir() else []
+    check_target(dst, overwrite, _members(side))
+    return side
+
+
+def _members(side: list[tuple[Path, str]]) -> frozenset[str]:
+    """What ``overwrite=True`` may replace in the destination: checkpoint files and whatever
+    convert copies from the source."""
+    return CHECKPOINT_FILES | {rel.as_posix() for rel, _ in side}
 
 
 def convert(
@@ -219,16 +258,18 @@ def convert(
 
     Codes and block scales (and every unquantized tensor) are copied byte for byte; tensor
     scales convert by their float32 reciprocal (see the module docstring). The shard layout and
-    the index are kept; tokenizer and generation files are copied. ``dst`` may be missing or an
-    empty folder; ``overwrite=True`` replaces a folder holding only checkpoint files (anything
-    else is refused with FileExistsError). ``workers`` / ``dask`` / ``progress``: where shards
+    the index are kept; every other file of ``src`` is copied byte for byte (sub-folders too;
+    see the module docstring). ``dst`` may be missing or an empty folder; ``overwrite=True``
+    replaces a folder holding only checkpoint files and files copied from ``src`` (anything
+    else, symlinks and empty folders included, is refused with FileExistsError, also when it
+    appears while converting). ``workers`` / ``dask`` / ``progress``: where shards
     are converted (:func:`~nvfp4lab.checkpoint.stream.run_tasks`). Converting to the format
     ``src`` already has is an error.
     """
     dst_spec = format_spec(format)
     target_format = dst_spec.format
     source, target = Path(src), Path(dst)
-    _check_paths(source, target, overwrite)
+    side = _check_paths(source, target, overwrite)
     inv = inventory(source)
     if inv.fmt == target_format:
         raise CheckpointError(f"{source} is already a {inv.fmt.value} checkpoint; nothing to "
@@ -253,11 +294,13 @@ def convert(
         result["tensors"] = len(weight_map)
         _write_index(inv, tmp, weight_map)
         _write_configs(inv, dst_spec, scheme, unquantized, tmp)
-        for rel in COPIED_FILES:
-            if (source / rel).is_file():
-                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        for rel, kind in side:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            if kind == "file":
                 shutil.copy2(source / rel, tmp / rel)
+            else:
+                (tmp / rel).mkdir()
 
-    write_atomically(target, write)
+    write_atomically(target, write, overwrite=overwrite, checkpoint_files=_members(side))
     return ConvertReport(source, target, inv.fmt.value, target_format.value, result["tensors"],
-                         result["scales"], result["bad"])
+                         result["scales"], result["bad"], tuple(rel.as_posix() for rel, _ in side))

@@ -17,6 +17,7 @@ a :class:`LayerNames` with its tensor names and reads its own configuration, thr
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -41,6 +42,7 @@ __all__ = [
     "Unquantized",
     "WeightFiles",
     "check_target",
+    "folder_entries",
     "fresh_dir",
     "missing_tensor",
     "quantization_block",
@@ -335,50 +337,123 @@ def _checkpoint_member(rel: Path, names: frozenset[str]) -> bool:
     return text in names or rel.suffix == ".safetensors" or text.endswith(".safetensors.index.json")
 
 
+def folder_entries(folder: Path) -> list[tuple[Path, str]]:
+    """Everything under ``folder`` as (relative path, kind), sorted: kind is "file", "symlink"
+    (to anything: never followed) or "empty folder"; a folder that holds something is not
+    listed itself. An unreadable folder raises PermissionError naming it."""
+    out: list[tuple[Path, str]] = []
+    try:
+        children = sorted(os.scandir(folder), key=lambda e: e.name)
+    except PermissionError:
+        raise PermissionError(f"{folder}: permission denied reading it, so nvfp4lab cannot tell "
+                              "what it holds; fix its permissions or pick another path") from None
+    for child in children:
+        rel = Path(child.name)
+        if child.is_symlink():
+            out.append((rel, "symlink"))
+        elif child.is_dir():
+            inner = folder_entries(Path(child.path))
+            out += [(rel / r, k) for r, k in inner] if inner else [(rel, "empty folder")]
+        else:
+            out.append((rel, "file"))
+    return out
+
+
+def _foreign(folder: Path, checkpoint_files: frozenset[str]) -> list[str]:
+    """What ``folder`` holds besides checkpoint files: symlinks and empty folders always
+    count (as they would be lost too)."""
+    return [
+        str(rel) + ("" if kind == "file" else f" ({kind})")
+        for rel, kind in folder_entries(folder)
+        if kind == "symlink" or not _checkpoint_member(rel, checkpoint_files)
+    ]
+
+
+def _shown(items: list[str]) -> str:
+    return ", ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+
+
 def check_target(target: Path, overwrite: bool, checkpoint_files: frozenset[str]) -> None:
     """Refuse a save that would lose data: ``target`` may be missing, an empty folder, or (with
     ``overwrite``) a folder holding only checkpoint files (``checkpoint_files``, safetensors
-    weights and their index). Anything else raises FileExistsError naming what would be lost."""
+    weights and their index). Anything else (symlinks and empty folders included) raises
+    FileExistsError naming what would be lost; a parent path that is a file raises
+    NotADirectoryError naming it, an unreadable folder PermissionError."""
+    above = next((p for p in target.parents if os.path.lexists(p)), None)
+    if above is not None and not above.is_dir():
+        raise NotADirectoryError(
+            f"{above} is a file, so {target} cannot be created inside it; pass a path whose "
+            "parent folders are folders (the file is left as it is)"
+        )
     if target.exists() and not target.is_dir():
         raise FileExistsError(
             f"{target} is a file, not a folder; a checkpoint is a folder: pass another path "
             "(the file is left as it is)"
         )
-    if not target.is_dir():
-        return
-    entries = sorted(p.relative_to(target) for p in target.rglob("*") if not p.is_dir())
-    if not entries:
+    if target.is_symlink():
+        raise FileExistsError(f"{target} is a symlink; pass the folder it points to or another "
+                              "path (the link is left as it is)")
+    if not target.is_dir() or not folder_entries(target):
         return
     if not overwrite:
         raise FileExistsError(f"{target} exists and is not empty; pass overwrite=True to replace "
                               "the checkpoint there")
-    foreign = [str(p) for p in entries if not _checkpoint_member(p, checkpoint_files)]
+    foreign = _foreign(target, checkpoint_files)
     if foreign:
-        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
-        shown = ", ".join(foreign[:5]) + more
         raise FileExistsError(
-            f"{target} holds files that are not part of a checkpoint ({shown}); overwrite=True "
-            "replaces only a checkpoint folder and they would be lost: move them away or save "
-            "to another path"
+            f"{target} holds files that are not part of a checkpoint ({_shown(foreign)}); "
+            "overwrite=True replaces only a checkpoint folder and they would be lost: move them "
+            "away or save to another path"
         )
 
 
-def replace_dir(tmp: Path, target: Path) -> None:
-    """Move the finished ``tmp`` to ``target``; an old ``target`` is removed only afterwards."""
-    if not target.exists():
-        os.replace(tmp, target)
+def _changed(target: Path, what: str) -> FileExistsError:
+    return FileExistsError(
+        f"{target} changed while the new checkpoint was being written ({what}); it is left as it "
+        "is: check that no other program or save writes there, then run again"
+    )
+
+
+def _rename_into(tmp: Path, target: Path) -> None:
+    """Rename ``tmp`` to ``target``, which must be missing or an empty folder by now (the
+    kernel's rename refuses a non-empty folder, atomically)."""
+    try:
+        os.rename(tmp, target)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise
+        found = [] if not target.is_dir() else _foreign(target, frozenset())
+        what = f"it now holds {_shown(found)}" if found else "it is now a file"
+        raise _changed(target, what) from None
+
+
+def replace_dir(tmp: Path, target: Path, *, overwrite: bool = True,
+                checkpoint_files: frozenset[str] | None = None) -> None:
+    """Move the finished ``tmp`` to ``target``, never destroying what appeared meanwhile.
+
+    Without ``overwrite``, ``target`` must still be missing or an empty folder (another save
+    that got there first, or a file someone put there, makes this raise FileExistsError). With
+    it, the old ``target`` is moved aside first and, when ``checkpoint_files`` is given,
+    checked again as :func:`check_target` does: anything else in it puts it back and raises;
+    it is removed only after ``tmp`` is in place."""
+    if not overwrite or not target.is_dir() or target.is_symlink():
+        _rename_into(tmp, target)
         return
     old = _sibling(target, "old")
-    os.replace(target, old)
+    os.rename(target, old)
     try:
-        os.replace(tmp, target)
+        foreign = [] if checkpoint_files is None else _foreign(old, checkpoint_files)
+        if foreign:
+            raise _changed(target, f"it now holds files that are not part of a checkpoint: "
+                                   f"{_shown(foreign)}")
+        _rename_into(tmp, target)
     except BaseException:
-        os.replace(old, target)
+        try:
+            os.rename(old, target)
+        except OSError:
+            raise _changed(target, f"the folder that was there is kept as {old}") from None
         raise
-    if old.is_dir() and not old.is_symlink():
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        old.unlink(missing_ok=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------

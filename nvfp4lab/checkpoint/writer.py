@@ -401,17 +401,26 @@ def _warn_transformers_dtype(target: Path, dtype: torch.dtype) -> None:
         )
 
 
-def write_atomically(target: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` into a hidden temporary sibling, then rename it to ``target``. Stale
-    temporary siblings of dead saves are removed first; a failure leaves nothing behind and is
-    reported as a :class:`CheckpointError` naming ``target`` (not the temporary folder)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_dirs(target)
-    tmp = fresh_dir(target, "tmp")
+def write_atomically(target: Path, write: Callable[[Path], None], *, overwrite: bool = True,
+                     checkpoint_files: frozenset[str] | None = None) -> None:
+    """``write(tmp)`` into a hidden temporary sibling, then rename it to ``target``
+    (:func:`~nvfp4lab.checkpoint.files.replace_dir` with ``overwrite`` and ``checkpoint_files``:
+    nothing that appeared at ``target`` meanwhile is destroyed). Stale temporary siblings of
+    dead saves are removed first; a failure leaves nothing behind and is reported as a
+    :class:`CheckpointError` (an OSError stays one) naming ``target``, not the temporary
+    folder."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_dirs(target)
+        tmp = fresh_dir(target, "tmp")
+    except PermissionError:
+        raise PermissionError(f"cannot write {target}: permission denied creating folders in "
+                              f"{target.parent} (a permission problem); pick a folder you can "
+                              "write to or fix its permissions") from None
     try:
         write(tmp)
         (tmp / OWNER_MARKER).unlink()
-        replace_dir(tmp, target)
+        replace_dir(tmp, target, overwrite=overwrite, checkpoint_files=checkpoint_files)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(exc, Exception):
@@ -420,7 +429,8 @@ def write_atomically(target: Path, write: Callable[[Path], None]) -> None:
             str(tmp), str(target)
         )
         if isinstance(exc, OSError):  # disk full, permissions: still an OSError for callers
-            raise OSError(*((exc.errno, message) if exc.errno else (message,))) from exc
+            kind = FileExistsError if isinstance(exc, FileExistsError) else OSError
+            raise kind(*((exc.errno, message) if exc.errno else (message,))) from exc
         raise CheckpointError(f"{message} ({type(exc).__name__})") from exc
 
 
@@ -512,7 +522,7 @@ def save_pretrained(
             written.add("generation_config.json")
         _copy_side_files(src, tmp, written)
 
-    write_atomically(target, write)
+    write_atomically(target, write, overwrite=overwrite, checkpoint_files=CHECKPOINT_FILES)
     if spec.transformers_needs_bfloat16:
         _warn_transformers_dtype(target, config_dtype)
     return target
