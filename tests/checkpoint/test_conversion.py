@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +145,200 @@ def test_reciprocal_round_trip_rate() -> None:
     exact = np.float32(1) / (np.float32(1) / values) != values
     assert fails == int(exact.sum())
     assert 0.12 < fails / len(values) < 0.16
+
+
+# --------------------------------------------------------------------------------------------
+# issue 19: what the convert write path must never lose, run as users run it (a subprocess)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Runs ``python -m nvfp4lab`` (runpy, the same entry) after ``PATCH``; argv: patch, args...
+_RUN = ("import runpy, sys\n"
+        "exec(sys.argv[1])\n"
+        "sys.argv = ['nvfp4lab', *sys.argv[2:]]\n"
+        "runpy.run_module('nvfp4lab', run_name='__main__', alter_sys=True)\n")
+
+
+def _convert_cli(*args: object, patch: str = "", prefix: tuple[str, ...] = ()
+                 ) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "nvfp4lab"] if not patch else [sys.executable, "-c", _RUN, patch]
+    return subprocess.run([*prefix, *argv, "convert", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_line(done: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_issue19_case1_a_file_created_while_converting_survives(
+        nvfp4lab_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        overwrite: bool) -> None:
+    """issue 19 case 1: DST/notes.txt appears between the start's check and the final swap."""
+    dst = tmp_path / "mo"
+    if overwrite:  # an old checkpoint there, which --overwrite may replace, and nothing else
+        checkpoint.convert(nvfp4lab_checkpoint, dst, format="modelopt", workers=0)
+    before = {p.name: p.read_bytes() for p in dst.iterdir()} if overwrite else {}
+    real = conversion._write_index
+
+    def meanwhile(*args: object) -> None:
+        real(*args)
+        dst.mkdir(exist_ok=True)
+        (dst / "notes.txt").write_text("mine")
+
+    monkeypatch.setattr(conversion, "_write_index", meanwhile)
+    with pytest.raises(FileExistsError, match=r"changed while .*notes\.txt.*left as it is"):
+        checkpoint.convert(nvfp4lab_checkpoint, dst, format="modelopt", overwrite=overwrite,
+                           workers=0)
+    assert (dst / "notes.txt").read_text() == "mine"
+    after = {p.name: p.read_bytes() for p in dst.iterdir() if p.name != "notes.txt"}
+    assert after == before  # the old checkpoint is back untouched (or there was none)
+    assert _leftovers(tmp_path) == []
+
+
+def test_issue19_case1_the_cli_refuses_in_one_line(nvfp4lab_checkpoint: Path,
+                                                    tmp_path: Path) -> None:
+    """issue 19 case 1, through the command line: exit 2, one line, the file kept."""
+    dst = tmp_path / "mo"
+    patch = ("from pathlib import Path\n"
+             "from nvfp4lab.checkpoint import conversion\n"
+             "real = conversion._write_index\n"
+             "def meanwhile(*a):\n"
+             "    real(*a)\n"
+             f"    Path({str(dst)!r}).mkdir()\n"
+             f"    Path({str(dst)!r}, 'notes.txt').write_text('mine')\n"
+             "conversion._write_index = meanwhile\n")
+    done = _convert_cli(nvfp4lab_checkpoint, dst, "--format", "modelopt", patch=patch)
+    _one_line(done, str(dst), "changed while", "notes.txt")
+    assert (dst / "notes.txt").read_text() == "mine" and len(list(dst.iterdir())) == 1
+    assert _leftovers(tmp_path) == []
+
+
+def test_issue19_case2_overwrite_lists_symlinks_and_empty_folders(nvfp4lab_checkpoint: Path,
+                                                                  tmp_path: Path) -> None:
+    """issue 19 case 2: --overwrite must not delete a symlink or an empty folder unlisted."""
+    dst = tmp_path / "mo"
+    checkpoint.convert(nvfp4lab_checkpoint, dst, format="modelopt", workers=0)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "data.csv").write_text("1,2\n")
+    (dst / "mydata").symlink_to(tmp_path / "elsewhere")
+    (dst / "runs").mkdir()
+    done = _convert_cli(nvfp4lab_checkpoint, dst, "--format", "modelopt", "--overwrite")
+    _one_line(done, "mydata (symlink)", "runs (empty folder)", "move them away")
+    assert (dst / "mydata").is_symlink() and (dst / "runs").is_dir()
+    assert (tmp_path / "elsewhere" / "data.csv").read_text() == "1,2\n"
+
+
+def test_issue19_case3_two_converts_to_one_folder(nvfp4lab_checkpoint: Path,
+                                                  tmp_path: Path) -> None:
+    """issue 19 case 3: two converts to the same new DST at once; both pass the start's check
+    (a barrier holds each after it until both got there), so only the swap can tell."""
+    dst = tmp_path / "mo"
+    barrier = ("import time\n"
+               "from pathlib import Path\n"
+               "from nvfp4lab.checkpoint import conversion\n"
+               "real = conversion.inventory\n"
+               "def held(*a, **k):\n"
+               f"    Path({str(tmp_path)!r}, 'ready-' + {{}}).touch()\n"
+               f"    while len(list(Path({str(tmp_path)!r}).glob('ready-*'))) < 2:\n"
+               "        time.sleep(0.01)\n"
+               "    return real(*a, **k)\n"
+               "conversion.inventory = held\n")
+    procs = [subprocess.Popen([sys.executable, "-c", _RUN, barrier.format(repr(str(i))),
+                               "convert", str(nvfp4lab_checkpoint), str(dst), "--format",
+                               "modelopt"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    done = [subprocess.CompletedProcess(p.args, p.wait(timeout=300), *p.communicate())
+            for p in procs]
+    codes = sorted(d.returncode for d in done)
+    assert codes == [0, 2], [(d.returncode, d.stderr) for d in done]
+    _one_line(next(d for d in done if d.returncode), str(dst), "changed while")
+    assert checkpoint.load(dst) is not None  # the winner's checkpoint, whole
+    assert _leftovers(tmp_path) == []
+
+
+def test_issue19_case7_convert_copies_everything_that_is_not_a_weight(
+        nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
+    """issue 19 case 7: README, auto_map code, processor config, sub-folders come along."""
+    src = tmp_path / "src"
+    shutil.copytree(nvfp4lab_checkpoint, src)
+    config = json.loads((src / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM"}
+    (src / "config.json").write_text(json.dumps(config))
+    extra = {"README.md": b"# my model\n", "modeling_tiny.py": b"class TinyForCausalLM: ...\n",
+             "preprocessor_config.json": b"{}", "1_Pooling/config.json": b'{"mean": true}',
+             "deep/er/blob.bin": bytes(range(256)), ".gitattributes": b"*.bin lfs\n"}
+    for rel, data in extra.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    (src / "2_Normalize").mkdir()
+    (tmp_path / "blob").write_bytes(b"licence text")
+    (src / "LICENSE").symlink_to(tmp_path / "blob")  # a Hugging Face cache snapshot's links
+    (src / ".git").mkdir()
+    (src / ".git" / "HEAD").write_text("ref")
+    mo = tmp_path / "mo"
+    done = _convert_cli(src, mo, "--format", "modelopt")
+    assert done.returncode == 0, done.stderr
+    # the extras, 2_Normalize/, LICENSE and the source's generation_config.json
+    assert f"{len(extra) + 3} other files copied byte for byte" in done.stdout
+    for rel, data in {**extra, "LICENSE": b"licence text"}.items():
+        assert (mo / rel).read_bytes() == data, rel
+    assert (mo / "2_Normalize").is_dir() and not (mo / "LICENSE").is_symlink()
+    assert not (mo / ".git").exists()
+    assert json.loads((mo / "config.json").read_text())["auto_map"] == config["auto_map"]
+    back = tmp_path / "ct"  # the way back leaves ModelOpt's own config behind
+    assert _convert_cli(mo, back, "--format", "compressed-tensors").returncode == 0
+    assert not (back / "hf_quant_config.json").exists() and (back / "README.md").is_file()
+    again = _convert_cli(mo, back, "--format", "compressed-tensors", "--overwrite")
+    assert again.returncode == 0, again.stderr  # what convert copied is part of the checkpoint
+    (src / "linked").symlink_to(tmp_path)
+    _one_line(_convert_cli(src, tmp_path / "x", "--format", "modelopt"),
+              "linked is a symlink to a folder")
+
+
+def test_issue19_write_path_messages(nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
+    """issue 19, write path: a parent that is a file is named, no '[Errno 17]'."""
+    (tmp_path / "afile").write_text("data")
+    line = _one_line(_convert_cli(nvfp4lab_checkpoint, tmp_path / "afile" / "dst", "--format",
+                                  "modelopt"), f"{tmp_path / 'afile'} is a file")
+    assert "Errno" not in line and (tmp_path / "afile").read_text() == "data"
+
+
+def _as_user() -> tuple[str, ...]:
+    """A prefix that makes permissions count (root without its override capabilities)."""
+    if os.geteuid() != 0:
+        return ()
+    if shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv: permissions cannot be tested")
+    return ("setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner")
+
+
+def test_issue19_permission_problems_are_named(nvfp4lab_checkpoint: Path,
+                                               tmp_path: Path) -> None:
+    """issue 19, write path: permission problems say so and name the path; an unreadable DST
+    is not taken for an empty one."""
+    prefix = _as_user()
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    closed.chmod(0o555)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "notes.txt").write_text("mine")
+    locked.chmod(0)
+    try:
+        line = _one_line(_convert_cli(nvfp4lab_checkpoint, closed / "dst", "--format",
+                                      "modelopt", prefix=prefix), "permission denied",
+                         f"in {closed}")
+        assert ".tmp-" not in line
+        _one_line(_convert_cli(nvfp4lab_checkpoint, locked, "--format", "modelopt",
+                               prefix=prefix), f"{locked}: permission denied")
+    finally:
+        closed.chmod(0o755)
+        locked.chmod(0o755)
+    assert [p.name for p in locked.iterdir()] == ["notes.txt"]
+    assert _leftovers(tmp_path) == []
