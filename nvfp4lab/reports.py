@@ -8,9 +8,12 @@
    (``sys.executable``; not whatever ``python3`` kernelspec Jupyter finds first), with the
    notebook's folder as working directory;
 3. writes the executed copy to ``<out>/<name>.ipynb`` and renders ``<out>/<name>.html`` with
-   nbconvert (figures embedded as base64 ``data:`` URIs, so a page is one self-contained file);
+   nbconvert (figures embedded as base64 ``data:`` URIs, so a page is one self-contained file),
+   both under hidden partial names renamed over the previous pages once the run ended;
 4. keeps going past a failing notebook (its partial HTML is still written for diagnosis);
 5. writes ``<out>/index.html``: status, duration and headline numbers of every notebook.
+   Ctrl-C (KeyboardInterrupt) stops the run: the running notebook keeps its previous pages (its
+   partial files are removed) and the index marks it ``interrupted`` and the rest ``not run``.
 
 Headline numbers
 ----------------
@@ -31,6 +34,7 @@ import ast
 import html
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -80,8 +84,9 @@ class Headline:
 
 @dataclass
 class ReportResult:
-    """Outcome of one notebook: ``status`` is ``"ok"`` or ``"failed"``; ``duration_s`` is the wall
-    time of execution (kernel start included); ``error`` says what failed (``None`` when ok)."""
+    """Outcome of one notebook: ``status`` is ``"ok"`` or ``"failed"`` (on the index of a run
+    stopped by Ctrl-C also ``"interrupted"`` / ``"not run"``); ``duration_s`` is the wall time
+    of execution (kernel start included); ``error`` says what failed (``None`` when ok)."""
 
     name: str
     notebook: Path
@@ -393,6 +398,9 @@ def _execute(
         )
     except Exception as exc:  # keep going: the index and the partial HTML show what failed
         return _error_text(exc, timeout_s if watch.expired else None)
+    except BaseException:  # Ctrl-C: stop its kernel now (it runs in a session of its own)
+        watch.kill()
+        raise
     finally:
         timer.cancel()
     return None
@@ -405,21 +413,33 @@ def _run_one(
     kernel_name: str | None,
     timeout_s: float,
 ) -> ReportResult:
+    """Execute and render one notebook. Both pages are written under hidden partial names and
+    renamed over the previous ``<name>.ipynb`` / ``<name>.html`` only once the run has ended
+    (ok or failed): an interrupted run (KeyboardInterrupt) removes its partial files and leaves
+    the previous pages as they were."""
     name = path.stem
-    out_ipynb = out_dir / f"{name}.ipynb"
-    out_html = out_dir / f"{name}.html"
-    for stale in (out_ipynb, out_html):
-        stale.unlink(missing_ok=True)
-    with stopwatch() as took:
-        error = _execute(path, out_ipynb, parameters, kernel_name, timeout_s)
-
-    nb = _read_notebook(out_ipynb) if out_ipynb.exists() else _read_notebook(path)
-    headlines = extract_headlines(nb) if out_ipynb.exists() else {}
+    out_ipynb, out_html = out_dir / f"{name}.ipynb", out_dir / f"{name}.html"
+    tmp_ipynb, tmp_html = (out_dir / f".{name}.partial{ext}" for ext in (".ipynb", ".html"))
     try:
-        _render_html(nb, out_html, name)
-    except Exception as exc:
-        error = error or f"HTML rendering failed: {_error_text(exc)}"
-        out_html.unlink(missing_ok=True)
+        with stopwatch() as took:
+            error = _execute(path, tmp_ipynb, parameters, kernel_name, timeout_s)
+        executed = tmp_ipynb.exists()
+        nb = _read_notebook(tmp_ipynb) if executed else _read_notebook(path)
+        headlines = extract_headlines(nb) if executed else {}
+        try:
+            _render_html(nb, tmp_html, name)
+        except Exception as exc:
+            error = error or f"HTML rendering failed: {_error_text(exc)}"
+            tmp_html.unlink(missing_ok=True)
+    except BaseException:
+        tmp_ipynb.unlink(missing_ok=True)
+        tmp_html.unlink(missing_ok=True)
+        raise
+    for tmp, final in ((tmp_ipynb, out_ipynb), (tmp_html, out_html)):
+        if tmp.exists():
+            os.replace(tmp, final)
+        else:  # no stale page of an earlier run next to this run's result
+            final.unlink(missing_ok=True)
     return ReportResult(
         name=name,
         notebook=path,
@@ -497,10 +517,31 @@ def run_reports(
     for path in paths:
         check_parameters(path, params)
     out = check_out_dir(out_dir)
-    results = [_run_one(p, out, params, kernel_name, float(timeout_s)) for p in paths]
+    results: list[ReportResult] = []
+    try:
+        for path in paths:
+            results.append(_run_one(path, out, params, kernel_name, float(timeout_s)))
+    except KeyboardInterrupt:
+        if index:
+            write_index(results + _not_finished(paths[len(results):], out, params),
+                        out / "index.html")
+        raise
     if index:
         write_index(results, out / "index.html")
     return results
+
+
+def _not_finished(paths: Sequence[Path], out: Path, params: dict[str, Any]) -> list[ReportResult]:
+    """Index rows for the notebook a Ctrl-C stopped (``interrupted``) and those after it (``not
+    run``): each links its page from an earlier run, if one is there, and says so."""
+    rows = []
+    for i, path in enumerate(paths):
+        old = page if (page := out / f"{path.stem}.html").exists() else None
+        status = "interrupted" if i == 0 else "not run"
+        note = "the page linked is from an earlier run" if old else "no page"
+        rows.append(ReportResult(path.stem, path, status, 0.0, old, None, dict(params),
+                                 error=f"{status} (Ctrl-C); {note}"))
+    return rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -511,6 +552,7 @@ body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
 table { border-collapse: collapse; } th, td { padding: .35rem .8rem; border-bottom: 1px solid #ddd;
   text-align: left; vertical-align: top; } th { background: #f4f4f4; }
 .ok { color: #08660f; font-weight: bold; } .failed { color: #b00020; font-weight: bold; }
+.interrupted, .not { color: #8a5a00; font-weight: bold; }
 .num { font-variant-numeric: tabular-nums; } .err { font-family: monospace; font-size: .9em; }
 """
 
@@ -550,5 +592,7 @@ def write_index(results: Sequence[ReportResult], path: str | Path) -> Path:
 """
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    tmp = out.with_name(f".{out.name}.partial")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, out)  # a reader never sees half a page
     return out

@@ -196,6 +196,9 @@ def _bar(total: int, desc: str, progress: bool) -> Any:
 
 
 def _run_dask(fn: Callable[[T], R], tasks: Sequence[T], address: str, bar: Any) -> list[R]:
+    """The tasks on the cluster at ``address``, through a client of our own that is never the
+    process's default: every call gets it explicitly (``as_completed`` would otherwise look up a
+    default client and find none: "No clients found")."""
     try:
         from distributed import Client, as_completed
     except ImportError:
@@ -206,17 +209,75 @@ def _run_dask(fn: Callable[[T], R], tasks: Sequence[T], address: str, bar: Any) 
         raise ConnectionError(f"cannot reach the Dask scheduler at {address!r} ({exc})") from None
     with client:
         futures = client.map(fn, list(tasks), pure=False)
-        for _ in as_completed(futures):
-            bar.update(1)
-        return list(client.gather(futures))
+        try:
+            for _ in as_completed(futures, loop=client.loop):
+                bar.update(1)
+            return list(client.gather(futures))
+        except BaseException:
+            client.cancel(futures)
+            raise
 
 
-def _init_worker(threads: int) -> None:
+#: ``prctl`` option: the signal a process gets when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this pool worker when ``parent`` (the process that ran :func:`run_tasks`) dies, even by
+    SIGKILL, which leaves it no chance to stop its pool: otherwise the workers (a few hundred MB
+    each) and multiprocessing's resource tracker would live on, adopted by PID 1.
+
+    On Linux the kernel does it: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (immediate, no thread; the
+    pool spawns its workers from the calling thread, which outlives the pool). Elsewhere a daemon
+    thread polls ``os.getppid()`` once a second. Either way a parent already gone by the time
+    this runs is caught by comparing ``os.getppid()``.
+    """
+    import signal
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            if os.getppid() != parent:
+                os._exit(1)
+            return
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="nvfp4lab-parent-watch", daemon=True).start()
+
+
+def _init_worker(threads: int, parent: int | None = None) -> None:
     """Each pool worker gets its share of the cores (``threads`` torch threads): by default
-    every process would start one thread per core and the pool would oversubscribe them."""
+    every process would start one thread per core and the pool would oversubscribe them. It
+    exits when ``parent`` dies (:func:`_die_with_parent`) and ignores SIGINT: Ctrl-C reaches the
+    whole process group, and the parent, not each worker, stops the work (one message, no
+    traceback per worker)."""
+    import signal
+
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent is not None:
+        _die_with_parent(parent)
     torch.set_num_threads(threads)
+
+
+def _stop_pool(pool: Any) -> None:
+    """Cancel what has not started and end the workers now (an interrupted run: waiting for the
+    running tasks could take long, and the caller removes what they write once we return)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.join(timeout=10)
 
 
 def run_tasks(
@@ -255,8 +316,12 @@ def run_tasks(
         count = min(count, len(tasks))
         threads = max(1, (os.cpu_count() or 1) // count)
         with ProcessPoolExecutor(max_workers=count, mp_context=context,
-                                 initializer=_init_worker, initargs=(threads,)) as pool:
-            futures = [pool.submit(fn, task) for task in tasks]
-            for _ in as_completed(futures):
-                bar.update(1)
-            return [f.result() for f in futures]
+                                 initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
+            try:
+                futures = [pool.submit(fn, task) for task in tasks]
+                for _ in as_completed(futures):
+                    bar.update(1)
+                return [f.result() for f in futures]
+            except BaseException:
+                _stop_pool(pool)
+                raise
