@@ -104,7 +104,8 @@ def inventory(path: str | os.PathLike[str], fmt: str | None = None) -> Inventory
     """
     directory = Path(path)
     form = CheckpointFormat(fmt) if fmt is not None else detect_format(directory)
-    weights = weight_files(directory)
+    # absolute file paths: tasks may run elsewhere (a Dask worker works in a folder of its own)
+    weights = weight_files(directory.absolute())
     tensors: dict[str, TensorInfo] = {}
     metadata: dict[Path, dict[str, str]] = {}
     for file in weights.files:
