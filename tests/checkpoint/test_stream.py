@@ -139,3 +139,48 @@ def test_audit_and_convert_commands_on_dask_scheduler_and_worker_processes(
     assert (runs / "report" / "audit.csv").read_bytes() == (tmp_path / "inline.csv").read_bytes()
     assert _files(runs / "mo") == _files(tmp_path / "inline-mo")
     assert sorted(p.name for p in runs.iterdir()) == ["mo", "report"]
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 19, case B: SIGKILL of `audit` / `convert --workers 2` used to leave both spawned pool
+# workers (a few hundred MB each) and multiprocessing's resource tracker alive, adopted by PID 1.
+# Now each worker dies with its parent (prctl PR_SET_PDEATHSIG on Linux), and the tracker ends
+# once no worker holds its pipe.
+
+
+@pytest.fixture(scope="module")
+def busy_checkpoint(small_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests import processes
+
+    return processes.busy_checkpoint(small_checkpoint, tmp_path_factory.mktemp("busy") / "ckpt")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("command", ["audit", "convert"])
+def test_sigkill_of_the_command_ends_its_pool_workers(command: str, busy_checkpoint: Path,
+                                                       tmp_path: Path) -> None:
+    from tests import processes
+
+    argv = {"audit": ["audit", str(busy_checkpoint)],
+            "convert": ["convert", str(busy_checkpoint), "out", "--format", "modelopt"]}[command]
+    proc = processes.cli([*argv, "--workers", "2"], tmp_path)
+    family: list = []
+    try:
+        def two_workers() -> list:
+            workers = processes.pool_workers(proc.pid)
+            return workers if len(workers) == 2 else []
+
+        workers = processes.wait_for(two_workers, "two pool workers")
+        if command == "audit":  # kill it mid-task: a worker is reading rows of the checkpoint
+            processes.wait_for(lambda: any(processes.maps_file(w.pid, busy_checkpoint)
+                                           for w in workers), "a worker reading the checkpoint")
+        family = processes.descendants(proc.pid)
+        assert proc.poll() is None and len(processes.alive(family)) >= 2, "finished too early"
+        proc.kill()
+        proc.wait(timeout=10)
+        processes.wait_for(lambda: not processes.alive(family),
+                           "the workers and the resource tracker to end", timeout=10)
+    finally:
+        processes.kill_all(family)
+        processes.stop(proc)
