@@ -11,10 +11,11 @@ this process) or to ``dask.distributed.Client(address)``, with a tqdm bar on std
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -265,9 +266,28 @@ def _init_worker(threads: int, parent: int | None = None) -> None:
     import torch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # born with SIGINT held (_sigint_held): drop it
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if parent is not None:
         _die_with_parent(parent)
     torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold SIGINT back in this thread while it spawns pool workers: they inherit the mask, so a
+    Ctrl-C before their initializer ignores it (while they import torch) cannot make each print
+    a traceback; here it is delivered as soon as the spawning is done."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _stop_pool(pool: Any) -> None:
@@ -319,7 +339,8 @@ def run_tasks(
         with ProcessPoolExecutor(max_workers=count, mp_context=context,
                                  initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
             try:
-                futures = [pool.submit(fn, task) for task in tasks]
+                with _sigint_held():  # submit spawns the workers
+                    futures = [pool.submit(fn, task) for task in tasks]
                 for _ in as_completed(futures):
                     bar.update(1)
                 return [f.result() for f in futures]
