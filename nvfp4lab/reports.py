@@ -9,11 +9,10 @@
    notebook's folder as working directory;
 3. writes the executed copy to ``<out>/<name>.ipynb`` and renders ``<out>/<name>.html`` with
    nbconvert (figures embedded as base64 ``data:`` URIs, so a page is one self-contained file),
-   both under hidden partial names renamed over the previous pages once the run ended;
+   under partial names renamed over the previous pages once complete;
 4. keeps going past a failing notebook (its partial HTML is still written for diagnosis);
-5. writes ``<out>/index.html``: status, duration and headline numbers of every notebook.
-   Ctrl-C (KeyboardInterrupt) stops the run: the running notebook keeps its previous pages (its
-   partial files are removed) and the index marks it ``interrupted`` and the rest ``not run``.
+5. writes ``<out>/index.html``: status, duration and headline numbers of every notebook (after
+   Ctrl-C: the running one ``interrupted``, its previous page kept; the rest ``not run``).
 
 Headline numbers
 ----------------
@@ -376,6 +375,7 @@ def _execute(
     A watchdog kills the notebook's kernel once ``timeout_s`` has passed; each cell is also
     limited to ``timeout_s`` (nbclient's own execution timeout).
     """
+    import signal
     import threading
 
     import papermill
@@ -384,6 +384,15 @@ def _execute(
     timer = threading.Timer(timeout_s, watch.kill)
     timer.daemon = True
     timer.start()
+    ours = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+
+    def interrupted(signum: int, frame: Any) -> None:  # Ctrl-C (the kernel has its own session)
+        watch.kill()  # first: a kernel shut down mid-cell prints tracebacks on our stderr
+        raise KeyboardInterrupt
+
+    if ours:
+        signal.signal(signal.SIGINT, interrupted)
     try:
         papermill.execute_notebook(
             str(path),
@@ -398,11 +407,10 @@ def _execute(
         )
     except Exception as exc:  # keep going: the index and the partial HTML show what failed
         return _error_text(exc, timeout_s if watch.expired else None)
-    except BaseException:  # Ctrl-C: stop its kernel now (it runs in a session of its own)
-        watch.kill()
-        raise
     finally:
         timer.cancel()
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     return None
 
 
@@ -413,10 +421,8 @@ def _run_one(
     kernel_name: str | None,
     timeout_s: float,
 ) -> ReportResult:
-    """Execute and render one notebook. Both pages are written under hidden partial names and
-    renamed over the previous ``<name>.ipynb`` / ``<name>.html`` only once the run has ended
-    (ok or failed): an interrupted run (KeyboardInterrupt) removes its partial files and leaves
-    the previous pages as they were."""
+    """Execute and render one notebook into hidden partial files, renamed over the previous pages
+    once the run ended (ok or failed); a KeyboardInterrupt removes them, old pages untouched."""
     name = path.stem
     out_ipynb, out_html = out_dir / f"{name}.ipynb", out_dir / f"{name}.html"
     tmp_ipynb, tmp_html = (out_dir / f".{name}.partial{ext}" for ext in (".ipynb", ".html"))
@@ -532,16 +538,12 @@ def run_reports(
 
 
 def _not_finished(paths: Sequence[Path], out: Path, params: dict[str, Any]) -> list[ReportResult]:
-    """Index rows for the notebook a Ctrl-C stopped (``interrupted``) and those after it (``not
-    run``): each links its page from an earlier run, if one is there, and says so."""
-    rows = []
-    for i, path in enumerate(paths):
-        old = page if (page := out / f"{path.stem}.html").exists() else None
-        status = "interrupted" if i == 0 else "not run"
-        note = "the page linked is from an earlier run" if old else "no page"
-        rows.append(ReportResult(path.stem, path, status, 0.0, old, None, dict(params),
-                                 error=f"{status} (Ctrl-C); {note}"))
-    return rows
+    """Index rows of the notebook Ctrl-C stopped and the rest, with their earlier pages."""
+    pages = [p if (p := out / f"{path.stem}.html").exists() else None for path in paths]
+    return [ReportResult(path.stem, path, status := "not run" if i else "interrupted", 0.0, page,
+                         None, dict(params), error=f"{status} (Ctrl-C); " + (
+                             "the page linked is from an earlier run" if page else "no page"))
+            for i, (path, page) in enumerate(zip(paths, pages, strict=True))]
 
 
 # --------------------------------------------------------------------------------------------
@@ -551,9 +553,9 @@ _INDEX_CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
 table { border-collapse: collapse; } th, td { padding: .35rem .8rem; border-bottom: 1px solid #ddd;
   text-align: left; vertical-align: top; } th { background: #f4f4f4; }
-.ok { color: #08660f; font-weight: bold; } .failed { color: #b00020; font-weight: bold; }
-.interrupted, .not { color: #8a5a00; font-weight: bold; }
-.num { font-variant-numeric: tabular-nums; } .err { font-family: monospace; font-size: .9em; }
+.ok { color: #08660f; font-weight: bold; } .num { font-variant-numeric: tabular-nums; }
+.failed, .interrupted, .not { color: #b00020; font-weight: bold; }
+.err { font-family: monospace; font-size: .9em; }
 """
 
 
