@@ -7,6 +7,9 @@ Nothing here builds a model or holds a whole checkpoint: :func:`inventory` reads
 for; :func:`run_tasks` sends picklable tasks (a shard, a layer or a fused group each) to
 ``concurrent.futures.ProcessPoolExecutor`` (spawned workers, ``workers`` of them; 0 runs them in
 this process) or to ``dask.distributed.Client(address)``, with a tqdm bar on stderr when asked.
+Pool workers die with the process that started them (even by SIGKILL) and leave Ctrl-C to it;
+the Dask client is passed to every call (it is never the process's default client), and tasks
+name files by absolute path (a Dask worker runs in a folder of its own).
 """
 
 from __future__ import annotations
