@@ -16,16 +16,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMMANDS", "Command", "build_parser", "main", "parse_assignment"]
+__all__ = ["COMMANDS", "INTERRUPTED_EXIT", "Command", "build_parser", "main", "parse_assignment"]
 
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: ``configure`` adds arguments; ``run`` returns the exit code."""
+    """One subcommand: ``configure`` adds arguments; ``run`` returns the exit code.
+    ``interrupted``: the one line printed (after ``nvfp4lab <name>: ``) when Ctrl-C stops it."""
 
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    interrupted: str = "interrupted"
+
+
+#: Exit status of a command stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2.
+INTERRUPTED_EXIT = 130
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -213,8 +219,12 @@ def _render_audit(rows: list[dict[str, Any]], out: Path, title: str) -> None:
     from nvfp4lab.studies.audit import TEMPLATE
 
     csv = write_csv(rows, out / "audit.csv").resolve()
-    (result,) = run_reports(notebooks=[TEMPLATE], out_dir=out, index=False,
-                            parameters={"AUDIT_CSV": str(csv), "TITLE": title})
+    try:
+        (result,) = run_reports(notebooks=[TEMPLATE], out_dir=out, index=False,
+                                parameters={"AUDIT_CSV": str(csv), "TITLE": title})
+    except KeyboardInterrupt:  # no table without its page (the runner leaves no partial one)
+        csv.unlink(missing_ok=True)
+        raise
     if not result.ok:
         raise ValueError(f"rendering {out / 'audit.html'} failed: {result.error}")
 
@@ -224,6 +234,8 @@ def _run_audit(args: argparse.Namespace) -> int:
     from nvfp4lab.checkpoint.auditing import DEFAULT_GPUS, audit_rows
     from nvfp4lab.execution.dispatch import select_backend
 
+    made = args.out is not None and not Path(args.out).exists()
+    out = None
     try:
         gpus = tuple(args.gpu or DEFAULT_GPUS)
         for gpu in gpus:
@@ -235,6 +247,10 @@ def _run_audit(args: argparse.Namespace) -> int:
             _render_audit(rows, out, str(args.path))
     except _INPUT_ERRORS as exc:
         return _error("audit", exc)
+    except KeyboardInterrupt:  # the --out folder this run made goes too when nothing is in it
+        if made and out is not None and not any(out.iterdir()):
+            out.rmdir()
+        raise
     flagged = [r for r in rows if r["issues"]]
     print(f"{args.path}: {len(rows)} quantized layers, {len(flagged)} flagged")
     for row in flagged:
@@ -276,11 +292,13 @@ COMMANDS: dict[str, Command] = {
     "info": Command("describe this machine and the backend nvfp4lab would pick", _add_info,
                     _run_info),
     "bench": Command("run benchmarks and append results to results/", _add_bench, _run_bench),
-    "report": Command("execute the notebooks into reports/*.html", _add_report, _run_report),
+    "report": Command("execute the notebooks into reports/*.html", _add_report, _run_report,
+                      "interrupted; pages finished before kept, the notebook that was running "
+                      "keeps its previous page (index.html says which)"),
     "audit": Command("check every quantized layer of an NVFP4 checkpoint (streamed)", _add_audit,
-                     _run_audit),
+                     _run_audit, "interrupted; nothing was written"),
     "convert": Command("convert an NVFP4 checkpoint to another checkpoint format", _add_convert,
-                       _run_convert),
+                       _run_convert, "interrupted; nothing was written"),
 }
 
 
@@ -296,6 +314,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``nvfp4lab`` console script; returns the exit code."""
+    """Entry point of the ``nvfp4lab`` console script; returns the exit code.
+
+    Ctrl-C (SIGINT) ends a command with one line on stderr, ``nvfp4lab <command>: interrupted...``
+    (its :attr:`Command.interrupted`), and exit status :data:`INTERRUPTED_EXIT` (130), after the
+    command's own cleanup ran; no traceback.
+    """
     args = build_parser().parse_args(argv)
-    return int(args._run(args))
+    try:
+        return int(args._run(args))
+    except KeyboardInterrupt:
+        print(f"nvfp4lab {args.command}: {COMMANDS[args.command].interrupted}", file=sys.stderr)
+        return INTERRUPTED_EXIT

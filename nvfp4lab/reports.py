@@ -8,9 +8,11 @@
    (``sys.executable``; not whatever ``python3`` kernelspec Jupyter finds first), with the
    notebook's folder as working directory;
 3. writes the executed copy to ``<out>/<name>.ipynb`` and renders ``<out>/<name>.html`` with
-   nbconvert (figures embedded as base64 ``data:`` URIs, so a page is one self-contained file);
+   nbconvert (figures embedded as base64 ``data:`` URIs, so a page is one self-contained file),
+   under partial names renamed over the previous pages once complete;
 4. keeps going past a failing notebook (its partial HTML is still written for diagnosis);
-5. writes ``<out>/index.html``: status, duration and headline numbers of every notebook.
+5. writes ``<out>/index.html``: status, duration and headline numbers of every notebook (after
+   Ctrl-C: the running one ``interrupted``, its previous page kept; the rest ``not run``).
 
 Headline numbers
 ----------------
@@ -31,6 +33,7 @@ import ast
 import html
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -80,8 +83,9 @@ class Headline:
 
 @dataclass
 class ReportResult:
-    """Outcome of one notebook: ``status`` is ``"ok"`` or ``"failed"``; ``duration_s`` is the wall
-    time of execution (kernel start included); ``error`` says what failed (``None`` when ok)."""
+    """Outcome of one notebook: ``status`` is ``"ok"`` or ``"failed"`` (on the index of a run
+    stopped by Ctrl-C also ``"interrupted"`` / ``"not run"``); ``duration_s`` is the wall time
+    of execution (kernel start included); ``error`` says what failed (``None`` when ok)."""
 
     name: str
     notebook: Path
@@ -371,6 +375,7 @@ def _execute(
     A watchdog kills the notebook's kernel once ``timeout_s`` has passed; each cell is also
     limited to ``timeout_s`` (nbclient's own execution timeout).
     """
+    import signal
     import threading
 
     import papermill
@@ -379,6 +384,15 @@ def _execute(
     timer = threading.Timer(timeout_s, watch.kill)
     timer.daemon = True
     timer.start()
+    ours = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+
+    def interrupted(signum: int, frame: Any) -> None:  # Ctrl-C (the kernel has its own session)
+        watch.kill()  # first: a kernel shut down mid-cell prints tracebacks on our stderr
+        raise KeyboardInterrupt
+
+    if ours:
+        signal.signal(signal.SIGINT, interrupted)
     try:
         papermill.execute_notebook(
             str(path),
@@ -395,6 +409,8 @@ def _execute(
         return _error_text(exc, timeout_s if watch.expired else None)
     finally:
         timer.cancel()
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     return None
 
 
@@ -405,21 +421,31 @@ def _run_one(
     kernel_name: str | None,
     timeout_s: float,
 ) -> ReportResult:
+    """Execute and render one notebook into hidden partial files, renamed over the previous pages
+    once the run ended (ok or failed); a KeyboardInterrupt removes them, old pages untouched."""
     name = path.stem
-    out_ipynb = out_dir / f"{name}.ipynb"
-    out_html = out_dir / f"{name}.html"
-    for stale in (out_ipynb, out_html):
-        stale.unlink(missing_ok=True)
-    with stopwatch() as took:
-        error = _execute(path, out_ipynb, parameters, kernel_name, timeout_s)
-
-    nb = _read_notebook(out_ipynb) if out_ipynb.exists() else _read_notebook(path)
-    headlines = extract_headlines(nb) if out_ipynb.exists() else {}
+    out_ipynb, out_html = out_dir / f"{name}.ipynb", out_dir / f"{name}.html"
+    tmp_ipynb, tmp_html = (out_dir / f".{name}.partial{ext}" for ext in (".ipynb", ".html"))
     try:
-        _render_html(nb, out_html, name)
-    except Exception as exc:
-        error = error or f"HTML rendering failed: {_error_text(exc)}"
-        out_html.unlink(missing_ok=True)
+        with stopwatch() as took:
+            error = _execute(path, tmp_ipynb, parameters, kernel_name, timeout_s)
+        executed = tmp_ipynb.exists()
+        nb = _read_notebook(tmp_ipynb) if executed else _read_notebook(path)
+        headlines = extract_headlines(nb) if executed else {}
+        try:
+            _render_html(nb, tmp_html, name)
+        except Exception as exc:
+            error = error or f"HTML rendering failed: {_error_text(exc)}"
+            tmp_html.unlink(missing_ok=True)
+    except BaseException:
+        tmp_ipynb.unlink(missing_ok=True)
+        tmp_html.unlink(missing_ok=True)
+        raise
+    for tmp, final in ((tmp_ipynb, out_ipynb), (tmp_html, out_html)):
+        if tmp.exists():
+            os.replace(tmp, final)
+        else:  # no stale page of an earlier run next to this run's result
+            final.unlink(missing_ok=True)
     return ReportResult(
         name=name,
         notebook=path,
@@ -497,10 +523,27 @@ def run_reports(
     for path in paths:
         check_parameters(path, params)
     out = check_out_dir(out_dir)
-    results = [_run_one(p, out, params, kernel_name, float(timeout_s)) for p in paths]
+    results: list[ReportResult] = []
+    try:
+        for path in paths:
+            results.append(_run_one(path, out, params, kernel_name, float(timeout_s)))
+    except KeyboardInterrupt:
+        if index:
+            write_index(results + _not_finished(paths[len(results):], out, params),
+                        out / "index.html")
+        raise
     if index:
         write_index(results, out / "index.html")
     return results
+
+
+def _not_finished(paths: Sequence[Path], out: Path, params: dict[str, Any]) -> list[ReportResult]:
+    """Index rows of the notebook Ctrl-C stopped and the rest, with their earlier pages."""
+    pages = [p if (p := out / f"{path.stem}.html").exists() else None for path in paths]
+    return [ReportResult(path.stem, path, status := "not run" if i else "interrupted", 0.0, page,
+                         None, dict(params), error=f"{status} (Ctrl-C); " + (
+                             "the page linked is from an earlier run" if page else "no page"))
+            for i, (path, page) in enumerate(zip(paths, pages, strict=True))]
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,8 +553,9 @@ _INDEX_CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
 table { border-collapse: collapse; } th, td { padding: .35rem .8rem; border-bottom: 1px solid #ddd;
   text-align: left; vertical-align: top; } th { background: #f4f4f4; }
-.ok { color: #08660f; font-weight: bold; } .failed { color: #b00020; font-weight: bold; }
-.num { font-variant-numeric: tabular-nums; } .err { font-family: monospace; font-size: .9em; }
+.ok { color: #08660f; font-weight: bold; } .num { font-variant-numeric: tabular-nums; }
+.failed, .interrupted, .not { color: #b00020; font-weight: bold; }
+.err { font-family: monospace; font-size: .9em; }
 """
 
 
@@ -550,5 +594,7 @@ def write_index(results: Sequence[ReportResult], path: str | Path) -> Path:
 """
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    tmp = out.with_name(f".{out.name}.partial")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, out)  # a reader never sees half a page
     return out

@@ -110,3 +110,54 @@ def test_convert_round_trip_and_overwrite(nvfp4lab_like: Path, tmp_path: Path,
                        "modelopt", "--overwrite", "--workers", "0"], capsys)
     assert code == 0
     assert sorted(os.listdir(tmp_path)) == ["mo"]
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 19, case C: Ctrl-C used to print 25 to 72 lines of traceback (and, with --workers, one
+# per worker). Now: one line naming the command, exit 130, nothing left behind. A real SIGINT:
+# to the command alone (audit, in this process, while it reads the checkpoint), and to its whole
+# process group as a terminal sends it (convert --workers 2: the workers get it too).
+
+
+@pytest.fixture(scope="module")
+def busy(unshared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests import processes
+
+    return processes.busy_checkpoint(unshared, tmp_path_factory.mktemp("busy") / "ckpt")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("command", ["audit", "convert"])
+def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing(command: str, busy: Path,
+                                                        tmp_path: Path) -> None:
+    import signal
+
+    from tests import processes
+
+    if command == "audit":
+        argv = ["audit", str(busy), "--out", "report", "--workers", "0"]
+    else:
+        argv = ["convert", str(busy), "out", "--format", "modelopt", "--workers", "2"]
+    proc = processes.cli(argv, tmp_path, start_new_session=True)
+    family: list = []
+    try:
+        if command == "audit":
+            processes.wait_for(lambda: processes.maps_file(proc.pid, busy),
+                               "audit reading the checkpoint")
+            family = processes.descendants(proc.pid)
+            proc.send_signal(signal.SIGINT)
+        else:
+            processes.wait_for(lambda: len(processes.pool_workers(proc.pid)) == 2,
+                               "two pool workers")
+            assert any(tmp_path.iterdir()), "convert writes into a temporary folder first"
+            family = processes.descendants(proc.pid)
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        processes.kill_all(family)
+        processes.stop(proc)
+    assert proc.returncode == 130, err
+    assert err.splitlines() == [f"nvfp4lab {command}: interrupted; nothing was written"], err
+    assert list(tmp_path.iterdir()) == []  # no report folder, no output or temporary folder
+    processes.wait_for(lambda: not processes.alive(family), "its processes to end", timeout=10)

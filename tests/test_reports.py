@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
@@ -216,3 +217,54 @@ def test_every_notebook_runs_in_smoke_mode(path: Path, tmp_path: Path) -> None:
         sqnr = result.headlines["SQNR, N(0,1) matrix"]
         assert sqnr.unit == "dB" and 19.0 < sqnr.value < 22.0  # published anchor ≈ 20.4 dB
         assert result.html_path.read_text().count("data:image/png;base64,") >= 4
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 19, case D (issue case 11): Ctrl-C during `nvfp4lab report` used to delete the previous
+# page first, leave a partial notebook, keep an index saying "ok" that linked the deleted page,
+# and print a 72-line traceback. Now pages are renamed into place only once complete: the old
+# page stays, the index says "interrupted", no partial file, one line, exit 130.
+
+SLOW_PARAMS = "SEED = 0\nSMOKE = False\nINTERACTIVE = False\nWAIT = 0\nMARKER = ''"
+SLOW_BODY = """
+import os, pathlib, time
+if MARKER:
+    pathlib.Path(MARKER).write_text(str(os.getpid()))
+time.sleep(WAIT)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_ctrl_c_keeps_the_previous_page_and_the_index_says_interrupted(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from tests import processes
+
+    nbs, out = tmp_path / "nbs", tmp_path / "out"
+    nbs.mkdir()
+    _write_notebook(nbs / "01_slow.ipynb", SLOW_BODY, SLOW_PARAMS)
+    (first,) = reports.run_reports(notebook_dir=nbs, out_dir=out)
+    assert first.ok, first.error
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "index.html"}
+    assert sorted(before) == ["01_slow.html", "01_slow.ipynb"]
+    marker = tmp_path / "kernel.pid"
+    proc = processes.cli(["report", "--notebook-dir", str(nbs), "--out", str(out), "-p",
+                          "WAIT=120", "-p", f"MARKER={marker}"], tmp_path, start_new_session=True)
+    try:
+        processes.wait_for(marker.exists, "the notebook's cell to run", timeout=120)
+        kernel = int(processes.wait_for(marker.read_text, "the kernel's pid"))
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C (the kernel has its own)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        processes.stop(proc)
+    assert proc.returncode == 130, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nvfp4lab report: interrupted"), err
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "index.html"}
+    assert after == before  # the previous pages, untouched; no partial file
+    index = (out / "index.html").read_text()
+    assert '<td class="interrupted">interrupted</td>' in index and ">ok<" not in index
+    assert 'href="01_slow.html"' in index and "from an earlier run" in index
+    processes.wait_for(lambda: not psutil.pid_exists(kernel), "the kernel to end", timeout=20)

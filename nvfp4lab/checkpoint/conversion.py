@@ -284,8 +284,9 @@ def convert(
     result: dict[str, Any] = {}
 
     def write(tmp: Path) -> None:
-        tasks = [_ShardTask(tuple(inv.in_file(f)), layers, tmp / f.name, inv.fmt, target_format,
-                            inv.metadata[f]) for f in inv.files]
+        # absolute: a Dask worker runs in a folder of its own
+        tasks = [_ShardTask(tuple(inv.in_file(f)), layers, tmp.absolute() / f.name, inv.fmt,
+                            target_format, inv.metadata[f]) for f in inv.files]
         done = run_tasks(_convert_shard, tasks, workers=workers, dask=dask, progress=progress,
                          desc=f"convert to {target_format.value}")
         weight_map = {k: v for _, keys, _, _ in done for k, v in keys.items()}

@@ -7,14 +7,18 @@ Nothing here builds a model or holds a whole checkpoint: :func:`inventory` reads
 for; :func:`run_tasks` sends picklable tasks (a shard, a layer or a fused group each) to
 ``concurrent.futures.ProcessPoolExecutor`` (spawned workers, ``workers`` of them; 0 runs them in
 this process) or to ``dask.distributed.Client(address)``, with a tqdm bar on stderr when asked.
+Pool workers die with the process that started them (even by SIGKILL) and leave Ctrl-C to it;
+the Dask client is passed to every call (it is never the process's default client), and tasks
+name files by absolute path (a Dask worker runs in a folder of its own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -104,7 +108,8 @@ def inventory(path: str | os.PathLike[str], fmt: str | None = None) -> Inventory
     """
     directory = Path(path)
     form = CheckpointFormat(fmt) if fmt is not None else detect_format(directory)
-    weights = weight_files(directory)
+    # absolute file paths: tasks may run elsewhere (a Dask worker works in a folder of its own)
+    weights = weight_files(directory.absolute())
     tensors: dict[str, TensorInfo] = {}
     metadata: dict[Path, dict[str, str]] = {}
     for file in weights.files:
@@ -196,6 +201,9 @@ def _bar(total: int, desc: str, progress: bool) -> Any:
 
 
 def _run_dask(fn: Callable[[T], R], tasks: Sequence[T], address: str, bar: Any) -> list[R]:
+    """The tasks on the cluster at ``address``, through a client of our own that is never the
+    process's default: every call gets it explicitly (``as_completed`` would otherwise look up a
+    default client and find none: "No clients found")."""
     try:
         from distributed import Client, as_completed
     except ImportError:
@@ -206,17 +214,94 @@ def _run_dask(fn: Callable[[T], R], tasks: Sequence[T], address: str, bar: Any) 
         raise ConnectionError(f"cannot reach the Dask scheduler at {address!r} ({exc})") from None
     with client:
         futures = client.map(fn, list(tasks), pure=False)
-        for _ in as_completed(futures):
-            bar.update(1)
-        return list(client.gather(futures))
+        try:
+            for _ in as_completed(futures, loop=client.loop):
+                bar.update(1)
+            return list(client.gather(futures))
+        except BaseException:
+            client.cancel(futures)
+            raise
 
 
-def _init_worker(threads: int) -> None:
+#: ``prctl`` option: the signal a process gets when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this pool worker when ``parent`` (the process that ran :func:`run_tasks`) dies, even by
+    SIGKILL, which leaves it no chance to stop its pool: otherwise the workers (a few hundred MB
+    each) and multiprocessing's resource tracker would live on, adopted by PID 1.
+
+    On Linux the kernel does it: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (immediate, no thread; the
+    pool spawns its workers from the calling thread, which outlives the pool). Elsewhere a daemon
+    thread polls ``os.getppid()`` once a second. Either way a parent already gone by the time
+    this runs is caught by comparing ``os.getppid()``.
+    """
+    import signal
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            if os.getppid() != parent:
+                os._exit(1)
+            return
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="nvfp4lab-parent-watch", daemon=True).start()
+
+
+def _init_worker(threads: int, parent: int | None = None) -> None:
     """Each pool worker gets its share of the cores (``threads`` torch threads): by default
-    every process would start one thread per core and the pool would oversubscribe them."""
+    every process would start one thread per core and the pool would oversubscribe them. It
+    exits when ``parent`` dies (:func:`_die_with_parent`) and ignores SIGINT: Ctrl-C reaches the
+    whole process group, and the parent, not each worker, stops the work (one message, no
+    traceback per worker)."""
+    import signal
+
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # born with SIGINT held (_sigint_held): drop it
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if parent is not None:
+        _die_with_parent(parent)
     torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold SIGINT back in this thread while it spawns pool workers: they inherit the mask, so a
+    Ctrl-C before their initializer ignores it (while they import torch) cannot make each print
+    a traceback; here it is delivered as soon as the spawning is done."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _stop_pool(pool: Any) -> None:
+    """Cancel what has not started and end the workers now (an interrupted run: waiting for the
+    running tasks could take long, and the caller removes what they write once we return)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.join(timeout=10)
 
 
 def run_tasks(
@@ -255,8 +340,13 @@ def run_tasks(
         count = min(count, len(tasks))
         threads = max(1, (os.cpu_count() or 1) // count)
         with ProcessPoolExecutor(max_workers=count, mp_context=context,
-                                 initializer=_init_worker, initargs=(threads,)) as pool:
-            futures = [pool.submit(fn, task) for task in tasks]
-            for _ in as_completed(futures):
-                bar.update(1)
-            return [f.result() for f in futures]
+                                 initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
+            try:
+                with _sigint_held():  # submit spawns the workers
+                    futures = [pool.submit(fn, task) for task in tasks]
+                for _ in as_completed(futures):
+                    bar.update(1)
+                return [f.result() for f in futures]
+            except BaseException:
+                _stop_pool(pool)
+                raise

@@ -170,7 +170,7 @@ def test_modelopt_checkpoint_is_clean(nvfp4lab_checkpoint: Path, tmp_path: Path)
 
 def test_same_table_in_chunks_on_a_pool_and_on_dask(unshared_checkpoint: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from distributed import Client, LocalCluster
+    from distributed import LocalCluster
 
     inline = checkpoint.audit(unshared_checkpoint, workers=0)
     pd.testing.assert_frame_equal(checkpoint.audit(unshared_checkpoint, workers=2), inline)
@@ -178,7 +178,7 @@ def test_same_table_in_chunks_on_a_pool_and_on_dask(unshared_checkpoint: Path,
         warnings.simplefilter("ignore")
         cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                                dashboard_address=None)
-    with cluster, Client(cluster):
+    with cluster:  # no Client here: the audit must not need a default client (issue 19, A)
         on_dask = checkpoint.audit(unshared_checkpoint, dask=cluster.scheduler_address)
     pd.testing.assert_frame_equal(on_dask, inline)
     monkeypatch.setattr(auditing, "CHUNK_ELEMENTS", 200)  # a few rows per chunk

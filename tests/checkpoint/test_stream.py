@@ -4,6 +4,7 @@ safetensors library wrote and read."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,100 @@ def test_run_tasks_keeps_order_and_checks_workers() -> None:
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="workers must be an int"):
             run_tasks(_square, [1], workers=bad)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 19, case A: `--dask ADDRESS` against a real `dask scheduler` and `dask worker` processes,
+# with no Dask client in the calling process (as_completed used to look for a default client
+# and stop with "No clients found", exit 2), for `nvfp4lab audit` and `nvfp4lab convert` run as
+# commands; the results equal the in-process run's.
+
+
+@pytest.fixture(scope="module")
+def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.checkpoint.builders import saved_checkpoint
+
+    return saved_checkpoint(tmp_path_factory.mktemp("stream") / "ckpt", seed=6,
+                            share_global_scale=None)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_audit_and_convert_commands_on_dask_scheduler_and_worker_processes(
+    small_checkpoint: Path, tmp_path: Path
+) -> None:
+    from nvfp4lab.checkpoint.auditing import audit_rows, write_csv
+    from nvfp4lab.checkpoint.conversion import convert
+    from tests import processes
+
+    write_csv(audit_rows(small_checkpoint, workers=0), tmp_path / "inline.csv")
+    convert(small_checkpoint, tmp_path / "inline-mo", format="modelopt", workers=0)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    with processes.dask_cluster(tmp_path / "dask") as address:
+        relative = os.path.relpath(small_checkpoint, runs)  # tasks get absolute paths
+        audit = processes.cli(["audit", relative, "--out", "report", "--dask",
+                               address], runs)
+        conv = processes.cli(["convert", relative, "mo", "--format", "modelopt",
+                              "--dask", address], runs)
+        try:
+            audit_out, audit_err = audit.communicate(timeout=180)
+            _, conv_err = conv.communicate(timeout=60)
+        finally:
+            processes.stop(audit)
+            processes.stop(conv)
+    assert audit.returncode == 1, audit_err  # 1: flagged layers (unshared tensor scales)
+    assert "14 quantized layers, 6 flagged" in audit_out
+    assert conv.returncode == 0, conv_err
+    assert (runs / "report" / "audit.csv").read_bytes() == (tmp_path / "inline.csv").read_bytes()
+    assert _files(runs / "mo") == _files(tmp_path / "inline-mo")
+    assert sorted(p.name for p in runs.iterdir()) == ["mo", "report"]
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 19, case B: SIGKILL of `audit` / `convert --workers 2` used to leave both spawned pool
+# workers (a few hundred MB each) and multiprocessing's resource tracker alive, adopted by PID 1.
+# Now each worker dies with its parent (prctl PR_SET_PDEATHSIG on Linux), and the tracker ends
+# once no worker holds its pipe.
+
+
+@pytest.fixture(scope="module")
+def busy_checkpoint(small_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests import processes
+
+    return processes.busy_checkpoint(small_checkpoint, tmp_path_factory.mktemp("busy") / "ckpt")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("command", ["audit", "convert"])
+def test_sigkill_of_the_command_ends_its_pool_workers(command: str, busy_checkpoint: Path,
+                                                       tmp_path: Path) -> None:
+    from tests import processes
+
+    argv = {"audit": ["audit", str(busy_checkpoint)],
+            "convert": ["convert", str(busy_checkpoint), "out", "--format", "modelopt"]}[command]
+    proc = processes.cli([*argv, "--workers", "2"], tmp_path)
+    family: list = []
+    try:
+        def two_workers() -> list:
+            workers = processes.pool_workers(proc.pid)
+            return workers if len(workers) == 2 else []
+
+        workers = processes.wait_for(two_workers, "two pool workers")
+        if command == "audit":  # kill it mid-task: a worker is reading rows of the checkpoint
+            processes.wait_for(lambda: any(processes.maps_file(w.pid, busy_checkpoint)
+                                           for w in workers), "a worker reading the checkpoint")
+        family = processes.descendants(proc.pid)
+        assert proc.poll() is None and len(processes.alive(family)) >= 2, "finished too early"
+        proc.kill()
+        proc.wait(timeout=10)
+        processes.wait_for(lambda: not processes.alive(family),
+                           "the workers and the resource tracker to end", timeout=10)
+    finally:
+        processes.kill_all(family)
+        processes.stop(proc)
