@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from nvfp4lab.checkpoint.validation import header_problem
+
 __all__ = [
     "CONFIG_NAME",
     "OWNER_MARKER",
@@ -76,6 +78,9 @@ def read_json(file: Path) -> dict[str, Any]:
         raise CheckpointError(f"{file} not found: not a checkpoint directory") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{file}: not valid JSON ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{file}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                              f"offset {exc.start}); save it as UTF-8 JSON") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{file}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -83,12 +88,16 @@ def read_json(file: Path) -> dict[str, Any]:
 
 def quantization_block(directory: Path) -> dict[str, Any] | None:
     """``config.json``'s ``quantization_config`` object (transformers' place for it), or None
-    when the folder has no ``config.json`` or the file has no such object."""
+    when the folder has no ``config.json`` or the file has no such key (CheckpointError when
+    the key holds anything but an object)."""
     file = directory / CONFIG_NAME
     if not file.is_file():
         return None
     block = read_json(file).get("quantization_config")
-    return block if isinstance(block, dict) else None
+    if block is not None and not isinstance(block, dict):
+        raise CheckpointError(f"{file}: quantization_config is a {type(block).__name__} "
+                              f"({str(block)[:60]}), expected a JSON object")
+    return block
 
 
 def refuse_pickle(file: Path) -> CheckpointError:
@@ -441,6 +450,8 @@ def read_header(file: Path) -> tuple[int, dict[str, Any]]:
 
     The header maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``
     (offsets relative to the data start) and may hold ``"__metadata__"``. Nothing else is read.
+    The header is validated (:func:`~nvfp4lab.checkpoint.validation.header_problem`: entries,
+    dtypes, shapes, byte ranges, overlaps); CheckpointError names the file and tensor.
     """
     try:
         with open(file, "rb") as handle:
@@ -455,6 +466,9 @@ def read_header(file: Path) -> tuple[int, dict[str, Any]]:
         raise CheckpointError(f"{file}: not a safetensors file (header: {exc})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{file}: not a safetensors file (header is not a JSON object)")
+    problem = header_problem(header)
+    if problem is not None:
+        raise CheckpointError(f"{file}: {problem}")
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if file.stat().st_size < 8 + size + end:
         raise CheckpointError(
