@@ -186,7 +186,7 @@ def _add_audit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="write DIR/audit.csv and DIR/audit.html (the rendered report)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace audit.csv / audit.html / audit.ipynb already in --out")
+                        help="replace audit.csv / audit.html already in --out")
     parser.add_argument("--gpu", action="append", default=None, metavar="NAME",
                         help="GPU whose vLLM kernel is reported (repeatable; default: A100, "
                         "H100, B200, RTX 5090)")
@@ -206,7 +206,7 @@ def _audit_out(args: argparse.Namespace) -> Path | None:
         raise ValueError(f"--out {args.out!r} lies inside the checkpoint folder; pick a folder "
                          "outside it")
     out = check_out_dir(out)
-    taken = [n for n in ("audit.csv", "audit.html", "audit.ipynb") if (out / n).exists()]
+    taken = [n for n in ("audit.csv", "audit.html") if (out / n).exists()]
     if taken and not args.overwrite:
         raise FileExistsError(f"--out {args.out!r} already holds {', '.join(taken)}; pass "
                               "--overwrite to replace them")
@@ -214,19 +214,25 @@ def _audit_out(args: argparse.Namespace) -> Path | None:
 
 
 def _render_audit(rows: list[dict[str, Any]], out: Path, title: str) -> None:
+    import shutil
+    import tempfile
+
     from nvfp4lab.checkpoint.auditing import write_csv
     from nvfp4lab.reports import run_reports
     from nvfp4lab.studies.audit import TEMPLATE
 
     csv = write_csv(rows, out / "audit.csv").resolve()
+    # the runner also writes the executed notebook: render in a scratch folder, keep the page
     try:
-        (result,) = run_reports(notebooks=[TEMPLATE], out_dir=out, index=False,
-                                parameters={"AUDIT_CSV": str(csv), "TITLE": title})
+        with tempfile.TemporaryDirectory(prefix="nvfp4lab-audit-") as scratch:
+            (result,) = run_reports(notebooks=[TEMPLATE], out_dir=scratch, index=False,
+                                    parameters={"AUDIT_CSV": str(csv), "TITLE": title})
+            if not result.ok:
+                raise ValueError(f"rendering {out / 'audit.html'} failed: {result.error}")
+            shutil.move(result.html_path or Path(scratch) / "audit.html", out / "audit.html")
     except KeyboardInterrupt:  # no table without its page (the runner leaves no partial one)
         csv.unlink(missing_ok=True)
         raise
-    if not result.ok:
-        raise ValueError(f"rendering {out / 'audit.html'} failed: {result.error}")
 
 
 def _run_audit(args: argparse.Namespace) -> int:

@@ -44,8 +44,8 @@ def test_audit_out_writes_csv_and_html_only_there(unshared: Path, tmp_path: Path
     assert code == 1, err  # flagged layers
     assert "unshared tensor scales" in out and "4 flagged" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
-    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
-        "audit.csv", "audit.html", "audit.ipynb"]
+    # issue 19 (audit --out): exactly what the README promises, no executed notebook
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["audit.csv", "audit.html"]
     with open(tmp_path / "report" / "audit.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 14 and {"layer", "issues"} <= set(rows[0])

@@ -27,7 +27,12 @@ no model is built. One row per quantized layer:
 * the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`);
 * with ``reference`` (a float checkpoint folder): the weight SQNR against ``<layer>.weight``.
 
-``issues`` lists what is wrong in words ("" when nothing is).
+``issues`` lists what is wrong in words ("" when nothing is). The dtypes and shapes above and
+the presence of input scales (as the configuration's scheme says) are checked by the validator
+``load`` and ``convert`` share (:mod:`~nvfp4lab.checkpoint.validation`). What makes the whole
+folder unreadable is an error (CheckpointError naming the file), not a row: a configuration
+the format's ``read_config`` refuses (another ``quant_algo``, two ModelOpt configs that disagree,
+...) and a safetensors header that is not valid (offsets, dtypes, shapes, metadata).
 """
 
 from __future__ import annotations
@@ -46,10 +51,11 @@ from nvfp4lab.checkpoint.files import CheckpointError, LayerNames
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, format_spec
 from nvfp4lab.checkpoint.stream import Inventory, RowReader, TensorInfo, inventory, read_scalar
 from nvfp4lab.checkpoint.stream import run_tasks as _run_tasks
+from nvfp4lab.checkpoint.validation import input_problems, weight_problems
 from nvfp4lab.constants import BLOCK_SIZE, E4M3_MAX
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 from nvfp4lab.execution.whole_model import FUSED_GROUPS
-from nvfp4lab.layout import padded_scale_shape, unswizzle_scales
+from nvfp4lab.layout import unswizzle_scales
 from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
 from nvfp4lab.vocab import CheckpointFormat, Scheme
 
@@ -84,6 +90,7 @@ class _Task:
     tensors: dict[str, TensorInfo]
     reference: dict[str, TensorInfo | None]
     fused: bool
+    stores_input: bool | None = None  # the config's scheme: W4A4 (True), W4A16 (False)
 
 
 @dataclass
@@ -103,45 +110,23 @@ def _info(task: _Task, layer: str, leaf: str) -> TensorInfo | None:
     return task.tensors.get(f"{layer}.{leaf}")
 
 
-def _check_scalar(info: TensorInfo, names: LayerNames, what: str, issues: list[str]) -> bool:
-    if info.dtype != "F32" or info.shape not in names.scalar_shapes:
-        issues.append(f"{what} {info.key.rpartition('.')[2]} is {info.dtype} {list(info.shape)}; "
-                      f"expected F32 {list(names.scalar_shape)}")
-        return False
-    return True
-
-
 def _check_structure(task: _Task, lay: _Layer, names: LayerNames) -> bool:
-    """Dtypes and shapes; sets ``lay.n``, ``lay.k``. False when the layer cannot be decoded."""
-    packed, scale = _info(task, lay.name, names.packed), _info(task, lay.name, names.scale)
-    glob = _info(task, lay.name, names.global_scale)
-    missing = [leaf for leaf, i in ((names.packed, packed), (names.scale, scale),
-                                    (names.global_scale, glob)) if i is None]
-    if missing:
-        lay.issues.append(f"missing tensor(s) {', '.join(missing)}")
-        return False
-    assert packed is not None and scale is not None and glob is not None
-    if packed.dtype != "U8" or len(packed.shape) != 2:
-        lay.issues.append(f"codes {names.packed} are {packed.dtype} {list(packed.shape)}; "
-                          "expected U8 [N, K/2]")
-        return False
-    lay.n, lay.k = packed.shape[0], 2 * packed.shape[1]
-    lay.row["shape"] = f"{lay.n}x{lay.k}"
-    plain = (lay.n, lay.k // BLOCK_SIZE)
-    ok = _check_scalar(glob, names, "tensor scale", lay.issues)
-    if scale.dtype != "F8_E4M3":
-        lay.issues.append(f"block scales are {scale.dtype}; expected F8_E4M3 (E4M3)")
-        ok = False
-    elif scale.shape != plain:
-        swizzled = padded_scale_shape(*plain)
-        hint = " (the 128x4-padded shape of the swizzled layout)" if scale.shape == swizzled else ""
-        lay.issues.append(f"block scales are {list(scale.shape)}{hint}; expected plain "
-                          f"{list(plain)}")
-        ok = False
+    """Dtypes and shapes (the shared validator, :mod:`~nvfp4lab.checkpoint.validation`); sets
+    ``lay.n``, ``lay.k``. False when the layer cannot be decoded."""
+    problems = weight_problems(lay.name, names, task.tensors)
+    packed = _info(task, lay.name, names.packed)
+    if packed is not None and packed.dtype == "U8" and len(packed.shape) == 2:
+        lay.row["shape"] = f"{packed.shape[0]}x{2 * packed.shape[1]}"
+    inputs = input_problems(lay.name, names, task.tensors, task.stores_input)
+    lay.issues.extend(problems + inputs)
     inp = _info(task, lay.name, names.input_scale)
-    if inp is not None and _check_scalar(inp, names, "input scale", lay.issues):
+    if inp is not None and not inputs:
         lay.row["input_scale"] = read_scalar(inp)
-    return ok
+    if problems:
+        return False
+    assert packed is not None
+    lay.n, lay.k = packed.shape[0], 2 * packed.shape[1]
+    return True
 
 
 def _r2(logs: torch.Tensor) -> float:
@@ -353,12 +338,13 @@ def _groups(layers: Sequence[str]) -> list[tuple[tuple[str, ...], bool]]:
     return out
 
 
-def _tasks(inv: Inventory, reference: Inventory | None) -> list[_Task]:
+def _tasks(inv: Inventory, reference: Inventory | None,
+           stores_input: bool | None) -> list[_Task]:
     out = []
     for members, fused in _groups(inv.layers):
         keys = {k: v for k, v in inv.tensors.items() if k.rpartition(".")[0] in members}
         refs = {m: reference.get(f"{m}.weight") for m in members} if reference else {}
-        out.append(_Task(inv.fmt, members, keys, refs, fused))
+        out.append(_Task(inv.fmt, members, keys, refs, fused, stores_input))
     return out
 
 
@@ -385,6 +371,17 @@ def _reference_inventory(reference: str | os.PathLike[str] | None) -> Inventory 
     return inventory(path, CheckpointFormat.COMPRESSED_TENSORS)
 
 
+def _stores_input(inv: Inventory) -> bool | None:
+    """Whether the layers store an input scale, as the validated configuration's one scheme
+    says (the format's ``read_config``, which ``load`` and ``convert`` also run: a config they
+    refuse raises CheckpointError here too); None when its layers mix schemes."""
+    config = format_spec(inv.fmt).read_config(inv.directory)
+    try:
+        return config.checkpoint_scheme() == Scheme.NVFP4
+    except CheckpointError:
+        return None
+
+
 def audit_rows(
     path: str | os.PathLike[str],
     *,
@@ -406,7 +403,7 @@ def audit_rows(
     inv = inventory(path)
     if not inv.layers:
         raise CheckpointError(f"{path}: no quantized layer found in the weight files")
-    tasks = _tasks(inv, _reference_inventory(reference))
+    tasks = _tasks(inv, _reference_inventory(reference), _stores_input(inv))
     done = _run_tasks(_run_task, tasks, workers=workers, dask=dask, progress=progress,
                       desc="audit")
     rows = {row["layer"]: row for result in done for row in result}

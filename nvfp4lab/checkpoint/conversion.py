@@ -52,6 +52,7 @@ from nvfp4lab.checkpoint.files import (
 )
 from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, format_spec
 from nvfp4lab.checkpoint.stream import Inventory, TensorInfo, inventory, read_scalar, run_tasks
+from nvfp4lab.checkpoint.validation import input_problems, weight_problems
 from nvfp4lab.checkpoint.writer import CHECKPOINT_FILES, write_atomically
 from nvfp4lab.vocab import CheckpointFormat, Scheme
 
@@ -158,18 +159,18 @@ def _convert_shard(task: _ShardTask) -> tuple[str, dict[str, str], list[str], in
     return name, {t.name: name for t in out}, bad, scales
 
 
-def _check_layers(inv: Inventory) -> None:
-    """Every quantized layer must hold its codes, block scales and tensor scale."""
+def _check_layers(inv: Inventory, stores_input: bool) -> None:
+    """Every quantized layer must pass the shared validator
+    (:mod:`~nvfp4lab.checkpoint.validation`: codes, block scales, tensor scale, and an input
+    scale exactly when the scheme stores one); checked for all before anything is written."""
     names = format_spec(inv.fmt).names
     for layer in inv.layers:
-        for leaf in (names.packed, names.scale):
-            if f"{layer}.{leaf}" not in inv.tensors:
-                raise CheckpointError(f"{inv.directory}: layer {layer!r} has a "
-                                      f"{names.global_scale} but no {leaf} tensor")
-        info = inv.tensors[f"{layer}.{names.global_scale}"]
-        if info.dtype != "F32" or info.nbytes != 4:
-            raise CheckpointError(f"{info.file}: tensor {info.key!r} is {info.dtype} "
-                                  f"{list(info.shape)}, expected one float32 value")
+        problems = weight_problems(layer, names, inv.tensors)
+        problems += input_problems(layer, names, inv.tensors, stores_input)
+        if problems:
+            info = inv.tensors[f"{layer}.{names.global_scale}"]
+            raise CheckpointError(f"{info.file}: layer {layer!r}: {problems[0]}; nothing was "
+                                  "converted")
 
 
 def _excluded(inv: Inventory) -> list[str]:
@@ -276,9 +277,9 @@ def convert(
                               "convert (copy the folder instead)")
     if not inv.layers:
         raise CheckpointError(f"{source}: no quantized layer found in the weight files")
-    _check_layers(inv)
     src_config = format_spec(inv.fmt).read_config(inv.directory)
     scheme = src_config.checkpoint_scheme()
+    _check_layers(inv, scheme == Scheme.NVFP4)
     unquantized = Unquantized(src_config.unquantized, tuple(_excluded(inv)))
     layers = frozenset(inv.layers)
     result: dict[str, Any] = {}

@@ -2,7 +2,7 @@
 
 Tensors are read lazily from memory-mapped safetensors files (:class:`TensorSource`), never
 unpickled (pickle files are refused). Writes go to a hidden temporary sibling folder that is
-renamed into place at the end (:func:`fresh_dir`, :func:`replace_dir`).
+renamed into place at the end (:mod:`nvfp4lab.checkpoint.folders`, re-exported here).
 
 For work on checkpoints larger than memory, :func:`read_header` reads a safetensors header (the
 8-byte little-endian length, then the JSON table of dtype, shape and byte range per tensor) and
@@ -17,17 +17,24 @@ a :class:`LayerNames` with its tensor names and reads its own configuration, thr
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import secrets
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from nvfp4lab.checkpoint.folders import (  # re-exported: files.py held them before
+    OWNER_MARKER,
+    check_target,
+    folder_entries,
+    fresh_dir,
+    remove_stale_dirs,
+    replace_dir,
+)
+from nvfp4lab.checkpoint.validation import header_problem
 
 __all__ = [
     "CONFIG_NAME",
@@ -78,6 +85,9 @@ def read_json(file: Path) -> dict[str, Any]:
         raise CheckpointError(f"{file} not found: not a checkpoint directory") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{file}: not valid JSON ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{file}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                              f"offset {exc.start}); save it as UTF-8 JSON") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{file}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -85,12 +95,16 @@ def read_json(file: Path) -> dict[str, Any]:
 
 def quantization_block(directory: Path) -> dict[str, Any] | None:
     """``config.json``'s ``quantization_config`` object (transformers' place for it), or None
-    when the folder has no ``config.json`` or the file has no such object."""
+    when the folder has no ``config.json`` or the file has no such key (CheckpointError when
+    the key holds anything but an object)."""
     file = directory / CONFIG_NAME
     if not file.is_file():
         return None
     block = read_json(file).get("quantization_config")
-    return block if isinstance(block, dict) else None
+    if block is not None and not isinstance(block, dict):
+        raise CheckpointError(f"{file}: quantization_config is a {type(block).__name__} "
+                              f"({str(block)[:60]}), expected a JSON object")
+    return block
 
 
 def refuse_pickle(file: Path) -> CheckpointError:
@@ -283,179 +297,6 @@ def read_like(source: TensorSource, key: str, like: torch.Tensor) -> torch.Tenso
     return source.get(key).to(like.dtype)
 
 
-#: Written into every temporary folder: the PID of the process assembling it.
-OWNER_MARKER = ".nvfp4lab-owner"
-
-
-def _sibling(target: Path, tag: str) -> Path:
-    """An unused hidden sibling name ``.<name>.<tag>-<random>`` of ``target``."""
-    for _ in range(100):
-        candidate = target.parent / f".{target.name}.{tag}-{secrets.token_hex(4)}"
-        if not candidate.exists():
-            return candidate
-    raise FileExistsError(f"cannot find a free temporary name next to {target}")
-
-
-def fresh_dir(target: Path, tag: str) -> Path:
-    """A new hidden sibling folder ``.<name>.<tag>-<random>`` of ``target`` (mode from the
-    umask), marked (:data:`OWNER_MARKER`) with this process's PID so that a later save can tell
-    it is stale if we die; remove the marker before the folder becomes the checkpoint."""
-    candidate = _sibling(target, tag)
-    candidate.mkdir()
-    (candidate / OWNER_MARKER).write_text(str(os.getpid()), encoding="utf-8")
-    return candidate
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def remove_stale_dirs(target: Path) -> list[Path]:
-    """Remove the temporary siblings of ``target`` left by saves whose process died (their
-    owner PID is gone); folders without the marker, or of a live process, are kept."""
-    removed = []
-    for candidate in target.parent.glob(f".{target.name}.*-*"):
-        marker = candidate / OWNER_MARKER
-        try:
-            pid = int(marker.read_text(encoding="utf-8").strip())
-        except (OSError, ValueError):
-            continue
-        if pid != os.getpid() and not _alive(pid):
-            shutil.rmtree(candidate, ignore_errors=True)
-            removed.append(candidate)
-    return removed
-
-
-def _checkpoint_member(rel: Path, names: frozenset[str]) -> bool:
-    text = rel.as_posix()
-    return text in names or rel.suffix == ".safetensors" or text.endswith(".safetensors.index.json")
-
-
-def folder_entries(folder: Path) -> list[tuple[Path, str]]:
-    """Everything under ``folder`` as (relative path, kind), sorted: kind is "file", "symlink"
-    (to anything: never followed) or "empty folder"; a folder that holds something is not
-    listed itself. An unreadable folder raises PermissionError naming it."""
-    out: list[tuple[Path, str]] = []
-    try:
-        children = sorted(os.scandir(folder), key=lambda e: e.name)
-    except PermissionError:
-        raise PermissionError(f"{folder}: permission denied reading it, so nvfp4lab cannot tell "
-                              "what it holds; fix its permissions or pick another path") from None
-    for child in children:
-        rel = Path(child.name)
-        if child.is_symlink():
-            out.append((rel, "symlink"))
-        elif child.is_dir():
-            inner = folder_entries(Path(child.path))
-            out += [(rel / r, k) for r, k in inner] if inner else [(rel, "empty folder")]
-        else:
-            out.append((rel, "file"))
-    return out
-
-
-def _foreign(folder: Path, checkpoint_files: frozenset[str]) -> list[str]:
-    """What ``folder`` holds besides checkpoint files: symlinks and empty folders always
-    count (as they would be lost too)."""
-    return [
-        str(rel) + ("" if kind == "file" else f" ({kind})")
-        for rel, kind in folder_entries(folder)
-        if kind == "symlink" or not _checkpoint_member(rel, checkpoint_files)
-    ]
-
-
-def _shown(items: list[str]) -> str:
-    return ", ".join(items[:5]) + (f" and {len(items) - 5} more" if len(items) > 5 else "")
-
-
-def check_target(target: Path, overwrite: bool, checkpoint_files: frozenset[str]) -> None:
-    """Refuse a save that would lose data: ``target`` may be missing, an empty folder, or (with
-    ``overwrite``) a folder holding only checkpoint files (``checkpoint_files``, safetensors
-    weights and their index). Anything else (symlinks and empty folders included) raises
-    FileExistsError naming what would be lost; a parent path that is a file raises
-    NotADirectoryError naming it, an unreadable folder PermissionError."""
-    above = next((p for p in target.parents if os.path.lexists(p)), None)
-    if above is not None and not above.is_dir():
-        raise NotADirectoryError(
-            f"{above} is a file, so {target} cannot be created inside it; pass a path whose "
-            "parent folders are folders (the file is left as it is)"
-        )
-    if target.exists() and not target.is_dir():
-        raise FileExistsError(
-            f"{target} is a file, not a folder; a checkpoint is a folder: pass another path "
-            "(the file is left as it is)"
-        )
-    if target.is_symlink():
-        raise FileExistsError(f"{target} is a symlink; pass the folder it points to or another "
-                              "path (the link is left as it is)")
-    if not target.is_dir() or not folder_entries(target):
-        return
-    if not overwrite:
-        raise FileExistsError(f"{target} exists and is not empty; pass overwrite=True to replace "
-                              "the checkpoint there")
-    foreign = _foreign(target, checkpoint_files)
-    if foreign:
-        raise FileExistsError(
-            f"{target} holds files that are not part of a checkpoint ({_shown(foreign)}); "
-            "overwrite=True replaces only a checkpoint folder and they would be lost: move them "
-            "away or save to another path"
-        )
-
-
-def _changed(target: Path, what: str) -> FileExistsError:
-    return FileExistsError(
-        f"{target} changed while the new checkpoint was being written ({what}); it is left as it "
-        "is: check that no other program or save writes there, then run again"
-    )
-
-
-def _rename_into(tmp: Path, target: Path) -> None:
-    """Rename ``tmp`` to ``target``, which must be missing or an empty folder by now (the
-    kernel's rename refuses a non-empty folder, atomically)."""
-    try:
-        os.rename(tmp, target)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-            raise
-        found = [] if not target.is_dir() else _foreign(target, frozenset())
-        what = f"it now holds {_shown(found)}" if found else "it is now a file"
-        raise _changed(target, what) from None
-
-
-def replace_dir(tmp: Path, target: Path, *, overwrite: bool = True,
-                checkpoint_files: frozenset[str] | None = None) -> None:
-    """Move the finished ``tmp`` to ``target``, never destroying what appeared meanwhile.
-
-    Without ``overwrite``, ``target`` must still be missing or an empty folder (another save
-    that got there first, or a file someone put there, makes this raise FileExistsError). With
-    it, the old ``target`` is moved aside first and, when ``checkpoint_files`` is given,
-    checked again as :func:`check_target` does: anything else in it puts it back and raises;
-    it is removed only after ``tmp`` is in place."""
-    if not overwrite or not target.is_dir() or target.is_symlink():
-        _rename_into(tmp, target)
-        return
-    old = _sibling(target, "old")
-    os.rename(target, old)
-    try:
-        foreign = [] if checkpoint_files is None else _foreign(old, checkpoint_files)
-        if foreign:
-            raise _changed(target, f"it now holds files that are not part of a checkpoint: "
-                                   f"{_shown(foreign)}")
-        _rename_into(tmp, target)
-    except BaseException:
-        try:
-            os.rename(old, target)
-        except OSError:
-            raise _changed(target, f"the folder that was there is kept as {old}") from None
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 # --------------------------------------------------------------------------------------------
 # what a format names and lists, and safetensors files read and written without holding tensors
 
@@ -516,6 +357,8 @@ def read_header(file: Path) -> tuple[int, dict[str, Any]]:
 
     The header maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``
     (offsets relative to the data start) and may hold ``"__metadata__"``. Nothing else is read.
+    The header is validated (:func:`~nvfp4lab.checkpoint.validation.header_problem`: entries,
+    dtypes, shapes, byte ranges, overlaps); CheckpointError names the file and tensor.
     """
     try:
         with open(file, "rb") as handle:
@@ -530,6 +373,9 @@ def read_header(file: Path) -> tuple[int, dict[str, Any]]:
         raise CheckpointError(f"{file}: not a safetensors file (header: {exc})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{file}: not a safetensors file (header is not a JSON object)")
+    problem = header_problem(header)
+    if problem is not None:
+        raise CheckpointError(f"{file}: {problem}")
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if file.stat().st_size < 8 + size + end:
         raise CheckpointError(

@@ -28,6 +28,7 @@ from nvfp4lab.checkpoint.files import (
     TensorSource,
     missing_tensor,
     read_exact,
+    read_header,
     read_like,
     refuse_pickle,
     stored_meta,
@@ -266,6 +267,8 @@ def load(
     spec = format_spec(detect_format(directory))
     config = spec.read_config(directory)
     files = weight_files(directory)
+    for file in files.files:  # the shared header validator, before safetensors opens them
+        read_header(file)
     device = torch.device(device)
     model, dtype = _build_skeleton(directory, dtype, model_class)
     quantized: Mapping[str, bool] = config.quantized_modules(model)

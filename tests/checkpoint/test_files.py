@@ -110,7 +110,8 @@ def test_weight_files_single_index_glob_and_pickles(tmp_path: Path) -> None:
 def test_quantization_block(tmp_path: Path) -> None:
     assert quantization_block(tmp_path) is None
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": [1]}))
-    assert quantization_block(tmp_path) is None
+    with pytest.raises(CheckpointError, match="quantization_config is a list"):  # issue 19
+        quantization_block(tmp_path)
     block = {"quant_method": "x", "n": 1}
     (tmp_path / "config.json").write_text(json.dumps({"quantization_config": block}))
     assert quantization_block(tmp_path) == block

@@ -193,6 +193,9 @@ def read_quantization_config(path: str | os.PathLike[str]) -> QuantizationConfig
     """
     file = Path(path) / CONFIG_NAME
     qdata = read_json(file).get("quantization_config")
+    if qdata is not None and not isinstance(qdata, dict):
+        raise CheckpointError(f"{file}: quantization_config is a {type(qdata).__name__}, "
+                              "expected a JSON object")
     if not isinstance(qdata, dict):
         raise CheckpointError(
             f"{file} has no quantization_config: not a compressed-tensors checkpoint (load a "

@@ -144,12 +144,29 @@ def _from_config_json(block: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     return block.get("quant_algo"), _group_size(block), exclude, kv_algo
 
 
+def _check_agreement(directory: Path, file: Path, algo: Any) -> None:
+    """``hf_quant_config.json``, when there is one beside a ``config.json`` ModelOpt config,
+    must name the same ``quant_algo`` (vLLM reads one, other tools the other)."""
+    hf_file = directory / HF_QUANT_CONFIG_NAME
+    if not hf_file.is_file():
+        return
+    quant = read_json(hf_file).get("quantization")
+    other = quant.get("quant_algo") if isinstance(quant, dict) else None
+    if str(other).upper() != str(algo).upper():
+        raise CheckpointError(
+            f"{file} says quant_algo {algo!r} but {hf_file} says {other!r}; the two "
+            "configurations must agree (vLLM reads the first, other tools the second): fix or "
+            "remove the stale one"
+        )
+
+
 def read_modelopt_config(path: str | Path) -> ModelOptConfig:
     """Read and validate a ModelOpt NVFP4 configuration, as vLLM does: ``config.json``'s
     ``quantization_config`` when it has one, else ``hf_quant_config.json``.
 
     Raises :class:`CheckpointError` naming the file for another algorithm, a group size other
-    than 16 or KV-cache quantization.
+    than 16, KV-cache quantization or an ``hf_quant_config.json`` whose ``quant_algo``
+    disagrees with ``config.json``'s.
     """
     directory = Path(path)
     block = quantization_block(directory)
@@ -169,6 +186,8 @@ def read_modelopt_config(path: str | Path) -> ModelOptConfig:
             f"{file}: quant_algo {algo!r} is not NVFP4; nvfp4lab reads ModelOpt "
             f"{' and '.join(repr(a) for a in QUANT_ALGOS)} checkpoints only"
         )
+    if file.name == CONFIG_NAME:
+        _check_agreement(directory, file, algo)
     if group != BLOCK_SIZE:
         raise CheckpointError(f"{file}: group_size {group!r}; NVFP4 uses blocks of {BLOCK_SIZE}")
     if kv:

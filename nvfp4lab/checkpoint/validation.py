@@ -1,0 +1,172 @@
+"""The one validator of what a checkpoint's files declare, shared by ``load``, ``audit`` and
+``convert``; it reads headers only, never tensor data.
+
+* :func:`header_problem`: a safetensors header (the JSON table of dtype, shape and byte range
+  per tensor). :func:`nvfp4lab.checkpoint.files.read_header` runs it on every header it reads,
+  so ``load`` (before safetensors opens the file), the streamed inventory of ``audit`` and
+  ``convert`` refuse the same files in the same words: an entry that is not an object, a dtype
+  nvfp4lab does not read (sub-byte ``F4`` included: NVFP4 codes are U8, two per byte), a shape
+  that is not a list of non-negative integers, ``data_offsets`` that are not two integers,
+  negative or reversed offsets, a byte range whose length is not the shape's bytes, two
+  tensors sharing bytes, and a ``__metadata__`` that is not a flat map of strings.
+* :func:`weight_problems` / :func:`input_problems`: the tensors of one quantized Linear as its
+  format names them (:class:`~nvfp4lab.checkpoint.files.LayerNames`): codes U8 ``[N, K/2]`` with
+  K a multiple of 16, block scales F8_E4M3 ``[N, K/16]``, one float32 tensor scale, and an input
+  scale exactly when the configuration's scheme stores one. ``audit`` lists these problems in
+  its ``issues`` column; ``convert`` refuses the checkpoint before writing anything; ``load``
+  checks the same facts against the model it builds (``files.read_exact``).
+
+The configuration is validated by each format's ``read_config``
+(:mod:`nvfp4lab.checkpoint.formats`), which ``load``, ``audit`` and ``convert`` all call.
+
+The functions return what is wrong in words, naming the tensor (``None`` / ``[]`` when nothing
+is); callers add the file and raise :class:`~nvfp4lab.checkpoint.files.CheckpointError` or list
+the problem. It imports only numerics at run time (``files`` imports it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from nvfp4lab.constants import BLOCK_SIZE as _BLOCK
+from nvfp4lab.layout import padded_scale_shape
+
+if TYPE_CHECKING:
+    from nvfp4lab.checkpoint.files import LayerNames
+
+__all__ = ["DTYPE_BYTES", "header_problem", "input_problems", "weight_problems"]
+
+#: Bytes per element of every safetensors dtype nvfp4lab reads (sub-byte F4 / F6 are not).
+DTYPE_BYTES: dict[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4,
+    "U64": 8, "I64": 8, "F64": 8,
+}
+
+
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _entry_problem(name: str, entry: object) -> str | None:
+    """What is wrong with one tensor's header entry on its own, or None."""
+    if not isinstance(entry, dict):
+        return (f"tensor {name!r}: its header entry is {entry!r} (a {type(entry).__name__}), "
+                "not an object with dtype, shape and data_offsets")
+    missing = [k for k in ("dtype", "shape", "data_offsets") if k not in entry]
+    if missing:
+        return f"tensor {name!r} has no {' or '.join(missing)} in the header"
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        return (f"tensor {name!r} has dtype {dtype!r}, which nvfp4lab does not read (one of "
+                f"{', '.join(DTYPE_BYTES)}; NVFP4 codes are stored as U8 [N, K/2], two per byte)")
+    if not isinstance(shape, list) or not all(_int(d) and d >= 0 for d in shape):
+        return (f"tensor {name!r} has shape {shape!r}; a shape is a list of non-negative "
+                "integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_int, offsets))):
+        return (f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end], two "
+                "integer byte offsets")
+    begin, end = offsets
+    if begin < 0 or end < begin:
+        return (f"tensor {name!r} has data_offsets {offsets!r}: negative or reversed (a byte "
+                "range needs 0 <= begin <= end)")
+    due = math.prod(shape) * DTYPE_BYTES[dtype]
+    if end - begin != due:
+        return (f"tensor {name!r} is {dtype} {shape}, {due} bytes, but its data_offsets "
+                f"{offsets} hold {end - begin} bytes; the header does not match the data")
+    return None
+
+
+def header_problem(header: Mapping[str, Any]) -> str | None:
+    """What is wrong with a safetensors header (the parsed JSON object), or None."""
+    meta = header.get("__metadata__")
+    if meta is not None and (not isinstance(meta, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items())):
+        return (f"__metadata__ is {meta!r}; safetensors metadata is a flat object of strings "
+                "(nested values are refused by the safetensors library)")
+    ranges = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        problem = _entry_problem(name, entry)
+        if problem is not None:
+            return problem
+        begin, end = entry["data_offsets"]
+        ranges.append((begin, end, name))
+    ranges.sort()
+    reach, last = 0, ""
+    for begin, end, name in ranges:
+        if begin < reach and end > begin:
+            return (f"tensors {last!r} (bytes up to {reach}) and {name!r} (bytes {begin}-{end}) "
+                    "overlap in the data; every tensor needs its own byte range (the header "
+                    "is corrupt)")
+        if end > reach:
+            reach, last = end, name
+    return None
+
+
+class _Stored(Protocol):
+    """What the layer checks read of a stored tensor (a ``stream.TensorInfo``)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _scalar_problem(info: _Stored, leaf: str, what: str, names: LayerNames) -> str | None:
+    if info.dtype != "F32" or tuple(info.shape) not in names.scalar_shapes:
+        return (f"{what} {leaf} is {info.dtype} {list(info.shape)}; expected F32 "
+                f"{list(names.scalar_shape)}")
+    return None
+
+
+def weight_problems(layer: str, names: LayerNames, tensors: Mapping[str, _Stored]) -> list[str]:
+    """What is wrong with the codes, block scales and tensor scale of the quantized Linear
+    ``layer`` (``tensors``: stored name -> dtype and shape); [] when they can be decoded."""
+    leaves = (names.packed, names.scale, names.global_scale)
+    found = [tensors.get(f"{layer}.{leaf}") for leaf in leaves]
+    missing = [leaf for leaf, info in zip(leaves, found, strict=True) if info is None]
+    if missing:
+        return [f"missing tensor(s) {', '.join(missing)}"]
+    packed, scale, glob = found
+    assert packed is not None and scale is not None and glob is not None
+    if packed.dtype != "U8" or len(packed.shape) != 2:
+        return [f"codes {names.packed} are {packed.dtype} {list(packed.shape)}; expected U8 "
+                "[N, K/2] (two E2M1 codes per byte)"]
+    n, k = packed.shape[0], 2 * packed.shape[1]
+    if k % _BLOCK:
+        return [f"codes {names.packed} are U8 {list(packed.shape)}: K = {k} elements per row is "
+                f"not a multiple of {_BLOCK} (an NVFP4 block holds {_BLOCK})"]
+    out = []
+    problem = _scalar_problem(glob, names.global_scale, "tensor scale", names)
+    if problem:
+        out.append(problem)
+    plain = (n, k // _BLOCK)
+    if scale.dtype != "F8_E4M3":
+        out.append(f"block scales {names.scale} are {scale.dtype} {list(scale.shape)}; expected "
+                   "F8_E4M3 (E4M3)")
+    elif tuple(scale.shape) != plain:
+        hint = (" (the 128x4-padded shape of the swizzled layout)"
+                if tuple(scale.shape) == tuple(padded_scale_shape(*plain)) else "")
+        out.append(f"block scales {names.scale} are {list(scale.shape)}{hint}; expected plain "
+                   f"{list(plain)} for codes {list(packed.shape)}")
+    return out
+
+
+def input_problems(layer: str, names: LayerNames, tensors: Mapping[str, _Stored],
+                   stores_input: bool | None) -> list[str]:
+    """What is wrong with the input scale of ``layer``: not one float32 value, or present /
+    absent against ``stores_input`` (the configuration's scheme; None: either)."""
+    info = tensors.get(f"{layer}.{names.input_scale}")
+    if info is None:
+        if stores_input:
+            return [f"missing tensor {names.input_scale}: the configuration's scheme (W4A4) "
+                    "stores a static input scale per quantized layer"]
+        return []
+    if stores_input is False:
+        return [f"tensor {names.input_scale} is stored but the configuration's scheme is "
+                "weight-only (W4A16), which has no input scale"]
+    problem = _scalar_problem(info, names.input_scale, "input scale", names)
+    return [problem] if problem else []
