@@ -441,7 +441,9 @@ def quantize(
     options ``rounding``, ``generator``, ``scale_selection``, ``search_targets``, ``hadamard``.
     With ``hadamard`` the result is a :class:`RotatedNVFP4Tensor` holding ``x Q`` that
     dequantizes back to ``x``; with 2-D tiles each tile scale is repeated on its rows. See the
-    module docstring for the arithmetic, padding, the NaN/Inf policy and ``fused``.
+    module docstring for the arithmetic, padding, the NaN/Inf policy and ``fused``. Not
+    differentiable: the result holds integer codes (``x`` is detached); for a gradient use
+    :func:`fake_quantize`, a straight-through estimator.
     """
     opts = nvfp4_options(
         block_size=block_size, convention=convention, pad=pad, nonfinite=nonfinite, **options
