@@ -49,7 +49,17 @@ Input policy: fp32/bf16/fp16 tensors ``[..., K]`` (any strides, any device; meta
 NaN/Inf raise by default (``nonfinite="raise"``, naming the count and first index);
 ``"propagate"`` runs the arithmetic as is (a NaN makes its block's scale NaN). An all-zero tensor,
 or one whose amax is so small that ``2688/amax`` is not finite, gets ``global_scale = 1.0``
-(compressed-tensors' rule) and quantizes to zeros. Not differentiable.
+(compressed-tensors' rule) and quantizes to zeros. A computed scale below ``2688/amax`` (the
+kernel order's cap 2**116, or that 1.0) under which non-zero blocks underflow to zero warns
+(:class:`ScaleUnderflowWarning`, with the remedy: rescale the input by a power of two).
+
+Gradients: :func:`quantize` returns integer codes and is not differentiable (its input is
+detached). :func:`fake_quantize` is a straight-through estimator (STE) for quantization-aware
+training: the forward pass is the quantize-dequantize result bit for bit, the backward pass hands
+the output gradient to ``x`` unchanged EVERYWHERE, values clamped to the largest representable
+magnitude (``6 · 448 / global_scale``, reachable only with an explicit ``global_scale``) included:
+plain STE, as torchao's NVFP4 fake quantizer and ModelOpt's block quantizer (its default
+``pass_through_bwd=True``) do. Scales get no gradient.
 
 Measured on seeded 2048×2048 float32 tensors (NMSE; tests/formats/test_nvfp4.py pins them):
 defaults 9.04e-3 on N(0,1) (20.44 dB) and 8.22e-3 on Student-t(ν=3); four_over_six 7.56e-3 /
@@ -61,6 +71,7 @@ rotating makes heavy-tailed blocks Gaussian, whose NMSE is higher).
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -201,7 +212,9 @@ def _check_geometry(x: torch.Tensor, opts: NVFP4Options) -> None:
 
 
 class ScaleUnderflowWarning(UserWarning):
-    """An explicit global scale so small that every block scale underflows E4M3 to zero."""
+    """A global scale so small that blocks underflow E4M3 to a zero scale: an explicit one under
+    which every block does, or a computed one that fell short of ``2688/amax`` (the kernel
+    order's cap, or 1.0 where ``2688/amax`` is not finite) under which some non-zero block does."""
 
 
 def _warn_if_everything_underflows(gs: float, amax: float) -> None:
@@ -218,6 +231,54 @@ def _warn_if_everything_underflows(gs: float, amax: float) -> None:
             ScaleUnderflowWarning,
             stacklevel=4,
         )
+
+
+def _warn_if_blocks_vanish(
+    blocks: torch.Tensor, amax: torch.Tensor, scale: TensorScale, opts: NVFP4Options
+) -> None:
+    """A COMPUTED tensor scale can fall below ``2688/amax``: the kernel order caps it at 2**116
+    (amax < 3.2e-32) and every order takes 1.0 where ``2688/amax`` is not finite in its
+    arithmetic. Warn (:class:`ScaleUnderflowWarning`) when non-zero blocks then get a zero E4M3
+    scale and quantize to zeros; ``blocks [..., B]`` as the pipeline cuts them. Costs one block
+    pass, only when the scale fell short (never for ordinary data)."""
+    a, gs = float(amax), float(scale.encode)
+    if not (0 < a < math.inf) or gs * a >= GLOBAL_SCALE_NUMERATOR / 2:
+        return
+    nonzero = abs_max(blocks, -1) > 0
+    lost = int((nonzero & (block_scales_of(blocks, scale.arithmetic, opts.order) == 0)).sum())
+    if not lost:
+        return
+    order, k = opts.order, round(-math.log2(a))
+    why = (
+        f"the {order.name} order caps it at 2**{math.log2(order.max_global_scale):g}"
+        if order.max_global_scale is not None and gs == order.max_global_scale
+        else f"2688/amax is not finite in the {order.name} order's arithmetic, so it takes 1.0"
+    )
+    other = (
+        f", or convention={Convention.COMPRESSED_TENSORS.value!r} (no cap; float32 inputs)"
+        if order.max_global_scale is not None and GLOBAL_SCALE_NUMERATOR / a < 3.4e38 else ""
+    )
+    warnings.warn(
+        f"the computed global scale {gs:.6g} is below 2688/amax = {GLOBAL_SCALE_NUMERATOR / a:.6g}"
+        f" for this tensor's amax {a:.6g} ({why}): {lost} of {int(nonzero.sum())} non-zero "
+        f"blocks underflow E4M3 to a zero scale and quantize to zeros. Rescale the input by a "
+        f"power of two (quantize x * 2**{k} and divide the dequantized result by 2**{k}){other}",
+        ScaleUnderflowWarning,
+        stacklevel=_caller_level(),
+    )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this module (and torch's autograd, which
+    :func:`fake_quantize` runs through when ``x`` requires grad), for the caller of
+    ``_caller_level``'s caller."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and (
+        frame.f_code.co_filename == __file__ or frame.f_globals.get("__name__", "").startswith(
+            "torch.autograd")
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _tensor_scale(
@@ -272,7 +333,10 @@ def _prepare(
     if opts.hadamard is not None:
         x = hadamard_transform(x, opts.hadamard)
         amax = finite_amax(x, NonFinite.PROPAGATE)
-    return x, _tensor_scale(amax, global_scale, decode_scale, opts, x.device)
+    scale = _tensor_scale(amax, global_scale, decode_scale, opts, x.device)
+    if global_scale is None and decode_scale is None:
+        _warn_if_blocks_vanish(_to_blocks(x, opts.block_shape), amax, scale, opts)
+    return x, scale
 
 
 def _fused_route(
@@ -297,7 +361,10 @@ def _fused_prepare(
     stats = fused_kernels.block_stats(x.detach(), opts.order)
     if not bool(torch.isfinite(stats.amax)):
         finite_amax(x.detach(), opts.nonfinite)  # raises, naming the count and first index
-    return stats, _tensor_scale(stats.amax, global_scale, None, opts, x.device)
+    scale = _tensor_scale(stats.amax, global_scale, None, opts, x.device)
+    if global_scale is None:
+        _warn_if_blocks_vanish(stats.blocks, stats.amax, scale, opts)
+    return stats, scale
 
 
 def _generator(opts: NVFP4Options, device: torch.device) -> torch.Generator | None:
@@ -374,7 +441,9 @@ def quantize(
     options ``rounding``, ``generator``, ``scale_selection``, ``search_targets``, ``hadamard``.
     With ``hadamard`` the result is a :class:`RotatedNVFP4Tensor` holding ``x Q`` that
     dequantizes back to ``x``; with 2-D tiles each tile scale is repeated on its rows. See the
-    module docstring for the arithmetic, padding, the NaN/Inf policy and ``fused``.
+    module docstring for the arithmetic, padding, the NaN/Inf policy and ``fused``. Not
+    differentiable: the result holds integer codes (``x`` is detached); for a gradient use
+    :func:`fake_quantize`, a straight-through estimator.
     """
     opts = nvfp4_options(
         block_size=block_size, convention=convention, pad=pad, nonfinite=nonfinite, **options
@@ -432,6 +501,18 @@ def _quantize_tiles(
     return packed, per_tile.repeat_interleave(opts.block_shape[0], dim=0)
 
 
+class _StraightThrough(torch.autograd.Function):
+    """Forward: ``run(x)`` (the no-grad quantize-dequantize); backward: the gradient unchanged."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+        return run(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
 def fake_quantize(
     x: torch.Tensor,
     global_scale: torch.Tensor | float | None = None,
@@ -446,8 +527,29 @@ def fake_quantize(
     in float32 before the one rounding to ``x.dtype``. ``decode_scale``, ``fused`` and
     ``options``: as in :func:`quantize` (``block_size``, ``convention``, ``pad``, ``nonfinite``
     and the research options).
+
+    Differentiable as a straight-through estimator: when ``x`` requires grad (and grad mode is
+    on), the result does too, and its backward passes the output gradient to ``x`` unchanged at
+    every element, clamped ones included (plain STE, like torchao's and ModelOpt's NVFP4 fake
+    quantizers; see the module docstring). The forward values are the same bits either way.
     """
     opts = nvfp4_options(**options)
+    if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+        def run(t: torch.Tensor) -> torch.Tensor:
+            return _fake_quantize(t, global_scale, decode_scale, fused, opts)
+
+        return _StraightThrough.apply(x, run)  # type: ignore[no-any-return]
+    return _fake_quantize(x, global_scale, decode_scale, fused, opts)
+
+
+def _fake_quantize(
+    x: torch.Tensor,
+    global_scale: torch.Tensor | float | None,
+    decode_scale: torch.Tensor | float | None,
+    fused: bool | None,
+    opts: NVFP4Options,
+) -> torch.Tensor:
+    """:func:`fake_quantize` without autograd."""
     if _fused_route(x, opts, decode_scale, fused):
         stats, scale = _fused_prepare(x, global_scale, opts)
         return fused_kernels.fake_quantize(stats, scale.encode, opts.order)

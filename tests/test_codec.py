@@ -464,10 +464,11 @@ def test_inputs_that_require_grad_are_detached_quietly() -> None:
     x = torch.randn(2, 32, requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        q = quantize(x)
-        y = fake_quantize(x)
-    assert not y.requires_grad
-    assert torch.equal(y, q.dequantize())
+        q = quantize(x)  # integer codes: not differentiable, x detached quietly
+        y = fake_quantize(x)  # a straight-through estimator (issue 19 case 10)
+    assert not q.packed.requires_grad and not q.global_scale.requires_grad
+    assert y.requires_grad
+    assert torch.equal(y.detach(), q.dequantize())
 
 
 # --------------------------------------------------------------------------------------------
@@ -520,3 +521,104 @@ def test_modelopt_explicit_scales() -> None:
     assert float(compute_global_scale(x, convention="modelopt")) == float(
         torch.reciprocal(torch.tensor([reference.modelopt_decode_scale(x)]))
     )
+
+
+# --------------------------------------------------------------------------------------------
+# issue 19 case 10: fake_quantize is a straight-through estimator (plain STE: the gradient
+# passes unchanged everywhere, clamped elements included); quantize stays non-differentiable
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fake_quantize_straight_through_gradient(fused_setting: str, dtype: torch.dtype) -> None:
+    fused = fused_setting == "on"
+    gen = torch.Generator().manual_seed(19)
+    base = torch.randn(4, 32, generator=gen).to(dtype)
+    base[0, :16] *= 8.0  # beyond the range of the explicit scale below: clamped to +-6·448/gs
+    base[1, 3] = -50.0
+    gs = 2688.0 / 2.0  # an amax of 2: everything above 2 in magnitude saturates
+    x = base.clone().requires_grad_()
+    y = fake_quantize(x, gs, fused=fused)
+    plain = fake_quantize(base, gs, fused=fused)
+    assert y.requires_grad and y.dtype == dtype
+    assert torch.equal(y.detach(), plain)  # the forward pass: the no-grad bits exactly
+    clamped = base.abs() > 2.0
+    assert int(clamped.sum()) >= 10  # the crafted values really lie beyond the range
+    n = int(clamped.sum())
+    assert torch.equal(y.detach()[clamped].abs(), torch.full((n,), 2.0, dtype=dtype))
+    grad = torch.arange(1, 129, dtype=torch.float32).reshape(4, 32).to(dtype) / 8
+    y.backward(grad)
+    assert x.grad is not None and torch.equal(x.grad, grad)  # unchanged, clamped ones too
+    with torch.no_grad():
+        assert not fake_quantize(x, gs, fused=fused).requires_grad
+    assert not quantize(x, fused=fused).packed.requires_grad  # integer codes: no gradient
+
+
+def test_fake_quantize_straight_through_with_computed_scale_and_padding(fused_setting: str) -> None:
+    fused = fused_setting == "on"
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(5)).requires_grad_()
+    w = torch.randn(3, 64, generator=torch.Generator().manual_seed(6))
+    loss = (fake_quantize(x, fused=fused) * w).sum()
+    loss.backward()
+    assert x.grad is not None and torch.equal(x.grad, w)
+    for k, opts in ((20, {"pad": True}), (32, {"hadamard": 3})):  # eager: padding, a rotation
+        xp = torch.randn(2, k, generator=torch.Generator().manual_seed(7)).requires_grad_()
+        yp = fake_quantize(xp, **opts)
+        assert torch.equal(yp.detach(), fake_quantize(xp.detach(), **opts))
+        yp.sum().backward()
+        assert xp.grad is not None and torch.equal(xp.grad, torch.ones(2, k))
+
+
+# --------------------------------------------------------------------------------------------
+# issue 19 case 9: a COMPUTED global scale that falls short of 2688/amax (the kernel order's
+# cap 2**116) warns when non-zero blocks underflow to zero, and only then
+
+
+def test_capped_computed_scale_that_zeroes_blocks_warns(fused_setting: str) -> None:
+    from nvfp4lab.codec import ScaleUnderflowWarning
+
+    fused = fused_setting == "on"
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) * 1e-38
+    with pytest.warns(ScaleUnderflowWarning, match=r"caps it at 2\*\*116.*256 of 256 non-zero"):
+        q = quantize(x, fused=fused)
+    assert float(q.global_scale) == 2.0**116 and not q.dequantize().any()  # all zeros, as warned
+    with pytest.warns(ScaleUnderflowWarning, match=r"Rescale the input by a power of two"):
+        assert not fake_quantize(x, fused=fused).any()
+    # the remedy the message names works: rescaled by 2**124, the tensor quantizes to non-zeros
+    k = re.search(r"2\*\*(\d+) and divide", str(_underflow_message(x, fused))).group(1)  # type: ignore[union-attr]
+    assert k == "124"
+    y = fake_quantize(x * 2.0**124, fused=fused) / 2.0**124
+    assert int((y != 0).sum()) > 3000
+
+
+def _underflow_message(x: torch.Tensor, fused: bool) -> str:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quantize(x, fused=fused)
+    assert len(caught) == 1
+    return str(caught[0].message)
+
+
+def test_capped_scale_warns_only_for_blocks_that_underflow(fused_setting: str) -> None:
+    import warnings
+
+    fused = fused_setting == "on"
+    x = torch.zeros(2, 32)
+    x[0, 0] = 1e-33  # block 0: amax 1e-33, the cap binds (2688/1e-33 = 2.7e36 > 2**116)
+    x[0, 16] = 1e-38  # block 1: 2**116 · 1e-38 / 6 = 1.4e-4 < 2**-10: a zero scale
+    x[1, 5] = -3e-34  # block 2: 2**116 · 3e-34 / 6 = 4.2 (fine)
+    message = _underflow_message(x, fused)
+    assert "1 of 3 non-zero blocks" in message and "'compressed-tensors'" in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = quantize(x, fused=fused)
+    assert q.scales.float().reshape(2, 2).tolist()[0][1] == 0.0
+    # with the uncapped compressed-tensors scale block 1 survives: no warning, non-zero codes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        qc = quantize(x, convention="compressed-tensors", fused=fused)
+        capped_but_fine = torch.randn(64, 64, generator=torch.Generator().manual_seed(1)) * 1e-33
+        assert float(quantize(capped_but_fine, fused=fused).global_scale) == 2.0**116
+        fake_quantize(capped_but_fine, fused=fused)
+    assert float(qc.dequantize()[0, 16]) != 0.0

@@ -150,11 +150,17 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     ops = tuple(_split(args.ops) or OPS)
     bad = [o for o in ops if o not in OPS]
     if bad:
-        raise ValueError(f"unknown op(s) {bad}; choose from {OPS}")
+        raise ValueError(
+            f"unknown op(s) {', '.join(map(repr, bad))}; accepted values: "
+            f"{', '.join(map(repr, OPS))}"
+        )
     backends = tuple(_split(args.backends) or LINEAR_BACKENDS)
     bad = [b for b in backends if b not in LINEAR_BACKENDS]
     if bad:
-        raise ValueError(f"unknown backend(s) {bad}; choose from {LINEAR_BACKENDS}")
+        raise ValueError(
+            f"unknown backend(s) {', '.join(map(repr, bad))}; accepted values: "
+            f"{', '.join(repr(str(b)) for b in LINEAR_BACKENDS)}"
+        )
     dtypes = tuple(_split(args.dtypes) or ("bfloat16",))
     for d in dtypes:
         bench_dtype(d)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from nvfp4lab.checkpoint.files import CONFIG_NAME, CheckpointError
+from nvfp4lab.vocab import CheckpointFormat
 
 __all__ = ["Verified", "verify"]
 
@@ -41,6 +42,15 @@ def _model_class(path: Path) -> type:
     return transformers.AutoModel  # type: ignore[no-any-return]
 
 
+def _is_modelopt(folder: Path) -> bool:
+    from nvfp4lab.checkpoint.formats import detect_format
+
+    try:
+        return detect_format(folder) == CheckpointFormat.MODELOPT
+    except Exception:  # not a checkpoint nvfp4lab knows: no format-specific remedy
+        return False
+
+
 def verify(
     path: str | os.PathLike[str], *, dtype: torch.dtype | None = None, tokens: int = 8
 ) -> Verified:
@@ -65,7 +75,15 @@ def verify(
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
     except Exception as exc:
         remedy = ""
-        if "BFloat16" in str(exc) or "dtype" in str(exc):
+        if _is_modelopt(folder):
+            remedy = (
+                "; transformers has no loader for ModelOpt NVFP4 checkpoints: it reads the packed "
+                "uint8 weights as plain tensors, so its hints (ignore_mismatched_sizes) do not "
+                "apply. Convert it first, nvfp4lab.checkpoint.convert(path, dst, format="
+                f"{CheckpointFormat.COMPRESSED_TENSORS.value!r}), and verify that, or run it in "
+                "vLLM / TensorRT-LLM"
+            )
+        elif "BFloat16" in str(exc) or "dtype" in str(exc):
             remedy = (
                 "; compressed-tensors 0.20 decompresses NVFP4 weights to bfloat16: save with "
                 "dtype=torch.bfloat16 or verify(path, dtype=torch.bfloat16)"

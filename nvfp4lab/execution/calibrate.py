@@ -1,5 +1,6 @@
 """Activation-scale calibration: record each NVFP4Linear's input amax, set its
-``input_global_scale`` (ENCODE convention, 2688/amax)."""
+``input_global_scale`` (ENCODE convention, 2688/amax); the calibration batches GPTQ runs
+(:func:`calibration_batches`, :func:`run_batch`, re-exported by :mod:`nvfp4lab.execution.gptq`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.scales import abs_max
 from nvfp4lab.vocab import Convention, check_choice
 
-__all__ = ["CalibrationResult", "calibrate_inputs", "calibration"]
+__all__ = [
+    "CalibrationResult",
+    "calibrate_inputs",
+    "calibration",
+    "calibration_batches",
+    "run_batch",
+]
 
 
 @dataclass
@@ -99,3 +106,57 @@ def calibrate_inputs(
             else:
                 model(batch)
     return result
+
+
+def _check_batch(batch: object, index: int) -> None:
+    parts = list(batch.values()) if isinstance(batch, Mapping) else (
+        list(batch) if isinstance(batch, tuple | list) else [batch]
+    )
+    if not parts or not any(isinstance(p, torch.Tensor) for p in parts):
+        raise TypeError(
+            f"calibration batch {index} is a {type(batch).__name__} holding no tensor; pass model "
+            "inputs: tokenizer outputs (dicts of tensors), tensors, or tuples of tensors "
+            "(tokenize sentences first)"
+        )
+
+
+def calibration_batches(calibration: Iterable[Any] | None) -> list[Any]:
+    """The calibration batches as a list (they are run once per stage), checked: a mapping of
+    tensors (``model(**b)``), a tuple/list (``model(*b)``) or a tensor (``model(b)``)."""
+    if calibration is None:
+        raise ValueError(
+            "method='gptq' needs calibration=<iterable of model inputs> (e.g. a list of "
+            "tokenizer outputs); method='rtn' needs none"
+        )
+    if isinstance(calibration, str | bytes | torch.Tensor | Mapping):
+        raise TypeError(
+            f"calibration must be an iterable of batches (e.g. a list of tokenizer outputs), got "
+            f"a single {type(calibration).__name__}; wrap it in a list"
+        )
+    try:
+        batches = list(calibration)
+    except TypeError:
+        raise TypeError(
+            f"calibration must be an iterable of model inputs, got {type(calibration).__name__}"
+        ) from None
+    if not batches:
+        raise ValueError("calibration is empty: pass at least one batch of model inputs")
+    for i, batch in enumerate(batches):
+        _check_batch(batch, i)
+    return batches
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def run_batch(model: nn.Module, batch: Any) -> Any:
+    """``model(**b)`` for a mapping, ``model(*b)`` for a tuple/list, else ``model(b)``; tensors
+    are moved to the device of the model's first parameter or buffer."""
+    first = next(iter((*model.parameters(), *model.buffers())), None)
+    device = first.device if first is not None else torch.device("cpu")
+    if isinstance(batch, Mapping):
+        return model(**{k: _to(v, device) for k, v in batch.items()})
+    if isinstance(batch, tuple | list):
+        return model(*(_to(v, device) for v in batch))
+    return model(_to(batch, device))

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nvfp4lab import kernels
+from nvfp4lab import kernels, settings
 from nvfp4lab.codec import compute_global_scale, fake_quantize, quantize
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
@@ -78,6 +78,7 @@ from nvfp4lab.kernels.linear import EncodedWeight, tiled_matmul
 from nvfp4lab.layout import swizzle_scales, unswizzle_scales
 from nvfp4lab.orders import DecodeRule
 from nvfp4lab.scales import as_global_scale
+from nvfp4lab.settings import BACKEND_ENV
 from nvfp4lab.tensor import NVFP4Tensor
 from nvfp4lab.vocab import AUTO, Backend, BiasMode, Convention, check_choice, check_dtype
 
@@ -422,10 +423,18 @@ def _native(
             if x2d.device.type == "cuda" and torch.cuda.is_available()
             else "no CUDA capability"
         )
+        env = settings.environ().get(BACKEND_ENV)
+        fix = (
+            f"The environment variable {BACKEND_ENV}={env!r} forces it wherever backend='auto' "
+            f"(NVFP4Linear's default): unset {BACKEND_ENV} or set it to auto, emulation or "
+            "w4a16; a layer built with backend='native' needs backend='emulation' or 'w4a16'"
+            if (env or "").strip().lower() == Backend.NATIVE
+            else "Use backend='emulation' (W4A4 numerics) or 'w4a16', or backend='auto' to let "
+            "select_backend choose"
+        )
         raise RuntimeError(
             f"backend='native' needs native FP4 (CUDA capability >= 10.0, CUDA >= 12.8), but x is "
-            f"on {x2d.device} ({cap}): {why}. Use backend='emulation' (W4A4 numerics) or "
-            "'w4a16', or backend='auto' to let select_backend choose"
+            f"on {x2d.device} ({cap}): {why}. {fix}"
         )
     args = native_scaled_mm_args(x2d, weight, bias, input_global_scale=input_global_scale)
     raw = torch._scaled_mm(args.mat_a, args.mat_b, **args.scaled_mm_kwargs())  # type: ignore[arg-type]

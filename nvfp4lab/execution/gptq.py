@@ -40,6 +40,9 @@ global scale        ``2688 / amax`` of the ORIGINAL weights (or the fused group'
                     changed by GPTQ
 Cholesky failure    (a singular ``H`` with ``damp = 0``): the layer falls back to RTN with a
                     :class:`GPTQFallbackWarning`, as llm-compressor does
+all-zero Hessian    (every input zero: zero trace, every column dead): RTN with a
+                    :class:`GPTQFallbackWarning` and the reason in the result, instead of
+                    the zero weight the dead-column rule would give
 precision           H, W and the factors in float64; each column is rounded with the codec's
                     block functions (:mod:`nvfp4lab.blocks`) in the chosen arithmetic
                     order
@@ -75,7 +78,7 @@ weight is not an ordinary NVFP4Linear (its inputs would need the same rotation a
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -87,6 +90,7 @@ from nvfp4lab.blocks import block_scales_of, decode_codes, encode_blocks
 from nvfp4lab.codec import finite_amax
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.e2m1 import pack_fp4
+from nvfp4lab.execution.calibrate import calibration_batches, run_batch
 from nvfp4lab.formats.base import BlockFormat, BlockFormatInfo
 from nvfp4lab.hadamard import check_seed, hadamard_transform, rotation_matrix
 from nvfp4lab.orders import ArithmeticOrder
@@ -112,7 +116,8 @@ _WORK = torch.float64  # dtype of H, W and the Cholesky factors
 
 
 class GPTQFallbackWarning(UserWarning):
-    """A layer was quantized with RTN instead (no calibration input, or a singular Hessian)."""
+    """A layer was quantized with RTN instead (no calibration input, an all-zero Hessian, or a
+    singular one)."""
 
 
 @dataclass(frozen=True)
@@ -319,6 +324,9 @@ def _run(
     k = weight.shape[1]
     h = hessian.to(device=weight.device, dtype=_WORK).clone()
     dead = h.diagonal() == 0
+    if bool(dead.all()):  # zero trace: no input ever fired, GPTQ would zero the whole weight
+        return (*_run(weight, torch.eye(k, dtype=_WORK, device=weight.device), cols, options)[:3],
+                0, _DEGENERATE)
     h.diagonal()[dead] = 1.0
     w_orig = weight.detach().clone()
     w_orig[:, dead] = 0
@@ -337,6 +345,13 @@ def _run(
     q, codes = _gptq_loop(wt, u, cols, (order // cols.group).tolist(), scales, options)
     inverse = torch.argsort(order)
     return q[:, inverse], codes[:, inverse], scales, int(dead.sum()), reason
+
+
+#: why an all-zero Hessian falls back to RTN
+_DEGENERATE = (
+    "the Hessian is all zero (every calibration input of the layer is zero), which would zero "
+    "the whole weight; calibrate with inputs that reach the layer non-zero"
+)
 
 
 def _check_pair(weight: torch.Tensor, hessian: torch.Tensor, group: int) -> None:
@@ -375,14 +390,26 @@ def gptq_quantize(
     ``2688/amax(weight)``. Returns a :class:`GPTQResult` whose ``weight`` is an
     :class:`NVFP4Tensor` (packed codes, E4M3 scales, the global scale) in ``weight.dtype``.
     """
-    options = options or GPTQOptions()
+    result = _gptq_nvfp4(weight, hessian, global_scale, convention, options or GPTQOptions())
+    if result.fallback:
+        warnings.warn(f"GPTQ fell back to RTN: {result.reason}", GPTQFallbackWarning,
+                      stacklevel=2)
+    return result
+
+
+def _gptq_nvfp4(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    global_scale: torch.Tensor | float | None,
+    convention: str,
+    options: GPTQOptions,
+) -> GPTQResult:
+    """:func:`gptq_quantize` without the fallback warning (its callers word it)."""
     _check_pair(weight, hessian, BLOCK_SIZE)
     order = get_order(convention)
     w = weight.detach()
     scale = _tensor_scale(w, global_scale, order)
     q, codes, scales, dead, reason = _run(w, hessian, _NVFP4Columns(scale, order), options)
-    if reason:
-        warnings.warn(f"GPTQ fell back to RTN: {reason}", GPTQFallbackWarning, stacklevel=2)
     tensor = NVFP4Tensor(
         pack_fp4(codes), scales.to(torch.float8_e4m3fn), scale.encode, shape=w.shape,
         dtype=w.dtype, decode_scale=scale.decode,
@@ -438,60 +465,6 @@ def gptq_fake_quantize(
 # --------------------------------------------------------------------------------------------
 # calibration data and whole models
 # --------------------------------------------------------------------------------------------
-
-
-def _check_batch(batch: object, index: int) -> None:
-    parts = list(batch.values()) if isinstance(batch, Mapping) else (
-        list(batch) if isinstance(batch, tuple | list) else [batch]
-    )
-    if not parts or not any(isinstance(p, torch.Tensor) for p in parts):
-        raise TypeError(
-            f"calibration batch {index} is a {type(batch).__name__} holding no tensor; pass model "
-            "inputs: tokenizer outputs (dicts of tensors), tensors, or tuples of tensors "
-            "(tokenize sentences first)"
-        )
-
-
-def calibration_batches(calibration: Iterable[Any] | None) -> list[Any]:
-    """The calibration batches as a list (they are run once per stage), checked: a mapping of
-    tensors (``model(**b)``), a tuple/list (``model(*b)``) or a tensor (``model(b)``)."""
-    if calibration is None:
-        raise ValueError(
-            "method='gptq' needs calibration=<iterable of model inputs> (e.g. a list of "
-            "tokenizer outputs); method='rtn' needs none"
-        )
-    if isinstance(calibration, str | bytes | torch.Tensor | Mapping):
-        raise TypeError(
-            f"calibration must be an iterable of batches (e.g. a list of tokenizer outputs), got "
-            f"a single {type(calibration).__name__}; wrap it in a list"
-        )
-    try:
-        batches = list(calibration)
-    except TypeError:
-        raise TypeError(
-            f"calibration must be an iterable of model inputs, got {type(calibration).__name__}"
-        ) from None
-    if not batches:
-        raise ValueError("calibration is empty: pass at least one batch of model inputs")
-    for i, batch in enumerate(batches):
-        _check_batch(batch, i)
-    return batches
-
-
-def _to(value: Any, device: torch.device) -> Any:
-    return value.to(device) if isinstance(value, torch.Tensor) else value
-
-
-def run_batch(model: nn.Module, batch: Any) -> Any:
-    """``model(**b)`` for a mapping, ``model(*b)`` for a tuple/list, else ``model(b)``; tensors
-    are moved to the device of the model's first parameter or buffer."""
-    first = next(iter((*model.parameters(), *model.buffers())), None)
-    device = first.device if first is not None else torch.device("cpu")
-    if isinstance(batch, Mapping):
-        return model(**{k: _to(v, device) for k, v in batch.items()})
-    if isinstance(batch, tuple | list):
-        return model(*(_to(v, device) for v in batch))
-    return model(_to(batch, device))
 
 
 def _token_mask(batch: Any, x: torch.Tensor) -> torch.Tensor | None:
@@ -577,8 +550,20 @@ def sequential_gptq(
                 )
             h = (hessian.matrix() if hessian is not None
                  else torch.eye(weight.shape[1], dtype=_WORK, device=weight.device))
-            result = gptq_quantize(weight, h, global_scale=global_scales.get(name),
-                                   convention=convention, options=options)
+            if not bool(torch.isfinite(h).all()):
+                raise ValueError(
+                    f"GPTQ: the Hessian of layer {name!r} holds NaN/Inf: its calibration inputs "
+                    f"overflow or hold NaN (layer weight dtype {weight.dtype}; an fp16 model "
+                    "overflows easily: calibrate it in bfloat16 or float32) or the calibration "
+                    "batches hold NaN/Inf"
+                )
+            result = _gptq_nvfp4(weight, h, global_scales.get(name), convention, options)
             if hessian is None:
                 result.fallback, result.reason = True, "no calibration input reached the layer"
+            elif result.fallback:
+                warnings.warn(
+                    f"GPTQ: layer {name!r} is rounded with RTN: {result.reason}",
+                    GPTQFallbackWarning,
+                    stacklevel=2,
+                )
             yield name, result

@@ -127,7 +127,7 @@ class QuantizeReport:
             )
             lines.append(
                 f"  + {r.name}: [{r.out_features}, {r.in_features}] gs={r.weight_global_scale:.6g}"
-                f"{shared}"
+                f" {r.method}{shared}"
             )
         lines += [f"  - {s.name} ({s.type}): {s.reason}" for s in self.skipped]
         lines += [f"  ! ignore entry {s!r} matched no Linear layer" for s in self.unmatched_ignore]
@@ -263,6 +263,30 @@ def _ignore_specs(ignore: str | re.Pattern[str] | Iterable[IgnoreSpec]) -> tuple
     return specs
 
 
+def _check_state(model: nn.Module, candidates: Mapping[str, nn.Linear], method: str) -> None:
+    """ValueError for weights on the meta device (no data to quantize); a warning naming the
+    layers that are NVFP4Linear already (a second call leaves them as they are)."""
+    meta = [name for name, module in candidates.items() if module.weight.is_meta]
+    if meta:
+        raise ValueError(
+            f"quantize_model: {len(meta)} Linear layer(s) of {type(model).__name__} have their "
+            f"weights on the meta device (no data), e.g. {meta[0]!r}: materialize the model "
+            "first (load it without a meta/empty-weights context, or model.to_empty(device=...) "
+            "and then load the weights)"
+        )
+    done = [name for name, module in model.named_modules() if isinstance(module, NVFP4Linear)]
+    if done:
+        shown = ", ".join(repr(n) for n in done[:5]) + (", ..." if len(done) > 5 else "")
+        warnings.warn(
+            f"quantize_model(method={str(method)!r}): {len(done)} layer(s) of "
+            f"{type(model).__name__} are NVFP4Linear already ({shown}) and stay as they are "
+            f"(not re-quantized); {len(candidates)} Linear layer(s) left to quantize. To quantize "
+            "with another method, start again from the unquantized model",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def _method_inputs(
     method: str, calibration: Iterable[Any] | None, gptq: GPTQOptions | None
 ) -> list[Any]:
@@ -354,6 +378,7 @@ def quantize_model(
     specs = _ignore_specs(DEFAULT_IGNORE if ignore is None else ignore)
     report = QuantizeReport()
     candidates = _candidates(model, specs, report)
+    _check_state(model, candidates, quant_method)
     if ignore is None:
         report.unmatched_ignore = []
     elif report.unmatched_ignore:
@@ -377,17 +402,28 @@ def quantize_model(
                                            convention=convention, **options), QuantMethod.RTN)
             for name, module in candidates.items()
         )
-    for name, layer, how in layers:
-        _set_submodule(model, name, layer)
-        report.replaced.append(
-            ReplacedLayer(
-                name=name,
-                in_features=layer.in_features,
-                out_features=layer.out_features,
-                bias=layer.bias is not None,
-                weight_global_scale=float(layer.weight_global_scale),
-                shared_with=partners.get(name, ()),
-                method=how,
+    try:
+        for name, layer, how in layers:
+            _set_submodule(model, name, layer)
+            report.replaced.append(
+                ReplacedLayer(
+                    name=name,
+                    in_features=layer.in_features,
+                    out_features=layer.out_features,
+                    bias=layer.bias is not None,
+                    weight_global_scale=float(layer.weight_global_scale),
+                    shared_with=partners.get(name, ()),
+                    method=how,
+                )
             )
+    except BaseException as exc:  # all or nothing: put every replaced Linear back
+        for name, original in candidates.items():
+            if model.get_submodule(name) is not original:
+                _set_submodule(model, name, original)
+        names = ", ".join(map(repr, report.replaced_names))
+        exc.add_note(
+            f"quantize_model put back the {len(report.replaced)} layer(s) it had already "
+            f"replaced{f' ({names})' if names else ''}: the model is as it was before the call"
         )
+        raise
     return report

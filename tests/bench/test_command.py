@@ -212,3 +212,12 @@ def test_nothing_measured_is_reported(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "nothing was measured" in err and "linear/native skipped" in err
     assert "--backends emulation" in err
     assert not out.exists()
+
+
+def test_unknown_backend_lists_plain_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """issue 19: the accepted backends print as plain strings, never enum reprs."""
+    err = _cli_error(capsys, ["--tiny", "--out", str(tmp_path / "x.csv"), "--backends", "bogus"])
+    assert "unknown backend(s) 'bogus'; accepted values: 'emulation', 'w4a16', 'native'" in err
+    assert "Backend." not in err and "<" not in err

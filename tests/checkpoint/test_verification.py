@@ -26,3 +26,13 @@ def test_verify_refuses_bad_input(tmp_path: Path, nvfp4lab_checkpoint: Path) -> 
     for tokens in (0, True, 2.0):
         with pytest.raises(ValueError, match="tokens must be a positive int"):
             checkpoint.verify(nvfp4lab_checkpoint, tokens=tokens)  # type: ignore[arg-type]
+
+
+def test_verify_a_modelopt_checkpoint_says_transformers_has_no_loader(
+    tmp_path: Path, nvfp4lab_checkpoint: Path
+) -> None:
+    """issue 19: transformers' ignore_mismatched_sizes hint misleads; the error says why."""
+    checkpoint.convert(nvfp4lab_checkpoint, tmp_path / "mo", format="modelopt")
+    with pytest.raises(CheckpointError, match=r"transformers has no loader for ModelOpt NVFP4 "
+                       r"checkpoints.*convert\(path, dst, format='compressed-tensors'\)"):
+        checkpoint.verify(tmp_path / "mo")

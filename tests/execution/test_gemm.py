@@ -304,3 +304,20 @@ def test_vllm_dequantize_uses_an_exact_decode_scale() -> None:
         [[expected(int(c)) for c in row] for row in codes.reshape(N, K)], dtype=torch.float32
     ).reshape(N, K // 16, 16) * (ct.scales.float() * decode).unsqueeze(-1)
     assert torch.equal(linear_mod.vllm_dequantize(ct, torch.float32), manual.reshape(N, K))
+
+
+def test_native_forced_by_the_environment_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """issue 19: NVFP4LAB_BACKEND=native off an FP4 GPU: the error names the variable, its value
+    and how to undo it, not only backend='auto' (which the variable overrides)."""
+    from nvfp4lab.execution import NVFP4Linear
+    from nvfp4lab.execution.dispatch import native_fp4_status
+
+    if native_fp4_status(torch.device("cpu"))[0]:  # pragma: no cover - never on a CPU
+        pytest.skip("native FP4 works here")
+    monkeypatch.setenv("NVFP4LAB_BACKEND", "native")
+    layer = NVFP4Linear.from_linear(torch.nn.Linear(64, 32))
+    with pytest.raises(RuntimeError, match=r"environment variable NVFP4LAB_BACKEND='native' "
+                       r"forces it.*unset NVFP4LAB_BACKEND or set it to auto"):
+        layer(torch.randn(4, 64))

@@ -428,3 +428,54 @@ def test_bad_weight_and_hessian() -> None:
         gptq_quantize(w.tolist(), torch.eye(32))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"scaled block format.*'fp8_e4m3'"):
         gptq_fake_quantize(w, torch.eye(32), "fp8_e4m3")
+
+
+# -- issue 19 case 8: an all-zero Hessian falls back to RTN, warned and reported ----------------
+
+
+def test_all_zero_hessian_falls_back_to_rtn() -> None:
+    w = _layer(32, 64)
+    with pytest.warns(GPTQFallbackWarning, match="Hessian is all zero"):
+        result = gptq_quantize(w, torch.zeros(64, 64, dtype=torch.float64))
+    rtn = quantize(w)
+    assert result.fallback and "all zero" in result.reason and result.dead_columns == 0
+    assert result.weight is not None
+    assert torch.equal(result.weight.packed, rtn.packed)
+    assert torch.equal(_raw(result.weight.scales), _raw(rtn.scales))
+
+
+def test_quantize_model_zero_calibration_reports_the_rtn_fallback() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    w0 = model[0].weight.detach().clone()
+    with pytest.warns(GPTQFallbackWarning, match=r"layer '0' is rounded with RTN.*all zero"):
+        report = quantize_model(model, method="gptq", calibration=[torch.zeros(8, 64)])
+    first, second = report.replaced
+    assert first.method.startswith("rtn (gptq fallback: the Hessian is all zero")
+    assert second.method == "gptq"  # layer 2 sees the bias: a rank-one Hessian, damped
+    assert "rtn (gptq fallback" in str(report)
+    q, rtn = model[0].weight_nvfp4(), quantize(w0)
+    assert torch.equal(q.packed, rtn.packed) and torch.equal(_raw(q.scales), _raw(rtn.scales))
+    nmse = float((q.dequantize(torch.float32) - w0).square().sum() / w0.square().sum())
+    assert nmse < 0.02  # not the zero weight (NMSE 1.0) GPTQ's dead-column rule gave
+
+
+# -- issue 19 case 4: a failing layer leaves the model exactly as it was ------------------------
+
+
+def test_gptq_nan_hessian_at_layer_2_restores_the_model() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).half()
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)  # x @ W.T = 64 · 2000 = 128000 > 65504: fp16 overflows
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    types = [type(m) for m in model]
+    batch = torch.full((4, 64), 2000.0, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"Hessian of layer '2' holds NaN/Inf.*fp16") as info:
+        quantize_model(model, method="gptq", calibration=[batch])
+    assert [type(m) for m in model] == types  # layer 0 was replaced, and is put back
+    after = model.state_dict()
+    assert list(after) == list(before)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    assert any("put back the 1 layer(s) it had already replaced ('0')" in n
+               for n in info.value.__notes__)

@@ -113,3 +113,24 @@ def test_quantized_bf16_model_runs_3d() -> None:
         out = model(token_batches(1)[0])
     assert out.shape == (2, 12, 100) and out.dtype == torch.bfloat16
     assert bool(torch.isfinite(out).all())
+
+
+# -- issue 19: a meta-device model, and a second call on a quantized model ----------------------
+
+
+def test_meta_device_model_raises_a_clear_error() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    with pytest.raises(ValueError, match=r"meta device.*'0'.*materialize the model.*to_empty"):
+        quantize_model(model)
+    assert [type(m) for m in model] == [nn.Linear, nn.ReLU, nn.Linear]
+
+
+def test_second_quantize_model_warns_naming_the_nvfp4_layers() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    quantize_model(model)
+    with pytest.warns(UserWarning, match=r"2 layer\(s\) of Sequential are NVFP4Linear already "
+                      r"\('0', '2'\).*0 Linear layer\(s\) left"):
+        report = quantize_model(model, method="gptq", calibration=[torch.randn(8, 64)])
+    assert report.replaced == []

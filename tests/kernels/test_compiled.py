@@ -138,7 +138,8 @@ def test_non_contiguous_offset_and_grad_inputs() -> None:
     for x in (base[:, 16:80], base.t().contiguous()[:, :64], base[3:40]):
         assert_same(x, None, "kernel")
     x = randn((8, 64), torch.float32).requires_grad_()
-    assert not fake_quantize(x, fused=True).requires_grad
+    y = fake_quantize(x, fused=True)  # a straight-through estimator (issue 19 case 10)
+    assert y.requires_grad and torch.equal(y.detach(), fake_quantize(x.detach(), fused=True))
 
 
 def test_nonfinite_raises_the_eager_error() -> None:
