@@ -3,6 +3,43 @@
 Each test drives the package the way a user would hit the defect (a dying notebook kernel, a stale
 shard copy, sixteen processes appending at once, a DECODE scale, a list as bias, ...) and checks
 the behaviour that replaced the hang, the silent wrong result or the raw traceback.
+
+The third round (issue 19) lives in the module tests; each names its case. Index:
+
+=================================  ==============================================================
+case                               tests
+=================================  ==============================================================
+1 file created in DST meanwhile    checkpoint/test_conversion.py ``test_issue19_case1_*``;
+                                   checkpoint/test_folders.py ``test_replace_dir_refuses_*``
+2 symlink / empty folder foreign   ``test_issue19_case2_*``; test_folders.py ``test_check_target_*``
+3 two converts, one DST            ``test_issue19_case3_two_converts_to_one_folder``
+4 GPTQ error, half-quantized       execution/test_gptq.py ``test_gptq_nan_hessian_at_layer_2_*``
+5 audit passes what load refuses   checkpoint/test_validation.py ``test_audit_refuses_*``,
+                                   ``test_disagreeing_*``, ``test_w4a4_config_without_*``,
+                                   ``test_load_refuses_the_same_headers_*`` (nested metadata)
+6 convert copies invalid tensors   ``test_header_defects_*``, ``test_header_problem_*``,
+                                   ``test_invalid_layer_tensors_*``
+7 convert drops non-weight files   ``test_issue19_case7_*``
+8 degenerate Hessian zeroes layer  test_gptq.py ``test_all_zero_hessian_*``,
+                                   ``test_quantize_model_zero_calibration_*``
+9 computed scale underflows        test_codec.py ``test_capped_*`` (eager and fused)
+10 fake_quantize drops autograd    test_codec.py ``test_fake_quantize_straight_through_*``
+11 Ctrl-C during report            test_reports.py ``test_ctrl_c_keeps_the_previous_page_*``
+Dask never ran                     checkpoint/test_stream.py
+                                   ``test_audit_and_convert_commands_on_dask_*`` (real
+                                   ``dask scheduler`` / ``dask worker`` processes)
+SIGKILL leaves pool workers        test_stream.py ``test_sigkill_of_the_command_ends_*``
+SIGINT tracebacks                  test_cli.py ``test_ctrl_c_is_one_line_exit_130_*``
+raw tracebacks, unclear messages   test_validation.py ``test_header_defects_*``,
+                                   ``test_config_problems_are_named``; test_conversion.py
+                                   ``test_issue19_write_path_messages``,
+                                   ``test_issue19_permission_problems_are_named``;
+                                   checkpoint/test_verification.py (ModelOpt);
+                                   execution/test_gemm.py (``NVFP4LAB_BACKEND``); bench/test_command.py (plain values);
+                                   execution/test_whole_model.py (meta model, second call);
+                                   checkpoint/test_files.py (a list as quantization_config)
+audit --out writes only csv+html   test_cli.py ``test_audit_out_writes_csv_and_html_only_there``
+=================================  ==============================================================
 """
 
 from __future__ import annotations
