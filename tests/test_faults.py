@@ -35,7 +35,8 @@ raw tracebacks, unclear messages   test_validation.py ``test_header_defects_*``,
                                    ``test_issue19_write_path_messages``,
                                    ``test_issue19_permission_problems_are_named``;
                                    checkpoint/test_verification.py (ModelOpt);
-                                   execution/test_gemm.py (``NVFP4LAB_BACKEND``); bench/test_command.py (plain values);
+                                   execution/test_gemm.py (``NVFP4LAB_BACKEND``);
+                                   bench/test_command.py (plain values);
                                    execution/test_whole_model.py (meta model, second call);
                                    checkpoint/test_files.py (a list as quantization_config)
 audit --out writes only csv+html   test_cli.py ``test_audit_out_writes_csv_and_html_only_there``
