@@ -28,13 +28,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from nvfp4lab.constants import BLOCK_SIZE as _BLOCK
 from nvfp4lab.layout import padded_scale_shape
 
-if TYPE_CHECKING:
-    from nvfp4lab.checkpoint.files import LayerNames
+
+class LayerNames(Protocol):
+    """What the layer checks read of a format's :class:`nvfp4lab.checkpoint.files.LayerNames`
+    (a structural type: this module stays below ``files.py``, which imports it)."""
+
+    packed: str
+    scale: str
+    global_scale: str
+    input_scale: str
+    scalar_shape: tuple[int, ...]
+
+    @property
+    def scalar_shapes(self) -> tuple[tuple[int, ...], ...]: ...
 
 __all__ = ["DTYPE_BYTES", "header_problem", "input_problems", "weight_problems"]
 
