@@ -12,13 +12,14 @@ What quantization does to it is studied in :mod:`nvfp4lab.studies.model_fidelity
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nvfp4lab.settings import CACHE_ENV, environ
+from nvfp4lab.settings import CACHE_ENV, environ, tqdm_class
 
 __all__ = [
     "MINILM_DISTRIBUTION",
@@ -202,6 +203,31 @@ def module_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+@contextlib.contextmanager
+def _transformers_progress() -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights") drawn with :func:`settings.tqdm_class`
+    while the block runs: plain text under ``NVFP4LAB_TEXT_PROGRESS`` (report pages cannot show a
+    widget), unchanged otherwise. A no-op on a transformers without ``set_tqdm_hook``."""
+    from transformers.utils import logging as hf_logging
+
+    bar = tqdm_class()
+    set_hook = getattr(hf_logging, "set_tqdm_hook", None)
+    from tqdm.auto import tqdm as auto_bar
+
+    if set_hook is None or bar is auto_bar:
+        yield
+        return
+
+    def hook(factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return bar(*args, **kwargs) if factory is auto_bar else factory(*args, **kwargs)
+
+    previous = set_hook(hook)
+    try:
+        yield
+    finally:
+        set_hook(previous)
+
+
 def minilm(
     *,
     dtype: torch.dtype = torch.float32,
@@ -216,8 +242,9 @@ def minilm(
     path = minilm_path(cache)
     from transformers import AutoModel, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    model = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+    with _transformers_progress():
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=dtype)
     model.to(device).eval()
     max_length = 256
     st_config = path / "sentence_bert_config.json"

@@ -8,8 +8,8 @@
    (``sys.executable``; not whatever ``python3`` kernelspec Jupyter finds first), with the
    notebook's folder as working directory;
 3. writes the executed copy to ``<out>/<name>.ipynb`` and renders ``<out>/<name>.html`` with
-   nbconvert (figures embedded as base64 ``data:`` URIs, so a page is one self-contained file),
-   under partial names renamed over the previous pages once complete;
+   nbconvert (:mod:`nvfp4lab.report_pages`: one self-contained file, no external script, progress
+   bars as text), under partial names renamed over the previous pages once complete;
 4. keeps going past a failing notebook (its partial HTML is still written for diagnosis);
 5. writes ``<out>/index.html``: status, duration and headline numbers of every notebook (after
    Ctrl-C: the running one ``interrupted``, its previous page kept; the rest ``not run``).
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from nvfp4lab.bench.timing import stopwatch
+from nvfp4lab.report_pages import kernel_env, render_html
 from nvfp4lab.settings import environ
 
 __all__ = [
@@ -291,7 +292,8 @@ def _kernel_manager_class(kernel_name: str | None, watch: _KernelWatch) -> type:
 
     ``kernel_name=None``: the kernel is ``sys.executable -m ipykernel_launcher``, with the folder
     holding this ``nvfp4lab`` first on its PYTHONPATH so the notebook imports the same package as
-    the runner, even without an install. Otherwise the installed kernelspec of that name.
+    the runner, even without an install. Otherwise the installed kernelspec of that name; both
+    with :func:`report_pages.kernel_env` (text progress bars) added to their environment.
     """
     import os
 
@@ -304,14 +306,19 @@ def _kernel_manager_class(kernel_name: str | None, watch: _KernelWatch) -> type:
     pythonpath = os.pathsep.join(p for p in (package_root, environ().get("PYTHONPATH")) if p)
     # Encrypt the kernel's local TCP channels when pyzmq can (CurveZMQ); ipykernel warns otherwise.
     curve = bool(zmq.has("curve"))
+    named = kernel_name is not None
 
     class ThisPythonKernelSpecManager(KernelSpecManager):
         def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+            if named:  # an installed kernelspec, with the report pages' variables added
+                spec = super().get_kernel_spec(kernel_name)
+                spec.env = {**spec.env, **kernel_env()}
+                return spec
             return KernelSpec(
                 argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                 display_name=f"Python ({sys.executable})",
                 language="python",
-                env={"PYTHONPATH": pythonpath},
+                env={"PYTHONPATH": pythonpath, **kernel_env()},
                 metadata={"supported_encryption": ["curve"]} if curve else {},
                 resource_dir="",
             )
@@ -321,11 +328,11 @@ def _kernel_manager_class(kernel_name: str | None, watch: _KernelWatch) -> type:
             super().__init__(*args, **kwargs)
             watch.managers.append(self)
 
-        if kernel_name is None:
+        @default("kernel_spec_manager")
+        def _default_ksm(self) -> KernelSpecManager:
+            return ThisPythonKernelSpecManager()
 
-            @default("kernel_spec_manager")
-            def _default_ksm(self) -> KernelSpecManager:
-                return ThisPythonKernelSpecManager()
+        if not named:
 
             @default("transport_encryption")
             def _default_encryption(self) -> str:
@@ -351,15 +358,6 @@ def _error_text(exc: BaseException, timed_out: float | None = None) -> str:
         where = f" (cell [{cell}])" if cell is not None else ""
         return f"{ename}: {getattr(exc, 'evalue', '')}{where}"
     return f"{type(exc).__name__}: {exc}"
-
-
-def _render_html(nb: Any, out_path: Path, title: str) -> None:
-    from nbconvert import HTMLExporter
-
-    exporter = HTMLExporter()  # images stay embedded as data: URIs (embed_images covers markdown)
-    exporter.embed_images = True
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
-    out_path.write_text(body, encoding="utf-8")
 
 
 #: Default time limit of one notebook (seconds): generous, so that only a stuck notebook hits it.
@@ -433,7 +431,7 @@ def _run_one(
         nb = _read_notebook(tmp_ipynb) if executed else _read_notebook(path)
         headlines = extract_headlines(nb) if executed else {}
         try:
-            _render_html(nb, tmp_html, name)
+            render_html(nb, tmp_html, name)
         except Exception as exc:
             error = error or f"HTML rendering failed: {_error_text(exc)}"
             tmp_html.unlink(missing_ok=True)

@@ -15,12 +15,17 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
 * ``NVFP4LAB_FUSED`` — auto | on | off: when quantize / fake_quantize / dequantize / linear run
   the fused compiled kernels of :mod:`nvfp4lab.kernels` (read by :func:`fused_mode` at every
   call; unset = auto).
+* ``NVFP4LAB_TEXT_PROGRESS`` — an integer: nonzero makes progress bars plain text (``tqdm.std``
+  on stderr) even in a Jupyter kernel, where ``tqdm.auto`` would draw an ipywidget that a static
+  HTML page cannot show; the report runner sets it in its kernels (read by :func:`tqdm_class`
+  and :func:`text_progress` at every call; unset = widgets where Jupyter offers them).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from nvfp4lab.vocab import FusedMode, check_choice
 
@@ -33,9 +38,12 @@ __all__ = [
     "FBGEMM_ENV",
     "FUSED_ENV",
     "GEMM_BACKEND_ENV",
+    "TEXT_PROGRESS_ENV",
     "VLLM_ENV_VARS",
     "environ",
     "fused_mode",
+    "text_progress",
+    "tqdm_class",
 ]
 
 BACKEND_ENV = "NVFP4LAB_BACKEND"
@@ -46,6 +54,7 @@ BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 DISABLED_KERNELS_ENV = "VLLM_DISABLED_KERNELS"
 CACHE_ENV = "NVFP4LAB_CACHE"
 FUSED_ENV = "NVFP4LAB_FUSED"
+TEXT_PROGRESS_ENV = "NVFP4LAB_TEXT_PROGRESS"
 
 #: Every vLLM variable the dispatcher models, in the order reports list them.
 VLLM_ENV_VARS: tuple[str, ...] = (
@@ -70,3 +79,29 @@ def fused_mode(env: Mapping[str, str] | None = None) -> FusedMode:
         return check_choice(f"{FUSED_ENV} value", value, FusedMode)  # type: ignore[return-value]
     except ValueError as err:
         raise ValueError(f"{err} (unset = auto)") from None
+
+
+def text_progress(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``NVFP4LAB_TEXT_PROGRESS`` of ``env`` (default: the live environment) asks for
+    plain-text progress bars: an integer, nonzero = yes; unset or empty = no. Anything else
+    raises ValueError naming the variable."""
+    raw = environ(env).get(TEXT_PROGRESS_ENV, "").strip()
+    if not raw:
+        return False
+    try:
+        return int(raw) != 0
+    except ValueError:
+        raise ValueError(
+            f"{TEXT_PROGRESS_ENV} must be an integer (nonzero = plain-text progress bars), "
+            f"got {raw!r}"
+        ) from None
+
+
+def tqdm_class(env: Mapping[str, str] | None = None) -> Any:
+    """The tqdm class nvfp4lab's progress bars use: ``tqdm.std.tqdm`` (text) when
+    :func:`text_progress` says so, else ``tqdm.auto.tqdm`` (a widget in Jupyter)."""
+    if text_progress(env):
+        from tqdm.std import tqdm
+    else:
+        from tqdm.auto import tqdm
+    return tqdm

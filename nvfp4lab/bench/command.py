@@ -30,6 +30,7 @@ from nvfp4lab.bench.runner import (
     run_bench,
 )
 from nvfp4lab.bench.store import append_rows, check_shard, environment, shard_path
+from nvfp4lab.settings import tqdm_class
 
 __all__ = ["add_arguments", "main", "resolve_device", "run_cli"]
 
@@ -312,7 +313,7 @@ def run_cli(args: argparse.Namespace) -> int:
             return _run_peers_cli(plan, args.seed)
         except ImportError as exc:
             return _fail(f"{exc} (the peers comparison needs compressed-tensors installed)")
-    from tqdm.auto import tqdm
+    tqdm = tqdm_class()
 
     def progress(cases: Iterable[Any]) -> Iterable[Any]:
         return tqdm(

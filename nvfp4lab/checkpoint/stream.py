@@ -33,6 +33,7 @@ from nvfp4lab.checkpoint.files import (
     weight_files,
 )
 from nvfp4lab.checkpoint.formats import detect_format, format_spec
+from nvfp4lab.settings import tqdm_class
 from nvfp4lab.vocab import CheckpointFormat
 
 __all__ = [
@@ -194,8 +195,7 @@ DEFAULT_WORKERS = 0
 
 
 def _bar(total: int, desc: str, progress: bool) -> Any:
-    from tqdm.auto import tqdm
-
+    tqdm = tqdm_class()
     return tqdm(total=total, desc=desc, unit="task", file=sys.stderr,
                 disable=None if progress else True)
 
