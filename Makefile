@@ -55,13 +55,21 @@ VLLM_KERNELS_IMPORT_DEPS ?= cbor2=cbor2==6.3.0 aiohttp=aiohttp==3.14.5 multidict
 	partial_json_parser=partial-json-parser==0.2.1.1.post7 llguidance=llguidance==1.7.6 \
 	einops=einops==0.8.2
 
+# `make test-browser`: the report pages in headless Chromium through Playwright. The browser is
+# the system's (`apt-get install chromium`; this target installs no system package and never runs
+# `playwright install`); Playwright's Python driver is pip-installed into $(VENV), pinned.
+# The pages: a smoke render made by the test itself, or BROWSER_PAGES=reports (after `make report`).
+PLAYWRIGHT_SPEC ?= playwright==1.65.2
+BROWSER_PAGES ?=
+
 .DEFAULT_GOAL := help
-.PHONY: help install test test-peers lint report bench-quick clean
+.PHONY: help install test test-peers test-browser lint report bench-quick clean
 
 help:
 	@echo "make report       run the notebooks into reports/*.html (index: reports/index.html)"
 	@echo "make test         run the test suite and the linter"
 	@echo "make test-peers   check nvfp4lab bit for bit against vLLM 0.33.0, torchao 0.18, ModelOpt 0.47"
+	@echo "make test-browser open every report page offline in headless Chromium (needs chromium)"
 	@echo "make lint         ruff only"
 	@echo "make bench-quick  a short benchmark run (nvfp4lab bench --quick)"
 	@echo "make clean        remove reports/ and caches (keeps $(VENV))"
@@ -122,6 +130,13 @@ test-peers: $(VENV)/.installed $(VLLM_PEER)/.installed $(VLLM_PEER)/.kernels-ins
 		$(TORCHAO_PEER)/.installed $(MODELOPT_PEER)/.installed
 	PYTHONPATH=$(VLLM_PEER):$(TORCHAO_PEER):$(MODELOPT_PEER) $(PY) -m pytest -q -m peers \
 		tests/peers $(PYTEST_ARGS)
+
+test-browser: $(VENV)/.installed
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
+		|| { echo "test-browser: no Chromium on PATH (apt-get install chromium)" >&2; exit 1; }
+	$(PIP) install -q --disable-pip-version-check "$(PLAYWRIGHT_SPEC)"
+	NVFP4LAB_BROWSER_PAGES="$(BROWSER_PAGES)" $(PY) -m pytest -q -m browser tests/browser \
+		$(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

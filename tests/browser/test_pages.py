@@ -1,0 +1,125 @@
+"""Every report page in a real browser: headless Chromium (the system's, never a download)
+through Playwright, with the network cut off, as a reader without internet would open them.
+
+``make test-browser`` runs this file (the ``browser`` marker; ``make test`` leaves it out). The
+pages are a smoke render made here (``nvfp4lab report --smoke`` into a temporary folder: about a
+minute), or an existing report folder named by ``NVFP4LAB_BROWSER_PAGES`` (e.g. ``reports`` after
+``make report``). Chromium is ``$CHROMIUM`` or ``chromium`` / ``chromium-browser`` on PATH.
+
+Each page: every image loads (``naturalWidth > 0``), no console error or uncaught exception, no
+request leaves the file system, and the headline numbers are there (on the notebook's page as
+the runner's ``headline: name = value`` line, on the index as ``name: value``). Out of scope
+here: JupyterLab's live explorers (their widget labels are not part of the static pages).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvfp4lab import reports
+
+pytestmark = pytest.mark.browser
+
+PAGES_ENV = "NVFP4LAB_BROWSER_PAGES"
+NOTEBOOKS = [p.stem for p in reports.discover_notebooks()]
+
+
+@pytest.fixture(scope="module")
+def pages_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get(PAGES_ENV)
+    if given:
+        folder = Path(given)
+        assert (folder / "index.html").is_file(), f"{PAGES_ENV}={given}: no index.html there"
+        return folder
+    folder = tmp_path_factory.mktemp("pages")
+    results = reports.run_reports(out_dir=folder, smoke=True)
+    failed = {r.name: r.error for r in results if not r.ok}
+    assert not failed, f"the smoke render failed: {failed}"
+    return folder
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="make test-browser installs it")
+    exe = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which(
+        "chromium-browser")
+    if exe is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium), nor $CHROMIUM")
+    with sync_api.sync_playwright() as pw:
+        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start
+        chromium = pw.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+def _open(browser: Any, path: Path) -> tuple[Any, Any, list[str], list[str]]:
+    """The page at ``path`` loaded offline, its context, console errors and network requests."""
+    context = browser.new_context(offline=True)
+    errors: list[str] = []
+    network: list[str] = []
+
+    def route(r: Any) -> None:
+        url = r.request.url
+        if url.startswith(("file:", "data:", "blob:", "about:")):
+            r.continue_()
+        else:
+            network.append(url)
+            r.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    page.goto(path.resolve().as_uri(), wait_until="load")
+    page.wait_for_load_state("networkidle")
+    return page, context, errors, network
+
+
+def _check_common(page: Any, errors: list[str], network: list[str]) -> None:
+    images = page.eval_on_selector_all(
+        "img", "els => els.map(e => [e.currentSrc.slice(0, 60), e.complete, e.naturalWidth])")
+    broken = [src for src, complete, width in images if not (complete and width > 0)]
+    assert broken == [], f"images that did not load: {broken}"
+    assert errors == [], f"console errors: {errors}"
+    assert network == [], f"requests off the file system: {network}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_page(browser: Any, pages_dir: Path, name: str) -> None:
+    html_path, ipynb_path = pages_dir / f"{name}.html", pages_dir / f"{name}.ipynb"
+    assert html_path.is_file(), f"{name}: no page in {pages_dir}"
+    headlines = reports.extract_headlines(reports._read_notebook(ipynb_path))
+    assert headlines, f"{name}: publishes no headline number"
+    page, context, errors, network = _open(browser, html_path)
+    try:
+        _check_common(page, errors, network)
+        assert page.eval_on_selector_all("img", "els => els.length") > 0, f"{name}: no figure"
+        text = page.inner_text("body")
+        missing = [h.name for h in headlines.values()
+                   if f"headline: {h.name} = {h.text()}" not in text]
+        assert missing == [], f"{name}: headline numbers not on the page: {missing}"
+    finally:
+        context.close()
+
+
+def test_index_page(browser: Any, pages_dir: Path) -> None:
+    page, context, errors, network = _open(browser, pages_dir / "index.html")
+    try:
+        _check_common(page, errors, network)
+        text = page.inner_text("body")
+        for name in NOTEBOOKS:
+            row = page.locator("tr", has=page.locator(f'a[href="{name}.html"]'))
+            assert row.count() == 1, f"index: no link to {name}.html"
+            assert row.locator("td.ok").count() == 1, f"index: {name} is not ok"
+            headlines = reports.extract_headlines(
+                reports._read_notebook(pages_dir / f"{name}.ipynb"))
+            missing = [h.name for h in headlines.values() if f"{h.name}: {h.text()}" not in text]
+            assert missing == [], f"index: {name}'s headline numbers missing: {missing}"
+    finally:
+        context.close()
