@@ -462,9 +462,9 @@ def format_text(
         f"same data, {counterpart['label']}: NMSE {counterpart['nmse']:.3e} | "
         f"SQNR {_db(counterpart['sqnr_db'])} dB\n"
         f"With the FP32 tensor scale NVFP4 is scale-invariant (NMSE {with_scale['nmse']:.3e} at "
-        f"every magnitude); with block scales only, the E4M3 scales (2^-9 to 448) underflow on tiny "
-        f"data and saturate on large data (here NMSE {without['nmse']:.3e}). Move the magnitude "
-        "to see it."
+        "every magnitude); with block scales only, the E4M3 scales (2^-9 to 448) underflow on "
+        f"tiny data and saturate on large data (here NMSE {without['nmse']:.3e}). Move the "
+        "magnitude to see it."
     )
 
 
