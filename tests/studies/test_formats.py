@@ -106,3 +106,4 @@ def test_sqnr_legend_leaves_every_bar_uncovered() -> None:
     rows = fs.error_table(SHAPE, configs=configs)
     fig = fs.plot_sqnr_bars(rows)
     assert legend_hits(fig) == []
+    matplotlib.pyplot.close(fig)

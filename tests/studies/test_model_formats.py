@@ -160,6 +160,7 @@ def test_every_format_has_its_own_colour() -> None:
     assert [ln.get_label() for ln in lines] == names
     colours = [to_hex(ln.get_color()) for ln in lines]
     assert len(set(colours)) == len(colours)
+    __import__("matplotlib.pyplot").pyplot.close(fig)
 
 
 def test_model_explorer() -> None:

@@ -222,6 +222,7 @@ def test_speedup_figure_says_which_gpus_it_leaves_out() -> None:
     assert "DGX Spark (GB10)" in fig.get_supxlabel()
     fig = tp.plot_block_times(blocks, "Llama-3-8B", ["L40S", "B200"])
     assert "L40S: no native" in " ".join(fig.get_supxlabel().split())
+    matplotlib.pyplot.close("all")
 
 
 def test_legends_leave_the_data_uncovered() -> None:
@@ -244,6 +245,7 @@ def test_legends_leave_the_data_uncovered() -> None:
                    tp.plot_block_times(blocks, "Llama-3-8B"), tp.plot_measured(summary)]
         for fig in figures:
             assert legend_hits(fig) == [], fig.axes[0].get_title()
+    matplotlib.pyplot.close("all")
 
 
 def test_published_table_is_narrow() -> None:
