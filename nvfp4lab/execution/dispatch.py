@@ -296,6 +296,10 @@ def _target(
         ok = runtime is not None and runtime >= NATIVE_MIN_CUDA
         return _Target(str(dev), cap, name, f"{dev} is {_sm(cap)} ({name})", native, why,  # type: ignore[arg-type]
                        plat or own, ok)
+    if plat is not None and plat != own:  # e.g. an XPU modelled on this CPU: name the platform
+        why = f"{plat.value} is not a CUDA device: no FP4 tensor cores"
+        return _Target(str(dev), None, None, f"{plat.value} (modelled on {dev})", native, why,
+                       plat)
     return _Target(str(dev), None, None, str(dev), native, why, plat or own)
 
 

@@ -4,7 +4,17 @@ Each study module builds its own explorer: it imports ipywidgets inside itself (
 ``notebooks`` extra), builds its controls, and hands them with a ``render`` function to
 :func:`explorer`, which returns ``VBox(controls + [Output])``. Every update goes through a plain
 text/table function that tests call without a kernel. Updates replace ``Output.outputs``
-directly, so nothing is printed and the result is visible outside a live kernel too.
+directly, so nothing is printed into the cell.
+
+Every control with a description gets ``description_width: initial``, so a label such as
+"block scale s" is shown whole instead of being cut to the default width.
+
+Outside a live kernel a widget needs its saved state to draw. When the box is displayed, its
+mime bundle also carries a static snapshot of the readout at that moment (``text/plain`` and
+``text/html``), which nbconvert HTML, nbviewer and GitHub show when no widget state was saved,
+instead of ``VBox(children=...)``. JupyterLab draws widgets only from a live kernel or from widget
+state saved with the notebook (Settings → Save Widget State Automatically); without either it
+shows the widget's placeholder, not the snapshot.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
     import pandas as pd
 
-__all__ = ["Outputs", "explorer", "stream_output", "table_output"]
+__all__ = ["Outputs", "explorer", "snapshot", "stream_output", "table_output"]
 
 Outputs = tuple[dict[str, Any], ...]
 
@@ -56,6 +66,48 @@ def explorer(
             out.outputs = (stream_output(f"{type(exc).__name__}: {exc}", "stderr"),)
 
     for control in controls:
+        if getattr(control, "description", ""):
+            control.style.description_width = "initial"
         control.observe(refresh, names="value")
     refresh()
-    return widgets.VBox([*controls, out])
+    box = widgets.VBox([*controls, out])
+    widget_bundle = box._repr_mimebundle_
+
+    def bundle(**kwargs: Any) -> dict[str, Any]:
+        data = dict(widget_bundle(**kwargs) or {})
+        data.update(snapshot(controls, out.outputs))
+        return data
+
+    box._repr_mimebundle_ = bundle
+    return box
+
+
+def snapshot(controls: Sequence[Any], outputs: Outputs) -> dict[str, str]:
+    """``text/plain`` and ``text/html`` of the controls' values and ``outputs`` (the static copy
+    of an explorer that viewers without a kernel or widget state show)."""
+    import html
+
+    settings = ", ".join(
+        f"{getattr(c, 'description', '') or type(c).__name__} = {_shown(c)}" for c in controls
+    )
+    head = f"Explorer (static snapshot; move the controls in a live kernel): {settings}"
+    texts, pages = [head], [f"<p><em>{html.escape(head)}</em></p>"]
+    for o in outputs:
+        if o["output_type"] == "stream":
+            texts.append(o["text"].rstrip("\n"))
+            pages.append(f"<pre>{html.escape(o['text'].rstrip())}</pre>")
+        else:
+            data = o.get("data", {})
+            texts.append(str(data.get("text/plain", "")))
+            if "text/html" in data:
+                pages.append(str(data["text/html"]))
+            elif "image/png" in data:
+                pages.append(f'<img src="data:image/png;base64,{data["image/png"]}"/>')
+            else:
+                pages.append(f"<pre>{html.escape(str(data.get('text/plain', '')))}</pre>")
+    return {"text/plain": "\n".join(texts), "text/html": "\n".join(pages)}
+
+
+def _shown(control: Any) -> str:
+    label = getattr(control, "label", None)  # selection widgets: the shown option
+    return str(label if label is not None else getattr(control, "value", ""))

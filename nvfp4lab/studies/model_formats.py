@@ -306,6 +306,24 @@ def _layer_axis(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.set_xticks(list(ticks), list(ticks.values()), rotation=90, fontsize=7)
 
 
+_MARKERS = (".", "s", "^", "v", "D", "x", "+", "o", "*", "<", ">", "p")
+#: Added after the style's colour cycle when a figure has more series than it holds.
+_EXTRA_COLOURS = ("#7f7f7f", "#8c564b", "#bcbd22", "#17becf", "#9467bd", "#e377c2", "#2ca02c",
+                  "#d62728", "#1f77b4", "#ff7f0e")
+
+
+def _distinct_colours(n: int) -> list[str]:
+    """``n`` different colours: the active style's cycle first, then fixed extras (the cycle
+    alone repeats after 8, which gave nvfp4 and the 9th format, bf16, one colour)."""
+    import matplotlib as mpl
+
+    cycle = [c["color"] for c in mpl.rcParams["axes.prop_cycle"] if "color" in c]
+    pool = list(dict.fromkeys([*cycle, *_EXTRA_COLOURS]))
+    if n > len(pool):
+        raise ValueError(f"{n} series need more than {len(pool)} distinct colours")
+    return pool[:n]
+
+
 def plot_per_layer(
     rows: Sequence[dict[str, Any]], *, series: str, value: str, title: str, ylabel: str
 ) -> Figure:
@@ -315,9 +333,12 @@ def plot_per_layer(
         title, "Linear layer (block.part, module order)", ylabel, figsize=(10.0, 4.5),
         yscale="log",
     )
-    for label in dict.fromkeys(r[series] for r in rows):
+    labels = list(dict.fromkeys(r[series] for r in rows))
+    for label, colour, marker in zip(labels, _distinct_colours(len(labels)),
+                                     _MARKERS * len(labels), strict=False):
         mine = [r for r in rows if r[series] == label]
-        ax.plot([r["index"] for r in mine], [r[value] for r in mine], marker=".", label=label)
+        ax.plot([r["index"] for r in mine], [r[value] for r in mine], marker=marker,
+                markersize=4, color=colour, label=label)
     _layer_axis(ax, rows)
     ax.legend(fontsize=7, ncol=3)
     return fig

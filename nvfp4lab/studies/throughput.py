@@ -40,6 +40,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "REPRESENTATIVE_GPUS",
     "SWITCH_COLUMN",
+    "absent_note",
+    "absent_reason",
     "backend_frame",
     "block_frame",
     "catalogue_frame",
@@ -54,9 +56,11 @@ __all__ = [
     "plot_measured",
     "plot_published_vs_modeled",
     "published_frame",
+    "published_table",
     "roofline_caption",
     "roofline_explorer",
     "roofline_table",
+    "speedup_caption",
 ]
 
 #: One GPU per generation/segment, for figures that cannot show all fourteen.
@@ -210,6 +214,52 @@ def layer_frame(
     return pd.DataFrame(rows)
 
 
+#: The catalogue figure (:class:`nvfp4lab.gpus.GPU` field) whose peak each path runs at.
+_PEAK_FIGURE = {GemmPath.BF16: "bf16_tflops", GemmPath.W4A16: "bf16_tflops",
+                GemmPath.EMULATION: "bf16_tflops", GemmPath.FP8: "fp8_tflops",
+                GemmPath.NATIVE: "nvfp4_tflops"}  # fmt: skip
+
+
+def absent_reason(gpu: str, path: str) -> str | None:
+    """Why the roofline cannot model ``path`` on ``gpu`` (None when it can), from the catalogue:
+    no FP4 tensor cores, or the peak the path runs at is missing (its source says why)."""
+    g = gpus.get(gpu)
+    p = GemmPath(path)
+    if p == GemmPath.NATIVE and not g.native_fp4:
+        return f"no FP4 tensor cores, cc {g.capability_str}"
+    figure = _PEAK_FIGURE[p]
+    if getattr(g, figure) is not None:
+        return None
+    source = g.sources.get(figure, "")
+    why = source.rsplit(": ", 1)[-1] if ": " in source else "not in the catalogue"
+    return f"{figure.split('_')[0].upper()} dense peak: {why}"
+
+
+def absent_note(gpu_names: Iterable[str], paths: Sequence[str] = PATHS) -> str:
+    """One sentence per GPU naming the paths it lacks and why ("" when none lacks any):
+    ``"DGX Spark (GB10): no bf16, w4a16, emulation (BF16 dense peak unpublished)"``."""
+    parts = []
+    for name in gpu_names:
+        by_reason: dict[str, list[str]] = {}
+        for path in paths:
+            why = absent_reason(name, path)
+            if why is not None:
+                by_reason.setdefault(why, []).append(str(path))
+        if by_reason:
+            said = "; ".join(f"no {', '.join(ps)} ({why})" for why, ps in by_reason.items())
+            parts.append(f"{gpus.get(name).name}: {said}")
+    return ". ".join(parts) + ("." if parts else "")
+
+
+def _caption(fig: Any, text: str) -> None:
+    """``text`` under the axes, wrapped to the figure's width (constrained layout makes room)."""
+    import textwrap
+
+    if text:
+        width = int(fig.get_figwidth() * 14)  # ~14 characters of 7-pt text per inch
+        fig.supxlabel(textwrap.fill(text, width), fontsize=7, ha="left", x=0.01)
+
+
 def chosen_path_speedup(blocks: pd.DataFrame) -> pd.DataFrame:
     """Modeled speedup over BF16 (t_bf16 / t_path) of the path each GPU's backend choice takes,
     from a :func:`block_frame` table; GPUs without a BF16 figure are dropped."""
@@ -260,6 +310,35 @@ def published_frame() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def published_table(published: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """:func:`published_frame` as a narrow table (index gpu, path, shape; TFLOPS columns with
+    short names; ``flags``: sets an efficiency, above the ideal roofline; a ``note`` number) and
+    the numbered caveats that ``note`` points to (the long text moved out of the table)."""
+    import pandas as pd
+
+    notes: list[str] = []
+    numbers = []
+    for caveat in published["caveat"].fillna(""):
+        if caveat and caveat not in notes:
+            notes.append(caveat)
+        numbers.append(notes.index(caveat) + 1 if caveat else "")
+    table = pd.DataFrame({
+        "gpu": published["gpu"], "path": published["path"], "shape": published["shape"],
+        "published": published["published_tflops"],
+        "modeled": published.get("modeled_tflops"),
+        "ideal": published.get("ideal_tflops"),
+        "pub/mod": published.get("published/modeled"),
+        "act. quant": published["activation_quant"],
+        "flags": [", ".join(f for f, on in (("sets efficiency", se is True),
+                                              ("above ideal", bi is True)) if on)
+                  for se, bi in zip(published["sets_efficiency"],
+                                    published.get("beats_ideal", [None] * len(published)),
+                                    strict=True)],
+        "note": numbers,
+    }).set_index(["gpu", "path", "shape"])
+    return table, [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
+
+
 def plot_published_vs_modeled(published: pd.DataFrame) -> Figure:
     """PUBLISHED measured TFLOPS against the MODELED (roofline) TFLOPS of the same GEMM."""
     fig, ax = new_figure(
@@ -276,7 +355,8 @@ def plot_published_vs_modeled(published: pd.DataFrame) -> Figure:
     lo = min(d["modeled_tflops"].min(), d["published_tflops"].min()) / 1.5
     hi = max(d["modeled_tflops"].max(), d["published_tflops"].max()) * 1.5
     ax.plot([lo, hi], [lo, hi], color="0.4", linewidth=0.8, label="published = modeled")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the points
+    fig.set_layout_engine("constrained")
     return fig
 
 
@@ -388,6 +468,8 @@ def plot_block_times(
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles))
+    note = absent_note(gpu_names)
+    _caption(fig, f"Paths not drawn — {note}" if note else "")
     return fig
 
 
@@ -415,7 +497,21 @@ def plot_chosen_speedup(speedup: pd.DataFrame, model: str) -> Figure:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _caption(fig, speedup_caption(speedup, model))
     return fig
+
+
+def speedup_caption(speedup: pd.DataFrame, model: str) -> str:
+    """The GPUs of the catalogue that :func:`plot_chosen_speedup` leaves out, and why."""
+    shown = set(speedup[speedup["model"] == model]["gpu"])
+    missing = [n for n in gpus.CATALOGUE if gpus.get(n).name not in shown]
+    if not missing:
+        return ""
+    why = "; ".join(
+        f"{gpus.get(n).name} ({absent_reason(n, GemmPath.BF16) or 'not in the block table'})"
+        for n in missing
+    )
+    return f"Not shown (a speedup needs a BF16 time): {why}."
 
 
 def plot_measured(summary: pd.DataFrame) -> Figure:
@@ -433,7 +529,8 @@ def plot_measured(summary: pd.DataFrame) -> Figure:
     ax.axhline(1.0, color="0.4", linewidth=0.8)
     ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
     ax.set_yscale("log")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the points
+    fig.set_layout_engine("constrained")
     return fig
 
 
@@ -444,8 +541,10 @@ def plot_measured(summary: pd.DataFrame) -> Figure:
 def roofline_caption(gpu: str, model: str, m: int) -> str:
     """Which path ``gpu``'s backend choice takes, and what the table shows."""
     choice = select_backend(capability=gpus.get(gpu).capability, env={})
+    note = absent_note([gpu])
+    missing = f" Columns absent: {note.split(': ', 1)[1]}" if note else ""
     return (
-        f"{gpu}: backend {choice.name!r} → roofline path {choice.name!r}. "
+        f"{gpu}: backend {choice.name!r} → roofline path {choice.name!r}.{missing} "
         f"Modeled (roofline) time per linear layer of one {model} block at M = {m}, µs:"
     )
 

@@ -40,6 +40,7 @@ __all__ = [
     "Scenario",
     "bias_windows",
     "choice_text",
+    "kernel_table",
     "merge_demo",
     "platform_rows",
     "plot_merge_error",
@@ -215,7 +216,7 @@ def plot_timeline(rows: Sequence[Mapping[str, Any]], scenario: str = "default") 
     handles += [Patch(fill=False, hatch=hatches[k], label=f"{k}: {_span(v)}")
                 for k, v in windows.items()]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
+    fig.set_layout_engine("constrained")  # not tight_layout: the style starts constrained
     return fig
 
 
@@ -266,8 +267,19 @@ def plot_merge_error(rows: Sequence[Mapping[str, Any]]) -> Figure:
     return fig
 
 
-def choice_text(release: str, target: str, scenario: str) -> str:
-    """The full reason of one decision: ``target`` is a catalogue GPU name or a platform."""
+def _no_kernel_error(error: str, platform: str) -> str:
+    """vLLM's "no kernel" error on one line; an empty reason list is said, not left blank."""
+    text = " ".join(line.strip() for line in error.strip().splitlines())
+    if text.endswith("Reasons:"):
+        text += f" (none listed: no NVFP4 kernel is registered for {platform})"
+    return text
+
+
+def choice_text(release: str, target: str, scenario: str, width: int = 100) -> str:
+    """The full reason of one decision: ``target`` is a catalogue GPU name or a platform.
+    Lines are wrapped at ``width`` characters, one rule step or clause per line."""
+    import textwrap
+
     sc = SCENARIOS[scenario]
     where: dict[str, Any] = {"device": "cpu", "platform": target}
     if target in gpus.CATALOGUE:
@@ -276,10 +288,50 @@ def choice_text(release: str, target: str, scenario: str) -> str:
         where = {"capability": (9, 4), "platform": Platform.ROCM}
     choice = select_backend(env=dict(sc.env), vllm=release, linear_backend=sc.flag_for(release),
                             scheme=sc.scheme, **where)
-    kernel = choice.kernel or f"no kernel — {(choice.error or '').strip()}"
-    return (f"vLLM {choice.vllm} ({choice.era}) on {target}, {scenario}:\n  kernel: {kernel}\n"
-            f"  numerics: {choice.numerics}, bias: {choice.bias}, nvfp4lab runs: {choice.name}\n"
-            f"  reason: {choice.reason}")
+    kernel = choice.kernel or (
+        f"no kernel — {_no_kernel_error(choice.error or '', choice.platform)}")
+    reason = choice.reason.replace(
+        (choice.error or "").strip(), _no_kernel_error(choice.error or "", choice.platform)
+    ) if choice.error else choice.reason
+    lines = [f"vLLM {choice.vllm} ({choice.era}) on {target}, {scenario}:"]
+    lines += textwrap.wrap(f"kernel: {kernel}", width, initial_indent="  ",
+                           subsequent_indent="      ")
+    lines.append(f"  numerics: {choice.numerics}, bias: {choice.bias}, "
+                 f"nvfp4lab runs: {choice.name}")
+    clauses = reason.split("; ")
+    for i, clause in enumerate(clauses):
+        first = "  reason: " if i == 0 else "    "
+        lines += textwrap.wrap(clause + (";" if i < len(clauses) - 1 else ""), width,
+                               initial_indent=first, subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+def kernel_table(rows: Sequence[Mapping[str, Any]], column: str = "gpu") -> Any:
+    """A narrow table of vLLM's kernel: one column per ``column`` value (``"gpu"`` for
+    :func:`timeline_rows`, ``"target"`` for :func:`platform_rows`), one row per scenario and
+    run of consecutive releases with the same kernels (``"0.9.1–0.9.2"``); kernel class names
+    without their ``NvFp4LinearKernel``/``LinearKernel`` suffix."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    wide = frame.pivot_table(index=["scenario", "release"], columns=column, values="kernel",
+                             aggfunc="first")
+    wide = wide.replace(regex="NvFp4LinearKernel|LinearKernel", value="")
+    order = list(dict.fromkeys(frame["release"]))
+    out, index = [], []
+    for scenario in dict.fromkeys(frame["scenario"]):
+        part = wide.loc[scenario].reindex(order)
+        start = 0
+        for i in range(1, len(order) + 1):
+            if i == len(order) or not part.iloc[i].equals(part.iloc[start]):
+                span = order[start] if i - 1 == start else f"{order[start]}–{order[i - 1]}"
+                index.append((scenario, span))
+                out.append(part.iloc[start])
+                start = i
+    table = pd.DataFrame(out, columns=list(dict.fromkeys(frame[column])))
+    table.index = pd.MultiIndex.from_tuples(index, names=["scenario", "releases"])
+    table.columns.name = column
+    return table
 
 
 def timeline_explorer(releases: Sequence[str] | None = None) -> ipywidgets.VBox:
@@ -288,7 +340,8 @@ def timeline_explorer(releases: Sequence[str] | None = None) -> ipywidgets.VBox:
     import pandas as pd
 
     rels = list(releases or vllm_rules.MODELLED_RELEASES)
-    rel = widgets.SelectionSlider(options=rels, value=rels[-1], description="vLLM")
+    # starts at the first release, so dragging right walks forward in time
+    rel = widgets.SelectionSlider(options=rels, value=rels[0], description="vLLM")
     targets = [*gpus.CATALOGUE, *(p.value for p in (Platform.ROCM, Platform.XPU, Platform.CPU))]
     target = widgets.Dropdown(options=targets, value="H100 SXM", description="target")
     scenario = widgets.Dropdown(options=list(SCENARIOS), description="scenario")

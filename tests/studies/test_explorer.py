@@ -61,3 +61,27 @@ def test_explorer_renders_now_and_on_every_change() -> None:
     W.control(box, "b").value = 4  # and the explorer recovers
     assert W.text(box) == "9 / 4 = 2.250\n"
     assert calls == [(2, 3), (9, 3), (9, 0), (9, 4)]
+
+
+def test_every_described_control_shows_its_whole_label() -> None:
+    # the default description width (~80 px) cut "block scale s" to "block scal…"
+    a = ipywidgets.FloatSlider(description="log10 |x| scale")
+    b = ipywidgets.Dropdown(options=["x", "y"], description="block scale s")
+    box = explorer(ipywidgets, [a, b], lambda: (stream_output("ok"),))
+    assert [c.style.description_width for c in box.children[:2]] == ["initial", "initial"]
+
+
+def test_a_displayed_explorer_carries_a_static_snapshot() -> None:
+    # viewers without a kernel or saved widget state (nbconvert HTML, nbviewer) show the
+    # richest non-widget type: the snapshot, not "VBox(children=...)"
+    a = ipywidgets.IntSlider(value=2, min=0, max=10, description="a")
+    frame = pd.DataFrame({"v": [1.5]}, index=["r"])
+    box = explorer(ipywidgets, [a], lambda: (stream_output(f"a is {a.value}"),
+                                             table_output(frame)))
+    bundle = box._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert "VBox" not in bundle["text/plain"]
+    assert "a = 2" in bundle["text/plain"] and "a is 2" in bundle["text/plain"]
+    assert "<pre>a is 2</pre>" in bundle["text/html"] and "<table" in bundle["text/html"]
+    a.value = 7
+    assert "a is 7" in box._repr_mimebundle_()["text/html"]

@@ -143,6 +143,26 @@ def test_plots_are_titled() -> None:
     assert "input activations" in figures[1].axes[0].get_title()
 
 
+def test_every_format_has_its_own_colour() -> None:
+    # the style cycle holds 8 colours: the 9th format (bf16) used to share nvfp4's
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_hex
+
+    from nvfp4lab import plots
+
+    names = [f.label if hasattr(f, "label") else str(f) for f in mf.layer_formats(0)]
+    assert len(names) > 8 and "bf16" in names
+    layer_rows = [{"index": i, "short": f"{i}.q", "format": f, "weight_nmse": 1e-2 * (i + 1),
+                   "activation_nmse": 2e-2} for i in range(3) for f in names]
+    with plots.style_context():
+        fig = mf.plot_layer_errors(layer_rows)
+    lines = fig.axes[0].get_lines()
+    assert [ln.get_label() for ln in lines] == names
+    colours = [to_hex(ln.get_color()) for ln in lines]
+    assert len(set(colours)) == len(colours)
+    __import__("matplotlib.pyplot").pyplot.close(fig)
+
+
 def test_model_explorer() -> None:
     from tests.studies.widgets import control, text
 

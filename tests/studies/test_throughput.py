@@ -184,3 +184,76 @@ def test_published_frame_is_the_third_kind_of_number() -> None:
     fig = tp.plot_published_vs_modeled(frame)
     ax = fig.axes[0]
     assert ax.get_title() and "TFLOPS" in ax.get_xlabel() and "published" in ax.get_ylabel()
+
+
+# -- absent paths are said, legends off the data, a narrow published table ----------------------
+
+
+def test_absent_paths_are_named_with_their_reason() -> None:
+    spark, l40s = "DGX Spark (GB10)", "L40S"
+    assert tp.absent_reason(spark, "native") is None
+    assert "unpublished" in tp.absent_reason(spark, "bf16")
+    assert "no FP4 tensor cores" in tp.absent_reason(l40s, "native")
+    assert tp.absent_reason("B200", "bf16") is None
+    note = tp.absent_note([spark, l40s, "B200"])
+    assert "DGX Spark (GB10): no bf16, w4a16, emulation (BF16 dense peak: unpublished)" in note
+    assert "L40S: no native (no FP4 tensor cores, cc 8.9)" in note and "B200" not in note
+    # the explorer's caption says which columns are absent and why
+    caption = tp.roofline_caption(spark, "Llama-3-8B", 16)
+    table = tp.roofline_table(spark, "Llama-3-8B", 16)
+    assert list(table.columns) == ["native"]
+    for path in ("bf16", "fp8", "w4a16", "emulation"):
+        assert path in caption.split("Modeled")[0]
+    assert "unpublished" in caption
+    assert "no native (no FP4 tensor cores" in tp.roofline_caption(l40s, "Llama-3-8B", 16)
+
+
+def test_speedup_figure_says_which_gpus_it_leaves_out() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    blocks = tp.block_frame(["Llama-3-8B"], ms=[1, 256])
+    speedup = tp.chosen_path_speedup(blocks)
+    assert "DGX Spark (GB10)" not in set(speedup["gpu"])
+    caption = tp.speedup_caption(speedup, "Llama-3-8B")
+    assert caption.startswith("Not shown") and "DGX Spark (GB10)" in caption
+    assert "BF16 dense peak: unpublished" in caption
+    fig = tp.plot_chosen_speedup(speedup, "Llama-3-8B")
+    assert "DGX Spark (GB10)" in fig.get_supxlabel()
+    fig = tp.plot_block_times(blocks, "Llama-3-8B", ["L40S", "B200"])
+    assert "L40S: no native" in " ".join(fig.get_supxlabel().split())
+    matplotlib.pyplot.close("all")
+
+
+def test_legends_leave_the_data_uncovered() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from nvfp4lab import plots
+    from tests.studies.figures import legend_hits
+
+    blocks = tp.block_frame(["Llama-3-8B"], ms=[1, 16, 256, 4096])
+    summary = pd.DataFrame({
+        "machine": ["cpu"] * 4, "backend": ["emulation", "emulation", "w4a16", "w4a16"],
+        "shape": ["16x4096x4096", "1x4096x4096"] * 2, "x_matmul_time": [30.0, 12.0, 3.0, 2.0],
+    })
+    with plots.style_context():
+        figures = [tp.plot_published_vs_modeled(tp.published_frame()),
+                   tp.plot_chosen_speedup(tp.chosen_path_speedup(blocks), "Llama-3-8B"),
+                   tp.plot_block_times(blocks, "Llama-3-8B"), tp.plot_measured(summary)]
+        for fig in figures:
+            assert legend_hits(fig) == [], fig.axes[0].get_title()
+    matplotlib.pyplot.close("all")
+
+
+def test_published_table_is_narrow() -> None:
+    published = tp.published_frame()
+    table, notes = tp.published_table(published)
+    assert len(table) == len(published) and table.index.names == ["gpu", "path", "shape"]
+    assert len(table.columns) <= 7 and "caveat" not in table.columns
+    assert all(len(str(c)) <= 15 for c in table.columns)
+    assert len(notes) == published["caveat"].replace("", None).dropna().nunique()
+    first = next(n for n in table["note"] if n != "")
+    assert notes[first - 1].startswith(f"[{first}] ")

@@ -99,6 +99,9 @@ def test_explorer() -> None:
     from tests.studies.widgets import control, text
 
     box = tl.timeline_explorer(RELEASES)
+    # the slider starts at the first release, so dragging right walks forward
+    assert control(box, "vLLM").value == RELEASES[0] and "vLLM 0.9.1" in text(box)
+    control(box, "vLLM").value = "0.33.0"
     assert "HummingNvFp4LinearKernel" in text(box) and "vLLM 0.33.0" in text(box)
     control(box, "vLLM").value = "0.9.2"
     control(box, "scenario").value = f"{EMULATION_ENV}=1"
@@ -106,3 +109,65 @@ def test_explorer() -> None:
     assert "EmulationNvFp4LinearKernel" in text(box)
     control(box, "target").value = "xpu"
     assert text(box).startswith(tl.choice_text("0.9.2", "xpu", f"{EMULATION_ENV}=1"))
+
+
+@pytest.mark.parametrize("target", ["xpu", "cpu"])
+def test_choice_text_names_the_platform_and_wraps(target: str) -> None:
+    shown = tl.choice_text("0.33.0", target, "default")
+    assert f"{target} is not a CUDA device" in shown
+    if target == "xpu":
+        assert "cpu is not a CUDA device" not in shown
+    # the empty reason list of vLLM's error is said, never left dangling
+    assert "Reasons: (none listed" in " ".join(shown.split())
+    long = tl.choice_text("0.33.0", "H100 SXM", "default")
+    assert len(long) > 900 and max(len(line) for line in long.splitlines()) <= 100
+
+
+def test_kernel_tables_are_narrow_and_cover_every_release(rows) -> None:
+    table = tl.kernel_table(rows, "gpu")
+    assert list(table.columns) == GPUS  # a few columns, not (scenario × gpu)
+    assert list(table.index.names) == ["scenario", "releases"]
+    for scenario in tl.SCENARIOS:
+        spans = list(table.loc[scenario].index)
+        assert spans[0].startswith(RELEASES[0]) and spans[-1].endswith(RELEASES[-1])
+    assert table.loc["default"].iloc[-1]["H100 SXM"] == "Humming"  # the suffix is dropped
+    plat = tl.kernel_table(tl.platform_rows(RELEASES), "target")
+    assert list(plat.columns) == ["rocm", "xpu", "cpu"]
+
+
+def test_timeline_figure_emits_no_layout_warning(rows) -> None:
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from nvfp4lab import plots
+
+    with plots.style_context(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = tl.plot_timeline(rows, "default")
+        fig.canvas.draw()
+    assert fig.get_layout_engine().__class__.__name__ == "ConstrainedLayoutEngine"
+    plt.close(fig)
+
+
+def test_no_notebook_cell_echoes_a_headline() -> None:
+    """A cell ending in a bare ``headline(...)`` call prints ``Out[n]: Headline(...)`` under the
+    headline it already displays; end it with ``;`` or another statement."""
+    import ast
+    import json
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] != "code" or source.rstrip().endswith(";"):
+                continue
+            body = ast.parse(source).body
+            last = body[-1] if body else None
+            echoed = isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and \
+                getattr(last.value.func, "id", getattr(last.value.func, "attr", "")) == "headline"
+            assert not echoed, f"{path.name}: a cell ends in a bare headline(...) call"
