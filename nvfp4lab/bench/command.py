@@ -144,24 +144,24 @@ def _paths(args: argparse.Namespace) -> tuple[str, ...]:
     return paths
 
 
+def _known(what: str, values: tuple[str, ...], accepted: Sequence[str]) -> tuple[str, ...]:
+    """``values`` if each is one of ``accepted``, else ValueError naming the unknown ones and the
+    accepted values as plain strings (members of a vocabulary print as their value)."""
+    bad = [v for v in values if v not in accepted]
+    if bad:
+        raise ValueError(
+            f"unknown {what}(s) {', '.join(map(repr, bad))}; accepted values: "
+            f"{', '.join(repr(str(a)) for a in accepted)}"
+        )
+    return values
+
+
 def _config(args: argparse.Namespace) -> BenchConfig:
     mode = "tiny" if getattr(args, "tiny", False) else ("quick" if args.quick else "full")
     shapes = parse_shapes(_split(args.shapes)) if args.shapes else default_shapes(mode)
     device = resolve_device(args.device)
-    ops = tuple(_split(args.ops) or OPS)
-    bad = [o for o in ops if o not in OPS]
-    if bad:
-        raise ValueError(
-            f"unknown op(s) {', '.join(map(repr, bad))}; accepted values: "
-            f"{', '.join(map(repr, OPS))}"
-        )
-    backends = tuple(_split(args.backends) or LINEAR_BACKENDS)
-    bad = [b for b in backends if b not in LINEAR_BACKENDS]
-    if bad:
-        raise ValueError(
-            f"unknown backend(s) {', '.join(map(repr, bad))}; accepted values: "
-            f"{', '.join(repr(str(b)) for b in LINEAR_BACKENDS)}"
-        )
+    ops = _known("op", tuple(_split(args.ops) or OPS), OPS)
+    backends = _known("backend", tuple(_split(args.backends) or LINEAR_BACKENDS), LINEAR_BACKENDS)
     dtypes = tuple(_split(args.dtypes) or ("bfloat16",))
     for d in dtypes:
         bench_dtype(d)
