@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
-from nvfp4lab.constants import E2M1_MAX, E4M3_MAX, E4M3_MIN_SUBNORMAL, GLOBAL_SCALE_NUMERATOR
+from nvfp4lab.constants import E2M1_MAX, E4M3_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.orders import (
     KERNEL_MAX_GLOBAL_SCALE,
+    ORDERS,
     ArithmeticOrder,
     BlockScaleRule,
     E4M3Rounding,
@@ -53,8 +54,9 @@ __all__ = [
     "tensor_scale_from_amax",
 ]
 
-#: ModelOpt clamps every block scale to at least E4M3's smallest subnormal.
-MODELOPT_MIN_BLOCK_SCALE: float = E4M3_MIN_SUBNORMAL
+#: ModelOpt clamps every block scale to at least E4M3's smallest subnormal (the modelopt order's
+#: ``min_block_scale``, stated once in :mod:`nvfp4lab.orders`).
+MODELOPT_MIN_BLOCK_SCALE: float = ORDERS[Convention.MODELOPT].min_block_scale
 
 
 def abs_max(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
