@@ -81,6 +81,10 @@ class Headline:
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
         return f"{shown} {self.unit}".strip()
 
+    def _ipython_display_(self) -> None:
+        """Show nothing: :func:`headline` already displayed the record, so a cell ending in a
+        bare ``headline(...)`` call does not echo ``Out[n]: Headline(...)`` under it."""
+
 
 @dataclass
 class ReportResult:

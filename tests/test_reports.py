@@ -127,6 +127,18 @@ def test_parameters_reach_the_kernel_and_it_runs_this_python(run, notebook_dir: 
     assert results["01_good"].parameters == {"SEED": 3, "SMOKE": True}
 
 
+def test_a_cell_ending_in_headline_shows_the_headline_once(run) -> None:
+    """The fixture's cell ends in a bare ``headline(...)`` call: its outputs are the five
+    headline displays and the figure, with no ``Out[n]: Headline(...)`` echo after them."""
+    out, _ = run
+    nb = nbformat.read(out / "01_good.ipynb", as_version=4)
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert [o["output_type"] for o in outputs if o["output_type"] == "execute_result"] == []
+    shown = [o["data"]["text/plain"] for o in outputs if reports.HEADLINE_MIME in o.get("data", {})]
+    assert len(shown) == 5 and shown[-1].startswith("headline: cwd = ")
+    assert "Headline(" not in (out / "01_good.html").read_text()
+
+
 def test_html_embeds_figures(run) -> None:
     _, results = run
     page = results["01_good"].html_path.read_text()

@@ -152,22 +152,3 @@ def test_timeline_figure_emits_no_layout_warning(rows) -> None:
         fig.canvas.draw()
     assert fig.get_layout_engine().__class__.__name__ == "ConstrainedLayoutEngine"
     plt.close(fig)
-
-
-def test_no_notebook_cell_echoes_a_headline() -> None:
-    """A cell ending in a bare ``headline(...)`` call prints ``Out[n]: Headline(...)`` under the
-    headline it already displays; end it with ``;`` or another statement."""
-    import ast
-    import json
-    from pathlib import Path
-
-    for path in sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb")):
-        for cell in json.loads(path.read_text())["cells"]:
-            source = "".join(cell["source"])
-            if cell["cell_type"] != "code" or source.rstrip().endswith(";"):
-                continue
-            body = ast.parse(source).body
-            last = body[-1] if body else None
-            echoed = isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and \
-                getattr(last.value.func, "id", getattr(last.value.func, "attr", "")) == "headline"
-            assert not echoed, f"{path.name}: a cell ends in a bare headline(...) call"
