@@ -90,7 +90,6 @@ def plot_scale_ranges(df: pd.DataFrame) -> Figure:
     ax.set_yticks(range(len(df)), list(df["layer"]), fontsize=7)
     ax.invert_yaxis()
     ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -115,5 +114,4 @@ def plot_layer_error(df: pd.DataFrame) -> Figure:
         values = values.replace([math.inf], math.nan)
         ax.scatter(x, values, c=colors, marker=marker, s=18, label=label)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig

@@ -51,6 +51,24 @@ def test_figures_have_titles_and_labels(tmp_path: Path) -> None:
     assert "%" in study.plot_layer_error(no_error).axes[0].get_ylabel()
 
 
+def test_figures_keep_the_style_layout_and_draw_without_warnings(tmp_path: Path) -> None:
+    """The style's constrained layout stays: a ``tight_layout()`` call switched engines and
+    printed "The figure layout has changed to tight" in every audit page."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    from nvfp4lab.plots import style_context
+
+    df = study.load_table(_csv(tmp_path))
+    with style_context(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fig in (study.plot_scale_ranges(df), study.plot_layer_error(df)):
+            fig.canvas.draw()
+            assert type(fig.get_layout_engine()).__name__ == "ConstrainedLayoutEngine"
+            plt.close(fig)
+
+
 def test_template_is_package_data_with_its_parameters() -> None:
     assert study.TEMPLATE.is_file() and not study.TEMPLATE.name[:2].isdigit()
     params = notebook_parameters(study.TEMPLATE)
