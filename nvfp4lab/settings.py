@@ -19,6 +19,11 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
   on stderr) even in a Jupyter kernel, where ``tqdm.auto`` would draw an ipywidget that a static
   HTML page cannot show; the report runner sets it in its kernels (read by :func:`tqdm_class`
   and :func:`text_progress` at every call; unset = widgets where Jupyter offers them).
+* ``NVFP4LAB_THREADS`` — a positive integer: torch's intra-op CPU threads in each process that
+  runs nvfp4lab work: a notebook kernel (its setup cell calls :func:`use_torch_threads`), a
+  local worker process of ``convert``/``audit``, a Dask task (read by :func:`torch_threads`;
+  unset = :data:`DEFAULT_THREADS`). nvfp4lab runs in parallel across processes (notebooks side
+  by side in ``make report``, ``--workers``, Dask workers), never inside one.
 """
 
 from __future__ import annotations
@@ -38,12 +43,16 @@ __all__ = [
     "FBGEMM_ENV",
     "FUSED_ENV",
     "GEMM_BACKEND_ENV",
+    "DEFAULT_THREADS",
     "TEXT_PROGRESS_ENV",
+    "THREADS_ENV",
     "VLLM_ENV_VARS",
     "environ",
     "fused_mode",
     "text_progress",
+    "torch_threads",
     "tqdm_class",
+    "use_torch_threads",
 ]
 
 BACKEND_ENV = "NVFP4LAB_BACKEND"
@@ -55,6 +64,14 @@ DISABLED_KERNELS_ENV = "VLLM_DISABLED_KERNELS"
 CACHE_ENV = "NVFP4LAB_CACHE"
 FUSED_ENV = "NVFP4LAB_FUSED"
 TEXT_PROGRESS_ENV = "NVFP4LAB_TEXT_PROGRESS"
+THREADS_ENV = "NVFP4LAB_THREADS"
+
+#: Torch CPU threads per process when ``NVFP4LAB_THREADS`` is unset. One, measured (notebook
+#: 04's ``error_table``, 2048², on this project's 2-core machine while other work ran): 1 thread
+#: 15.0 s wall / 10.8 s CPU, torch's default 2 threads 89.7 s wall / 58.8 s CPU. The studies run
+#: many small ops; a second thread mostly waits for a busy core. Parallelism comes from
+#: processes instead (see the module docstring).
+DEFAULT_THREADS = 1
 
 #: Every vLLM variable the dispatcher models, in the order reports list them.
 VLLM_ENV_VARS: tuple[str, ...] = (
@@ -105,3 +122,33 @@ def tqdm_class(env: Mapping[str, str] | None = None) -> Any:
     else:
         from tqdm.auto import tqdm
     return tqdm
+
+
+def torch_threads(env: Mapping[str, str] | None = None) -> int:
+    """Torch intra-op CPU threads for one nvfp4lab process: ``NVFP4LAB_THREADS`` of ``env``
+    (default: the live environment), a positive integer; unset or empty means
+    :data:`DEFAULT_THREADS`. Anything else raises ValueError naming the variable."""
+    raw = environ(env).get(THREADS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_THREADS
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(
+            f"{THREADS_ENV} must be a positive integer (torch CPU threads per process), got "
+            f"{raw!r}; unset it for the default ({DEFAULT_THREADS})"
+        )
+    return threads
+
+
+def use_torch_threads(env: Mapping[str, str] | None = None) -> int:
+    """Set torch's intra-op threads of this process to :func:`torch_threads` and return it (a
+    notebook's setup cell, a worker process's initializer, a Dask task)."""
+    import torch
+
+    threads = torch_threads(env)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads

@@ -80,3 +80,27 @@ def test_bad_text_progress_value_names_it(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv(settings.TEXT_PROGRESS_ENV, "yes")
     with pytest.raises(ValueError, match=r"^NVFP4LAB_TEXT_PROGRESS must be an integer .*'yes'$"):
         settings.tqdm_class()
+
+
+def test_torch_threads_default_and_override() -> None:
+    assert settings.torch_threads({}) == settings.DEFAULT_THREADS == 1
+    assert settings.torch_threads({settings.THREADS_ENV: " 3 "}) == 3
+    assert settings.torch_threads({settings.THREADS_ENV: ""}) == 1
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "two", "1.5"])
+def test_torch_threads_rejects_bad_values_naming_the_variable(raw: str) -> None:
+    with pytest.raises(ValueError, match=rf"NVFP4LAB_THREADS must be a positive integer.*{raw!r}"):
+        settings.torch_threads({settings.THREADS_ENV: raw})
+
+
+def test_use_torch_threads_sets_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(settings.THREADS_ENV, "2")
+        assert settings.use_torch_threads() == 2 and torch.get_num_threads() == 2
+        assert settings.use_torch_threads({}) == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -15,6 +15,7 @@ name files by absolute path (a Dask worker runs in a folder of its own).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -33,7 +34,7 @@ from nvfp4lab.checkpoint.files import (
     weight_files,
 )
 from nvfp4lab.checkpoint.formats import detect_format, format_spec
-from nvfp4lab.settings import tqdm_class
+from nvfp4lab.settings import torch_threads, tqdm_class
 from nvfp4lab.vocab import CheckpointFormat
 
 __all__ = [
@@ -200,6 +201,17 @@ def _bar(total: int, desc: str, progress: bool) -> Any:
                 disable=None if progress else True)
 
 
+def _in_dask_worker(fn: Callable[[T], R], threads: int, task: T) -> R:
+    """``fn(task)`` in a Dask worker with torch's threads set to ``threads`` (the client's
+    :func:`~nvfp4lab.settings.torch_threads`): a worker runs ``--nthreads`` tasks at once, and
+    each should not also start one torch thread per core."""
+    import torch
+
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return fn(task)
+
+
 def _run_dask(fn: Callable[[T], R], tasks: Sequence[T], address: str, bar: Any) -> list[R]:
     """The tasks on the cluster at ``address``, through a client of our own that is never the
     process's default: every call gets it explicitly (``as_completed`` would otherwise look up a
@@ -213,7 +225,8 @@ def _run_dask(fn: Callable[[T], R], tasks: Sequence[T], address: str, bar: Any) 
     except OSError as exc:
         raise ConnectionError(f"cannot reach the Dask scheduler at {address!r} ({exc})") from None
     with client:
-        futures = client.map(fn, list(tasks), pure=False)
+        futures = client.map(functools.partial(_in_dask_worker, fn, torch_threads()),
+                             list(tasks), pure=False)
         try:
             for _ in as_completed(futures, loop=client.loop):
                 bar.update(1)
@@ -259,8 +272,9 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _init_worker(threads: int, parent: int | None = None) -> None:
-    """Each pool worker gets its share of the cores (``threads`` torch threads): by default
-    every process would start one thread per core and the pool would oversubscribe them. It
+    """Each pool worker runs ``threads`` torch threads (the parent's
+    :func:`~nvfp4lab.settings.torch_threads`): by default every process would start one thread
+    per core and the pool would oversubscribe them. It
     exits when ``parent`` dies (:func:`_die_with_parent`) and ignores SIGINT: Ctrl-C reaches the
     whole process group, and the parent, not each worker, stops the work (one message, no
     traceback per worker)."""
@@ -338,7 +352,7 @@ def run_tasks(
 
         context = multiprocessing.get_context("spawn")
         count = min(count, len(tasks))
-        threads = max(1, (os.cpu_count() or 1) // count)
+        threads = torch_threads()
         with ProcessPoolExecutor(max_workers=count, mp_context=context,
                                  initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
             try:

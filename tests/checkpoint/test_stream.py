@@ -184,3 +184,31 @@ def test_sigkill_of_the_command_ends_its_pool_workers(command: str, busy_checkpo
     finally:
         processes.kill_all(family)
         processes.stop(proc)
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 20: torch threads per process come from settings (NVFP4LAB_THREADS, default 1) in local
+# pool workers and in Dask tasks alike (a worker used to take cores // workers).
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("threads", [None, "2"])
+def test_pool_workers_and_dask_tasks_run_the_settings_thread_count(
+    threads: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import operator
+
+    from nvfp4lab import settings
+    from tests import processes
+
+    if threads is None:
+        monkeypatch.delenv(settings.THREADS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(settings.THREADS_ENV, threads)
+    expected = [settings.torch_threads()] * 2
+    assert expected == [1, 1] if threads is None else [2, 2]
+    tasks = [torch.get_num_threads] * 2  # each task reports its process's torch threads
+    assert run_tasks(operator.call, tasks, workers=2) == expected
+    with processes.dask_cluster(tmp_path / "dask", workers=1) as address:
+        assert run_tasks(operator.call, tasks, dask=address) == expected
