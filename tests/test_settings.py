@@ -104,3 +104,18 @@ def test_use_torch_threads_sets_this_process(monkeypatch: pytest.MonkeyPatch) ->
         assert settings.use_torch_threads({}) == 1 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_every_report_notebook_takes_its_threads_from_settings() -> None:
+    """Thread counts are chosen in one place: each notebook's setup cell calls
+    ``settings.use_torch_threads()``; none sets torch's threads itself."""
+    import json
+    from pathlib import Path
+
+    notebooks = sorted((Path(__file__).parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert notebooks
+    for path in notebooks:
+        code = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                if c["cell_type"] == "code"]
+        assert sum("settings.use_torch_threads()" in c for c in code) == 1, path.name
+        assert not any("set_num_threads" in c for c in code), path.name
