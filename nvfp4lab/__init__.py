@@ -69,6 +69,7 @@ _SUBMODULES = (
     "orders",
     "plots",
     "reference",
+    "report_kernels",
     "report_pages",
     "reports",
     "roofline",

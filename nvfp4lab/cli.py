@@ -110,6 +110,11 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", default=None,
                         help="Jupyter kernel name (default: this Python interpreter)")
     parser.add_argument(
+        "--jobs", type=int, default=None, metavar="N",
+        help="notebooks run side by side, each in its own kernel with NVFP4LAB_THREADS torch "
+        "threads (default: one per core)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=None, metavar="SECONDS",
         help="wall-clock limit per notebook; a notebook past it fails and the next one runs "
         "(default: 1800)",
@@ -129,6 +134,7 @@ def _run_report(args: argparse.Namespace) -> int:
             smoke=args.smoke,
             kernel_name=args.kernel,
             notebook_dir=args.notebook_dir,
+            jobs=args.jobs,
             **({} if args.timeout is None else {"timeout_s": args.timeout}),
         )
     except (ValueError, FileNotFoundError) as exc:

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from nvfp4lab.settings import TEXT_PROGRESS_ENV
+from nvfp4lab.settings import TEXT_PROGRESS_ENV, THREADS_ENV, torch_threads
 
 __all__ = [
     "OFFLINE_TEMPLATE",
@@ -59,8 +59,13 @@ _EXTERNAL = re.compile(
 
 
 def kernel_env() -> dict[str, str]:
-    """Environment variables the report runner sets in its notebook kernels."""
-    return {TEXT_PROGRESS_ENV: "1"}
+    """Environment variables the report runner sets in its notebook kernels: text progress bars,
+    and :func:`~nvfp4lab.settings.torch_threads` both as ``NVFP4LAB_THREADS`` and as
+    ``OMP_NUM_THREADS`` (read by torch at start-up), so that kernels running side by side never
+    start one thread per core each, even in a notebook that does not call
+    :func:`~nvfp4lab.settings.use_torch_threads`."""
+    threads = str(torch_threads())
+    return {TEXT_PROGRESS_ENV: "1", THREADS_ENV: threads, "OMP_NUM_THREADS": threads}
 
 
 def strip_widgets(nb: Any) -> Any:

@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from nvfp4lab.bench.timing import stopwatch
-from nvfp4lab.report_pages import kernel_env, render_html
-from nvfp4lab.settings import environ
+from nvfp4lab.report_kernels import DEFAULT_TIMEOUT_S, Running, error_text, execute_notebook
+from nvfp4lab.report_pages import render_html
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -274,154 +274,13 @@ def check_parameters(notebook: str | Path, parameters: Mapping[str, Any]) -> Non
 # execution
 
 
-class _KernelWatch:
-    """The kernels a report run started, so that a notebook past its time limit can be stopped
-    (its kernel killed: nbclient then fails the notebook within about a second)."""
-
-    def __init__(self) -> None:
-        self.managers: list[Any] = []
-        self.expired = False
-
-    def kill(self) -> None:
-        self.expired = True
-        for km in self.managers:
-            process = getattr(getattr(km, "provisioner", None), "process", None)
-            if process is not None and process.poll() is None:
-                process.kill()
-
-
-def _kernel_manager_class(kernel_name: str | None, watch: _KernelWatch) -> type:
-    """An ASYNC jupyter kernel manager (nbclient must poll the kernel's liveness while a cell runs;
-    a blocking client waits forever on a dead kernel) that registers itself with ``watch``.
-
-    ``kernel_name=None``: the kernel is ``sys.executable -m ipykernel_launcher``, with the folder
-    holding this ``nvfp4lab`` first on its PYTHONPATH so the notebook imports the same package as
-    the runner, even without an install. Otherwise the installed kernelspec of that name; both
-    with :func:`report_pages.kernel_env` (text progress bars) added to their environment.
-    """
-    import os
-
-    import zmq
-    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
-    from traitlets import default
-
-    package_root = str(Path(__file__).resolve().parent.parent)
-    pythonpath = os.pathsep.join(p for p in (package_root, environ().get("PYTHONPATH")) if p)
-    # Encrypt the kernel's local TCP channels when pyzmq can (CurveZMQ); ipykernel warns otherwise.
-    curve = bool(zmq.has("curve"))
-    named = kernel_name is not None
-
-    class ThisPythonKernelSpecManager(KernelSpecManager):
-        def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-            if named:  # an installed kernelspec, with the report pages' variables added
-                spec = super().get_kernel_spec(kernel_name)
-                spec.env = {**spec.env, **kernel_env()}
-                return spec
-            return KernelSpec(
-                argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                display_name=f"Python ({sys.executable})",
-                language="python",
-                env={"PYTHONPATH": pythonpath, **kernel_env()},
-                metadata={"supported_encryption": ["curve"]} if curve else {},
-                resource_dir="",
-            )
-
-    class WatchedKernelManager(AsyncKernelManager):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            watch.managers.append(self)
-
-        @default("kernel_spec_manager")
-        def _default_ksm(self) -> KernelSpecManager:
-            return ThisPythonKernelSpecManager()
-
-        if not named:
-
-            @default("transport_encryption")
-            def _default_encryption(self) -> str:
-                return "auto" if curve else "disabled"
-
-    return WatchedKernelManager
-
-
-def _error_text(exc: BaseException, timed_out: float | None = None) -> str:
-    if timed_out is not None:
-        return (
-            f"timed out: still running after the {timed_out:g} s limit (--timeout); its kernel "
-            "was stopped"
-        )
-    if type(exc).__name__ == "DeadKernelError":
-        return (
-            "kernel died: the notebook's Python process ended while a cell ran (killed, e.g. by "
-            "the out-of-memory killer, or os._exit); run the notebook alone to see where"
-        )
-    ename = getattr(exc, "ename", None)
-    if ename:  # papermill.PapermillExecutionError
-        cell = getattr(exc, "exec_count", None)
-        where = f" (cell [{cell}])" if cell is not None else ""
-        return f"{ename}: {getattr(exc, 'evalue', '')}{where}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-#: Default time limit of one notebook (seconds): generous, so that only a stuck notebook hits it.
-DEFAULT_TIMEOUT_S: float = 1800.0
-
-
-def _execute(
-    path: Path, out_ipynb: Path, parameters: dict[str, Any], kernel_name: str | None,
-    timeout_s: float,
-) -> str | None:
-    """Run one notebook with papermill; the error text, or None when it ran through.
-
-    A watchdog kills the notebook's kernel once ``timeout_s`` has passed; each cell is also
-    limited to ``timeout_s`` (nbclient's own execution timeout).
-    """
-    import signal
-    import threading
-
-    import papermill
-
-    watch = _KernelWatch()
-    timer = threading.Timer(timeout_s, watch.kill)
-    timer.daemon = True
-    timer.start()
-    ours = (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
-
-    def interrupted(signum: int, frame: Any) -> None:  # Ctrl-C (the kernel has its own session)
-        watch.kill()  # first: a kernel shut down mid-cell prints tracebacks on our stderr
-        raise KeyboardInterrupt
-
-    if ours:
-        signal.signal(signal.SIGINT, interrupted)
-    try:
-        papermill.execute_notebook(
-            str(path),
-            str(out_ipynb),
-            parameters=parameters or None,
-            kernel_name=kernel_name or "python3",
-            kernel_manager_class=_kernel_manager_class(kernel_name, watch),
-            execution_timeout=timeout_s,
-            cwd=str(path.parent),
-            progress_bar=False,
-            log_output=False,
-        )
-    except Exception as exc:  # keep going: the index and the partial HTML show what failed
-        return _error_text(exc, timeout_s if watch.expired else None)
-    finally:
-        timer.cancel()
-        if ours:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-    return None
-
-
 def _run_one(
     path: Path,
     out_dir: Path,
     parameters: dict[str, Any],
     kernel_name: str | None,
     timeout_s: float,
+    running: Running,
 ) -> ReportResult:
     """Execute and render one notebook into hidden partial files, renamed over the previous pages
     once the run ended (ok or failed); a KeyboardInterrupt removes them, old pages untouched."""
@@ -430,14 +289,15 @@ def _run_one(
     tmp_ipynb, tmp_html = (out_dir / f".{name}.partial{ext}" for ext in (".ipynb", ".html"))
     try:
         with stopwatch() as took:
-            error = _execute(path, tmp_ipynb, parameters, kernel_name, timeout_s)
+            error = execute_notebook(path, tmp_ipynb, parameters, kernel_name, timeout_s,
+                                     running)
         executed = tmp_ipynb.exists()
         nb = _read_notebook(tmp_ipynb) if executed else _read_notebook(path)
         headlines = extract_headlines(nb) if executed else {}
         try:
             render_html(nb, tmp_html, name)
         except Exception as exc:
-            error = error or f"HTML rendering failed: {_error_text(exc)}"
+            error = error or f"HTML rendering failed: {error_text(exc)}"
             tmp_html.unlink(missing_ok=True)
     except BaseException:
         tmp_ipynb.unlink(missing_ok=True)
@@ -496,6 +356,7 @@ def run_reports(
     notebook_dir: str | Path | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     index: bool = True,
+    jobs: int | None = None,
 ) -> list[ReportResult]:
     """Execute report notebooks into ``out_dir`` (HTML + executed ``.ipynb`` + ``index.html``).
 
@@ -507,7 +368,9 @@ def run_reports(
     kernelspec. ``timeout_s``: wall-clock limit per notebook (seconds). ``index=False`` skips
     ``index.html`` (one rendered notebook, e.g. ``nvfp4lab audit``). Failures do not raise: a
     failing cell, a dead kernel ("kernel died") or a timeout is the result's ``status`` and
-    ``error``, and the next notebook still runs.
+    ``error``, and the next notebook still runs. ``jobs``: notebooks run side by side, each in
+    its own kernel with :func:`~nvfp4lab.settings.torch_threads` torch threads (default: one per
+    core, at most one per notebook); results and index keep the notebooks' order either way.
     """
     if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
         raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s!r}")
@@ -524,28 +387,77 @@ def run_reports(
         params["SMOKE"] = True
     for path in paths:
         check_parameters(path, params)
+    jobs = _check_jobs(jobs, len(paths))
     out = check_out_dir(out_dir)
-    results: list[ReportResult] = []
+    running = Running()
+    done: dict[Path, ReportResult] = {}
+    started: set[Path] = set()
+
+    def run(path: Path) -> None:
+        if running.stopped.is_set():  # Ctrl-C before its turn: "not run"
+            return
+        started.add(path)
+        done[path] = _run_one(path, out, params, kernel_name, float(timeout_s), running)
+
     try:
-        for path in paths:
-            results.append(_run_one(path, out, params, kernel_name, float(timeout_s)))
+        with running.on_ctrl_c():
+            if jobs == 1:
+                for path in paths:
+                    run(path)
+            else:
+                _side_by_side(run, paths, jobs, running)
     except KeyboardInterrupt:
         if index:
-            write_index(results + _not_finished(paths[len(results):], out, params),
-                        out / "index.html")
+            write_index([done.get(p) or _not_finished(p, p in started, out, params)
+                         for p in paths], out / "index.html")
         raise
+    results = [done[p] for p in paths]
     if index:
         write_index(results, out / "index.html")
     return results
 
 
-def _not_finished(paths: Sequence[Path], out: Path, params: dict[str, Any]) -> list[ReportResult]:
-    """Index rows of the notebook Ctrl-C stopped and the rest, with their earlier pages."""
-    pages = [p if (p := out / f"{path.stem}.html").exists() else None for path in paths]
-    return [ReportResult(path.stem, path, status := "not run" if i else "interrupted", 0.0, page,
-                         None, dict(params), error=f"{status} (Ctrl-C); " + (
-                             "the page linked is from an earlier run" if page else "no page"))
-            for i, (path, page) in enumerate(zip(paths, pages, strict=True))]
+def _check_jobs(jobs: object, notebooks: int) -> int:
+    """``jobs`` checked (an int >= 1; None: one per core, at most ``notebooks``)."""
+    if jobs is None:
+        return max(1, min(notebooks, os.cpu_count() or 1))
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs must be a whole number >= 1 (notebooks run side by side), "
+                         f"got {jobs!r}")
+    return jobs
+
+
+def _side_by_side(run: Any, paths: Sequence[Path], jobs: int, running: Running) -> None:
+    """``run(path)`` for every path on ``jobs`` threads (each drives one kernel). Ctrl-C stops
+    ``running`` (every kernel), waits for the threads to clean up, and raises
+    KeyboardInterrupt; another error of ``run`` (a bug, not a failed notebook) is raised."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="nvfp4lab-report") as pool:
+        futures = [pool.submit(run, path) for path in paths]
+        try:
+            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except KeyboardInterrupt:
+            running.stop()
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            raise
+        for future in finished:
+            if future.exception() is not None:
+                running.stop()
+                wait(futures)
+                raise future.exception()  # type: ignore[misc]
+
+
+def _not_finished(path: Path, started: bool, out: Path, params: dict[str, Any]) -> ReportResult:
+    """The index row of a notebook Ctrl-C stopped (``started``) or kept from running, with its
+    earlier page."""
+    page = p if (p := out / f"{path.stem}.html").exists() else None
+    status = "interrupted" if started else "not run"
+    return ReportResult(path.stem, path, status, 0.0, page, None, dict(params),
+                        error=f"{status} (Ctrl-C); " + (
+                            "the page linked is from an earlier run" if page else "no page"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -119,5 +119,11 @@ def test_external_urls_finds_loads_not_links() -> None:
     ]
 
 
-def test_kernel_env_asks_for_text_progress() -> None:
-    assert kernel_env() == {TEXT_PROGRESS_ENV: "1"}
+def test_kernel_env_asks_for_text_progress_and_the_settings_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NVFP4LAB_THREADS", raising=False)
+    assert kernel_env() == {TEXT_PROGRESS_ENV: "1", "NVFP4LAB_THREADS": "1",
+                            "OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("NVFP4LAB_THREADS", "3")
+    assert kernel_env()["OMP_NUM_THREADS"] == "3"

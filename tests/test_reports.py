@@ -280,3 +280,87 @@ def test_ctrl_c_keeps_the_previous_page_and_the_index_says_interrupted(tmp_path:
     assert '<td class="interrupted">interrupted</td>' in index and ">ok<" not in index
     assert 'href="01_slow.html"' in index and "from an earlier run" in index
     processes.wait_for(lambda: not psutil.pid_exists(kernel), "the kernel to end", timeout=20)
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 20: notebooks side by side (`--jobs`, default one per core), each kernel with the
+# settings' torch threads; the index keeps the notebooks' order; one Ctrl-C stops them all.
+
+TIMED_PARAMS = "SEED = 0\nSMOKE = False\nINTERACTIVE = False\nWAIT = 0.0\nSTAMPS = ''"
+TIMED_BODY = """
+import os, pathlib, time, torch
+from nvfp4lab.reports import headline
+start = time.time()
+if STAMPS:
+    pathlib.Path(STAMPS, f"{os.getpid()}.start").write_text(str(start))
+time.sleep(WAIT)
+headline("threads", torch.get_num_threads())
+headline("window", f"{start} {time.time()}")
+"""
+
+
+def _timed_notebooks(folder: Path, count: int) -> Path:
+    folder.mkdir()
+    for i in range(1, count + 1):
+        _write_notebook(folder / f"{i:02d}_timed.ipynb", TIMED_BODY, TIMED_PARAMS)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_jobs_run_notebooks_side_by_side_in_order(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVFP4LAB_THREADS", "1")
+    nbs = _timed_notebooks(tmp_path / "nbs", 3)
+    results = reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "out", jobs=2,
+                                  parameters={"WAIT": 6.0})
+    assert [r.name for r in results] == ["01_timed", "02_timed", "03_timed"]
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert {r.headlines["threads"].value for r in results} == {1}
+    windows = [tuple(map(float, r.headlines["window"].value.split())) for r in results]
+    (s1, e1), (s2, e2), (s3, _) = windows
+    assert s2 < e1 and s1 < e2  # 01 and 02 ran at the same time
+    assert s3 >= min(e1, e2) - 0.5  # 03 waited for a free job (2 at most)
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert index.index("01_timed") < index.index("02_timed") < index.index("03_timed")
+
+
+def test_bad_jobs_is_one_line_before_anything_runs(tmp_path: Path) -> None:
+    nbs = _timed_notebooks(tmp_path / "nbs", 1)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"--jobs must be a whole number >= 1.*got"):
+            reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "out", jobs=bad)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_ctrl_c_stops_every_notebook_running_side_by_side(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from tests import processes
+
+    nbs, out, stamps = _timed_notebooks(tmp_path / "nbs", 3), tmp_path / "out", tmp_path / "s"
+    stamps.mkdir()
+    proc = processes.cli(["report", "--notebook-dir", str(nbs), "--out", str(out), "--jobs", "2",
+                          "-p", "WAIT=120", "-p", f"STAMPS={stamps}"], tmp_path,
+                         start_new_session=True)
+    try:
+        processes.wait_for(lambda: len(list(stamps.glob("*.start"))) == 2,
+                           "two notebooks to run", timeout=120)
+        kernels = [int(p.stem) for p in stamps.glob("*.start")]
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        processes.stop(proc)
+    assert proc.returncode == 130, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nvfp4lab report: interrupted"), err
+    index = (out / "index.html").read_text()
+    assert index.count('<td class="interrupted">interrupted</td>') == 2
+    assert index.count("not run") >= 1 and ">ok<" not in index
+    assert sorted(p.name for p in out.iterdir()) == ["index.html"]  # no partial file left
+    for pid in kernels:
+        processes.wait_for(lambda pid=pid: not psutil.pid_exists(pid), "a kernel to end",
+                           timeout=20)

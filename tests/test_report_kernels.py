@@ -1,0 +1,95 @@
+"""nvfp4lab.report_kernels: one notebook in a watched kernel; the registry Ctrl-C stops."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from nvfp4lab import report_kernels
+from nvfp4lab.report_kernels import KernelWatch, Running, error_text
+
+
+def _watch_of(process: subprocess.Popen[bytes]) -> KernelWatch:
+    """A watch whose one 'kernel manager' owns ``process`` (as a provisioner would)."""
+    watch = KernelWatch()
+    watch.managers.append(SimpleNamespace(provisioner=SimpleNamespace(process=process)))
+    return watch
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_stop_kills_every_registered_kernel_and_only_those() -> None:
+    running = Running()
+    procs = [_sleeper() for _ in range(3)]
+    try:
+        watches = [_watch_of(p) for p in procs]
+        with running.watching(watches[0]), running.watching(watches[1]):
+            pass  # registered, then done: no longer running
+        with running.watching(watches[1]), running.watching(watches[2]):
+            running.stop()
+        assert running.stopped.is_set()
+        assert procs[1].wait(10) == -signal.SIGKILL and procs[2].wait(10) == -signal.SIGKILL
+        assert procs[0].poll() is None  # finished before the stop: untouched
+        assert not any(w.expired for w in watches)  # a stop is not a timeout
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_expire_marks_a_timeout() -> None:
+    proc = _sleeper()
+    watch = _watch_of(proc)
+    watch.expire()
+    assert watch.expired and proc.wait(10) == -signal.SIGKILL
+
+
+def test_ctrl_c_handler_stops_the_run_and_is_restored() -> None:
+    running = Running()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt), running.on_ctrl_c():
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        signal.raise_signal(signal.SIGINT)
+    assert running.stopped.is_set()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_handler_is_not_installed_off_the_main_thread() -> None:
+    seen: list[object] = []
+
+    def body() -> None:
+        with Running().on_ctrl_c():
+            seen.append(signal.getsignal(signal.SIGINT))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == [signal.default_int_handler]
+
+
+def test_a_stopped_run_starts_no_kernel(tmp_path: Path) -> None:
+    running = Running()
+    running.stop()
+    with pytest.raises(KeyboardInterrupt):
+        report_kernels.execute_notebook(tmp_path / "01_x.ipynb", tmp_path / "out.ipynb", {},
+                                        None, 60.0, running)
+    assert not (tmp_path / "out.ipynb").exists()
+
+
+def test_error_text_names_the_cause() -> None:
+    assert error_text(RuntimeError("x"), timed_out=5.0).startswith(
+        "timed out: still running after the 5 s limit")
+    dead = type("DeadKernelError", (RuntimeError,), {})("gone")
+    assert error_text(dead).startswith("kernel died:")
+    cell = RuntimeError("boom")
+    cell.ename, cell.evalue, cell.exec_count = "ValueError", "bad", 3  # type: ignore[attr-defined]
+    assert error_text(cell) == "ValueError: bad (cell [3])"
+    assert error_text(OSError("disk")) == "OSError: disk"
