@@ -223,7 +223,7 @@ def kv_global_scale(
 def kv_encode_scale(global_scale: float | torch.Tensor) -> float:
     """The ENCODE scale an NVFP4 write multiplies by: ``f32(1 / f32(global_scale))`` (the CUDA
     writer's ``1.0f / *k_scale_ptr``); ``global_scale`` is the DECODE scale."""
-    d = torch.tensor([float(global_scale)], dtype=torch.float32)
+    d = _decode_scale(global_scale, KVCacheKind.FP8, torch.device("cpu"), writing=False)
     return float(torch.ones_like(d) / d)
 
 

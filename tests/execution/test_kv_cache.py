@@ -336,6 +336,7 @@ BAD_CALLS = [
     (lambda: kv.packed_dim(0, "fp8"), "got 0"),
     (lambda: kv.kv_global_scale(-0.5), "got -0.5"),
     (lambda: kv.kv_global_scale(torch.ones(8)), "per-tensor KV scales only"),
+    (lambda: kv.kv_encode_scale(0.0), "got 0.0"),
 ]
 
 
