@@ -23,6 +23,7 @@ vocabulary             values                                                   
 :class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
 :class:`CheckpointFormat`  compressed-tensors, modelopt (disk families)             checkpoint
 :class:`FusedMode`     auto, on, off (``NVFP4LAB_FUSED``: when the fused kernels run)  kernels
+:class:`KVCacheKind`   nvfp4, nvfp4_4over6, fp8 (vLLM's ``--kv-cache-dtype`` values)   execution
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.
@@ -33,6 +34,8 @@ The overlaps, one line each (a value is written once: the later enum takes it fr
   ``bf16`` and ``fp8`` GEMMs the roofline models / what a vLLM kernel computes (that plus ``w4a8``).
 - ``Convention`` / ``CheckpointFormat``: the arithmetic order in memory (``kernel`` included) /
   the disk family, named after the order its producer computes in, with its global-scale storage.
+- ``GemmPath`` / ``KVCacheKind``: ``fp8`` is the unquantized FP8 GEMM the roofline models / the
+  FP8 E4M3 KV cache (vLLM spells both ``fp8``).
 
 Values are spelled only here: the package names the members, and
 ``tests/test_vocabulary_guard.py`` fails on a vocabulary literal anywhere else.
@@ -55,6 +58,7 @@ __all__ = [
     "Convention",
     "FusedMode",
     "GemmPath",
+    "KVCacheKind",
     "NonFinite",
     "Numerics",
     "Platform",
@@ -216,6 +220,16 @@ class FusedMode(StrEnum):
     AUTO = "auto"  #: large tensors, once this process's eager work has paid for compilation
     ON = "on"  #: every eligible call (tests, benchmarks)
     OFF = "off"  #: never: the eager pipeline only
+
+
+class KVCacheKind(StrEnum):
+    """A quantized KV-cache format, by the name vLLM's ``--kv-cache-dtype`` gives it (the ones
+    :mod:`nvfp4lab.execution.kv_cache` models; docs/kv_cache.md has the facts and sources)."""
+
+    NVFP4 = "nvfp4"  #: E2M1 codes and one E4M3 scale per 16 values, block max -> 6
+    #: the NVFP4 layout; per 16 values the lower squared error of block max -> 6 and -> 4
+    NVFP4_4OVER6 = "nvfp4_4over6"
+    FP8 = GemmPath.FP8.value  #: one FP8 E4M3 byte per value, ``x / scale``, saturating
 
 
 #: Floating dtypes NVFP4 quantizes from and computes in.

@@ -367,3 +367,61 @@ def test_kernel_order_multiplier_overflow_is_reported() -> None:
     assert bool((codes[0, :16] == 7).all()) and codes[0, 16].item() == 0
     with pytest.warns(ScaleUnderflowWarning, match="1 of 2 non-zero blocks"):  # said, not silent
         assert torch.equal(quantize(x).codes(), codes)
+
+
+# --------------------------------------------------------------------------------------------
+# the KV-cache oracle (vLLM 0.33's --kv-cache-dtype nvfp4 / nvfp4_4over6 / fp8)
+# --------------------------------------------------------------------------------------------
+
+
+def test_e4m3_byte_inverts_torch_for_all_finite_codes() -> None:
+    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist()
+    for byte, value in enumerate(values):
+        if math.isnan(value):
+            continue
+        assert ref.e4m3_byte(value) == byte, (byte, value)
+    with pytest.raises(ValueError, match="not a finite E4M3 value"):
+        ref.e4m3_byte(0.3)
+
+
+def test_kv_encode_scale_by_hand() -> None:
+    assert ref.kv_encode_scale(0.25) == 4.0
+    assert ref.kv_encode_scale(3.0) == ref.round_f32(1.0 / 3.0)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        ref.kv_encode_scale(0.0)
+
+
+def test_kv_quantize_fp8_by_hand() -> None:
+    """x / 2: 2.25 / 2 = 1.125 is E4M3; 2.125 / 2 = 1.0625, the midpoint of 1.0 and 1.125, goes
+    to the even mantissa (1.0), 2.375 / 2 = 1.1875 likewise up to 1.25; 1000 saturates to 448; a
+    tiny negative value and -0.0 keep their sign (-0.0)."""
+    x = torch.tensor([2.25, 2.125, 2.375, 1000.0, -1e-9, -0.0])
+    got = ref.kv_quantize_fp8(x, 2.0).tolist()
+    assert got == [1.125, 1.0, 1.25, 448.0, 0.0, 0.0]
+    assert [math.copysign(1.0, v) for v in got] == [1.0, 1.0, 1.0, 1.0, -1.0, -1.0]
+    assert ref.kv_read_fp8(torch.tensor(got), 2.0).tolist() == [2.25, 2.0, 2.5, 896.0, 0.0, 0.0]
+
+
+def test_kv_quantize_nvfp4_by_hand() -> None:
+    """Scale 0.5 (encode 2): block (3, -1.5, 0.25, 0 ...) has amax 3, s = e4m3(2 * 3 * f32(1/6))
+    = 1.0, scaled values 6, -3, 0.5 -> codes 7, 13 (sign | 3.0), 1; read back value * 1 * 0.5."""
+    x = torch.tensor([3.0, -1.5, 0.25] + [0.0] * 13)
+    codes, scales = ref.kv_quantize_nvfp4(x, 0.5)
+    assert codes.tolist()[:3] == [7, 13, 1] and scales.tolist() == [1.0]
+    assert ref.kv_read_nvfp4(codes, scales, 0.5).tolist()[:3] == [3.0, -1.5, 0.25]
+    assert ref.kv_page_bytes([codes.tolist()], [scales.tolist()]) == [0xD7, 0x01] + [0] * 6 + [
+        0x38
+    ]
+
+
+def test_kv_four_over_six_by_hand() -> None:
+    """16 x 5.0 at scale 1: max -> 6 stores s = 0.8125 and reads 4.875; max -> 4 stores s = 1.25
+    and reads 5.0: 4over6 keeps the second; (6, 3) is exact both ways and keeps s = 1."""
+    five = torch.full((16,), 5.0)
+    assert ref.kv_quantize_nvfp4(five, 1.0)[1].tolist() == [0.8125]
+    assert ref.kv_quantize_nvfp4(five, 1.0, four_over_six=True)[1].tolist() == [1.25]
+    assert ref.kv_fake_quantize(five, "nvfp4_4over6", 1.0).tolist() == [5.0] * 16
+    tie = torch.tensor([6.0, 3.0] + [0.0] * 14)
+    assert ref.kv_quantize_nvfp4(tie, 1.0, four_over_six=True)[1].tolist() == [1.0]
+    with pytest.raises(ValueError, match="below 2\\*\\*-116"):
+        ref.kv_quantize_nvfp4(five, 2.0**-120)

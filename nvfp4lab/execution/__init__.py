@@ -15,6 +15,8 @@ module              holds
 ``gptq``            GPTQ for NVFP4 (``quantize_model(method="gptq")``), and for the other block
                     formats as a study function
 ``calibrate``       activation-scale calibration
+``kv_cache``        the KV cache as vLLM 0.33 writes and reads it (``--kv-cache-dtype nvfp4``,
+                    ``nvfp4_4over6``, ``fp8``): ``pack``, ``unpack``, ``fake_quantize_kv``
 ==================  ===========================================================================
 
 A new backend goes into :class:`nvfp4lab.vocab.Backend`, gets its branch in ``gemm.linear``
