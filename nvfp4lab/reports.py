@@ -366,7 +366,9 @@ def run_reports(
     ``parameters`` cell, and ``out_dir`` for writability, before anything runs (ValueError).
     ``kernel_name=None`` runs the notebooks in this interpreter; a name picks an installed Jupyter
     kernelspec. ``timeout_s``: wall-clock limit per notebook (seconds). ``index=False`` skips
-    ``index.html`` (one rendered notebook, e.g. ``nvfp4lab audit``). Failures do not raise: a
+    ``index.html`` (one rendered notebook, e.g. ``nvfp4lab audit``). A notebook with an
+    ``INTERACTIVE`` parameter runs with ``INTERACTIVE=False`` unless ``parameters`` sets it (its
+    explorer cell needs a live session). Failures do not raise: a
     failing cell, a dead kernel ("kernel died") or a timeout is the result's ``status`` and
     ``error``, and the next notebook still runs. ``jobs``: notebooks run side by side, each in
     its own kernel with :func:`~nvfp4lab.settings.torch_threads` torch threads (default: one per
@@ -397,7 +399,8 @@ def run_reports(
         if running.stopped.is_set():  # Ctrl-C before its turn: "not run"
             return
         started.add(path)
-        done[path] = _run_one(path, out, params, kernel_name, float(timeout_s), running)
+        done[path] = _run_one(path, out, _headless(path, params), kernel_name,
+                              float(timeout_s), running)
 
     try:
         with running.on_ctrl_c():
@@ -415,6 +418,19 @@ def run_reports(
     if index:
         write_index(results, out / "index.html")
     return results
+
+
+#: The parameter of a notebook's explorer cell: on by default for a live Jupyter session, off in
+#: a report run (nothing to interact with) unless the caller sets it.
+INTERACTIVE_PARAMETER = "INTERACTIVE"
+
+
+def _headless(path: Path, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with ``INTERACTIVE=False`` added where ``path`` has that parameter and the
+    caller did not set it."""
+    if INTERACTIVE_PARAMETER in params or INTERACTIVE_PARAMETER not in notebook_parameters(path):
+        return params
+    return {INTERACTIVE_PARAMETER: False, **params}
 
 
 def _check_jobs(jobs: object, notebooks: int) -> int:

@@ -364,3 +364,23 @@ def test_ctrl_c_stops_every_notebook_running_side_by_side(tmp_path: Path) -> Non
     for pid in kernels:
         processes.wait_for(lambda pid=pid: not psutil.pid_exists(pid), "a kernel to end",
                            timeout=20)
+
+
+@pytest.mark.slow
+def test_report_runs_turn_explorers_off_unless_asked(tmp_path: Path) -> None:
+    """Notebooks default to ``INTERACTIVE = True`` (a live session shows the explorer after the
+    setup cell); the runner passes False unless the caller sets it."""
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    _write_notebook(nbs / "01_live.ipynb", 'from nvfp4lab.reports import headline\n'
+                    'headline("interactive", INTERACTIVE)', "INTERACTIVE = True  # explorer\n")
+    (off,) = reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "a")
+    (on,) = reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "b",
+                                parameters={"INTERACTIVE": True})
+    assert off.headlines["interactive"].value == 0 and on.headlines["interactive"].value == 1
+    assert off.parameters == {"INTERACTIVE": False}
+
+
+def test_every_notebook_explorer_is_on_for_a_live_session() -> None:
+    for path in REAL_NOTEBOOKS:
+        assert reports.notebook_parameters(path).get("INTERACTIVE") == "True", path.name

@@ -438,21 +438,49 @@ def config_text(row: dict[str, Any]) -> str:
 
 
 def model_explorer(
-    layer_rows: Sequence[dict[str, Any]], model_rows: Sequence[dict[str, Any]]
+    fp: SentenceEncoder,
+    formats: Sequence[StudyConfig],
+    configs: Sequence[ModelConfig],
+    *,
+    layer_rows: Sequence[dict[str, Any]] = (),
+    model_rows: Sequence[dict[str, Any]] = (),
 ) -> ipywidgets.VBox:
-    """Pick a layer (formats' error on its real weight and inputs) and a configuration
-    (embedding fidelity, recall) from precomputed rows (notebook 05)."""
+    """Pick a layer (every format's error on its real weight and inputs) and a configuration
+    (embedding fidelity, recall) of MiniLM ``fp`` (notebook 05).
+
+    Needs only the notebook's setup cell: a pick not found in ``layer_rows`` / ``model_rows``
+    (rows the later cells computed, when they ran) is computed on first use and kept — one
+    layer's errors in about a second (the inputs are captured once), one configuration in a few
+    seconds."""
     import ipywidgets as widgets
 
-    if not layer_rows or not model_rows:
-        raise ValueError("model_explorer needs layer_error_rows and config_rows")
-    layer = widgets.Dropdown(options=list(dict.fromkeys(r["short"] for r in layer_rows)),
-                             description="layer")
+    if not formats or not configs:
+        raise ValueError("model_explorer needs formats (layer_formats) and configs")
+    names = linear_names(fp.model)
+    shorts = {short_name(n): n for n in names}
+    by_layer: dict[str, list[dict[str, Any]]] = {}
+    for row in layer_rows:
+        by_layer.setdefault(row["short"], []).append(row)
     by_label = {r["label"]: r for r in model_rows}
-    config = widgets.Dropdown(options=list(by_label), description="config")
+    by_config = {c.label: c for c in configs}
+    acts: dict[str, torch.Tensor] = {}
+    layer = widgets.Dropdown(options=list(shorts), description="layer")
+    config = widgets.Dropdown(options=list(by_config), description="config")
+
+    def layer_error(short: str) -> list[dict[str, Any]]:
+        if short not in by_layer:
+            if not acts:
+                acts.update(capture_inputs(fp))
+            by_layer[short] = layer_error_rows(fp, formats, acts=acts, layers=[shorts[short]])
+        return by_layer[short]
+
+    def model_row(label: str) -> dict[str, Any]:
+        if label not in by_label:
+            (by_label[label],) = config_rows(fp, [by_config[label]])
+        return by_label[label]
 
     def render() -> tuple[dict[str, Any], ...]:
-        return (table_output(layer_table(layer_rows, layer.value), "{:.3e}"),
-                stream_output(config_text(by_label[config.value])))
+        return (table_output(layer_table(layer_error(layer.value), layer.value), "{:.3e}"),
+                stream_output(config_text(model_row(config.value))))
 
     return explorer(widgets, [layer, config], render)

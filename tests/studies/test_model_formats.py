@@ -163,21 +163,27 @@ def test_every_format_has_its_own_colour() -> None:
     __import__("matplotlib.pyplot").pyplot.close(fig)
 
 
-def test_model_explorer() -> None:
+def test_model_explorer_starts_from_the_setup_cell(encoder) -> None:
+    """Only what notebook 05's setup cell makes: picks are computed on first use and equal the
+    study functions' rows; rows computed earlier are shown as given, not recomputed."""
     from tests.studies.widgets import control, text
 
-    layer_rows = [{"short": s, "format": f, "weight_nmse": w, "activation_nmse": 2 * w}
-                  for s in ("0.query", "0.ffn_out")
-                  for f, w in (("nvfp4", 9e-3), ("mxfp4", 1.3e-2))]
-    config_rows = [{"label": "nvfp4 w4a16", "kind": "nvfp4 path", "activations": "float",
-                    "cosine_mean": 0.9767, "cosine_min": 0.9689, "recall": 0.958,
-                    "neighbor_agreement": 0.9375}]
-    box = mf.model_explorer(layer_rows, config_rows)
-    shown = text(box)
-    assert "9.000e-03" in shown and "cosine to float mean 0.9767" in shown
+    formats = [c for c in mf.layer_formats(0, fast=True) if c.label in ("nvfp4", "mxfp4")]
+    configs = mf.path_configs()[:1] + mf.format_configs(formats=formats[1:])[:1]
+    given = [{"short": "0.query", "format": "nvfp4", "weight_nmse": 1.25e-7,
+              "activation_nmse": 2.5e-7}]
+    box = mf.model_explorer(encoder, formats, configs, layer_rows=given)
+    assert "1.250e-07" in text(box)  # the given row, not a recomputation
     control(box, "layer").value = "0.ffn_out"
-    assert "1.300e-02" in text(box)
-    with pytest.raises(ValueError, match="needs layer_error_rows"):
-        mf.model_explorer([], config_rows)
+    (name,) = [n for n in mf.linear_names(encoder.model) if mf.short_name(n) == "0.ffn_out"]
+    expected = mf.layer_error_rows(encoder, formats, layers=[name])
+    shown = text(box)
+    for row in expected:
+        assert f"{row['weight_nmse']:.3e}" in shown and f"{row['activation_nmse']:.3e}" in shown
+    control(box, "config").value = configs[1].label
+    (row,) = mf.config_rows(encoder, configs[1:])
+    assert mf.config_text(row) in text(box)
+    with pytest.raises(ValueError, match="needs formats"):
+        mf.model_explorer(encoder, [], configs)
     with pytest.raises(ValueError, match="no rows for layer 'x'"):
-        mf.layer_table(layer_rows, "x")
+        mf.layer_table(given, "x")
