@@ -17,6 +17,8 @@ module              holds
 ``calibrate``       activation-scale calibration
 ``kv_cache``        the KV cache as vLLM 0.33 writes and reads it (``--kv-cache-dtype nvfp4``,
                     ``nvfp4_4over6``, ``fp8``): ``pack``, ``unpack``, ``fake_quantize_kv``
+``attention``       a model's attention reading K / V from that cache
+                    (:func:`quantize_kv_cache`, ``quantize_model(kv_cache=...)``)
 ==================  ===========================================================================
 
 A new backend goes into :class:`nvfp4lab.vocab.Backend`, gets its branch in ``gemm.linear``
@@ -25,6 +27,11 @@ and its rule in ``dispatch``.
 
 from __future__ import annotations
 
+from nvfp4lab.execution.attention import (
+    KVCacheLayer,
+    quantize_kv_cache,
+    remove_kv_cache_quantization,
+)
 from nvfp4lab.execution.calibrate import CalibrationResult, calibrate_inputs, calibration
 from nvfp4lab.execution.dispatch import BackendChoice, info_report, select_backend
 from nvfp4lab.execution.gemm import DroppedBiasWarning, linear
@@ -46,6 +53,7 @@ __all__ = [
     "DroppedBiasWarning",
     "GPTQFallbackWarning",
     "GPTQOptions",
+    "KVCacheLayer",
     "NVFP4Linear",
     "QuantizeReport",
     "UnmatchedIgnoreWarning",
@@ -54,6 +62,8 @@ __all__ = [
     "gptq_quantize",
     "info_report",
     "linear",
+    "quantize_kv_cache",
     "quantize_model",
+    "remove_kv_cache_quantization",
     "select_backend",
 ]

@@ -1,4 +1,5 @@
-"""Whole-model quantization: replace ``nn.Linear`` layers by :class:`NVFP4Linear`, and report.
+"""Whole-model quantization: replace ``nn.Linear`` layers by :class:`NVFP4Linear`, optionally
+quantize the KV cache (:mod:`nvfp4lab.execution.attention`), and report.
 
 Fused groups: inference engines fuse sibling Linears (q/k/v into one ``qkv_proj``, gate/up into
 ``gate_up_proj``) into one GEMM and decode all shards with ONE weight global scale (vLLM takes
@@ -20,9 +21,15 @@ from torch import nn
 from nvfp4lab import vocab
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.execution.attention import (
+    KVCacheLayer,
+    KVScales,
+    quantize_kv_cache,
+    remove_kv_cache_quantization,
+)
 from nvfp4lab.execution.gptq import GPTQOptions, calibration_batches, sequential_gptq
 from nvfp4lab.execution.layers import NVFP4Linear
-from nvfp4lab.vocab import AUTO, BiasMode, Convention, QuantMethod
+from nvfp4lab.vocab import AUTO, BiasMode, Convention, KVCacheKind, QuantMethod
 
 __all__ = [
     "DEFAULT_IGNORE",
@@ -83,13 +90,16 @@ class SkippedLayer:
 
 @dataclass
 class QuantizeReport:
-    """What :func:`quantize_model` replaced and skipped (and why)."""
+    """What :func:`quantize_model` replaced and skipped (and why), and the KV cache it set."""
 
     replaced: list[ReplacedLayer] = field(default_factory=list)
     skipped: list[SkippedLayer] = field(default_factory=list)
     shared_groups: list[tuple[str, ...]] = field(default_factory=list)
     #: ``ignore`` entries that matched no Linear layer
     unmatched_ignore: list[IgnoreSpec] = field(default_factory=list)
+    #: attention layers reading K / V from a quantized KV cache: kind and DECODE k/v scales each
+    #: (empty with ``kv_cache=None``)
+    kv_cache: list[KVCacheLayer] = field(default_factory=list)
 
     @property
     def replaced_names(self) -> list[str]:
@@ -117,6 +127,13 @@ class QuantizeReport:
              "detail": f"{s.type}: {s.reason}"}
             for s in self.skipped
         ]
+        out += [
+            {"name": k.name, "action": "kv cache", "shape": f"{k.kv_heads}x{k.head_dim}",
+             "weight_global_scale": None,
+             "detail": f"{k.kind}, k_scale={k.k_scale:.6g} v_scale={k.v_scale:.6g} (DECODE, "
+                       f"{k.scales_from})"}
+            for k in self.kv_cache
+        ]
         return out
 
     def __str__(self) -> str:
@@ -131,8 +148,11 @@ class QuantizeReport:
             )
         lines += [f"  - {s.name} ({s.type}): {s.reason}" for s in self.skipped]
         lines += [f"  ! ignore entry {s!r} matched no Linear layer" for s in self.unmatched_ignore]
+        if self.kv_cache:
+            kind = self.kv_cache[0].kind
+            lines.append(f"KV cache {kind} on {len(self.kv_cache)} attention layer(s)")
+            lines += [f"  ~ {k}" for k in self.kv_cache]
         return "\n".join(lines)
-
 
 
 def _ignored_by(name: str, ignore: Iterable[IgnoreSpec]) -> IgnoreSpec | None:
@@ -336,7 +356,7 @@ def _gptq_layers(
 def quantize_model(
     model: nn.Module,
     *,
-    backend: str = AUTO,
+    backend: str | None = AUTO,
     ignore: str | re.Pattern[str] | Iterable[IgnoreSpec] | None = None,
     share_global_scale: str | Sequence[Sequence[str]] | None = AUTO,
     convention: str = Convention.KERNEL,
@@ -345,8 +365,11 @@ def quantize_model(
     method: str = QuantMethod.RTN,
     calibration: Iterable[Any] | None = None,
     gptq: GPTQOptions | None = None,
+    kv_cache: str | None = None,
+    kv_scales: KVScales | None = None,
 ) -> QuantizeReport:
-    """Replace ``nn.Linear`` layers of ``model`` in place by :class:`NVFP4Linear`.
+    """Replace ``nn.Linear`` layers of ``model`` in place by :class:`NVFP4Linear`, and with
+    ``kv_cache`` make its attention read K and V back from a quantized KV cache.
 
     Skipped, with the reason in the report: names matched by ``ignore`` (a name or a sequence of
     them: exact names, dotted suffixes, ``"re:<regex>"`` or compiled patterns), Linear layers
@@ -370,10 +393,33 @@ def quantize_model(
     dicts of tensors -> ``model(**b)``, tuples -> ``model(*b)``, tensors -> ``model(b)``), run
     once per stage; "gptq" only. ``gptq``: :class:`GPTQOptions` (damping, act order, block-scale
     timing). The global scales (shared ones included) are the same for both methods.
+
+    ``kv_cache``: None (default: attention unchanged) or a :class:`~nvfp4lab.vocab.KVCacheKind`
+    value (``nvfp4``, ``nvfp4_4over6``, ``fp8``): attention then sees K (after RoPE) and V as
+    vLLM 0.33 writes them to that cache and reads them back, per KV head and token, in
+    16-value blocks along head_dim (:func:`~nvfp4lab.execution.attention.quantize_kv_cache`:
+    transformers Llama / Qwen3 models, ``sdpa`` or ``eager`` attention; other models raise).
+    ``kv_scales``: the per-layer DECODE scales ``k_scale`` / ``v_scale`` (vLLM's, as a
+    checkpoint stores them; a mapping by attention name or layer_idx, or a callable); default
+    1.0 for every layer, what vLLM 0.33 uses without checkpoint scales. The kind and scales of
+    each layer are in ``report.kv_cache``. The query stays unquantized (vLLM's FP8 query on
+    SM100 paths is not modelled). The KV cache is set before the Linear layers are replaced, so
+    GPTQ calibrates on the model with its KV cache quantized, as it will run.
+    ``backend=None``: quantize only the KV cache and leave every Linear layer as it is (the
+    "FP8 KV" / "NVFP4 KV" alone configurations); ``kv_cache`` is then required and ``method``,
+    ``calibration``, ``gptq`` and ``ignore`` do not apply.
+
+    All or nothing: if anything fails, every replaced Linear is put back and the KV cache
+    quantization removed.
     """
+    quant_method = vocab.check_choice("method", method, QuantMethod)
+    kv_kind = None if kv_cache is None else vocab.check_choice("kv_cache", kv_cache, KVCacheKind)
+    if kv_kind is None and kv_scales is not None:
+        raise ValueError("kv_scales= sets the KV cache scales: pass kv_cache= too (or drop it)")
+    if backend is None:
+        return _kv_cache_only(model, kv_kind, kv_scales, quant_method, calibration, gptq, ignore)
     vocab.check_choice("backend", backend, vocab.Backend, extra=(AUTO,))
     vocab.check_choice("convention", convention, Convention)
-    quant_method = vocab.check_choice("method", method, QuantMethod)
     batches = _method_inputs(quant_method, calibration, gptq)
     specs = _ignore_specs(DEFAULT_IGNORE if ignore is None else ignore)
     report = QuantizeReport()
@@ -402,6 +448,8 @@ def quantize_model(
                                            convention=convention, **options), QuantMethod.RTN)
             for name, module in candidates.items()
         )
+    if kv_kind is not None:  # checked and set before any Linear changes (or nothing is set)
+        report.kv_cache = quantize_kv_cache(model, kv_kind, kv_scales=kv_scales)
     try:
         for name, layer, how in layers:
             _set_submodule(model, name, layer)
@@ -420,10 +468,32 @@ def quantize_model(
         for name, original in candidates.items():
             if model.get_submodule(name) is not original:
                 _set_submodule(model, name, original)
+        if report.kv_cache:
+            remove_kv_cache_quantization(model)
         names = ", ".join(map(repr, report.replaced_names))
+        kv = " and removed the KV cache quantization" if report.kv_cache else ""
         exc.add_note(
             f"quantize_model put back the {len(report.replaced)} layer(s) it had already "
-            f"replaced{f' ({names})' if names else ''}: the model is as it was before the call"
+            f"replaced{f' ({names})' if names else ''}{kv}: the model is as it was before the "
+            "call"
         )
         raise
     return report
+
+
+def _kv_cache_only(
+    model: nn.Module, kv_kind: str | None, kv_scales: KVScales | None, method: str,
+    calibration: Iterable[Any] | None, gptq: GPTQOptions | None, ignore: object,
+) -> QuantizeReport:
+    """``quantize_model(backend=None)``: the KV cache only, every Linear left as it is."""
+    if kv_kind is None:
+        raise ValueError(
+            "quantize_model(backend=None) quantizes only the KV cache and leaves every Linear "
+            "layer as it is: pass kv_cache= (or a backend to quantize the Linear layers)"
+        )
+    if method != QuantMethod.RTN or any(v is not None for v in (calibration, gptq, ignore)):
+        raise ValueError(
+            "quantize_model(backend=None) quantizes no Linear layer: method=, calibration=, "
+            "gptq= and ignore= do not apply; drop them or pass a backend"
+        )
+    return QuantizeReport(kv_cache=quantize_kv_cache(model, kv_kind, kv_scales=kv_scales))

@@ -1,0 +1,335 @@
+"""Attention that reads K and V back from a quantized KV cache, as vLLM 0.33 would.
+
+:func:`quantize_kv_cache` makes a transformers model's attention see K and V exactly as vLLM
+0.33 writes them to a ``--kv-cache-dtype nvfp4 | nvfp4_4over6 | fp8`` cache and reads them back
+(:func:`~nvfp4lab.execution.kv_cache.fake_quantize_kv`): K after RoPE, per KV head (grouped-query
+attention: before the KV heads are repeated for the query heads), per token, in 16-value blocks
+along ``head_dim``. :func:`remove_kv_cache_quantization` undoes it.
+
+**How.** transformers (5.x) attention modules of the supported model types apply RoPE, update
+the generation cache, then call the function ``AttentionInterface`` holds under
+``config._attn_implementation`` with ``(module, query, key, value, attention_mask, ...)``,
+query ``[batch, heads, q_len, head_dim]``, key / value ``[batch, kv_heads, kv_len, head_dim]``.
+This module registers one such function per wrapped implementation, named
+``"nvfp4lab_kv:<inner>"`` (``inner``: ``sdpa`` or ``eager``, the implementation the model had),
+together with the inner implementation's mask function (``AttentionMaskInterface``), and
+switches the model's config to it. The function fake-quantizes key and value with the settings
+stored on the attention module (kind, ``k_scale``, ``v_scale``) and calls the inner
+implementation, looked up at call time (``sdpa``: ``ALL_ATTENTION_FUNCTIONS["sdpa"]``;
+``eager``: the modeling module's ``eager_attention_forward``). A module without settings passes
+through unchanged. Nothing of transformers is copied or patched.
+
+**Scales.** One DECODE scale per side (K, V) and layer (vLLM's ``layer._k_scale`` /
+``_v_scale``: values are read back as ``code * block_scale * k_scale``; the NVFP4 write
+multiplies by the ENCODE scale ``f32(1 / k_scale)``). vLLM 0.33 takes them from the checkpoint
+or uses 1.0 (``docs/kv_cache.md``); nothing is computed from the data. Default here: 1.0.
+``kv_scales`` gives them per layer (see :func:`quantize_kv_cache`).
+
+**The generation cache.** transformers' caches (``DynamicCache``, ``StaticCache``) store the
+unquantized K / V and hand attention the whole cache each step; this module quantizes all of it
+again each step. That equals quantizing each token once when it is written, because the write is
+row-wise (one head of one token) with a fixed, data-independent scale: the rows of earlier tokens
+come out the same at every step. It does NOT rely on ``fake_quantize_kv`` being idempotent, and
+it is not: the NVFP4 kinds change some blocks whose E4M3 block scale is subnormal (< 2**-6) on
+a second pass (FP8 was idempotent on every tested input). So a cache that stores already-lossy
+values (transformers' ``QuantizedCache``) would be quantized twice: use it with ``use_cache=False``
+or a plain cache.
+
+**Not modelled.** The FP8 query that vLLM uses with these caches on some paths (SM100
+trtllm-gen / XQA; ``docs/kv_cache.md``, "The query"): the query stays in the model's dtype.
+Attention runs in the model's dtype on transformers' kernels, not FlashInfer's. ROCm's fnuz
+scale doubling. Implementations other than ``sdpa`` / ``eager`` (flash, flex) are refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from nvfp4lab import vocab
+from nvfp4lab.execution.kv_cache import KV_BLOCK_SIZE, fake_quantize_kv, kv_global_scale
+from nvfp4lab.vocab import KVCacheKind
+
+__all__ = [
+    "KV_ATTENTION_PREFIX",
+    "SUPPORTED_MODEL_TYPES",
+    "WRAPPED_IMPLEMENTATIONS",
+    "KVCacheLayer",
+    "KVScales",
+    "kv_attention_name",
+    "quantize_kv_cache",
+    "remove_kv_cache_quantization",
+]
+
+#: The prefix of the attention implementations this module registers ("nvfp4lab_kv:sdpa", ...).
+KV_ATTENTION_PREFIX: str = "nvfp4lab_kv:"
+#: transformers implementations the KV attention can wrap (the model's before the call).
+WRAPPED_IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "eager")
+#: config.model_type -> the attention class (module, name) whose call nvfp4lab reaches: each
+#: applies RoPE to K, then calls the AttentionInterface function (transformers 5.24 read).
+_ATTENTION_CLASSES: dict[str, tuple[str, str]] = {
+    "llama": ("transformers.models.llama.modeling_llama", "LlamaAttention"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3Attention"),
+}
+#: Model types whose attention :func:`quantize_kv_cache` reaches.
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_ATTENTION_CLASSES)
+#: The attribute holding a module's settings.
+_SETTINGS = "_nvfp4lab_kv_cache"
+
+#: A DECODE scale for both sides (a checkpoint's single ``kv_scale``), a (k_scale, v_scale)
+#: pair (a None in it: absent, vLLM's rules, :func:`kv_global_scale`), or None (1.0 for both).
+ScaleSpec = float | torch.Tensor | tuple[float | torch.Tensor | None, float | torch.Tensor | None]
+#: Per-layer scales: a mapping from the attention module's name or its ``layer_idx`` to a
+#: :data:`ScaleSpec`, or a callable ``(name, module) -> ScaleSpec | None``.
+KVScales = Mapping[str | int, ScaleSpec | None] | Callable[[str, nn.Module], ScaleSpec | None]
+
+
+@dataclass(frozen=True)
+class KVCacheLayer:
+    """One attention layer that reads K and V back from a quantized KV cache.
+
+    ``k_scale`` / ``v_scale``: the float32 DECODE scales (vLLM's ``k_scale`` / ``v_scale``; the
+    NVFP4 write multiplies by ``1 / k_scale``). ``scales_from``: ``"default"`` (1.0, vLLM's
+    value without checkpoint scales) or ``"kv_scales"``. ``attention``: the wrapped
+    implementation (``sdpa`` / ``eager``).
+    """
+
+    name: str
+    layer_idx: int | None
+    kind: str
+    k_scale: float
+    v_scale: float
+    kv_heads: int
+    head_dim: int
+    attention: str
+    scales_from: str = "default"
+
+    def __str__(self) -> str:
+        return (
+            f"{self.name}: {self.kind} KV cache, k_scale={self.k_scale:.6g} "
+            f"v_scale={self.v_scale:.6g} (DECODE, {self.scales_from}), {self.kv_heads} KV "
+            f"head(s) x {self.head_dim}, {self.attention}"
+        )
+
+
+@dataclass(frozen=True)
+class _Settings:
+    kind: KVCacheKind
+    k_scale: float
+    v_scale: float
+
+
+def kv_attention_name(inner: str) -> str:
+    """The registered name of the KV attention wrapping ``inner`` (``"sdpa"`` / ``"eager"``)."""
+    return KV_ATTENTION_PREFIX + inner
+
+
+def _eager_of(module: nn.Module) -> Callable[..., Any]:
+    """The modeling module's own ``eager_attention_forward`` (what ``"eager"`` means there)."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        raise ValueError(
+            f"{type(module).__name__}'s module {type(module).__module__} has no "
+            "eager_attention_forward; use attn_implementation='sdpa'"
+        )
+    return fn  # type: ignore[no-any-return]
+
+
+def _kv_attention(inner: str) -> Callable[..., Any]:
+    """The attention function registered as ``kv_attention_name(inner)``."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> Any:
+        settings: _Settings | None = module.__dict__.get(_SETTINGS)
+        if settings is not None:  # key / value: [batch, kv_heads, kv_len, head_dim]
+            key = fake_quantize_kv(key, settings.kind, settings.k_scale)
+            value = fake_quantize_kv(value, settings.kind, settings.v_scale)
+        default = _eager_of(module) if inner == "eager" else None
+        fn = ALL_ATTENTION_FUNCTIONS.get_interface(inner, default)
+        return fn(module, query, key, value, attention_mask, **kwargs)
+
+    attention.__name__ = attention.__qualname__ = f"nvfp4lab_kv_{inner}_attention"
+    return attention
+
+
+def _register(inner: str) -> str:
+    """Register the KV attention wrapping ``inner`` and its mask function (idempotent)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    name = kv_attention_name(inner)
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, _kv_attention(inner))
+    if name not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[inner])
+    return name
+
+
+def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The supported attention modules of ``model``; ValueError (one line) when there are none."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
+    if model_type not in _ATTENTION_CLASSES:
+        raise ValueError(
+            f"quantize_kv_cache: {type(model).__name__} (model_type {model_type!r}) is not "
+            f"supported: nvfp4lab reaches K after RoPE only in the attention of transformers "
+            f"model types {supported}"
+        )
+    module_path, class_name = _ATTENTION_CLASSES[model_type]
+    found = [
+        (name, m) for name, m in model.named_modules()
+        if type(m).__module__ == module_path and type(m).__name__ == class_name
+    ]
+    if not found:
+        raise ValueError(
+            f"quantize_kv_cache: {type(model).__name__} (model_type {model_type!r}) has no "
+            f"{class_name} module (subclasses are not reached); supported model types: {supported}"
+        )
+    return found
+
+
+def _resolve_scales(
+    modules: list[tuple[str, nn.Module]], kv_scales: KVScales | None
+) -> dict[str, tuple[float, float, str]]:
+    """Attention name -> (k_scale, v_scale, source), by vLLM's rules (:func:`kv_global_scale`)."""
+    out: dict[str, tuple[float, float, str]] = {}
+    if kv_scales is not None and not (callable(kv_scales) or isinstance(kv_scales, Mapping)):
+        raise TypeError(
+            "kv_scales must be a mapping {attention name or layer_idx: scale or (k_scale, "
+            f"v_scale)}} or a callable (name, module) -> scale, got {type(kv_scales).__name__}"
+        )
+    used: set[str | int] = set()
+    for name, module in modules:
+        spec: ScaleSpec | None = None
+        if isinstance(kv_scales, Mapping):
+            idx = getattr(module, "layer_idx", None)
+            keys = [key for key in (name, idx) if key is not None and key in kv_scales]
+            if len(keys) > 1:
+                raise ValueError(f"kv_scales gives {name} twice: by name and by layer_idx {idx}")
+            spec = kv_scales[keys[0]] if keys else None
+            used.update(keys)
+        elif kv_scales is not None:
+            spec = kv_scales(name, module)
+        if spec is None:
+            out[name] = (*kv_global_scale(), "default")
+            continue
+        if isinstance(spec, tuple | list) and len(spec) != 2:
+            raise ValueError(f"kv_scales for {name}: a (k_scale, v_scale) pair, got {spec!r}")
+        k, v = spec if isinstance(spec, tuple | list) else (spec, spec)
+        out[name] = (*kv_global_scale(k, v), "kv_scales")
+    if isinstance(kv_scales, Mapping) and (unused := [k for k in kv_scales if k not in used]):
+        names = ", ".join(repr(k) for k in unused)
+        raise ValueError(
+            f"kv_scales keys {names} match no attention layer; keys are attention module names "
+            f"(e.g. {modules[0][0]!r}) or layer_idx values"
+        )
+    return out
+
+
+def quantize_kv_cache(
+    model: nn.Module, kind: str, *, kv_scales: KVScales | None = None
+) -> list[KVCacheLayer]:
+    """Make ``model``'s attention see K and V as vLLM 0.33's ``kind`` KV cache gives them back.
+
+    ``model``: a transformers model of a type in :data:`SUPPORTED_MODEL_TYPES` (``llama``:
+    SmolLM2, Llama; ``qwen3``), with ``attn_implementation`` ``sdpa`` or ``eager``; any other
+    model raises ValueError naming the supported types. ``kind``: a
+    :class:`~nvfp4lab.vocab.KVCacheKind` value (``nvfp4``, ``nvfp4_4over6``, ``fp8``); the
+    NVFP4 kinds need ``head_dim`` a multiple of 16.
+
+    Each attention call then sees ``fake_quantize_kv(key, kind, k_scale)`` and likewise value:
+    key / value ``[batch, kv_heads, kv_len, head_dim]`` in the model's dtype (float32 / bfloat16
+    / float16), K after RoPE, one block per 16 values of one KV head of one token. The query is
+    not quantized (vLLM's FP8 query on SM100 paths is not modelled).
+
+    ``kv_scales``: the DECODE scales (vLLM's ``k_scale`` / ``v_scale``, as a checkpoint stores
+    them; values read back as ``code * block_scale * k_scale``), per layer: a mapping from the
+    attention module's name (``"model.layers.0.self_attn"``) or its ``layer_idx`` to a number
+    (both sides, like a checkpoint's single ``kv_scale``), a ``(k_scale, v_scale)`` pair or
+    None; or a callable ``(name, module)`` returning one of those. A layer without an entry uses
+    1.0 for both, as vLLM 0.33 does without checkpoint scales (the default for every layer).
+    A mapping key matching no layer raises ValueError.
+
+    All or nothing: on any error the model is left as it was. A model whose KV cache is
+    quantized already raises (call :func:`remove_kv_cache_quantization` first). Returns one
+    :class:`KVCacheLayer` per attention module, in module order.
+    """
+    k = vocab.check_choice("KV cache kind", kind, KVCacheKind)
+    assert isinstance(k, KVCacheKind)
+    modules = _attention_modules(model)
+    done = {m.__dict__[_SETTINGS].kind.value for _, m in modules if _SETTINGS in m.__dict__}
+    if done:
+        raise ValueError(
+            f"quantize_kv_cache: {type(model).__name__} has a quantized KV cache already "
+            f"({', '.join(sorted(done))}); call remove_kv_cache_quantization(model) first"
+        )
+    layers: list[KVCacheLayer] = []
+    inner_of: dict[int, tuple[Any, str]] = {}
+    for name, module in modules:
+        config = module.config  # type: ignore[union-attr]
+        impl = config._attn_implementation
+        if impl not in WRAPPED_IMPLEMENTATIONS:
+            raise ValueError(
+                f"quantize_kv_cache: {name} runs attn_implementation {impl!r}; the KV cache "
+                f"attention wraps {', '.join(map(repr, WRAPPED_IMPLEMENTATIONS))}: load the model "
+                "with attn_implementation='sdpa'"
+            )
+        head_dim = int(module.head_dim)  # type: ignore[arg-type]
+        if k is not KVCacheKind.FP8 and head_dim % KV_BLOCK_SIZE:
+            raise ValueError(
+                f"quantize_kv_cache: an {k.value} KV cache needs head_dim a multiple of "
+                f"{KV_BLOCK_SIZE}, {name} has {head_dim}"
+            )
+        if impl == "eager":
+            _eager_of(module)
+        inner_of[id(config)] = (config, impl)
+    scales = _resolve_scales(modules, kv_scales)
+    for name, module in modules:
+        k_scale, v_scale, source = scales[name]
+        config = module.config  # type: ignore[union-attr]
+        layers.append(KVCacheLayer(
+            name=name, layer_idx=getattr(module, "layer_idx", None), kind=k.value,
+            k_scale=k_scale, v_scale=v_scale,
+            kv_heads=int(config.num_key_value_heads), head_dim=int(module.head_dim),  # type: ignore[arg-type]
+            attention=config._attn_implementation, scales_from=source,
+        ))
+    names = {inner: _register(inner) for _, inner in inner_of.values()}
+    try:
+        for (_, module), layer in zip(modules, layers, strict=True):
+            setattr(module, _SETTINGS, _Settings(k, layer.k_scale, layer.v_scale))
+        for config, inner in inner_of.values():
+            config._attn_implementation = names[inner]
+    except BaseException:
+        remove_kv_cache_quantization(model)
+        raise
+    return layers
+
+
+def remove_kv_cache_quantization(model: nn.Module) -> list[str]:
+    """Undo :func:`quantize_kv_cache`: the attention modules lose their KV settings and every
+    config switched to the KV attention gets its implementation back (``sdpa`` / ``eager``).
+    Returns the names of the attention modules that had settings; a model without any is left
+    as it is (empty list)."""
+    removed: list[str] = []
+    for name, module in model.named_modules():
+        if _SETTINGS in module.__dict__:
+            delattr(module, _SETTINGS)
+            removed.append(name)
+        config = getattr(module, "config", None)
+        impl = getattr(config, "_attn_implementation", None)
+        if isinstance(impl, str) and impl.startswith(KV_ATTENTION_PREFIX):
+            config._attn_implementation = impl.removeprefix(KV_ATTENTION_PREFIX)  # type: ignore[union-attr]
+    return removed
