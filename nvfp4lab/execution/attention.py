@@ -43,8 +43,9 @@ scale doubling. Implementations other than ``sdpa`` / ``eager`` (flash, flex) ar
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,9 +60,11 @@ __all__ = [
     "KV_ATTENTION_PREFIX",
     "SUPPORTED_MODEL_TYPES",
     "WRAPPED_IMPLEMENTATIONS",
+    "AttentionObserver",
     "KVCacheLayer",
     "KVScales",
     "kv_attention_name",
+    "observe_attention",
     "quantize_kv_cache",
     "remove_kv_cache_quantization",
 ]
@@ -80,6 +83,11 @@ _ATTENTION_CLASSES: dict[str, tuple[str, str]] = {
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_ATTENTION_CLASSES)
 #: The attribute holding a module's settings.
 _SETTINGS = "_nvfp4lab_kv_cache"
+_OBSERVER = "_nvfp4lab_attention_observer"
+
+#: Called by :func:`observe_attention` with ``(module, query, key, value)`` at every attention
+#: call, key / value as the cache gives them back (after the KV quantization, if any).
+AttentionObserver = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 #: A DECODE scale for both sides (a checkpoint's single ``kv_scale``), a (k_scale, v_scale)
 #: pair (a None in it: absent, vLLM's rules, :func:`kv_global_scale`), or None (1.0 for both).
@@ -156,6 +164,9 @@ def _kv_attention(inner: str) -> Callable[..., Any]:
         if settings is not None:  # key / value: [batch, kv_heads, kv_len, head_dim]
             key = fake_quantize_kv(key, settings.kind, settings.k_scale)
             value = fake_quantize_kv(value, settings.kind, settings.v_scale)
+        observer: AttentionObserver | None = module.__dict__.get(_OBSERVER)
+        if observer is not None:
+            observer(module, query, key, value)
         default = _eager_of(module) if inner == "eager" else None
         fn = ALL_ATTENTION_FUNCTIONS.get_interface(inner, default)
         return fn(module, query, key, value, attention_mask, **kwargs)
@@ -333,3 +344,37 @@ def remove_kv_cache_quantization(model: nn.Module) -> list[str]:
         if isinstance(impl, str) and impl.startswith(KV_ATTENTION_PREFIX):
             config._attn_implementation = impl.removeprefix(KV_ATTENTION_PREFIX)  # type: ignore[union-attr]
     return removed
+
+
+@contextlib.contextmanager
+def observe_attention(model: nn.Module, observer: AttentionObserver) -> Iterator[None]:
+    """Inside the block, every attention call of ``model`` (a supported model type, as for
+    :func:`quantize_kv_cache`) first calls ``observer(module, query, key, value)``: query
+    ``[batch, heads, q_len, head_dim]`` after RoPE, key / value ``[batch, kv_heads, kv_len,
+    head_dim]`` after RoPE and as the KV cache gives them back (float when the KV cache is not
+    quantized). The model computes exactly what it computes outside; on exit the observers go
+    and a config switched for them gets its implementation back (a quantized KV cache stays).
+    """
+    modules = _attention_modules(model)
+    switched: list[tuple[Any, str]] = []
+    try:
+        for _, module in modules:
+            config = module.config  # type: ignore[union-attr]
+            impl = config._attn_implementation
+            if not impl.startswith(KV_ATTENTION_PREFIX):
+                if impl not in WRAPPED_IMPLEMENTATIONS:
+                    raise ValueError(
+                        f"observe_attention: attn_implementation {impl!r} is not wrapped; load "
+                        "the model with attn_implementation='sdpa'"
+                    )
+                if impl == "eager":
+                    _eager_of(module)
+                config._attn_implementation = _register(impl)
+                switched.append((config, impl))
+            setattr(module, _OBSERVER, observer)
+        yield
+    finally:
+        for _, module in modules:
+            module.__dict__.pop(_OBSERVER, None)
+        for config, impl in switched:
+            config._attn_implementation = impl

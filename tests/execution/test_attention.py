@@ -482,3 +482,61 @@ def test_smollm2_logits_move_but_stay_close(smollm2: nn.Module) -> None:
     assert smollm2.config._attn_implementation == "sdpa" and not _settings_left(smollm2)
     assert 0 < kl[KVCacheKind.FP8] < 0.05, kl
     assert kl[KVCacheKind.FP8] < kl[KVCacheKind.NVFP4_4OVER6] < kl[KVCacheKind.NVFP4] < 0.3, kl
+
+
+# --------------------------------------------------------------------------------------------
+# observe_attention: the studies' window on post-RoPE Q / K / V (and K / V read back)
+
+
+def _post_rope_qkv(model: LlamaForCausalLM, ids: torch.Tensor = IDS) -> list[tuple[torch.Tensor,
+                                                                                 ...]]:
+    """Per layer, (q, k, v) after RoPE computed by hand from the float model (the oracle)."""
+    cfg, base = model.config, model.model
+    b, t = ids.shape
+    d = cfg.head_dim
+    out = []
+    with torch.no_grad():
+        h = base.embed_tokens(ids)
+        cos, sin = base.rotary_emb(h, torch.arange(t)[None])
+        for layer in base.layers:
+            a = layer.self_attn
+            x = layer.input_layernorm(h)
+            q, k, v = (p(x).view(b, t, -1, d).transpose(1, 2) for p in (a.q_proj, a.k_proj,
+                                                                         a.v_proj))
+
+            def rope(z: torch.Tensor) -> torch.Tensor:
+                rotated = torch.cat((-z[..., d // 2:], z[..., : d // 2]), dim=-1)
+                return z * cos[:, None] + rotated * sin[:, None]
+
+            out.append((rope(q), rope(k), v))
+            h = layer(h, position_embeddings=(cos, sin), attention_mask=None)
+            h = h[0] if isinstance(h, tuple) else h
+    return out
+
+
+@pytest.mark.parametrize("kind", [None, "nvfp4"])
+def test_observe_attention_sees_post_rope_qkv_and_changes_nothing(kind: str | None) -> None:
+    model = tiny_llama()
+    expected = _post_rope_qkv(model)
+    if kind is not None:
+        att.quantize_kv_cache(model, kind)
+    before = logits(model)
+    seen: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    with att.observe_attention(model, lambda m, q, k, v: seen.append((m.layer_idx, q, k, v))):
+        during = logits(model)
+    assert torch.equal(during, before) and torch.equal(logits(model), before)
+    assert [s[0] for s in seen] == [0, 1]
+    q0, k0, v0 = expected[0]
+    assert torch.allclose(seen[0][1], q0, atol=1e-6)  # the hand-written RoPE: fp rounding only
+    if kind is None:
+        assert torch.allclose(seen[0][2], k0, atol=1e-6) and torch.equal(seen[0][3], v0)
+    else:  # read back from the cache
+        assert torch.equal(seen[0][3], fake_quantize_kv(v0, kind, 1.0))
+    impl = model.config._attn_implementation
+    assert impl == ("sdpa" if kind is None else "nvfp4lab_kv:sdpa")
+
+
+def test_observe_attention_refuses_an_unsupported_model() -> None:
+    with pytest.raises(ValueError, match="not supported"), att.observe_attention(tiny_bert(),
+                                                                            print):
+        pass
