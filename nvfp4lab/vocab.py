@@ -23,6 +23,7 @@ vocabulary             values                                                   
 :class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
 :class:`CheckpointFormat`  compressed-tensors, modelopt (disk families)             checkpoint
 :class:`FusedMode`     auto, on, off (``NVFP4LAB_FUSED``: when the fused kernels run)  kernels
+:class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)          corpus
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.
@@ -53,6 +54,7 @@ __all__ = [
     "BiasMode",
     "CheckpointFormat",
     "Convention",
+    "CorpusPart",
     "FusedMode",
     "GemmPath",
     "NonFinite",
@@ -216,6 +218,13 @@ class FusedMode(StrEnum):
     AUTO = "auto"  #: large tensors, once this process's eager work has paid for compilation
     ON = "on"  #: every eligible call (tests, benchmarks)
     OFF = "off"  #: never: the eager pipeline only
+
+
+class CorpusPart(StrEnum):
+    """A part of the language-model text (:mod:`nvfp4lab.corpus`); the two never overlap."""
+
+    CALIBRATION = "calibration"  #: calibrates quantization (GPTQ, activation scales)
+    EVALUATION = "evaluation"  #: held out: perplexity and KL divergence are measured on it
 
 
 #: Floating dtypes NVFP4 quantizes from and computes in.

@@ -60,13 +60,15 @@ CONTEXT: dict[type[StrEnum], tuple[str, ...]] = {
     vocab.VllmPackage: ("package", "packages"),
     vocab.VllmAlias: ("vllm", "release", "rel"),
     vocab.FusedMode: ("fused", "fused_mode"),
+    vocab.CorpusPart: ("part", "parts"),
 }
 
 #: Values that are also ordinary words elsewhere (devices, dtypes, column names, flags): guarded
 #: only in a vocabulary's context. Every other value is guarded everywhere.
 COMMON_WORDS: frozenset[str] = frozenset({
     "output", "fp32", "bf16", "fp8", "kernel", "amax", "raise", "NVFP4", "original", "updated",
-    "auto", "on", "off", "cpu", "cuda", "rocm", "xpu", "seed", "latest",
+    "auto", "on", "off", "cpu", "cuda", "rocm", "xpu", "seed", "latest", "calibration",
+    "evaluation",
 })
 
 _DTYPES = frozenset({"float32", "bfloat16", "float16"})
