@@ -23,7 +23,7 @@ vocabulary             values                                                   
 :class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
 :class:`CheckpointFormat`  compressed-tensors, modelopt (disk families)             checkpoint
 :class:`FusedMode`     auto, on, off (``NVFP4LAB_FUSED``: when the fused kernels run)  kernels
-:class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)          corpus
+:class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)         corpus
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.

@@ -235,7 +235,7 @@ def _bar(total: int, desc: str, progress: bool) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReferenceRun:
     """The reference model run once over a text, kept to compare many quantized models with
     (:func:`reference_run` makes it, :func:`token_fidelity` takes it).
@@ -247,7 +247,7 @@ class ReferenceRun:
     dtype and device), with ``head`` a copy of that head, made when the run was (later changes to
     the model do not reach it); both None when the head's output is not the model's logits, and
     then ``model`` is the reference itself, run again at each comparison (do not change it
-    in place afterwards: quantize a copy).
+    in place afterwards: quantize a copy). Runs compare by identity.
     """
 
     ids: torch.Tensor = field(repr=False)
