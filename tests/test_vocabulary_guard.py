@@ -61,6 +61,7 @@ CONTEXT: dict[type[StrEnum], tuple[str, ...]] = {
     vocab.VllmAlias: ("vllm", "release", "rel"),
     vocab.FusedMode: ("fused", "fused_mode"),
     vocab.KVCacheKind: ("kind", "kinds", "cache_dtype", "kv_cache_dtype"),
+    vocab.CorpusPart: ("part", "parts"),
 }
 
 #: Values that are also ordinary words elsewhere (devices, dtypes, column names, flags): guarded
@@ -68,6 +69,7 @@ CONTEXT: dict[type[StrEnum], tuple[str, ...]] = {
 COMMON_WORDS: frozenset[str] = frozenset({
     "output", "fp32", "bf16", "fp8", "kernel", "amax", "raise", "NVFP4", "original", "updated",
     "auto", "on", "off", "cpu", "cuda", "rocm", "xpu", "seed", "latest", "nvfp4",
+    "calibration", "evaluation",
 })
 
 _DTYPES = frozenset({"float32", "bfloat16", "float16"})

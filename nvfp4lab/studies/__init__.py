@@ -12,6 +12,9 @@ module              studies                                     notebook
                     activations, the calibration text
 ``model_formats``   MiniLM through every path, format, option   ``05_model_study``
 ``model_gptq``      GPTQ vs RTN on MiniLM and outlier layers    ``05_model_study``
+``llm``             a decoder LLM's next-token fidelity         (a notebook to come)
+                    (SmolLM2): perplexity, KL divergence,
+                    top-1 agreement, one reference pass
 ``timeline``        what each vLLM release does with NVFP4,     ``06_vllm_timeline``
                     and the merged fused global scales
 ``audit``           the checkpoint audit report's table and     ``audit.ipynb`` (package

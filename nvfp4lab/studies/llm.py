@@ -1,0 +1,511 @@
+"""The LLM study: what NVFP4 does to a decoder's next-token predictions (SmolLM2-135M-Instruct,
+:func:`nvfp4lab.models.smollm2`) on held-out text (the evaluation part of :mod:`nvfp4lab.corpus`).
+
+:func:`reference_run` runs the reference (float) model over a text once and keeps what comparing
+needs; :func:`token_fidelity` compares a quantized model with it (or with a reference model,
+running it first): perplexity of both, per-token KL divergence KL(reference ‖ quantized), top-1
+agreement, each mean with a 95 % confidence interval, as a :class:`TokenFidelity`.
+
+**How a text is scored.** It is tokenized once, without special tokens, and cut into consecutive
+non-overlapping windows of ``context`` tokens; the last window is shorter when the text is not a
+multiple of ``context`` (a last window of one token predicts nothing and is dropped). Each window
+is its own sequence: its token t (1 ≤ t < T) is predicted from its tokens 0 … t-1, so the first
+token of every window is not predicted and a window of T tokens scores T - 1 predictions. The
+models run in their own dtype (float32 for SmolLM2); log-softmax, KL divergence and negative
+log-likelihood (NLL) are computed in float64, in nats:
+``KL(P ‖ Q) = Σ_v P(v) (log P(v) - log Q(v))`` at each predicted position, P the reference's
+next-token distribution, Q the quantized model's. Perplexity is ``exp(mean NLL)`` of the true next
+tokens.
+
+**Confidence intervals.** The tokens of one window are not independent samples: they share a
+context, and neighbouring positions carry similar errors, so an interval over tokens as if they
+were would be too narrow. The windows are the independent units instead (consecutive windows of
+one text are still a little correlated, which this ignores): a mean over tokens is the ratio
+``m = Σ_w s_w / Σ_w n_w`` of the windows' sums ``s_w`` and token counts ``n_w``, its standard
+error the cluster-robust (ratio-estimator) one, ``SE² = W/(W-1) · Σ_w (s_w - m n_w)² / (Σ_w n_w)²``
+over W windows (with equal windows: the standard error of the W window means), and the interval
+``m ± 1.96 SE``, a normal approximation (NaN with fewer than 2 windows). Perplexity's interval is
+``exp`` of the mean NLL's. The ratio of perplexities quantized / reference is ``exp`` of the mean
+of the per-token NLL difference, paired over the same tokens, so its interval is much narrower
+than either perplexity's: compare configurations with it, or with the KL divergence.
+
+**One reference pass for many configurations.** A :class:`ReferenceRun` keeps the reference's
+per-token NLL and, to give its logits again later, the input of its output head (the hidden
+states, ``[B, T, hidden]`` per batch: 576 floats a token for SmolLM2, not 49152) with a copy of the
+head; the logits recomputed from them were checked, batch by batch, to equal the model's own bit
+for bit. A model whose logits are not its head's output (or without ``get_output_embeddings``) is
+kept instead and run again at each comparison. Pass the run to :func:`token_fidelity` for each
+quantized model.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from nvfp4lab import corpus
+from nvfp4lab.models import module_device
+from nvfp4lab.settings import tqdm_class
+from nvfp4lab.vocab import CorpusPart
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_CONTEXT",
+    "ReferenceRun",
+    "TokenFidelity",
+    "reference_run",
+    "token_fidelity",
+    "windows_of",
+]
+
+#: Tokens per window (SmolLM2 was trained with up to 8192).
+DEFAULT_CONTEXT = 512
+#: Windows run through a model together (at 512 tokens, SmolLM2's logits are 100 MB a window).
+DEFAULT_BATCH_SIZE = 4
+#: Predicted positions whose float64 log-softmax is computed at once (limits the memory used).
+_ROWS = 256
+#: Two-sided 95 % quantile of the standard normal distribution.
+_Z95 = statistics.NormalDist().inv_cdf(0.975)
+
+#: A causal LM: ``model(input_ids=int64 [B, T])`` returns an object with ``.logits`` ``[B, T, V]``
+#: (or the logits tensor itself).
+CausalLM = Callable[..., Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# Windows
+# ---------------------------------------------------------------------------------------------
+
+
+def windows_of(tokens: int, context: int) -> tuple[tuple[int, int], ...]:
+    """``(start, stop)`` of the consecutive non-overlapping windows of ``context`` tokens that
+    cover ``tokens`` tokens; the last is shorter when ``tokens`` is not a multiple of ``context``,
+    and left out when it would hold a single token (nothing to predict)."""
+    if context < 2:
+        raise ValueError(f"context must be >= 2 tokens (one to predict from), got {context}")
+    spans = tuple((start, min(start + context, tokens)) for start in range(0, tokens, context))
+    return tuple((a, b) for a, b in spans if b - a >= 2)
+
+
+def _batches(
+    windows: Sequence[tuple[int, int]], batch_size: int
+) -> tuple[tuple[int, ...], ...]:
+    """Indices of ``windows`` in runs of at most ``batch_size`` consecutive windows of one length
+    (they are stacked into one ``[B, T]`` input)."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be > 0, got {batch_size}")
+    out: list[list[int]] = []
+    for i, (a, b) in enumerate(windows):
+        last = out[-1] if out else None
+        if (last is not None and len(last) < batch_size
+                and windows[last[0]][1] - windows[last[0]][0] == b - a):
+            last.append(i)
+        else:
+            out.append([i])
+    return tuple(tuple(batch) for batch in out)
+
+
+def _stack(
+    ids: torch.Tensor, windows: Sequence[tuple[int, int]], batch: Sequence[int]
+) -> torch.Tensor:
+    """The windows ``batch`` (indices into ``windows``) of ``ids`` stacked, int64 ``[B, T]``."""
+    return torch.stack([ids[windows[i][0] : windows[i][1]] for i in batch])
+
+
+def _token_ids(text: str | torch.Tensor | None, tokenizer: Any) -> torch.Tensor:
+    """The tokens to score, int64 ``[N]`` on the CPU: ``text`` tokenized once (default: the
+    evaluation part of the corpus, with SmolLM2's tokenizer), or ``text`` itself when it is a
+    tensor of token ids."""
+    if isinstance(text, torch.Tensor):
+        if text.dtype.is_floating_point or text.dtype.is_complex or text.dim() != 1:
+            raise TypeError(f"token ids must be a 1-D integer tensor, got {text.dtype} "
+                            f"{tuple(text.shape)}")
+        return text.to(device="cpu", dtype=torch.int64)
+    if text is None:
+        text = corpus.pydoc_text(CorpusPart.EVALUATION)
+    if tokenizer is None:
+        from nvfp4lab.models import smollm2_tokenizer
+
+        tokenizer = smollm2_tokenizer()
+    return corpus.token_ids(tokenizer, text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a model
+# ---------------------------------------------------------------------------------------------
+
+
+def _device(model: CausalLM) -> torch.device:
+    return module_device(model) if isinstance(model, nn.Module) else torch.device("cpu")
+
+
+def _forward(model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:
+    """``model``'s logits ``[B, T, V]`` for ``input_ids [B, T]`` (moved to its device), without
+    a key-value cache where the model has that switch."""
+    kwargs = {"use_cache": False} if hasattr(getattr(model, "config", None), "use_cache") else {}
+    with torch.no_grad():
+        out = model(input_ids=input_ids.to(_device(model)), **kwargs)
+    logits = out if isinstance(out, torch.Tensor) else out.logits
+    if logits.shape[:2] != input_ids.shape:
+        raise ValueError(f"logits of shape {tuple(logits.shape)} for input_ids of shape "
+                         f"{tuple(input_ids.shape)}: expected [B, T, vocabulary]")
+    return logits
+
+
+def _output_head(model: CausalLM) -> nn.Module | None:
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    return head if isinstance(head, nn.Module) else None
+
+
+def _rows(logits: torch.Tensor) -> torch.Tensor:
+    """The predicting positions of ``logits [B, T, V]`` as rows ``[B·(T-1), V]``."""
+    return logits[:, :-1].reshape(-1, logits.shape[-1])
+
+
+def _softmax_parts(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For float64 ``rows [R, V]``: ``exp(rows - max)`` ``[R, V]``, its row sums ``[R]`` and the
+    log normalizer ``log Σ_v exp(rows) = max + log(sum)`` ``[R]`` (one exp per element)."""
+    top = rows.amax(dim=-1, keepdim=True)
+    scaled = (rows - top).exp_()
+    total = scaled.sum(dim=-1)
+    return scaled, total, top.squeeze(-1) + total.log()
+
+
+def _nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """-log P(next token), float64 ``[B·(T-1)]`` on the CPU."""
+    rows, targets = _rows(logits), input_ids[:, 1:].reshape(-1).to(logits.device)
+    out = torch.empty(rows.shape[0], dtype=torch.float64)
+    for i in range(0, rows.shape[0], _ROWS):
+        chunk = rows[i : i + _ROWS].double()
+        _, _, normalizer = _softmax_parts(chunk)
+        picked = chunk.gather(1, targets[i : i + _ROWS, None]).squeeze(1)
+        out[i : i + _ROWS] = (normalizer - picked).cpu()
+    return out
+
+
+def _compare(
+    reference: torch.Tensor, quantized: torch.Tensor, input_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per predicted position of logits ``[B, T, V]`` (on the quantized logits' device):
+    KL(reference ‖ quantized) and the quantized model's NLL, float64, and whether the two
+    argmaxes agree (bool), each ``[B·(T-1)]`` on the CPU.
+
+    With reference logits r, quantized logits q, P = softmax(r) and normalizers ``Z_r``, ``Z_q``:
+    ``KL = Σ_v P(v) ((r_v - log Z_r) - (q_v - log Z_q)) = Σ_v P(v) (r_v - q_v) - (log Z_r -
+    log Z_q) Σ_v P(v)``, all in float64: two exps per vocabulary entry instead of the four of two
+    log-softmaxes, and exactly 0 for identical logits. Logits must be finite."""
+    ref_rows, q_rows = _rows(reference), _rows(quantized)
+    targets = input_ids[:, 1:].reshape(-1).to(q_rows.device)
+    n = q_rows.shape[0]
+    kld, nll = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+    agree = torch.empty(n, dtype=torch.bool)
+    for i in range(0, n, _ROWS):
+        r32 = ref_rows[i : i + _ROWS].to(q_rows.device)
+        q32 = q_rows[i : i + _ROWS]
+        agree[i : i + _ROWS] = (r32.argmax(-1) == q32.argmax(-1)).cpu()
+        r, q = r32.double(), q32.double()
+        scaled, total, log_zr = _softmax_parts(r)
+        _, _, log_zq = _softmax_parts(q)
+        p = scaled.div_(total[:, None])
+        picked = q.gather(1, targets[i : i + _ROWS, None]).squeeze(1)
+        nll[i : i + _ROWS] = (log_zq - picked).cpu()
+        divergence = (p * r.sub_(q)).sum(-1) - (log_zr - log_zq) * p.sum(-1)
+        kld[i : i + _ROWS] = divergence.cpu()
+    return kld, nll, agree
+
+
+def _bar(total: int, desc: str, progress: bool) -> Any:
+    """A bar over ``total`` windows, drawn even where stderr is not a terminal (a notebook
+    kernel rendering a report page) unless ``progress`` is False."""
+    return tqdm_class()(total=total, desc=desc, unit="window", file=sys.stderr,
+                        disable=not progress, leave=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference, run once
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class ReferenceRun:
+    """The reference model run once over a text, kept to compare many quantized models with
+    (:func:`reference_run` makes it, :func:`token_fidelity` takes it).
+
+    ``ids``: the text's tokens, int64 ``[N]`` (CPU). ``windows``: ``(start, stop)`` into
+    ``ids`` (:func:`windows_of`); ``batches``: the windows run together, as indices. ``nll``:
+    the reference's -log P(next token), float64 ``[tokens]`` in window order (nats).
+    ``hidden``: per batch, the input of the reference's output head ``[B, T, hidden]`` (its
+    dtype and device), with ``head`` a copy of that head, made when the run was (later changes to
+    the model do not reach it); both None when the head's output is not the model's logits, and
+    then ``model`` is the reference itself, run again at each comparison (do not change it
+    in place afterwards: quantize a copy). Runs compare by identity.
+    """
+
+    ids: torch.Tensor = field(repr=False)
+    windows: tuple[tuple[int, int], ...] = field(repr=False)
+    batches: tuple[tuple[int, ...], ...] = field(repr=False)
+    context: int
+    batch_size: int
+    nll: torch.Tensor = field(repr=False)
+    hidden: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
+    head: nn.Module | None = field(default=None, repr=False)
+    model: CausalLM | None = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> int:
+        """Predicted tokens (``N`` less one per window)."""
+        return int(self.nll.numel())
+
+    @property
+    def window_tokens(self) -> tuple[int, ...]:
+        """Predicted tokens per window (``stop - start - 1``)."""
+        return tuple(b - a - 1 for a, b in self.windows)
+
+    @property
+    def perplexity(self) -> float:
+        """The reference's perplexity on the text, ``exp(mean NLL)``."""
+        return math.exp(float(self.nll.mean()))
+
+    def input_ids(self, batch: int) -> torch.Tensor:
+        """The windows of batch ``batch`` stacked, int64 ``[B, T]`` (CPU)."""
+        return _stack(self.ids, self.windows, self.batches[batch])
+
+    def logits(self, batch: int) -> torch.Tensor:
+        """The reference's logits for batch ``batch``, ``[B, T, V]``: its head applied to the
+        kept hidden states (bit for bit the model's own), or the model run again."""
+        if self.hidden is not None and self.head is not None:
+            with torch.no_grad():
+                return self.head(self.hidden[batch])
+        if self.model is None:
+            raise ValueError("this ReferenceRun keeps neither hidden states nor the model")
+        return _forward(self.model, self.input_ids(batch))
+
+
+def reference_run(
+    model: CausalLM,
+    text: str | torch.Tensor | None = None,
+    *,
+    tokenizer: Any = None,
+    context: int = DEFAULT_CONTEXT,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    max_tokens: int | None = None,
+    progress: bool = True,
+) -> ReferenceRun:
+    """Run the reference ``model`` once over ``text`` and keep what :func:`token_fidelity`
+    needs to compare quantized models with it (see :class:`ReferenceRun`).
+
+    ``text``: a string, tokenized once by ``tokenizer`` (default: SmolLM2's,
+    :func:`nvfp4lab.models.smollm2_tokenizer`), or the token ids themselves (a 1-D integer
+    tensor); default: the corpus's evaluation part (:func:`nvfp4lab.corpus.pydoc_text`).
+    ``max_tokens``: score only the first ``max_tokens`` tokens. ``context``: tokens per window;
+    ``batch_size``: windows per forward pass. A progress bar (:func:`settings.tqdm_class`)
+    counts the windows unless ``progress`` is False.
+    """
+    ids = _token_ids(text, tokenizer)
+    if max_tokens is not None:
+        if max_tokens < 2:
+            raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+        ids = ids[:max_tokens]
+    windows = windows_of(ids.numel(), context)
+    if not windows:
+        raise ValueError(f"the text has {ids.numel()} token(s): nothing to predict")
+    batches = _batches(windows, batch_size)
+    head = _output_head(model)
+    head_copy = copy.deepcopy(head) if head is not None else None
+    captured: list[torch.Tensor] = []
+    handle = None
+    if head is not None:
+        handle = head.register_forward_pre_hook(
+            lambda module, args: captured.append(args[0].detach())
+        )
+    hidden: list[torch.Tensor] | None = [] if head is not None else None
+    nll: list[torch.Tensor] = []
+    try:
+        with _bar(len(windows), "reference", progress) as bar:
+            for batch in batches:
+                input_ids = _stack(ids, windows, batch)
+                captured.clear()
+                logits = _forward(model, input_ids)
+                if hidden is not None:
+                    hidden = _keep_hidden(hidden, captured, head_copy, logits)
+                nll.append(_nll(logits, input_ids))
+                bar.update(len(batch))
+    finally:
+        if handle is not None:
+            handle.remove()
+    kept = tuple(hidden) if hidden is not None else None
+    return ReferenceRun(
+        ids=ids, windows=windows, batches=batches, context=context, batch_size=batch_size,
+        nll=torch.cat(nll), hidden=kept, head=head_copy if kept is not None else None,
+        model=None if kept is not None else model,
+    )
+
+
+def _keep_hidden(
+    hidden: list[torch.Tensor], captured: list[torch.Tensor], head: nn.Module | None,
+    logits: torch.Tensor,
+) -> list[torch.Tensor] | None:
+    """``hidden`` with this batch's head input appended, or None (keep the model instead)
+    when the head did not run exactly once or its output is not bit for bit ``logits``."""
+    if head is None or len(captured) != 1:
+        return None
+    with torch.no_grad():
+        again = head(captured[0])
+    if again.shape != logits.shape or not torch.equal(again, logits):
+        return None
+    hidden.append(captured[0])
+    return hidden
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison
+# ---------------------------------------------------------------------------------------------
+
+
+def _mean_ci(
+    values: torch.Tensor, counts: Sequence[int]
+) -> tuple[float, tuple[float, float]]:
+    """Mean of ``values`` (float64 ``[Σ counts]``, window after window) and its 95 % interval
+    with the windows as the independent units (cluster-robust standard error; see the module's
+    docstring); the interval is NaN with fewer than two windows."""
+    sums = torch.stack([chunk.sum() for chunk in values.split(list(counts))])
+    n = torch.tensor(counts, dtype=torch.float64)
+    mean = float(sums.sum() / n.sum())
+    windows = len(counts)
+    if windows < 2:
+        return mean, (math.nan, math.nan)
+    spread = float(((sums - mean * n) ** 2).sum())
+    se = math.sqrt(windows / (windows - 1) * spread) / float(n.sum())
+    return mean, (mean - _Z95 * se, mean + _Z95 * se)
+
+
+def _exp_ci(ci: tuple[float, float]) -> tuple[float, float]:
+    return (math.exp(ci[0]), math.exp(ci[1]))
+
+
+@dataclass(frozen=True)
+class TokenFidelity:
+    """A quantized causal LM against its reference on one text (:func:`token_fidelity`).
+
+    ``tokens``: predicted tokens scored (over ``windows`` windows of at most ``context``).
+    ``perplexity`` / ``reference_perplexity``: ``exp(mean NLL)`` of the quantized model and the
+    reference; ``perplexity_ratio``: quantized / reference, ``exp`` of the mean per-token NLL
+    difference. ``kld_mean``, ``kld_p99``: mean and 99th percentile (linear interpolation) of the
+    per-token KL(reference ‖ quantized), nats. ``top1_agreement``: fraction of positions where
+    both models' most likely next token is the same. ``*_ci95``: 95 % confidence intervals,
+    windows as the independent units (see the module's docstring). ``kld``, ``nll``,
+    ``reference_nll``: the per-token values, float64 ``[tokens]`` in window order, CPU;
+    ``window_tokens``: predicted tokens per window.
+    """
+
+    tokens: int
+    windows: int
+    context: int
+    perplexity: float
+    perplexity_ci95: tuple[float, float]
+    reference_perplexity: float
+    reference_perplexity_ci95: tuple[float, float]
+    perplexity_ratio: float
+    perplexity_ratio_ci95: tuple[float, float]
+    kld_mean: float
+    kld_ci95: tuple[float, float]
+    kld_p99: float
+    top1_agreement: float
+    window_tokens: tuple[int, ...] = field(repr=False)
+    kld: torch.Tensor = field(repr=False, compare=False)
+    nll: torch.Tensor = field(repr=False, compare=False)
+    reference_nll: torch.Tensor = field(repr=False, compare=False)
+
+    def row(self) -> dict[str, float | int]:
+        """The scalars as one table row, an interval as its ``_lo`` / ``_hi`` bounds."""
+        out: dict[str, float | int] = {}
+        for name in ("tokens", "windows", "context", "perplexity", "perplexity_ci95",
+                     "reference_perplexity", "reference_perplexity_ci95", "perplexity_ratio",
+                     "perplexity_ratio_ci95", "kld_mean", "kld_ci95", "kld_p99",
+                     "top1_agreement"):
+            value = getattr(self, name)
+            if isinstance(value, tuple):
+                stem = name.removesuffix("_ci95")
+                out[f"{stem}_lo"], out[f"{stem}_hi"] = value
+            else:
+                out[name] = value
+        return out
+
+
+def token_fidelity(
+    reference: CausalLM | ReferenceRun,
+    quantized: CausalLM,
+    text: str | torch.Tensor | None = None,
+    *,
+    tokenizer: Any = None,
+    context: int | None = None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    progress: bool = True,
+) -> TokenFidelity:
+    """How closely ``quantized`` predicts the next token as ``reference`` does, on ``text``.
+
+    ``reference``: the float causal LM, run here first (:func:`reference_run` with ``text``,
+    ``tokenizer``, ``context`` (default :data:`DEFAULT_CONTEXT`), ``batch_size`` (default
+    :data:`DEFAULT_BATCH_SIZE`), ``max_tokens``), or a :class:`ReferenceRun` made once and
+    passed for every quantized model (then leave those five arguments out: the run fixes them).
+    ``quantized``: a causal LM with the same vocabulary, ``quantized(input_ids=int64 [B, T])``
+    returning ``.logits [B, T, V]``; it runs the run's windows in the run's batches. A progress
+    bar counts the windows unless ``progress`` is False. Returns a :class:`TokenFidelity`.
+    """
+    if isinstance(reference, ReferenceRun):
+        given = {"text": text, "tokenizer": tokenizer, "context": context,
+                 "batch_size": batch_size, "max_tokens": max_tokens}
+        clash = [name for name, value in given.items() if value is not None]
+        if clash:
+            raise ValueError(
+                f"a ReferenceRun fixes the text and its windows: leave out {', '.join(clash)} "
+                "(or pass the reference model instead)"
+            )
+        run = reference
+    else:
+        run = reference_run(
+            reference, text, tokenizer=tokenizer,
+            context=DEFAULT_CONTEXT if context is None else context,
+            batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
+            max_tokens=max_tokens, progress=progress,
+        )
+    kld, nll, agree = [], [], []
+    with _bar(len(run.windows), "quantized", progress) as bar:
+        for index, batch in enumerate(run.batches):
+            input_ids = run.input_ids(index)
+            q_logits = _forward(quantized, input_ids)
+            ref_logits = run.logits(index)
+            if ref_logits.shape[-1] != q_logits.shape[-1]:
+                raise ValueError(f"the reference predicts {ref_logits.shape[-1]} tokens, the "
+                                 f"quantized model {q_logits.shape[-1]}")
+            k, n, a = _compare(ref_logits, q_logits, input_ids)
+            kld.append(k)
+            nll.append(n)
+            agree.append(a)
+            bar.update(len(batch))
+    kld_t, nll_t, agree_t = torch.cat(kld), torch.cat(nll), torch.cat(agree)
+    counts = run.window_tokens
+    kld_mean, kld_ci = _mean_ci(kld_t, counts)
+    nll_mean, nll_ci = _mean_ci(nll_t, counts)
+    ref_mean, ref_ci = _mean_ci(run.nll, counts)
+    diff_mean, diff_ci = _mean_ci(nll_t - run.nll, counts)
+    return TokenFidelity(
+        tokens=run.tokens, windows=len(run.windows), context=run.context,
+        perplexity=math.exp(nll_mean), perplexity_ci95=_exp_ci(nll_ci),
+        reference_perplexity=math.exp(ref_mean), reference_perplexity_ci95=_exp_ci(ref_ci),
+        perplexity_ratio=math.exp(diff_mean), perplexity_ratio_ci95=_exp_ci(diff_ci),
+        kld_mean=kld_mean, kld_ci95=kld_ci,
+        kld_p99=float(torch.quantile(kld_t, 0.99)),
+        top1_agreement=float(agree_t.double().mean()),
+        window_tokens=counts, kld=kld_t, nll=nll_t, reference_nll=run.nll,
+    )

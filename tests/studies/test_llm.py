@@ -1,0 +1,268 @@
+"""The LLM study: token fidelity (perplexity, KL divergence, top-1 agreement) of causal LMs.
+
+The oracle is written independently of :mod:`nvfp4lab.studies.llm`: each window run on its own,
+then a plain loop over the predicted positions computing softmax, KL and NLL in float64 with
+``math``-level sums, on tiny seeded random Llama models (2 layers, hidden 64). One test runs the
+real SmolLM2-135M-Instruct (the ``[llm]`` extra).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from typing import Any
+
+import pytest
+import torch
+
+from nvfp4lab import corpus
+from nvfp4lab.studies import llm
+from tests.conftest import needs_smollm2
+
+VOCAB = 96
+
+
+def tiny_llama(seed: int) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True, initializer_range=0.2,  # peaked predictions, not uniform
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Any, Any]:
+    """A tiny random Llama and a copy with every weight perturbed by noise (seeded)."""
+    reference = tiny_llama(0)
+    perturbed = copy.deepcopy(reference)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in perturbed.parameters():
+            p.add_(0.05 * p.abs().mean() * torch.randn(p.shape, generator=generator))
+    return reference, perturbed
+
+
+def random_ids(n: int, seed: int = 2) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def oracle(reference: Any, quantized: Any, ids: torch.Tensor, context: int) -> dict[str, Any]:
+    """Per-token KL(P‖Q), quantized NLL, reference NLL and argmax agreement by a plain loop."""
+    kld, nll, ref_nll, agree, counts = [], [], [], [], []
+    for start in range(0, len(ids), context):
+        window = ids[start : start + context]
+        if len(window) < 2:
+            continue
+        with torch.no_grad():
+            p_logits = reference(window[None]).logits[0].double()
+            q_logits = quantized(window[None]).logits[0].double()
+        counts.append(len(window) - 1)
+        for t in range(1, len(window)):
+            p_row, q_row = p_logits[t - 1].tolist(), q_logits[t - 1].tolist()
+            p_max, q_max = max(p_row), max(q_row)
+            p_lse = p_max + math.log(math.fsum(math.exp(v - p_max) for v in p_row))
+            q_lse = q_max + math.log(math.fsum(math.exp(v - q_max) for v in q_row))
+            log_p = [v - p_lse for v in p_row]
+            log_q = [v - q_lse for v in q_row]
+            kld.append(math.fsum(math.exp(a) * (a - b) for a, b in zip(log_p, log_q,
+                                                                       strict=True)))
+            target = int(window[t])
+            nll.append(-log_q[target])
+            ref_nll.append(-log_p[target])
+            agree.append(p_row.index(p_max) == q_row.index(q_max))
+    return {"kld": kld, "nll": nll, "ref_nll": ref_nll, "agree": agree, "counts": counts}
+
+
+def test_windows() -> None:
+    assert llm.windows_of(10, 4) == ((0, 4), (4, 8), (8, 10))
+    assert llm.windows_of(9, 4) == ((0, 4), (4, 8))  # a last window of one token predicts nothing
+    assert llm.windows_of(8, 4) == ((0, 4), (4, 8))
+    assert llm.windows_of(1, 4) == ()
+    with pytest.raises(ValueError, match="context must be >= 2"):
+        llm.windows_of(10, 1)
+    windows = (*llm.windows_of(10, 4), (10, 12))
+    assert llm._batches(windows, 2) == ((0, 1), (2, 3))
+    assert llm._batches(llm.windows_of(11, 4), 4) == ((0, 1), (2,))  # lengths 4, 4, 3
+    with pytest.raises(ValueError, match="batch_size must be > 0"):
+        llm._batches(windows, 0)
+
+
+@pytest.mark.parametrize(("n", "context", "batch_size"), [(150, 64, 1), (150, 64, 3),
+                                                          (129, 64, 2), (64, 64, 4)])
+def test_matches_the_per_token_oracle(
+    pair: tuple[Any, Any], n: int, context: int, batch_size: int
+) -> None:
+    """Windows that do not divide the text (150 = 64 + 64 + 22; 129 leaves a 1-token tail),
+    batched or not."""
+    reference, quantized = pair
+    ids = random_ids(n)
+    got = llm.token_fidelity(reference, quantized, ids, context=context, batch_size=batch_size,
+                             progress=False)
+    want = oracle(reference, quantized, ids, context)
+    assert got.window_tokens == tuple(want["counts"])
+    assert got.tokens == len(want["kld"]) == n - math.ceil(n / context)
+    tol = {"rel": 1e-4, "abs": 1e-7}  # float32 logits of a batched vs a single-window run
+    assert got.kld.tolist() == pytest.approx(want["kld"], **tol)
+    assert got.nll.tolist() == pytest.approx(want["nll"], **tol)
+    assert got.reference_nll.tolist() == pytest.approx(want["ref_nll"], **tol)
+    assert got.kld_mean == pytest.approx(statistics.fmean(want["kld"]), **tol)
+    assert got.kld_p99 == pytest.approx(float(torch.quantile(torch.tensor(want["kld"]), 0.99)),
+                                        **tol)
+    assert got.perplexity == pytest.approx(math.exp(statistics.fmean(want["nll"])), rel=1e-6)
+    assert got.reference_perplexity == pytest.approx(
+        math.exp(statistics.fmean(want["ref_nll"])), rel=1e-6)
+    assert got.perplexity_ratio == pytest.approx(got.perplexity / got.reference_perplexity,
+                                                 rel=1e-12)
+    assert got.top1_agreement == pytest.approx(statistics.fmean(want["agree"]))
+    assert 0 < got.kld_mean < got.kld_p99 and got.top1_agreement < 1  # really perturbed
+    assert got.kld.dtype == got.nll.dtype == torch.float64
+
+
+def test_identical_models_agree_exactly(pair: tuple[Any, Any]) -> None:
+    reference, _ = pair
+    got = llm.token_fidelity(reference, reference, random_ids(150), context=64, progress=False)
+    assert got.kld_mean == 0.0 and got.kld_p99 == 0.0 and not got.kld.any()
+    assert got.kld_ci95 == (0.0, 0.0)
+    assert got.perplexity == got.reference_perplexity
+    assert got.perplexity_ratio == 1.0 and got.perplexity_ratio_ci95 == (1.0, 1.0)
+    assert got.top1_agreement == 1.0
+    assert torch.equal(got.nll, got.reference_nll)
+
+
+def test_confidence_intervals_over_windows(pair: tuple[Any, Any]) -> None:
+    """Equal windows: the interval is mean ± 1.96 · stdev(window means) / sqrt(W)."""
+    reference, quantized = pair
+    context, windows = 16, 12
+    got = llm.token_fidelity(reference, quantized, random_ids(context * windows),
+                             context=context, batch_size=5, progress=False)
+    assert got.windows == windows and set(got.window_tokens) == {context - 1}
+
+    def interval(values: torch.Tensor) -> tuple[float, float]:
+        means = values.reshape(windows, context - 1).mean(dim=1).tolist()
+        half = 1.959963984540054 * statistics.stdev(means) / math.sqrt(windows)
+        return (statistics.fmean(means) - half, statistics.fmean(means) + half)
+
+    assert got.kld_ci95 == pytest.approx(interval(got.kld), rel=1e-9)
+    assert got.perplexity_ci95 == pytest.approx(
+        tuple(math.exp(v) for v in interval(got.nll)), rel=1e-9)
+    assert got.reference_perplexity_ci95 == pytest.approx(
+        tuple(math.exp(v) for v in interval(got.reference_nll)), rel=1e-9)
+    assert got.perplexity_ratio_ci95 == pytest.approx(
+        tuple(math.exp(v) for v in interval(got.nll - got.reference_nll)), rel=1e-9)
+    lo, hi = got.kld_ci95
+    assert lo < got.kld_mean < hi
+    # the paired ratio is tighter than the ratio of the two perplexities' intervals
+    ratio_width = got.perplexity_ratio_ci95[1] - got.perplexity_ratio_ci95[0]
+    assert ratio_width < (got.perplexity_ci95[1] - got.perplexity_ci95[0]) / got.perplexity
+    one = llm.token_fidelity(reference, quantized, random_ids(40), context=64, progress=False)
+    assert one.windows == 1 and all(math.isnan(v) for v in one.kld_ci95)
+    row = got.row()
+    assert row["kld_lo"] == lo and row["kld_hi"] == hi and row["tokens"] == got.tokens
+    assert "kld_ci95" not in row and len(row) == 17
+
+
+def test_a_reference_run_serves_many_comparisons(pair: tuple[Any, Any]) -> None:
+    reference, quantized = pair
+    ids = random_ids(150)
+    direct = llm.token_fidelity(reference, quantized, ids, context=64, progress=False)
+    run = llm.reference_run(reference, ids, context=64, progress=False)
+    assert run.hidden is not None and run.model is None  # hidden states + a copy of the head
+    assert [h.shape for h in run.hidden] == [(2, 64, 64), (1, 22, 64)]
+    assert run.tokens == direct.tokens and run.perplexity == direct.reference_perplexity
+    with torch.no_grad():  # the reference changes afterwards: the run does not
+        reference.lm_head.weight.mul_(2.0)
+    try:
+        again = llm.token_fidelity(run, quantized, progress=False)
+    finally:
+        with torch.no_grad():
+            reference.lm_head.weight.div_(2.0)
+    assert again == direct
+    assert torch.equal(again.kld, direct.kld) and torch.equal(again.nll, direct.nll)
+    assert llm.token_fidelity(run, reference, progress=False).kld_mean == 0.0
+    with pytest.raises(ValueError, match="leave out text, context"):
+        llm.token_fidelity(run, quantized, ids, context=64)
+
+
+class ScaledLogits(torch.nn.Module):
+    """A causal LM whose logits are not its head's output (scaled after it)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.inner.lm_head
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.inner(input_ids=input_ids).logits * 0.5
+
+
+def test_a_reference_without_a_usable_head_is_run_again(pair: tuple[Any, Any]) -> None:
+    reference, quantized = pair
+    ids = random_ids(100)
+    scaled = ScaledLogits(reference)
+    run = llm.reference_run(scaled, ids, context=32, batch_size=2, progress=False)
+    assert run.hidden is None and run.head is None and run.model is scaled
+    got = llm.token_fidelity(run, quantized, progress=False)
+    want = oracle(lambda x: type("Out", (), {"logits": scaled(x)}), quantized, ids, 32)
+    assert got.kld.tolist() == pytest.approx(want["kld"], rel=1e-4, abs=1e-7)
+    plain = lambda input_ids: reference(input_ids=input_ids)  # noqa: E731  (no head to find)
+    assert llm.reference_run(plain, ids, context=32, progress=False).model is plain
+
+
+def test_text_and_tokenizer(pair: tuple[Any, Any]) -> None:
+    reference, quantized = pair
+
+    def tokenizer(text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) % VOCAB for c in text]}
+
+    text = "Each window predicts its own tokens. " * 5
+    got = llm.token_fidelity(reference, quantized, text, tokenizer=tokenizer, context=64,
+                             progress=False)
+    by_ids = llm.token_fidelity(reference, quantized, corpus.token_ids(tokenizer, text),
+                                context=64, progress=False)
+    assert got == by_ids and got.tokens == len(text) - 3
+    capped = llm.token_fidelity(reference, quantized, text, tokenizer=tokenizer, context=64,
+                                max_tokens=100, progress=False)
+    assert capped.tokens == 99 - 1 and capped.window_tokens == (63, 35)
+    with pytest.raises(TypeError, match="1-D integer tensor"):
+        llm.token_fidelity(reference, quantized, torch.rand(10))
+    with pytest.raises(ValueError, match="nothing to predict"):
+        llm.token_fidelity(reference, quantized, torch.tensor([3]), progress=False)
+
+
+def test_progress_bars_count_windows(pair: tuple[Any, Any], capsys: pytest.CaptureFixture,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvfp4lab import settings
+
+    reference, quantized = pair
+    bars: list[Any] = []
+    text_bar = settings.tqdm_class({settings.TEXT_PROGRESS_ENV: "1"})
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        bars.append(text_bar(*args, **kwargs))
+        return bars[-1]
+
+    monkeypatch.setattr(llm, "tqdm_class", lambda: recording)
+    llm.token_fidelity(reference, quantized, random_ids(150), context=64, progress=True)
+    assert [(b.desc, b.total, b.n) for b in bars] == [("reference", 3, 3), ("quantized", 3, 3)]
+
+
+@needs_smollm2
+def test_smollm2_perplexity_on_the_evaluation_text(smollm2: tuple[Any, Any]) -> None:
+    """The first 512 tokens of the evaluation part: one window, 511 predictions, checked
+    against transformers' own loss (``model(ids, labels=ids).loss``, float32)."""
+    model, tokenizer = smollm2
+    got = llm.token_fidelity(model, model, tokenizer=tokenizer, max_tokens=512, progress=False)
+    assert (got.tokens, got.windows) == (511, 1)
+    assert got.kld_mean == 0.0 and got.top1_agreement == 1.0
+    ids = corpus.token_ids(tokenizer, corpus.pydoc_text("evaluation"))[:512][None]
+    with torch.no_grad():
+        loss = float(model(ids, labels=ids).loss)
+    assert got.reference_perplexity == pytest.approx(math.exp(loss), rel=1e-5)
+    assert 15.8 < got.reference_perplexity < 16.2  # measured 15.994 (CPU, float32)
