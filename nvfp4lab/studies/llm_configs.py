@@ -1,0 +1,246 @@
+"""The configurations of the LLM study (notebook 07): what each NVFP4 choice costs SmolLM2 in
+perplexity and KL divergence, how it compares with published results, and the explorer.
+
+A configuration (:class:`LLMConfig`) is a call of
+:func:`~nvfp4lab.execution.quantize_model` on a copy of the reference model:
+
+* weights only (W4A16: the Marlin numerics) by round to nearest (RTN), by GPTQ, and by GPTQ on
+  block-Hadamard-rotated weights (MR-GPTQ style, arXiv 2509.23202);
+* weights and activations (W4A4, vLLM 0.33's emulation order) with a dynamic per-call
+  activation tensor scale or with input scales calibrated on the calibration text;
+* the KV cache alone as vLLM 0.33 writes and reads it (``nvfp4``, ``nvfp4_4over6``, and ``fp8``
+  as the comparator), with vLLM's default K / V scale 1.0;
+* W4A4 with a 4-bit KV cache.
+
+Every Linear of the decoder layers is quantized; ``lm_head`` and the embeddings stay float (as
+``quantize_model``'s default and vLLM's NVFP4 checkpoints keep them). Every number is measured
+against the float reference, which for SmolLM2 is the Q4_1-dequantized model of the shipped GGUF
+file: it is the error NVFP4 adds to that model, not to the original bfloat16 release.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nvfp4lab.execution import quantize_model
+from nvfp4lab.execution.calibrate import calibration, run_batch
+from nvfp4lab.plots import new_figure
+from nvfp4lab.studies.llm import ReferenceRun, token_fidelity
+from nvfp4lab.vocab import Backend, KVCacheKind, QuantMethod
+
+__all__ = [
+    "ANCHORS_PATH",
+    "DYNAMIC",
+    "CALIBRATED",
+    "LLMConfig",
+    "anchor_rows",
+    "build",
+    "config_rows",
+    "configurations",
+    "headline_numbers",
+    "plot_configs",
+    "published_anchors",
+]
+
+#: Activation scales of a W4A4 configuration: computed per call from the input's amax, or
+#: fixed from the calibration text's amax (``execution.calibrate.calibration``).
+DYNAMIC = "dynamic"
+CALIBRATED = "calibrated"
+#: The published results the study compares with, in direction (verified from their sources).
+ANCHORS_PATH: Path = Path(__file__).with_name("llm_anchors.csv")
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """One configuration: ``backend`` of the Linear layers (``None``: none quantized, the KV
+    cache only), ``method`` (``rtn`` / ``gptq``), ``rotation`` (GPTQ on block-Hadamard-rotated
+    weights), ``input_scales`` (:data:`DYNAMIC` or :data:`CALIBRATED`, W4A4 only), ``kv_cache``
+    (a :class:`~nvfp4lab.vocab.KVCacheKind` value or ``None``)."""
+
+    label: str
+    backend: str | None = Backend.W4A16
+    method: str = QuantMethod.RTN
+    rotation: bool = False
+    input_scales: str = DYNAMIC
+    kv_cache: str | None = None
+
+    @property
+    def weights(self) -> str:
+        return "float" if self.backend is None else "nvfp4"
+
+    @property
+    def activations(self) -> str:
+        return f"nvfp4 ({self.input_scales})" if self.backend == Backend.EMULATION else "float"
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.method == QuantMethod.GPTQ or (
+            self.backend == Backend.EMULATION and self.input_scales == CALIBRATED)
+
+
+def configurations(*, smoke: bool = False) -> list[LLMConfig]:
+    """The study's configurations in table order (``smoke``: the four that need no GPTQ run)."""
+    w4a16, w4a4 = Backend.W4A16, Backend.EMULATION
+    full = [
+        LLMConfig("W4A16 RTN", w4a16),
+        LLMConfig("W4A16 GPTQ", w4a16, QuantMethod.GPTQ),
+        LLMConfig("W4A16 MR-GPTQ", w4a16, QuantMethod.GPTQ, rotation=True),
+        LLMConfig("W4A4 RTN, dynamic", w4a4),
+        LLMConfig("W4A4 RTN, calibrated", w4a4, input_scales=CALIBRATED),
+        LLMConfig("KV nvfp4", None, kv_cache=KVCacheKind.NVFP4),
+        LLMConfig("KV nvfp4_4over6", None, kv_cache=KVCacheKind.NVFP4_4OVER6),
+        LLMConfig("KV fp8", None, kv_cache=KVCacheKind.FP8),
+        LLMConfig("W4A4 + KV nvfp4", w4a4, kv_cache=KVCacheKind.NVFP4),
+    ]
+    if smoke:
+        keep = ("W4A16 RTN", "W4A4 RTN, dynamic", "KV nvfp4", "KV fp8")
+        return [c for c in full if c.label in keep]
+    return full
+
+
+def build(reference: nn.Module, config: LLMConfig,
+          calibration_batches: Sequence[Any] = ()) -> tuple[nn.Module, float]:
+    """A quantized copy of ``reference`` for ``config`` and the seconds it took (GPTQ and the
+    input-scale calibration included). ``calibration_batches``: model inputs from the calibration
+    text (``corpus.calibration_batches``), used by GPTQ and by calibrated input scales."""
+    if config.needs_calibration and not calibration_batches:
+        raise ValueError(f"configuration {config.label!r} needs calibration_batches "
+                         "(corpus.calibration_batches(tokenizer))")
+    if config.rotation:
+        raise NotImplementedError("MR-GPTQ layers are not available yet")
+    start = time.perf_counter()
+    model = copy.deepcopy(reference)
+    gptq = config.method == QuantMethod.GPTQ
+    quantize_model(model, backend=config.backend, method=config.method,
+                   calibration=list(calibration_batches) if gptq else None,
+                   kv_cache=config.kv_cache)
+    if config.backend == Backend.EMULATION and config.input_scales == CALIBRATED:
+        with torch.no_grad(), calibration(model):
+            for batch in calibration_batches:
+                run_batch(model, batch)
+    return model, time.perf_counter() - start
+
+
+def config_rows(reference: nn.Module, run: ReferenceRun, configs: Sequence[LLMConfig],
+                calibration_batches: Sequence[Any] = (), *, progress: bool = True
+                ) -> list[dict[str, Any]]:
+    """One row per configuration: its settings, the seconds to build it, and
+    :meth:`~nvfp4lab.studies.llm.TokenFidelity.row` on ``run`` (the reference's pass over the
+    evaluation text): perplexity and its ratio to the reference's, mean and p99 KL divergence
+    (nats per token), top-1 agreement, with 95 % intervals. Each model is freed after use."""
+    from nvfp4lab.settings import tqdm_class
+
+    rows = []
+    bar = tqdm_class()(configs, desc="configurations", unit="config", disable=not progress)
+    for config in bar:
+        model, seconds = build(reference, config, calibration_batches)
+        with torch.no_grad():
+            fidelity = token_fidelity(run, model, progress=False)
+        del model
+        rows.append({"label": config.label, "weights": config.weights,
+                     "activations": config.activations, "kv_cache": config.kv_cache or "float",
+                     "method": ("mr-gptq" if config.rotation else config.method)
+                     if config.backend is not None else "-",
+                     "build_seconds": seconds, **fidelity.row()})
+    return rows
+
+
+def published_anchors(path: str | Path = ANCHORS_PATH) -> list[dict[str, Any]]:
+    """The published anchors (``llm_anchors.csv``), numbers as floats."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        row["baseline"], row["quantized"] = float(row["baseline"]), float(row["quantized"])
+    return rows
+
+
+def _row(rows: Sequence[dict[str, Any]], label: str) -> dict[str, Any] | None:
+    return next((r for r in rows if r["label"] == label), None)
+
+
+def anchor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each published anchor beside the comparable measurement here, compared in direction
+    only (a 135M model on pydoc text is not Llama-3.1-8B on wikitext): ``agrees`` says whether
+    the effect goes the same way. Anchors whose configurations were not run are left out."""
+    out = []
+    for anchor in published_anchors():
+        better = anchor["higher_is_better"] == "yes"
+        published = "improves" if (anchor["quantized"] > anchor["baseline"]) == better else \
+            "worsens"
+        name = anchor["anchor"]
+        if name == "w4a4_perplexity":
+            mine = _row(rows, "W4A4 RTN, dynamic")
+            pair = (None if mine is None else (1.0, mine["perplexity_ratio"]),
+                    "perplexity / reference's")
+        elif name == "gptq_recovery":
+            a, b = _row(rows, "W4A16 RTN"), _row(rows, "W4A16 GPTQ")
+            pair = (None if a is None or b is None else (a["kld_mean"], b["kld_mean"]),
+                    "mean KLD, RTN -> GPTQ")
+        elif name == "kv_4over6":
+            a, b = _row(rows, "KV nvfp4"), _row(rows, "KV nvfp4_4over6")
+            pair = (None if a is None or b is None else (a["kld_mean"], b["kld_mean"]),
+                    "mean KLD, nvfp4 -> nvfp4_4over6 KV")
+        else:
+            continue
+        values, what = pair
+        if values is None:
+            continue
+        ours = "improves" if values[1] < values[0] else "worsens"  # lower is better here
+        out.append({"anchor": f"{anchor['model']}: {anchor['metric']}",
+                    "published": f"{anchor['baseline_label']} {anchor['baseline']:g} -> "
+                                 f"{anchor['quantized_label']} {anchor['quantized']:g}",
+                    "published_effect": published, "here": f"{what}: {values[0]:.4g} -> "
+                    f"{values[1]:.4g}", "here_effect": ours, "agrees": ours == published,
+                    "source": anchor["source"]})
+    return out
+
+
+def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The notebook's headlines: mean KLD of W4A16 RTN, W4A4 and the KV caches; GPTQ's cut of
+    RTN's mean KLD (%); every one measured against the Q4_1-dequantized reference."""
+    out = []
+    for label in ("W4A16 RTN", "W4A4 RTN, dynamic", "KV nvfp4", "KV nvfp4_4over6", "KV fp8",
+                  "W4A4 + KV nvfp4"):
+        row = _row(rows, label)
+        if row is not None:
+            out.append({"name": f"SmolLM2 {label}: mean KLD vs Q4_1-dequantized reference",
+                        "value": round(row["kld_mean"], 4), "unit": "nats/token"})
+    rtn, gptq = _row(rows, "W4A16 RTN"), _row(rows, "W4A16 GPTQ")
+    if rtn is not None and gptq is not None and rtn["kld_mean"] > 0:
+        out.append({"name": "SmolLM2 W4A16: GPTQ's cut of RTN's mean KLD",
+                    "value": round(100.0 * (1.0 - gptq["kld_mean"] / rtn["kld_mean"]), 1),
+                    "unit": "%"})
+    return out
+
+
+def plot_configs(rows: Sequence[dict[str, Any]]) -> Any:
+    """Mean KL divergence per configuration with its 95 % interval (log scale), top-1
+    agreement written at each bar's end."""
+    fig, ax = new_figure(
+        "SmolLM2-135M: next-token KL divergence per configuration (lower is better)",
+        "mean KL(reference ‖ quantized), nats per token (log scale; bars: 95 % interval)",
+        "configuration", figsize=(9.0, 0.4 * len(rows) + 1.6), xscale="log")
+    means = [max(r["kld_mean"], 1e-9) for r in rows]
+    lo = [m - max(r["kld_lo"], 1e-9) for m, r in zip(means, rows, strict=True)]
+    hi = [max(r["kld_hi"], 1e-9) - m for m, r in zip(means, rows, strict=True)]
+    colours = ["C2" if r["weights"] == "float" else
+               ("C3" if r["activations"] != "float" else "C0") for r in rows]
+    ax.barh(range(len(rows)), means, xerr=[lo, hi], color=colours, capsize=3)
+    for i, r in enumerate(rows):
+        ax.text(means[i] + hi[i], i, f"  top-1 {r['top1_agreement']:.3f}", va="center",
+                fontsize=7)
+    ax.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    if all(math.isfinite(m) for m in means):
+        ax.set_xlim(min(means) / 3, max(m + h for m, h in zip(means, hi, strict=True)) * 4)
+    return fig
