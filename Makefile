@@ -60,10 +60,13 @@ VLLM_KERNELS_IMPORT_DEPS ?= cbor2=cbor2==6.3.0 aiohttp=aiohttp==3.14.5 multidict
 	partial_json_parser=partial-json-parser==0.2.1.1.post7 llguidance=llguidance==1.7.6 \
 	einops=einops==0.8.2
 
-# `make test-browser`: the report pages in headless Chromium through Playwright. The browser is
-# the system's (`apt-get install chromium`; this target installs no system package and never runs
-# `playwright install`); Playwright's Python driver is pip-installed into $(VENV), pinned.
-# The pages: a smoke render made by the test itself, or BROWSER_PAGES=reports (after `make report`).
+# `make test-browser`: headless Chromium through Playwright, on the report pages
+# (tests/browser/test_pages.py) and on each notebook's live explorer in a JupyterLab server the
+# test starts on 127.0.0.1 (tests/browser/test_lab.py: no widget label, readout or dropdown option
+# truncated, no error, the output follows a control). The browser is the system's (`apt-get
+# install chromium`; this target installs no system package and never runs `playwright install`);
+# Playwright's Python driver is pip-installed into $(VENV), pinned. The pages: a smoke render made
+# by the test itself, or BROWSER_PAGES=reports (after `make report`).
 PLAYWRIGHT_SPEC ?= playwright==1.65.2
 BROWSER_PAGES ?=
 
@@ -74,7 +77,7 @@ help:
 	@echo "make report       run the notebooks into reports/*.html (index: reports/index.html)"
 	@echo "make test         run the test suite and the linter"
 	@echo "make test-peers   check nvfp4lab bit for bit against vLLM 0.33.0, torchao 0.18, ModelOpt 0.47"
-	@echo "make test-browser open every report page offline in headless Chromium (needs chromium)"
+	@echo "make test-browser report pages and JupyterLab explorers in headless Chromium (needs chromium)"
 	@echo "make lint         ruff only"
 	@echo "make bench-quick  a short benchmark run (nvfp4lab bench --quick)"
 	@echo "make clean        remove reports/ and caches (keeps $(VENV))"

@@ -7,7 +7,11 @@ text/table function that tests call without a kernel. Updates replace ``Output.o
 directly, so nothing is printed into the cell.
 
 Every control with a description gets ``description_width: initial``, so a label such as
-"block scale s" is shown whole instead of being cut to the default width.
+"block scale s" is shown whole instead of being cut to the default width. Every dropdown is at
+least the usual widget width (``--jp-widgets-inline-width``, 300 px) and otherwise as wide as
+its label and longest option (``width: max-content``): in the fixed 300 px, 06's scenario
+"VLLM_USE_NVFP4_CT_EMULATIONS=1" showed as "VLLM_USE_NVFP4_CT_EMULATIO". ``make test-browser``
+checks both in JupyterLab (tests/browser/test_lab.py).
 
 Outside a live kernel a widget needs its saved state to draw. When the box is displayed, its
 mime bundle also carries a static snapshot of the readout at that moment (``text/plain`` and
@@ -68,6 +72,10 @@ def explorer(
     for control in controls:
         if getattr(control, "description", ""):
             control.style.description_width = "initial"
+        if isinstance(control, widgets.Dropdown):
+            # at max-content a <select> is as wide as its longest option
+            control.layout.width = "max-content"
+            control.layout.min_width = "var(--jp-widgets-inline-width)"
         control.observe(refresh, names="value")
     refresh()
     box = widgets.VBox([*controls, out])

@@ -8,15 +8,14 @@ minute), or an existing report folder named by ``NVFP4LAB_BROWSER_PAGES`` (e.g. 
 
 Each page: every image loads (``naturalWidth > 0``), no console error or uncaught exception, no
 request leaves the file system, and the headline numbers are there (on the notebook's page as
-the runner's ``headline: name = value`` line, on the index as ``name: value``). Out of scope
-here: JupyterLab's live explorers (their widget labels are not part of the static pages).
+the runner's ``headline: name = value`` line, on the index as ``name: value``). The live
+explorers, whose widgets the static pages do not hold, are checked in a real JupyterLab by
+``test_lab.py``. Chromium comes from ``conftest.py``.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,20 +41,6 @@ def pages_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     failed = {r.name: r.error for r in results if not r.ok}
     assert not failed, f"the smoke render failed: {failed}"
     return folder
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="make test-browser installs it")
-    exe = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which(
-        "chromium-browser")
-    if exe is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium), nor $CHROMIUM")
-    with sync_api.sync_playwright() as pw:
-        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start
-        chromium = pw.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
 
 
 def _open(browser: Any, path: Path) -> tuple[Any, Any, list[str], list[str]]:

@@ -71,6 +71,19 @@ def test_every_described_control_shows_its_whole_label() -> None:
     assert [c.style.description_width for c in box.children[:2]] == ["initial", "initial"]
 
 
+def test_a_dropdown_is_as_wide_as_its_longest_option() -> None:
+    # in the fixed 300 px, "VLLM_USE_NVFP4_CT_EMULATIONS=1" showed as "VLLM_USE_NVFP4_CT_EMULATIO"
+    # (tests/browser/test_lab.py measures it in JupyterLab)
+    a = ipywidgets.FloatSlider(description="a")
+    b = ipywidgets.Dropdown(options=["default", "VLLM_USE_NVFP4_CT_EMULATIONS=1"],
+                            description="scenario")
+    box = explorer(ipywidgets, [a, b], lambda: (stream_output("ok"),))
+    assert (b.layout.width, b.layout.min_width) == (
+        "max-content", "var(--jp-widgets-inline-width)")
+    assert (a.layout.width, a.layout.min_width) == (None, None)  # sliders keep their width
+    assert box.children[1] is b
+
+
 def test_a_displayed_explorer_carries_a_static_snapshot() -> None:
     # viewers without a kernel or saved widget state (nbconvert HTML, nbviewer) show the
     # richest non-widget type: the snapshot, not "VBox(children=...)"
