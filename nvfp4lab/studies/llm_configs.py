@@ -40,8 +40,8 @@ from nvfp4lab.vocab import Backend, KVCacheKind, QuantMethod
 
 __all__ = [
     "ANCHORS_PATH",
-    "DYNAMIC",
     "CALIBRATED",
+    "DYNAMIC",
     "LLMConfig",
     "anchor_rows",
     "build",
