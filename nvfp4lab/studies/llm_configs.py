@@ -46,8 +46,10 @@ __all__ = [
     "anchor_rows",
     "build",
     "config_rows",
+    "config_text",
     "configurations",
     "headline_numbers",
+    "llm_explorer",
     "plot_configs",
     "published_anchors",
 ]
@@ -244,3 +246,78 @@ def plot_configs(rows: Sequence[dict[str, Any]]) -> Any:
     if all(math.isfinite(m) for m in means):
         ax.set_xlim(min(means) / 3, max(m + h for m, h in zip(means, hi, strict=True)) * 4)
     return fig
+
+
+def config_text(row: dict[str, Any]) -> str:
+    """One line for one :func:`config_rows` row."""
+    return (f"{row['label']} (weights {row['weights']}, activations {row['activations']}, KV "
+            f"cache {row['kv_cache']}): mean KLD {row['kld_mean']:.4f} nats/token "
+            f"[{row['kld_lo']:.4f}, {row['kld_hi']:.4f}], p99 {row['kld_p99']:.3f} | perplexity "
+            f"{row['perplexity']:.3f} = {row['perplexity_ratio']:.3f} x the reference's | top-1 "
+            f"agreement {row['top1_agreement']:.3f} | {row['tokens']} tokens")
+
+
+def llm_explorer(
+    reference: nn.Module,
+    ids: torch.Tensor,
+    run: ReferenceRun,
+    configs: Sequence[LLMConfig],
+    calibration_batches: Sequence[Any] = (),
+    *,
+    linear: Sequence[dict[str, Any]] = (),
+    kv: Sequence[dict[str, Any]] = (),
+    rows: Sequence[dict[str, Any]] = (),
+) -> Any:
+    """Pick a decoder layer and a configuration (notebook 07): the layer's Linear errors and
+    outlier channels, its K / V error and attention effect per KV head and cache kind, and the
+    configuration's next-token fidelity on ``run``.
+
+    Needs only the notebook's setup cell: ``linear`` / ``kv`` (:func:`llm_layers.linear_rows` /
+    :func:`llm_layers.kv_rows` over ``ids``) and ``rows`` (:func:`config_rows`) are used when
+    given, else computed on first use and kept (the layer rows in one forward pass each; a
+    configuration in 10-60 s: its build, GPTQ included, and its pass over ``run``)."""
+    import ipywidgets as widgets
+    import pandas as pd
+
+    from nvfp4lab.studies import llm_layers
+    from nvfp4lab.studies.explorer import explorer, stream_output, table_output
+
+    if not configs:
+        raise ValueError("llm_explorer needs at least one configuration")
+    layers = int(reference.config.num_hidden_layers)
+    cache: dict[str, list[dict[str, Any]]] = {"linear": list(linear), "kv": list(kv)}
+    by_label = {r["label"]: r for r in rows}
+    by_config = {c.label: c for c in configs}
+    layer = widgets.Dropdown(options=list(range(layers)), description="decoder layer")
+    config = widgets.Dropdown(options=list(by_config), description="configuration")
+
+    def layer_rows(which: str) -> list[dict[str, Any]]:
+        if not cache[which]:
+            rows_of = llm_layers.linear_rows if which == "linear" else llm_layers.kv_rows
+            cache[which] = rows_of(reference, ids)
+        return cache[which]
+
+    def config_row(label: str) -> dict[str, Any]:
+        if label not in by_label:
+            model, seconds = build(reference, by_config[label], calibration_batches)
+            with torch.no_grad():
+                fidelity = token_fidelity(run, model, progress=False)
+            by_label[label] = {"label": label, "weights": by_config[label].weights,
+                               "activations": by_config[label].activations,
+                               "kv_cache": by_config[label].kv_cache or "float",
+                               "build_seconds": seconds, **fidelity.row()}
+        return by_label[label]
+
+    def render() -> tuple[dict[str, Any], ...]:
+        prefix = f"{layer.value}."
+        mine = [r for r in layer_rows("linear") if r["short"].startswith(prefix)]
+        lin = pd.DataFrame(mine).set_index("short")[
+            ["weight_nmse", "activation_nmse", "activation_crest", "top_channel",
+             "channel_ratio"]]
+        kv_mine = pd.DataFrame([r for r in layer_rows("kv") if r["layer"] == layer.value])
+        kv_table = kv_mine.pivot_table(index="kv_head", columns="kind",
+                                       values=["k_nmse", "score_kl"])
+        return (table_output(lin, "{:.3g}"), table_output(kv_table, "{:.3g}"),
+                stream_output(config_text(config_row(config.value))))
+
+    return explorer(widgets, [layer, config], render)

@@ -32,7 +32,8 @@ from nvfp4lab.execution.attention import observe_attention
 from nvfp4lab.execution.kv_cache import fake_quantize_kv
 from nvfp4lab.vocab import KVCacheKind
 
-__all__ = ["attention_effect", "channel_outliers", "kv_rows", "linear_rows", "short_name"]
+__all__ = ["attention_effect", "channel_outliers", "kv_rows", "linear_rows", "plot_kv",
+           "plot_linear", "short_name"]
 
 
 def short_name(name: str) -> str:
@@ -157,3 +158,67 @@ def kv_rows(model: nn.Module, ids: torch.Tensor,
                              "score_kl": float(kl[mine].mean()),
                              "output_nmse": float(err[mine].mean())})
     return rows
+
+
+def plot_linear(rows: Sequence[dict[str, Any]]) -> Any:
+    """Per decoder layer, the NVFP4 NMSE of each projection's weight and input activations
+    (top), and the loudest input channel's RMS over the median channel's (bottom, log)."""
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10.0, 6.5), sharex=True)
+    fig.suptitle("SmolLM2: NVFP4 error per Linear layer, and where the outlier channels sit")
+    top.set(ylabel="NMSE vs float (unitless)")
+    bottom.set(xlabel="decoder layer")
+    # one line per distinct input: projections fed the same tensor (q/k/v, gate/up) share it
+    series: dict[str, list[tuple[int, float, float]]] = {}
+    for r in rows:
+        layer, kind = r["short"].split(".", 1)
+        series.setdefault(kind, []).append((int(layer), r["activation_nmse"], r["channel_ratio"]))
+    groups: dict[str, list[str]] = {}
+    for kind, points in series.items():
+        same = next((g for g in groups if series[g] == points), None)
+        groups.setdefault(same or kind, []).append(kind)
+    for i, (kind, members) in enumerate(groups.items()):
+        xs, nmse, ratio = zip(*series[kind], strict=True)
+        label = "/".join(members)
+        top.plot(xs, nmse, marker=".", color=f"C{i}", label=f"{label} input")
+        bottom.plot(xs, ratio, marker=".", color=f"C{i}", label=label)
+    weights = {}
+    for r in rows:
+        weights.setdefault(int(r["short"].split(".")[0]), []).append(r["weight_nmse"])
+    top.plot(list(weights), [sum(v) / len(v) for v in weights.values()], color="black", lw=2,
+             ls="--", label="weights (mean)")
+    top.legend(fontsize=7, ncols=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    bottom.set(yscale="log", ylabel="loudest input channel RMS / median channel RMS")
+    bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def plot_kv(rows: Sequence[dict[str, Any]], quantity: str = "score_kl") -> Any:
+    """``quantity`` of :func:`kv_rows` per layer (rows) and KV head (columns), one panel per
+    cache kind, one colour scale (log) for all."""
+    import matplotlib.colors as mcolors
+    import matplotlib.pyplot as plt
+
+    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    layers = max(r["layer"] for r in rows) + 1
+    heads = max(r["kv_head"] for r in rows) + 1
+    values = [r[quantity] for r in rows if r[quantity] > 0]
+    norm = mcolors.LogNorm(vmin=min(values), vmax=max(values))
+    units = {"score_kl": "attention KL (nats per query)", "k_nmse": "K NMSE",
+             "v_nmse": "V NMSE", "output_nmse": "attention output NMSE"}
+    fig, grid_axes = plt.subplots(1, len(kinds), figsize=(3.0 * len(kinds) + 1.5, 6.0),
+                                  sharey=True, squeeze=False)
+    axes = list(grid_axes.flat)
+    fig.suptitle(f"SmolLM2 KV cache: {units.get(quantity, quantity)} per layer and KV head")
+    axes[0].set_ylabel("decoder layer")
+    image = None
+    for ax, kind in zip(axes, kinds, strict=True):
+        grid = torch.full((layers, heads), float("nan"))
+        for r in rows:
+            if r["kind"] == kind:
+                grid[r["layer"], r["kv_head"]] = r[quantity]
+        image = ax.imshow(grid.numpy(), aspect="auto", norm=norm, cmap="viridis")
+        ax.set(title=kind, xticks=range(heads), xlabel="KV head")
+    fig.colorbar(image, ax=axes, label=units.get(quantity, quantity))
+    return fig

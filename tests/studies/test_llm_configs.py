@@ -1,0 +1,128 @@
+"""studies.llm_configs on a seeded tiny Llama: each configuration equals the direct
+quantize_model call it stands for; anchors, headlines and plots from given rows."""
+
+from __future__ import annotations
+
+import copy
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+from nvfp4lab.execution import quantize_model
+from nvfp4lab.execution.calibrate import calibration
+from nvfp4lab.studies import llm, llm_layers
+from nvfp4lab.studies import llm_configs as lc
+from nvfp4lab.vocab import Backend, KVCacheKind, QuantMethod
+from tests.execution.test_attention import IDS, tiny_llama
+
+BATCHES = [{"input_ids": IDS[:, :12], "attention_mask": torch.ones_like(IDS[:, :12])}]
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS, use_cache=False).logits
+
+
+def _direct(reference: torch.nn.Module, config: lc.LLMConfig) -> torch.nn.Module:
+    """The quantize_model call the configuration stands for, written out."""
+    model = copy.deepcopy(reference)
+    gptq = config.method == QuantMethod.GPTQ
+    quantize_model(model, backend=config.backend, method=config.method,
+                   calibration=BATCHES if gptq else None, kv_cache=config.kv_cache)
+    if config.input_scales == lc.CALIBRATED:
+        with torch.no_grad(), calibration(model):
+            for batch in BATCHES:
+                model(**batch)
+    return model
+
+
+@pytest.mark.parametrize("config", [c for c in lc.configurations() if not c.rotation],
+                         ids=lambda c: c.label)
+def test_each_configuration_is_its_quantize_model_call(config: lc.LLMConfig) -> None:
+    reference = tiny_llama()
+    before = _logits(reference)
+    built, seconds = lc.build(reference, config, BATCHES)
+    assert seconds > 0 and torch.equal(_logits(reference), before)  # the reference untouched
+    assert torch.equal(_logits(built), _logits(_direct(reference, config)))
+    assert not torch.equal(_logits(built), before)
+
+
+def test_settings_and_checks() -> None:
+    configs = {c.label: c for c in lc.configurations()}
+    assert configs["KV fp8"].weights == "float" and configs["KV fp8"].kv_cache == KVCacheKind.FP8
+    assert configs["W4A4 RTN, calibrated"].activations == "nvfp4 (calibrated)"
+    assert configs["W4A16 GPTQ"].needs_calibration and not configs["W4A16 RTN"].needs_calibration
+    assert {c.label for c in lc.configurations(smoke=True)} < set(configs)
+    assert all(c.method == QuantMethod.RTN for c in lc.configurations(smoke=True))
+    with pytest.raises(ValueError, match="needs calibration_batches"):
+        lc.build(tiny_llama(), configs["W4A16 GPTQ"])
+
+
+def test_config_rows_score_each_model_against_the_run() -> None:
+    reference = tiny_llama()
+    run = llm.reference_run(reference, IDS[0], context=8, progress=False)
+    configs = [lc.LLMConfig("W4A16 RTN", Backend.W4A16), lc.LLMConfig("KV fp8", None,
+                                                                      kv_cache="fp8")]
+    rows = lc.config_rows(reference, run, configs, progress=False)
+    for config, row in zip(configs, rows, strict=True):
+        model, _ = lc.build(reference, config)
+        expected = llm.token_fidelity(run, model, progress=False)
+        assert row["kld_mean"] == expected.kld_mean and row["label"] == config.label
+        assert row["perplexity"] == expected.perplexity
+    assert rows[1]["method"] == "-" and rows[0]["kv_cache"] == "float"
+    assert "mean KLD" in lc.config_text(rows[0])
+
+
+def _row(label: str, kld: float, ratio: float = 1.2) -> dict[str, object]:
+    return {"label": label, "kld_mean": kld, "perplexity_ratio": ratio, "kld_lo": kld * 0.9,
+            "kld_hi": kld * 1.1, "top1_agreement": 0.8, "weights": "nvfp4",
+            "activations": "float"}
+
+
+def test_anchors_compare_directions() -> None:
+    rows = [_row("W4A16 RTN", 0.2), _row("W4A16 GPTQ", 0.25), _row("W4A4 RTN, dynamic", 0.4, 1.5),
+            _row("KV nvfp4", 0.11), _row("KV nvfp4_4over6", 0.09)]
+    anchors = {a["anchor"].split(":")[0]: a for a in lc.anchor_rows(rows)}
+    assert len(lc.published_anchors()) == 3 and len(anchors) == 3
+    assert anchors["Llama-3.1-8B"]["agrees"]  # both worsen perplexity
+    assert not anchors["Llama-3.1-8B-Instruct"]["agrees"]  # GPTQ worse here: disagrees
+    assert anchors["Qwen3-8B"]["agrees"]  # 4over6 better in both
+    assert lc.anchor_rows(rows[:1]) == []  # nothing comparable run
+    heads = {h["name"]: h["value"] for h in lc.headline_numbers(rows)}
+    assert heads["SmolLM2 W4A16: GPTQ's cut of RTN's mean KLD"] == -25.0
+
+
+def test_plots_have_titles_and_labels() -> None:
+    rows = [_row("W4A16 RTN", 0.2), {**_row("KV fp8", 0.01), "weights": "float"}]
+    fig = lc.plot_configs(rows)
+    assert fig.axes[0].get_title() and fig.axes[0].get_xlabel()
+    model = tiny_llama()
+    linear = llm_layers.linear_rows(model, IDS[:1])
+    fig2 = llm_layers.plot_linear(linear)
+    labels = [t.get_text() for t in fig2.axes[0].get_legend().get_texts()]
+    assert "q_proj/k_proj/v_proj input" in labels and "gate_proj/up_proj input" in labels
+    fig3 = llm_layers.plot_kv(llm_layers.kv_rows(model, IDS[:1]), "k_nmse")
+    assert [a.get_title() for a in fig3.axes[:3]] == ["nvfp4", "nvfp4_4over6", "fp8"]
+    for f in (fig, fig2, fig3):
+        plt.close(f)
+
+
+def test_explorer_starts_from_the_setup_cell() -> None:
+    from tests.studies.widgets import control, text
+
+    reference = tiny_llama()
+    run = llm.reference_run(reference, IDS[0], context=8, progress=False)
+    configs = [lc.LLMConfig("W4A16 RTN", Backend.W4A16), lc.LLMConfig("KV fp8", None,
+                                                                      kv_cache="fp8")]
+    box = lc.llm_explorer(reference, IDS[:1], run, configs)  # nothing computed before
+    shown = text(box)
+    layer0 = [r for r in llm_layers.linear_rows(reference, IDS[:1]) if r["short"] == "0.q_proj"]
+    assert f"{layer0[0]['weight_nmse']:.3g}" in shown and "W4A16 RTN" in shown
+    control(box, "configuration").value = "KV fp8"
+    (row,) = lc.config_rows(reference, run, configs[1:], progress=False)
+    assert lc.config_text(row) in text(box)
+    control(box, "decoder layer").value = 1
+    assert "1.q_proj" in text(box)
+    with pytest.raises(ValueError, match="at least one configuration"):
+        lc.llm_explorer(reference, IDS[:1], run, [])
