@@ -204,6 +204,7 @@ def execute_notebook(
                 str(out_ipynb),
                 parameters=parameters or None,
                 kernel_name=kernel_name or "python3",
+                language="python",  # parameters are injected as Python, whatever the metadata
                 kernel_manager_class=_kernel_manager_class(kernel_name, watch),
                 execution_timeout=timeout_s,
                 cwd=str(path.parent),

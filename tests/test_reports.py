@@ -124,7 +124,7 @@ def test_parameters_reach_the_kernel_and_it_runs_this_python(run, notebook_dir: 
     assert heads["smoke"].value == 1  # SMOKE=True injected by smoke=True (bools stored as int)
     assert Path(heads["python"].value).resolve() == Path(sys.executable).resolve()
     assert heads["cwd"].value == notebook_dir.name  # papermill runs in the notebook's folder
-    assert results["01_good"].parameters == {"SEED": 3, "SMOKE": True}
+    assert results["01_good"].parameters == {"SEED": 3, "SMOKE": True, "INTERACTIVE": False}
 
 
 def test_a_cell_ending_in_headline_shows_the_headline_once(run) -> None:
