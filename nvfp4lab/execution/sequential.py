@@ -456,12 +456,13 @@ class BlockRunner:
         none of the tensors changed in place since) with the remembered output, without running
         (the watched modules it would have called still count in the call order)."""
         old = self._modules.get(name)
-        if old is not None:
-            self._names.pop(id(old), None)
+        if old is not module:
+            if old is not None:
+                self._names.pop(id(old), None)
+            self._handles.append(module.register_forward_pre_hook(self._watch))
         self._modules[name] = module
         self._names[id(module)] = name
         self._final.add(name)
-        self._handles.append(module.register_forward_pre_hook(self._watch))
         watched_ids = {id(m): n for n, m in self._modules.items()}
         final: dict[str, nn.Module] = {}
         for path, sub in self.block.named_modules():

@@ -4,6 +4,7 @@ gives ordinary NVFP4Linear layers that save and load."""
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from nvfp4lab import formats, quantize, reference
+from nvfp4lab import formats, models, quantize, reference
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.execution import NVFP4Linear, quantize_model
@@ -25,6 +26,8 @@ from nvfp4lab.execution.gptq import (
     gptq_quantize,
 )
 from nvfp4lab.vocab import Convention
+from tests.conftest import needs_minilm
+from tests.execution.reference_gptq import differing, whole_model_gptq
 from tests.execution.tiny_models import tiny_model, token_batches
 
 
@@ -319,6 +322,115 @@ def test_quantize_model_gptq_is_sequential() -> None:
     assert torch.equal(model[0].weight_packed, first.packed)
     assert second is not None and torch.equal(model[2].weight_packed, second.packed)
     assert not model[0].cache_dequantized and not model[0]._dq_cache
+
+
+# -- block by block: the same bits as the whole-model passes ----------------------------------
+
+
+def _padded_llama_batches(n: int, seed: int = 3) -> list[dict[str, torch.Tensor]]:
+    """``n`` batches of 2 sequences of 9 tokens, the second padded (right, then left)."""
+    from tests.checkpoint.builders import VOCAB
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        ids = torch.randint(0, VOCAB, (2, 9), generator=g)
+        mask = torch.ones(2, 9, dtype=torch.long)
+        if i % 2:
+            mask[1, :3] = 0
+        else:
+            mask[1, 6:] = 0
+        out.append({"input_ids": ids, "attention_mask": mask})
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("options", [GPTQOptions(), GPTQOptions(act_order=True)],
+                         ids=["default", "act_order"])
+def test_block_pipeline_equals_whole_model_on_llama(
+    dtype: torch.dtype, options: GPTQOptions
+) -> None:
+    """A 2-layer Llama (GQA, no biases, KV cache on by default) with padded batches: every code,
+    scale and output is the whole-model path's, and the whole model never runs (lm_head is not
+    reached: only the blocks do)."""
+    pytest.importorskip("transformers")
+    from tests.checkpoint.builders import tiny_llama
+
+    batches = _padded_llama_batches(3)
+    reference, model = tiny_llama().to(dtype), tiny_llama().to(dtype)
+    assert model.config.use_cache
+    whole_model_gptq(reference, batches, options=options)
+    heads: list[int] = []
+    handle = model.lm_head.register_forward_pre_hook(lambda m, a: heads.append(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = quantize_model(model, backend="w4a16", method="gptq", calibration=batches,
+                                gptq=options)
+    handle.remove()
+    assert not heads  # block by block: the model's head never ran
+    assert len(report.replaced) == 14 and differing(reference, model) == []
+    with torch.no_grad():
+        for batch in _padded_llama_batches(2, seed=8):
+            assert torch.equal(model(**batch).logits, reference(**batch).logits)
+
+
+def test_block_pipeline_equals_whole_model_outside_and_off_the_chain() -> None:
+    """Layers after the blocks (TinyLM's ``odd``) run the whole model after the blocks; a model
+    whose blocks are not a chain (hidden states changed between blocks) runs the whole model
+    for every stage: both the reference's bits."""
+
+    class Scaled(nn.Module):  # 2 * h between the blocks: not a chain
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = tiny_model()
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.inner.embed(ids)
+            for block in self.inner.blocks:
+                x = block(x) * 2.0
+            return self.inner.lm_head(x)
+
+    batches = token_batches(3)
+    for make in (tiny_model, Scaled):
+        reference, model = make(), make()
+        whole_model_gptq(reference, batches, share="llama")
+        with warnings.catch_warnings():  # Scaled never calls odd: RTN, warned
+            warnings.simplefilter("ignore", GPTQFallbackWarning)
+            quantize_model(model, backend="w4a16", share_global_scale="llama", method="gptq",
+                           calibration=batches)
+        assert differing(reference, model) == [], make
+
+
+@needs_minilm
+def test_block_pipeline_equals_whole_model_on_minilm(encoder: models.SentenceEncoder) -> None:
+    """MiniLM (BERT blocks, padded sentences, the pooler after the blocks), two calibration
+    batches: bit for bit the whole-model path's codes, scales and embeddings."""
+    from nvfp4lab.studies import model_fidelity as study
+
+    batches = study.calibration_batches(encoder)[:2]
+    reference, model = copy.deepcopy(encoder.model), copy.deepcopy(encoder.model)
+    whole_model_gptq(reference, batches, share="bert")
+    quantize_model(model, backend="w4a16", share_global_scale="bert", method="gptq",
+                   calibration=batches)
+    assert differing(reference, model) == []
+    held_out = encoder.tokenize(list(study.SENTENCES[:8]))
+    with torch.no_grad():
+        assert torch.equal(model(**held_out).last_hidden_state,
+                           reference(**held_out).last_hidden_state)
+
+
+def test_same_input_layers_share_one_hessian() -> None:
+    """q/k/v (one input tensor) share one Hessian object, equal to separate accumulation; a
+    layer fed another tensor keeps its own."""
+    model = tiny_model()
+    names = ["blocks.0.attn.q_proj", "blocks.0.attn.k_proj", "blocks.0.attn.v_proj",
+             "blocks.0.attn.o_proj"]
+    batches = token_batches(2)
+    shared = collect_hessians(model, names, batches)
+    q, k, v, o = (shared[n] for n in names)
+    assert q is k is v and o is not q
+    alone = collect_hessians(model, names[:1], batches)[names[0]]
+    assert torch.equal(q.sum, alone.sum) and q.tokens == alone.tokens == 2 * 2 * 12
 
 
 def test_quantize_model_gptq_shares_scales_and_beats_rtn() -> None:
