@@ -98,7 +98,7 @@ from nvfp4lab.hadamard import check_seed, hadamard_transform, rotation_matrix
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import TensorScale, abs_max, as_global_scale, tensor_scale_from_amax
-from nvfp4lab.tensor import NVFP4Tensor
+from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor
 from nvfp4lab.vocab import Convention, NonFinite, ScaleTiming, check_choice, check_dtype
 
 __all__ = [
@@ -407,6 +407,7 @@ def gptq_quantize(
     global_scale: torch.Tensor | float | None = None,
     convention: str = Convention.KERNEL,
     options: GPTQOptions | None = None,
+    hadamard: int | None = None,
 ) -> GPTQResult:
     """GPTQ of a Linear weight ``[N, K]`` (fp32/bf16/fp16, K a multiple of 16) to NVFP4.
 
@@ -414,12 +415,34 @@ def gptq_quantize(
     :class:`Hessian`'s ``matrix()``). ``global_scale``: ENCODE convention; None computes
     ``2688/amax(weight)``. Returns a :class:`GPTQResult` whose ``weight`` is an
     :class:`NVFP4Tensor` (packed codes, E4M3 scales, the global scale) in ``weight.dtype``.
+
+    ``hadamard=seed`` (MR-GPTQ): GPTQ of ``W Q`` (:func:`~nvfp4lab.hadamard.hadamard_transform`
+    in the weight's dtype, as :func:`nvfp4lab.quantize` rotates) with ``Qᵀ H Q`` (float64), Q
+    the seeded 16-point block Hadamard; ``global_scale`` (None: ``2688/amax(W Q)``) then scales
+    ``W Q``. The ``weight`` is a :class:`~nvfp4lab.tensor.RotatedNVFP4Tensor` and
+    ``dequantized`` is rotated back (``≈ W``).
     """
-    result = _gptq_nvfp4(weight, hessian, global_scale, convention, options or GPTQOptions())
+    result = _gptq_nvfp4(weight, hessian, global_scale, convention, options or GPTQOptions(),
+                         hadamard)
     if result.fallback:
         warnings.warn(f"GPTQ fell back to RTN: {result.reason}", GPTQFallbackWarning,
                       stacklevel=2)
     return result
+
+
+def _rotated_hessian(h: torch.Tensor, seed: int, block: int = BLOCK_SIZE) -> torch.Tensor:
+    """``Qᵀ H Q`` in float64 ``[K, K]`` (Q: :func:`~nvfp4lab.hadamard.rotation_matrix`)."""
+    rot = rotation_matrix(h.shape[0], seed, block=block, dtype=_WORK).to(h.device)
+    return rot.T @ h.to(dtype=_WORK) @ rot
+
+
+def _as_rotated(result: GPTQResult, seed: int) -> GPTQResult:
+    """The result of GPTQ on ``W Q`` as a rotated one: a RotatedNVFP4Tensor, and the
+    dequantized weight rotated back."""
+    assert result.weight is not None
+    weight = RotatedNVFP4Tensor(**vars(result.weight), hadamard=seed)
+    back = hadamard_transform(result.dequantized, seed, inverse=True)
+    return GPTQResult(weight, back, result.dead_columns, result.fallback, result.reason)
 
 
 def _gptq_nvfp4(
@@ -428,18 +451,23 @@ def _gptq_nvfp4(
     global_scale: torch.Tensor | float | None,
     convention: str,
     options: GPTQOptions,
+    hadamard: int | None = None,
 ) -> GPTQResult:
     """:func:`gptq_quantize` without the fallback warning (its callers word it)."""
     _check_pair(weight, hessian, BLOCK_SIZE)
-    order = get_order(convention)
     w = weight.detach()
+    if hadamard is not None:
+        check_seed(hadamard)
+        w, hessian = hadamard_transform(w, hadamard), _rotated_hessian(hessian, hadamard)
+    order = get_order(convention)
     scale = _tensor_scale(w, global_scale, order)
     q, codes, scales, dead, reason = _run(w, hessian, _NVFP4Columns(scale, order), options)
     tensor = NVFP4Tensor(
         pack_fp4(codes), scales.to(torch.float8_e4m3fn), scale.encode, shape=w.shape,
         dtype=w.dtype, decode_scale=scale.decode,
     )
-    return GPTQResult(tensor, q, dead, bool(reason), reason)
+    result = GPTQResult(tensor, q, dead, bool(reason), reason)
+    return result if hadamard is None else _as_rotated(result, hadamard)
 
 
 def gptq_fake_quantize(
@@ -474,8 +502,7 @@ def gptq_fake_quantize(
     if hadamard is not None:
         check_seed(hadamard)
         w = hadamard_transform(w.to(torch.float32), hadamard, block=group)
-        rot = rotation_matrix(w.shape[1], hadamard, block=group, dtype=_WORK).to(w.device)
-        h = rot.T @ h.to(device=w.device, dtype=_WORK) @ rot
+        h = _rotated_hessian(h.to(device=w.device), hadamard, block=group)
     if cols is None:
         order = get_order(Convention.KERNEL)
         cols = _NVFP4Columns(_tensor_scale(w, None, order), order)
@@ -632,8 +659,10 @@ def _quantize_stage(
     global_scales: Mapping[str, torch.Tensor],
     convention: str,
     options: GPTQOptions,
+    hadamard: int | None = None,
 ) -> list[tuple[str, GPTQResult]]:
-    """GPTQ of the layers of one stage, in order, from their Hessians.
+    """GPTQ of the layers of one stage, in order, from their Hessians (``hadamard``: each
+    weight rotated on its own, the shared Hessian once, as :func:`gptq_quantize` does).
 
     Layers that share one Hessian object AND one global-scale tensor (a fused group: q/k/v,
     gate/up) are quantized as one weight stacked along N: GPTQ treats every row of W on its own
@@ -671,14 +700,24 @@ def _quantize_stage(
             key = (id(h), id(gs), weight.dtype, weight.device, weight.shape[1])
         runs.setdefault(key, []).append(name)
     results: dict[str, GPTQResult] = {}
+    rotated: dict[int, torch.Tensor] = {}
     for names in runs.values():
         weights = [layers[n].weight.detach() for n in names]
         h = matrices[names[0]]
         if h is None:
             h = torch.eye(weights[0].shape[1], dtype=_WORK, device=weights[0].device)
+        if hadamard is not None:
+            check_seed(hadamard)
+            _check_pair(weights[0], h, BLOCK_SIZE)
+            weights = [hadamard_transform(w, hadamard) for w in weights]
+            if id(h) not in rotated:
+                rotated[id(h)] = _rotated_hessian(h, hadamard)
+            h = rotated[id(h)]
         stacked = weights[0] if len(weights) == 1 else torch.cat(weights)
         result = _gptq_nvfp4(stacked, h, global_scales.get(names[0]), convention, options)
         parts = [result] if len(names) == 1 else _split(result, [w.shape[0] for w in weights])
+        if hadamard is not None:
+            parts = [_as_rotated(part, hadamard) for part in parts]
         results.update(zip(names, parts, strict=True))
     out = []
     for name in stage:
@@ -746,13 +785,16 @@ def sequential_gptq(
     global_scales: Mapping[str, torch.Tensor] | None = None,
     convention: str = Convention.KERNEL,
     options: GPTQOptions | None = None,
+    hadamard: int | None = None,
 ) -> Iterator[tuple[str, GPTQResult]]:
     """Yield ``(name, GPTQResult)`` for each Linear of ``layers`` (in their order), stage by stage.
 
     The caller must put each yielded layer into ``model`` before asking for the next one: the
     next stage's Hessians are collected by running ``batches`` through ``model`` as it is then.
-    ``groups``: fused groups (one stage each); ``global_scales``: name -> shared ENCODE scale.
-    A layer no batch reaches is rounded with RTN (:class:`GPTQFallbackWarning`).
+    ``groups``: fused groups (one stage each); ``global_scales``: name -> shared ENCODE scale
+    (of the rotated weights with ``hadamard``). ``hadamard=seed``: MR-GPTQ, each layer as
+    :func:`gptq_quantize` with ``hadamard`` (the caller installs layers that rotate their
+    inputs). A layer no batch reaches is rounded with RTN (:class:`GPTQFallbackWarning`).
 
     Where the layers live in repeated blocks (:mod:`nvfp4lab.execution.sequential`), each stage
     runs only its block over the block's captured inputs, and each block once more, quantized,
@@ -766,7 +808,7 @@ def sequential_gptq(
     global_scales = global_scales or {}
     stages = _stages(list(layers), groups)
     quantize = partial(_quantize_stage, layers=layers, global_scales=global_scales,
-                       convention=convention, options=options)
+                       convention=convention, options=options, hadamard=hadamard)
 
     def whole_model(todo: Sequence[tuple[str, ...]]) -> Iterator[tuple[str, GPTQResult]]:
         for stage in todo:

@@ -59,20 +59,23 @@ def whole_model_gptq(
     share: str | None = "auto",
     options: GPTQOptions | None = None,
     backend: str = "w4a16",
+    hadamard: int | None = None,
 ) -> list[str]:
     """Quantize ``model`` in place (every Linear ``quantize_model`` would take, lm_head left
-    out); returns the layer names in order."""
+    out; ``hadamard``: MR-GPTQ, each layer by ``gptq_quantize(hadamard=...)``); returns the
+    layer names in order."""
     report = wm.QuantizeReport()
     candidates = wm._candidates(model, wm.DEFAULT_IGNORE, report)
     groups = wm._share_groups(list(candidates), share)
-    shared = wm._shared_scales(candidates, groups, "kernel")
+    shared = wm._shared_scales(candidates, groups, "kernel", hadamard)
     for stage in _stages(list(candidates), groups):
         hessians = _stage_hessians(model, stage, batches)
         for name in stage:
             weight = candidates[name].weight.detach()
             h = (hessians[name].matrix() if name in hessians
                  else torch.eye(weight.shape[1], dtype=torch.float64))
-            result = gptq_quantize(weight, h, global_scale=shared.get(name), options=options)
+            result = gptq_quantize(weight, h, global_scale=shared.get(name), options=options,
+                                   hadamard=hadamard)
             assert result.weight is not None
             bias = candidates[name].bias
             layer = NVFP4Linear.from_quantized(

@@ -25,6 +25,8 @@ from nvfp4lab.execution.gptq import (
     gptq_fake_quantize,
     gptq_quantize,
 )
+from nvfp4lab.hadamard import hadamard_transform, rotation_matrix
+from nvfp4lab.tensor import RotatedNVFP4Tensor
 from nvfp4lab.vocab import Convention
 from tests.conftest import needs_minilm
 from tests.execution.reference_gptq import differing, whole_model_gptq
@@ -485,6 +487,76 @@ def test_gptq_checkpoint_round_trip(tmp_path: object) -> None:
     ids = llama_batches(1, seed=9)[0]
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+
+
+# -- MR-GPTQ: GPTQ on the rotated weight and Hessian, in a layer that rotates its inputs --------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotated_gptq_is_gptq_of_the_rotated_weight_and_hessian(dtype: torch.dtype) -> None:
+    w, x = _layer(48, 96).to(dtype), _inputs(400, 96)
+    h = _hessian(x)
+    result = gptq_quantize(w, h, hadamard=4)
+    rot = rotation_matrix(96, 4, dtype=torch.float64)
+    plain = gptq_quantize(hadamard_transform(w, 4), rot.T @ h @ rot).weight
+    got = result.weight
+    assert isinstance(got, RotatedNVFP4Tensor) and got.hadamard == 4 and got.dtype == dtype
+    assert plain is not None and not isinstance(plain, RotatedNVFP4Tensor)
+    assert torch.equal(got.packed, plain.packed)
+    assert torch.equal(_raw(got.scales), _raw(plain.scales))
+    assert torch.equal(got.global_scale, plain.global_scale)
+    torch.testing.assert_close(result.dequantized, got.dequantize(torch.float32))
+    layer = NVFP4Linear.from_quantized(got)
+    assert layer.hadamard == 4 and torch.equal(layer.weight_packed, plain.packed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotated_rtn_is_rotated_gptq_with_identity_hessian(dtype: torch.dtype) -> None:
+    w = _layer(32, 128).to(dtype)
+    rtn = quantize(w, hadamard=9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gptq = gptq_quantize(w, torch.eye(128), hadamard=9).weight
+    assert gptq is not None and gptq == rtn  # bytes, global scale, shape, dtype, seed
+
+
+def test_quantize_model_mr_gptq_and_rotated_rtn() -> None:
+    """method="mr-gptq" (seed 0) is the reference MR-GPTQ bit for bit (block pipeline), its
+    fused groups share the scale of the ROTATED weights, and it beats rotated RTN held out;
+    method="rtn" with hadamard gives from_linear(hadamard=...) layers."""
+    calib, held_out = token_batches(8, seed=1), token_batches(4, seed=2)
+    fp, reference, mr, rtn = tiny_model(), tiny_model(), tiny_model(), tiny_model()
+    qkv = [f"blocks.0.attn.{p}_proj" for p in "qkv"]
+    weights = {n: fp.get_submodule(n).weight.detach() for n in qkv}
+    whole_model_gptq(reference, calib, share="llama", hadamard=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = quantize_model(mr, backend="w4a16", share_global_scale="llama",
+                                method="mr-gptq", calibration=calib)
+    assert {r.method for r in report.replaced} == {"mr-gptq"}
+    assert {r.hadamard for r in report.replaced} == {0} and "hadamard=0" in str(report)
+    assert differing(reference, mr) == []
+    expected = min(compute_global_scale(hadamard_transform(w, 0)) for w in weights.values())
+    assert {float(mr.get_submodule(n).weight_global_scale) for n in qkv} == {float(expected)}
+    r_rtn = quantize_model(rtn, backend="w4a16", share_global_scale="llama", hadamard=0)
+    assert {r.method for r in r_rtn.replaced} == {"rtn"}
+    assert {r.hadamard for r in r_rtn.replaced} == {0}
+    one = NVFP4Linear.from_linear(fp.odd, hadamard=0)
+    assert torch.equal(rtn.odd.weight_packed, one.weight_packed) and rtn.odd.hadamard == 0
+
+    def err(model: nn.Module) -> float:
+        with torch.no_grad():
+            return sum(float((model(t) - fp(t)).square().mean()) for t in held_out)
+
+    assert err(mr) < err(rtn)
+    seeded = tiny_model()
+    quantize_model(seeded, backend="w4a16", method="gptq", hadamard=5,
+                   calibration=calib[:2])
+    assert seeded.blocks[0].attn.q_proj.hadamard == 5
+    with pytest.raises(ValueError, match="non-negative integer seed"):
+        quantize_model(tiny_model(), hadamard=-2)
+    with pytest.raises(ValueError, match="needs calibration="):
+        quantize_model(tiny_model(), method="mr-gptq")
 
 
 # -- (e) bad inputs ------------------------------------------------------------------------------
