@@ -315,8 +315,9 @@ class RotatedNVFP4Tensor(NVFP4Tensor):
 
     :meth:`dequantize` undoes the rotation (it returns an approximation of ``x``);
     :meth:`dequantize_rotated` returns ``x Q`` itself, what a GEMM whose other operand was rotated
-    with the same seed consumes (:func:`nvfp4lab.hadamard.rotate_gemm_operands`). ``linear`` and
-    ``NVFP4Linear`` refuse it (its :attr:`transform` is set): they would use ``x Q`` as ``x``.
+    with the same seed consumes (:func:`nvfp4lab.hadamard.rotate_gemm_operands`). ``linear``
+    refuses it (its :attr:`transform` is set: it would use ``x Q`` as ``x``);
+    ``NVFP4Linear.from_quantized`` makes it a rotated layer, which rotates its inputs too.
     """
 
     hadamard: int = 0

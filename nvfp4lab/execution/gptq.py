@@ -61,6 +61,24 @@ Hessians of one stage (a fused group such as q/k/v, which shares its input, or a
 are held at once. Padding tokens (``attention_mask == 0`` in a mapping batch, for inputs
 ``[B, T, K]``) are left out of the Hessian.
 
+Where the layers sit in repeated blocks (a decoder's ``model.layers``, a BERT's
+``encoder.layer``) the model does not run once per stage: :mod:`nvfp4lab.execution.sequential`
+captures block 0's inputs once per batch and each stage runs only its own block (ended right
+after the stage's last layer; layers already final answer from memory), each block once more to
+feed the next. The bits are those of the whole-model passes (tests/execution/test_gptq.py
+compares them on MiniLM and a Llama), four stages a block cost about two block passes instead of
+four model passes. Layers outside the blocks, and models whose blocks are not a plain chain, run
+the whole model per stage. Layers fed the very same input tensor (q/k/v, gate/up) share one
+Hessian (the same additions in the same order), and a fused group that also shares its global
+scale runs as ONE weight stacked along N (GPTQ treats each row on its own): the same codes in one
+column loop.
+
+MR-GPTQ (``quantize_model(method="mr-gptq")``, :func:`gptq_quantize` ``hadamard=seed``): GPTQ of
+``W Q`` with ``Qᵀ H Q``, Q the seeded 16-point block Hadamard of :mod:`nvfp4lab.hadamard`
+(arXiv 2509.23202 style: the rotation block matches the NVFP4 group); the layer
+(:class:`~nvfp4lab.execution.layers.NVFP4Linear` ``hadamard=seed``) rotates its inputs at run
+time. With ``H = I`` it is RTN of ``W Q`` (:func:`nvfp4lab.quantize` with ``hadamard``).
+
 Sources read for the facts (no code taken): llm-compressor 0.14 (scales up front since 0.4,
 damp 0.01, static act order, fp32 Hessian, global scale from the original weights shared across
 fused layers, RTN fallback on a failed Cholesky), GPTQModel 7.7 (damp 0.05, a group's scale at
@@ -71,8 +89,8 @@ H in float64 instead of float32.
 Study-only: :func:`gptq_fake_quantize` runs the same loop for MXFP4 and INT4-g128 (any
 :class:`~nvfp4lab.formats.base.BlockFormatInfo`) and, with ``hadamard=seed``, on weights rotated
 by the block Hadamard whose block matches the format's group (MR-GPTQ style, arXiv 2509.23202:
-``W' = W Q``, ``H' = Qᵀ H Q``); it returns the dequantized weight rotated back. A rotated NVFP4
-weight is not an ordinary NVFP4Linear (its inputs would need the same rotation at run time).
+``W' = W Q``, ``H' = Qᵀ H Q``); it returns the dequantized weight rotated back (the weight
+rotated in float32 here; the layer path rotates in the weight's dtype, as the codec does).
 """
 
 from __future__ import annotations
