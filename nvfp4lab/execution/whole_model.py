@@ -338,16 +338,19 @@ def _gptq_layers(
                               convention=convention, options=gptq, hadamard=hadamard)
     done = QuantMethod.GPTQ if hadamard is None else QuantMethod.MR_GPTQ
     installed: list[NVFP4Linear] = []
-    for name, result in results:
-        assert result.weight is not None
-        bias = candidates[name].bias
-        layer = NVFP4Linear.from_quantized(
-            result.weight, bias.detach() if bias is not None else None,
-            **{**options, "cache_dequantized": True},  # later stages run it once per batch
-        )
-        how = f"rtn (gptq fallback: {result.reason})" if result.fallback else done
-        yield name, layer, how
-        installed.append(layer)
+    try:
+        for name, result in results:
+            assert result.weight is not None
+            bias = candidates[name].bias
+            layer = NVFP4Linear.from_quantized(
+                result.weight, bias.detach() if bias is not None else None,
+                **{**options, "cache_dequantized": True},  # later stages run it once per batch
+            )
+            how = f"rtn (gptq fallback: {result.reason})" if result.fallback else done
+            yield name, layer, how
+            installed.append(layer)
+    finally:  # on any exit (an error here or in the caller too): calibration hooks removed
+        results.close()
     for layer in installed:  # calibration is over: the caller's cache setting, cache freed
         layer.cache_dequantized = bool(options["cache_dequantized"])
         layer.clear_dequantized_cache()
@@ -453,6 +456,9 @@ def quantize_model(
                 )
             )
     except BaseException as exc:  # all or nothing: put every replaced Linear back
+        close = getattr(layers, "close", None)
+        if callable(close):  # GPTQ's calibration hooks and remembered forwards go now, not
+            close()  # when the traceback holding the generator is freed
         for name, original in candidates.items():
             if model.get_submodule(name) is not original:
                 _set_submodule(model, name, original)

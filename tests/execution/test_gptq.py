@@ -663,3 +663,44 @@ def test_gptq_nan_hessian_at_layer_2_restores_the_model() -> None:
     assert all(torch.equal(after[k], before[k]) for k in before)
     assert any("put back the 1 layer(s) it had already replaced ('0')" in n
                for n in info.value.__notes__)
+
+
+@pytest.mark.parametrize("where", ["hessian", "caller"])
+def test_block_pipeline_failure_restores_the_model(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure inside GPTQ (an infinite Hessian in block 1: its input norm scales by inf) or in
+    the caller while block 1 is half done (building its 6th layer): the model has its own
+    layers back, and no hook and no replaced forward are left behind."""
+    pytest.importorskip("transformers")
+    from nvfp4lab.execution import whole_model
+    from tests.checkpoint.builders import tiny_llama, token_batches
+
+    model = tiny_llama()
+    if where == "hessian":
+        with torch.no_grad():
+            model.model.layers[1].input_layernorm.weight.fill_(math.inf)
+        error, match = ValueError, r"Hessian of layer 'model\.layers\.1\.self_attn\.q_proj"
+    else:
+        built = whole_model.NVFP4Linear.from_quantized
+        calls: list[int] = []
+
+        def failing(*args: object, **kwargs: object) -> NVFP4Linear:
+            calls.append(1)
+            if len(calls) == 7 + 5:  # block 1's gate_proj: q/k/v and o_proj are final
+                raise RuntimeError("disk full")
+            return built(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(whole_model.NVFP4Linear, "from_quantized", failing)
+        error, match = RuntimeError, "disk full"
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    types = {n: type(m) for n, m in model.named_modules()}
+    with pytest.raises(error, match=match) as info:
+        quantize_model(model, method="gptq", calibration=token_batches(2))
+    assert {n: type(m) for n, m in model.named_modules()} == types
+    after = model.state_dict()
+    assert list(after) == list(before) and all(torch.equal(after[k], before[k]) for k in before)
+    for module in model.modules():  # while the error (and its frames) is still held
+        assert "forward" not in vars(module)
+        assert not module._forward_pre_hooks and not module._forward_hooks
+    assert info.value is not None
