@@ -14,24 +14,32 @@ function                  computes
 :func:`encode_blocks`     uint8 E2M1 codes of blocks at given block scales
 :func:`decode_codes`      float32 values of codes at given block scales (the order's decode)
 :func:`quantize_blocks`   both, with optional scale search over several targets
+:func:`fixed_scale_codec` encode and decode at fixed block scales, their arithmetic done once
+                          (:func:`encode_blocks` and :func:`decode_codes`, bit for bit)
 ========================  =====================================================================
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from nvfp4lab.constants import E2M1_MAX
-from nvfp4lab.e2m1 import round_to_e2m1_codes, stochastic_round_to_e2m1_codes
+from nvfp4lab.e2m1 import e2m1_table, round_to_e2m1_codes, stochastic_round_to_e2m1_codes
 from nvfp4lab.orders import ArithmeticOrder, DecodeRule, E2M1Ties
 from nvfp4lab.orders import get as get_order
-from nvfp4lab.scales import abs_max, block_scales, scale_elements
-from nvfp4lab.tensor import decode_blocks
+from nvfp4lab.scales import abs_max, block_scales, element_scaler, scale_elements
+from nvfp4lab.tensor import block_decode_factor, decode_blocks
 from nvfp4lab.vocab import Convention, Rounding
 
-__all__ = ["block_scales_of", "decode_codes", "encode_blocks", "quantize_blocks"]
+__all__ = [
+    "block_scales_of",
+    "decode_codes",
+    "encode_blocks",
+    "fixed_scale_codec",
+    "quantize_blocks",
+]
 
 
 
@@ -83,6 +91,35 @@ def decode_codes(
     if get_order(convention).decode is DecodeRule.SCALE_TIMES_DECODE:
         return decode_blocks(codes, scales, scale, decode_scale=scale)
     return decode_blocks(codes, scales, scale)
+
+
+def fixed_scale_codec(
+    scales: torch.Tensor,
+    scale: torch.Tensor,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
+    """``(encode, decode)`` at fixed float32 block ``scales [..., nb]`` and tensor ``scale`` (the
+    order's form): ``encode(blocks [..., nb, B])`` is :func:`encode_blocks` (RNE) and
+    ``decode(codes)`` :func:`decode_codes`, bit for bit, with the per-block factors computed once
+    instead of at every call (GPTQ rounds the 16 columns of a group one at a time at one scale).
+    """
+    order = get_order(convention)
+    if order.e2m1_ties is not E2M1Ties.EVEN:  # pragma: no cover - a new tie rule goes here
+        raise NotImplementedError(f"E2M1 ties {order.e2m1_ties} of the {order.name} order")
+    scaled = element_scaler(scales, scale, order)
+    exact = scale if order.decode is DecodeRule.SCALE_TIMES_DECODE else None
+    factor = block_decode_factor(scales, scale, exact).unsqueeze(-1)
+    table = e2m1_table(torch.float32, scales.device)
+
+    def encode(blocks: torch.Tensor) -> torch.Tensor:
+        return round_to_e2m1_codes(scaled(blocks))
+
+    def decode(codes: torch.Tensor) -> torch.Tensor:
+        values = table[codes.long()]
+        values *= factor
+        return values
+
+    return encode, decode
 
 
 def quantize_blocks(

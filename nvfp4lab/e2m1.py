@@ -16,6 +16,7 @@ from nvfp4lab.vocab import SUPPORTED_DTYPES
 
 __all__ = [
     "decode_e2m1",
+    "e2m1_table",
     "encode_e2m1",
     "pack_fp4",
     "round_to_e2m1_codes",
@@ -93,10 +94,15 @@ def decode_e2m1(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torc
             f"E2M1 codes are 4-bit (0..15); got a maximum of {int(codes.max())}; "
             "unpack packed bytes with unpack_fp4 first"
         )
-    table = torch.tensor(
-        list(E2M1_VALUES) + [-v for v in E2M1_VALUES], dtype=dtype, device=codes.device
-    )
-    return table[codes.long()]
+    return e2m1_table(dtype, codes.device)[codes.long()]
+
+
+def e2m1_table(
+    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The 16 E2M1 values by code (``[16]`` of ``dtype``): indexing it with codes decodes them."""
+    return torch.tensor(list(E2M1_VALUES) + [-v for v in E2M1_VALUES], dtype=dtype,
+                        device=device)
 
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,7 @@ __all__ = [
     "block_scales",
     "decode_scale_from_amax",
     "decode_to_encode_scale",
+    "element_scaler",
     "encode_to_decode_scale",
     "global_scale_from_amax",
     "scale_elements",
@@ -255,14 +257,15 @@ def block_scales(
     return scales
 
 
-def scale_elements(
-    blocks: torch.Tensor,
+def element_scaler(
     scales: torch.Tensor,
     global_scale: torch.Tensor,
     convention: str | ArithmeticOrder = Convention.KERNEL,
-) -> torch.Tensor:
-    """float32 ``x * gs / s`` clamped to ±6 for ``blocks [..., nb, B]`` and float32 ``scales``,
-    by the order's :class:`~nvfp4lab.orders.ElementScaling` (``global_scale`` in the order's form).
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The order's element scaling at fixed float32 block ``scales [..., nb]``, its per-block
+    factor computed once: a function of ``blocks [..., nb, B]`` returning float32
+    ``x * gs / s`` clamped to ±6. ``scale_elements(b, s, gs, order)`` is
+    ``element_scaler(s, gs, order)(b)`` (GPTQ rounds the 16 columns of a group at one scale).
 
     ``MULTIPLY_BY_INVERSE`` (kernel): a multiply by ``m = 1 / (s * (1/gs))`` (0 where ``s == 0``);
     ``DIVIDE_BY_SCALE_OVER_ENCODE`` (compressed-tensors): a division by ``s / gs``;
@@ -270,15 +273,35 @@ def scale_elements(
     """
     order = get_order(convention)
     rule = order.element_scaling
-    x = blocks.to(torch.float32)
     if rule is ElementScaling.MULTIPLY_BY_INVERSE:
         multiplier = torch.reciprocal(scales * torch.reciprocal(global_scale))
-        multiplier = torch.where(scales == 0, 0.0, multiplier)
-        scaled = x * multiplier.unsqueeze(-1)
-    elif rule is ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE:
-        scaled = x / (scales / global_scale).unsqueeze(-1)
+        multiplier = torch.where(scales == 0, 0.0, multiplier).unsqueeze(-1)
+
+        def scaled(blocks: torch.Tensor) -> torch.Tensor:
+            return (blocks.to(torch.float32) * multiplier).clamp_(-E2M1_MAX, E2M1_MAX)
+
+        return scaled
+    if rule is ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE:
+        divisor = (scales / global_scale).unsqueeze(-1)
     elif rule is ElementScaling.DIVIDE_BY_SCALE_TIMES_DECODE:
-        scaled = x / (scales * global_scale).unsqueeze(-1)
+        divisor = (scales * global_scale).unsqueeze(-1)
     else:  # pragma: no cover - a new rule must be taught here
         raise NotImplementedError(f"element scaling {rule} of the {order.name} order")
-    return scaled.clamp_(-E2M1_MAX, E2M1_MAX)
+
+    def divided(blocks: torch.Tensor) -> torch.Tensor:
+        return (blocks.to(torch.float32) / divisor).clamp_(-E2M1_MAX, E2M1_MAX)
+
+    return divided
+
+
+def scale_elements(
+    blocks: torch.Tensor,
+    scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
+) -> torch.Tensor:
+    """float32 ``x * gs / s`` clamped to ±6 for ``blocks [..., nb, B]`` and float32 ``scales``,
+    by the order's :class:`~nvfp4lab.orders.ElementScaling` (``global_scale`` in the order's form;
+    the rules: :func:`element_scaler`).
+    """
+    return element_scaler(scales, global_scale, convention)(blocks)

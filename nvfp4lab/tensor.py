@@ -34,6 +34,7 @@ __all__ = [
     "NVFP4Tensor",
     "RotatedNVFP4Tensor",
     "block_chunks",
+    "block_decode_factor",
     "decode_blocks",
     "invalid_block_scales",
 ]
@@ -50,6 +51,17 @@ def block_chunks(blocks: int, block_size: int, device: torch.device) -> Iterator
         yield slice(start, min(start + per, blocks))
 
 
+def block_decode_factor(
+    scales: torch.Tensor, global_scale: torch.Tensor, decode_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """float32 ``[..., nb]`` factor each block's E2M1 values are multiplied by:
+    ``scale / global_scale``, or ``scale * decode_scale`` when the exact DECODE scale is given
+    (arguments as in :func:`decode_blocks`)."""
+    if decode_scale is None:
+        return scales.to(torch.float32) / global_scale
+    return scales.to(torch.float32) * decode_scale
+
+
 def decode_blocks(
     codes: torch.Tensor,
     scales: torch.Tensor,
@@ -63,10 +75,7 @@ def decode_blocks(
     E4M3 values); ``global_scale``: float32 ``[1]`` (encode convention). Returns float32 of the
     shape of ``codes``.
     """
-    if decode_scale is None:
-        block_factor = scales.to(torch.float32) / global_scale
-    else:
-        block_factor = scales.to(torch.float32) * decode_scale
+    block_factor = block_decode_factor(scales, global_scale, decode_scale)
     values = decode_e2m1(codes, torch.float32)
     values *= block_factor.unsqueeze(-1)
     return values
@@ -306,8 +315,9 @@ class RotatedNVFP4Tensor(NVFP4Tensor):
 
     :meth:`dequantize` undoes the rotation (it returns an approximation of ``x``);
     :meth:`dequantize_rotated` returns ``x Q`` itself, what a GEMM whose other operand was rotated
-    with the same seed consumes (:func:`nvfp4lab.hadamard.rotate_gemm_operands`). ``linear`` and
-    ``NVFP4Linear`` refuse it (its :attr:`transform` is set): they would use ``x Q`` as ``x``.
+    with the same seed consumes (:func:`nvfp4lab.hadamard.rotate_gemm_operands`). ``linear``
+    refuses it (its :attr:`transform` is set: it would use ``x Q`` as ``x``);
+    ``NVFP4Linear.from_quantized`` makes it a rotated layer, which rotates its inputs too.
     """
 
     hadamard: int = 0

@@ -14,7 +14,7 @@ vocabulary             values                                                   
 :class:`Rounding`      rne, stochastic                                                 codec
 :class:`ScaleSelection`  amax, four_over_six, mse_search                               codec
 :class:`NonFinite`     raise, propagate                                                codec
-:class:`QuantMethod`   rtn, gptq (how quantize_model picks the weight codes)           execution
+:class:`QuantMethod`   rtn, gptq, mr-gptq (how quantize_model picks the weight codes)  execution
 :class:`ScaleTiming`   original, updated (when GPTQ fixes a group's block scale)       execution
 :class:`Platform`      cuda, rocm, xpu, cpu (vLLM's platforms)                         execution
 :class:`Scheme`        NVFP4 (W4A4), NVFP4A16 (weight-only) checkpoint schemes         execution
@@ -149,6 +149,9 @@ class QuantMethod(StrEnum):
 
     RTN = "rtn"  #: round to nearest, each weight on its own (no data needed)
     GPTQ = "gptq"  #: GPTQ: column by column, rounding errors fed forward through calibration data
+    #: GPTQ on block-Hadamard-rotated weights and Hessians (MR-GPTQ, arXiv 2509.23202); the layer
+    #: rotates its inputs at run time
+    MR_GPTQ = "mr-gptq"
 
 
 class ScaleTiming(StrEnum):

@@ -371,6 +371,14 @@ def _quantized_layers(model: nn.Module) -> dict[str, NVFP4Linear]:
         )
     if "" in quantized:
         raise ValueError("the model itself is an NVFP4Linear; wrap it in a container module")
+    rotated = [n for n, m in quantized.items() if m.hadamard is not None]
+    if rotated:
+        raise ValueError(
+            f"{len(rotated)} NVFP4Linear layer(s) hold Hadamard-rotated weights (W·Q), e.g. "
+            f"{rotated[0]!r} (hadamard={quantized[rotated[0]].hadamard}): checkpoints have no "
+            "rotation, a loader would multiply unrotated inputs by W·Q. Save a model quantized "
+            "without hadamard (method 'rtn' or 'gptq')"
+        )
     return quantized
 
 

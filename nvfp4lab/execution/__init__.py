@@ -10,10 +10,13 @@ module              holds
 ``gemm``            :func:`linear` on the ``native`` / ``emulation`` / ``w4a16`` backends and
                     the bias epilogues
 ``shared_scales``   the cost of merging the global scales of fused shards (vLLM's ``max``)
-``layers``          :class:`NVFP4Linear` (compressed-tensors buffer names)
+``layers``          :class:`NVFP4Linear` (compressed-tensors buffer names; optionally
+                    Hadamard-rotated, MR-GPTQ)
 ``whole_model``     :func:`quantize_model` and its report; the fused groups
-``gptq``            GPTQ for NVFP4 (``quantize_model(method="gptq")``), and for the other block
-                    formats as a study function
+``gptq``            GPTQ for NVFP4 (``quantize_model(method="gptq" | "mr-gptq")``), and for
+                    the other block formats as a study function
+``sequential``      a model's repeated blocks run one at a time over calibration batches
+                    (block 0's inputs captured, a block's stage passes ended early)
 ``calibrate``       activation-scale calibration
 ``kv_cache``        the KV cache as vLLM 0.33 writes and reads it (``--kv-cache-dtype nvfp4``,
                     ``nvfp4_4over6``, ``fp8``): ``pack``, ``unpack``, ``fake_quantize_kv``

@@ -43,9 +43,10 @@ class CalibrationResult:
 def calibration(
     model: nn.Module, *, convention: str = Convention.KERNEL
 ) -> Iterator[CalibrationResult]:
-    """Record each NVFP4Linear's running max |input|; on a normal exit set its
-    ``input_global_scale = 2688/amax`` (:func:`compute_global_scale` semantics: float32 for
-    "kernel", the input dtype for "compressed-tensors"; amax 0 -> 1.0).
+    """Record each NVFP4Linear's running max |input| (of ``x Q`` for a rotated layer, what its
+    GEMM quantizes); on a normal exit set its ``input_global_scale = 2688/amax``
+    (:func:`compute_global_scale` semantics: float32 for "kernel", the input dtype for
+    "compressed-tensors"; amax 0 -> 1.0).
 
     While inside, the layers run weight-only (activations are observed unquantized, as
     compressed-tensors calibrates with activation quantization disabled). On an exception the
@@ -61,6 +62,8 @@ def calibration(
             x = args[0]
             if not isinstance(x, torch.Tensor) or x.numel() == 0:
                 return
+            if isinstance(module, NVFP4Linear):  # the GEMM's input: x Q for a rotated layer
+                x = module.rotate_input(x.detach())
             amax = abs_max(x.detach())
             prev = running.get(name)
             running[name] = amax if prev is None else torch.maximum(prev, amax.to(prev.dtype))

@@ -61,6 +61,24 @@ Hessians of one stage (a fused group such as q/k/v, which shares its input, or a
 are held at once. Padding tokens (``attention_mask == 0`` in a mapping batch, for inputs
 ``[B, T, K]``) are left out of the Hessian.
 
+Where the layers sit in repeated blocks (a decoder's ``model.layers``, a BERT's
+``encoder.layer``) the model does not run once per stage: :mod:`nvfp4lab.execution.sequential`
+captures block 0's inputs once per batch and each stage runs only its own block (ended right
+after the stage's last layer; layers already final answer from memory), each block once more to
+feed the next. The bits are those of the whole-model passes (tests/execution/test_gptq.py
+compares them on MiniLM and a Llama), four stages a block cost about two block passes instead of
+four model passes. Layers outside the blocks, and models whose blocks are not a plain chain, run
+the whole model per stage. Layers fed the very same input tensor (q/k/v, gate/up) share one
+Hessian (the same additions in the same order), and a fused group that also shares its global
+scale runs as ONE weight stacked along N (GPTQ treats each row on its own): the same codes in one
+column loop.
+
+MR-GPTQ (``quantize_model(method="mr-gptq")``, :func:`gptq_quantize` ``hadamard=seed``): GPTQ of
+``W Q`` with ``Qᵀ H Q``, Q the seeded 16-point block Hadamard of :mod:`nvfp4lab.hadamard`
+(arXiv 2509.23202 style: the rotation block matches the NVFP4 group); the layer
+(:class:`~nvfp4lab.execution.layers.NVFP4Linear` ``hadamard=seed``) rotates its inputs at run
+time. With ``H = I`` it is RTN of ``W Q`` (:func:`nvfp4lab.quantize` with ``hadamard``).
+
 Sources read for the facts (no code taken): llm-compressor 0.14 (scales up front since 0.4,
 damp 0.01, static act order, fp32 Hessian, global scale from the original weights shared across
 fused layers, RTN fallback on a failed Cholesky), GPTQModel 7.7 (damp 0.05, a group's scale at
@@ -71,32 +89,34 @@ H in float64 instead of float32.
 Study-only: :func:`gptq_fake_quantize` runs the same loop for MXFP4 and INT4-g128 (any
 :class:`~nvfp4lab.formats.base.BlockFormatInfo`) and, with ``hadamard=seed``, on weights rotated
 by the block Hadamard whose block matches the format's group (MR-GPTQ style, arXiv 2509.23202:
-``W' = W Q``, ``H' = Qᵀ H Q``); it returns the dequantized weight rotated back. A rotated NVFP4
-weight is not an ordinary NVFP4Linear (its inputs would need the same rotation at run time).
+``W' = W Q``, ``H' = Qᵀ H Q``); it returns the dequantized weight rotated back (the weight
+rotated in float32 here; the layer path rotates in the weight's dtype, as the codec does).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from nvfp4lab import formats
-from nvfp4lab.blocks import block_scales_of, decode_codes, encode_blocks
+from nvfp4lab.blocks import block_scales_of, fixed_scale_codec
 from nvfp4lab.codec import finite_amax
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.e2m1 import pack_fp4
 from nvfp4lab.execution.calibrate import calibration_batches, run_batch
+from nvfp4lab.execution.sequential import BlockRunner, Blocks, capture_block_inputs, find_blocks
 from nvfp4lab.formats.base import BlockFormat, BlockFormatInfo
 from nvfp4lab.hadamard import check_seed, hadamard_transform, rotation_matrix
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import TensorScale, abs_max, as_global_scale, tensor_scale_from_amax
-from nvfp4lab.tensor import NVFP4Tensor
+from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor
 from nvfp4lab.vocab import Convention, NonFinite, ScaleTiming, check_choice, check_dtype
 
 __all__ = [
@@ -195,6 +215,12 @@ class Hessian:
             raise ValueError("the Hessian has no tokens: no calibration input reached the layer")
         return self.sum * (2.0 / self.tokens)
 
+    def clone(self) -> Hessian:
+        """An independent copy (the running sum and the token count)."""
+        copy = Hessian.__new__(Hessian)
+        copy.sum, copy.tokens = self.sum.clone(), self.tokens
+        return copy
+
 
 # --------------------------------------------------------------------------------------------
 # column quantizers: a group's scale, one column's rounding
@@ -207,8 +233,13 @@ class _Columns(Protocol):
     def scales(self, w: torch.Tensor) -> torch.Tensor:
         """float32 scale values ``[N, K/group]`` for the groups of ``w [N, K]``."""
 
-    def column(self, col: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(dequantized float32 ``[N]``, uint8 codes ``[N]``) of ``col [N]`` at ``scale [N]``."""
+    def rounder(self, scale: torch.Tensor) -> _Rounder:
+        """The rounding of one column ``col [N]`` at the group scales ``scale [N]`` (float32):
+        ``rounder(scale)(col)`` is (dequantized float32 ``[N]``, uint8 codes ``[N]``)."""
+
+
+#: one column ``[N]`` -> (dequantized float32 ``[N]``, uint8 codes ``[N]``)
+_Rounder = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class _NVFP4Columns:
@@ -224,12 +255,15 @@ class _NVFP4Columns:
         blocks = w.reshape(w.shape[0], -1, self.group)
         return block_scales_of(blocks, self.scale.arithmetic, self.order)
 
-    def column(self, col: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = col.shape[0]
-        blocks, s = col.to(torch.float32).view(n, 1, 1), scale.view(n, 1)
-        codes = encode_blocks(blocks, s, self.scale.arithmetic, self.order)
-        values = decode_codes(codes, s, self.scale.arithmetic, self.order)
-        return values.view(n), codes.view(n)
+    def rounder(self, scale: torch.Tensor) -> _Rounder:
+        n = scale.shape[0]
+        encode, decode = fixed_scale_codec(scale.view(n, 1), self.scale.arithmetic, self.order)
+
+        def round_column(col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            codes = encode(col.to(torch.float32).view(n, 1, 1))
+            return decode(codes).view(n), codes.view(n)
+
+        return round_column
 
 
 def _tensor_scale(
@@ -253,11 +287,14 @@ class _BlockColumns:
         amax = abs_max(w.to(torch.float32).reshape(w.shape[0], -1, self.group), -1)
         return self.info.scale.value(self.info.scale.encode(amax, self.info.element))
 
-    def column(self, col: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = col.to(torch.float32)
-        scaled = torch.where(scale > 0, x / torch.where(scale > 0, scale, 1.0), 0.0)
-        codes = self.info.element.encode(scaled)
-        return self.info.element.decode(codes) * scale, codes
+    def rounder(self, scale: torch.Tensor) -> _Rounder:
+        def round_column(col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x = col.to(torch.float32)
+            scaled = torch.where(scale > 0, x / torch.where(scale > 0, scale, 1.0), 0.0)
+            codes = self.info.element.encode(scaled)
+            return self.info.element.decode(codes) * scale, codes
+
+        return round_column
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,11 +334,13 @@ def _gptq_loop(
     q = torch.empty(k, n, dtype=torch.float32, device=wt.device)
     codes = torch.empty(k, n, dtype=torch.uint8, device=wt.device)
     step = cols.group
+    rounders: dict[int, _Rounder] = {}  # per group, built at its first column
     for b0 in range(0, k, options.block_size):
         b1 = min(b0 + options.block_size, k)
         block = wt[b0:b1].clone()
         errors = torch.empty_like(block)
         ub = u[b0:b1, b0:b1]
+        diagonal = ub.diagonal().tolist()
         for s0 in range(0, b1 - b0, step):
             s1 = min(s0 + step, b1 - b0)
             if options.scales == ScaleTiming.UPDATED:  # no act order: step s0 is one group
@@ -309,8 +348,12 @@ def _gptq_loop(
                 scales[:, groups[b0 + s0]] = fresh[:, 0]
             for i in range(s0, s1):
                 j = b0 + i
-                q[j], codes[j] = cols.column(block[i], scales[:, groups[j]])
-                errors[i] = (block[i] - q[j].to(_WORK)) / ub[i, i]
+                group = groups[j]
+                rounder = rounders.get(group)
+                if rounder is None:
+                    rounder = rounders[group] = cols.rounder(scales[:, group])
+                q[j], codes[j] = rounder(block[i])
+                errors[i] = (block[i] - q[j].to(_WORK)) / diagonal[i]
                 block[i + 1 : s1].sub_(ub[i, i + 1 : s1, None] * errors[i])
             block[s1:].addmm_(ub[s0:s1, s1:].T, errors[s0:s1], alpha=-1.0)
         wt[b1:].addmm_(u[b0:b1, b1:].T, errors, alpha=-1.0)
@@ -382,6 +425,7 @@ def gptq_quantize(
     global_scale: torch.Tensor | float | None = None,
     convention: str = Convention.KERNEL,
     options: GPTQOptions | None = None,
+    hadamard: int | None = None,
 ) -> GPTQResult:
     """GPTQ of a Linear weight ``[N, K]`` (fp32/bf16/fp16, K a multiple of 16) to NVFP4.
 
@@ -389,12 +433,34 @@ def gptq_quantize(
     :class:`Hessian`'s ``matrix()``). ``global_scale``: ENCODE convention; None computes
     ``2688/amax(weight)``. Returns a :class:`GPTQResult` whose ``weight`` is an
     :class:`NVFP4Tensor` (packed codes, E4M3 scales, the global scale) in ``weight.dtype``.
+
+    ``hadamard=seed`` (MR-GPTQ): GPTQ of ``W Q`` (:func:`~nvfp4lab.hadamard.hadamard_transform`
+    in the weight's dtype, as :func:`nvfp4lab.quantize` rotates) with ``Qᵀ H Q`` (float64), Q
+    the seeded 16-point block Hadamard; ``global_scale`` (None: ``2688/amax(W Q)``) then scales
+    ``W Q``. The ``weight`` is a :class:`~nvfp4lab.tensor.RotatedNVFP4Tensor` and
+    ``dequantized`` is rotated back (``≈ W``).
     """
-    result = _gptq_nvfp4(weight, hessian, global_scale, convention, options or GPTQOptions())
+    result = _gptq_nvfp4(weight, hessian, global_scale, convention, options or GPTQOptions(),
+                         hadamard)
     if result.fallback:
         warnings.warn(f"GPTQ fell back to RTN: {result.reason}", GPTQFallbackWarning,
                       stacklevel=2)
     return result
+
+
+def _rotated_hessian(h: torch.Tensor, seed: int, block: int = BLOCK_SIZE) -> torch.Tensor:
+    """``Qᵀ H Q`` in float64 ``[K, K]`` (Q: :func:`~nvfp4lab.hadamard.rotation_matrix`)."""
+    rot = rotation_matrix(h.shape[0], seed, block=block, dtype=_WORK).to(h.device)
+    return rot.T @ h.to(dtype=_WORK) @ rot
+
+
+def _as_rotated(result: GPTQResult, seed: int) -> GPTQResult:
+    """The result of GPTQ on ``W Q`` as a rotated one: a RotatedNVFP4Tensor, and the
+    dequantized weight rotated back."""
+    assert result.weight is not None
+    weight = RotatedNVFP4Tensor(**vars(result.weight), hadamard=seed)
+    back = hadamard_transform(result.dequantized, seed, inverse=True)
+    return GPTQResult(weight, back, result.dead_columns, result.fallback, result.reason)
 
 
 def _gptq_nvfp4(
@@ -403,18 +469,23 @@ def _gptq_nvfp4(
     global_scale: torch.Tensor | float | None,
     convention: str,
     options: GPTQOptions,
+    hadamard: int | None = None,
 ) -> GPTQResult:
     """:func:`gptq_quantize` without the fallback warning (its callers word it)."""
     _check_pair(weight, hessian, BLOCK_SIZE)
-    order = get_order(convention)
     w = weight.detach()
+    if hadamard is not None:
+        check_seed(hadamard)
+        w, hessian = hadamard_transform(w, hadamard), _rotated_hessian(hessian, hadamard)
+    order = get_order(convention)
     scale = _tensor_scale(w, global_scale, order)
     q, codes, scales, dead, reason = _run(w, hessian, _NVFP4Columns(scale, order), options)
     tensor = NVFP4Tensor(
         pack_fp4(codes), scales.to(torch.float8_e4m3fn), scale.encode, shape=w.shape,
         dtype=w.dtype, decode_scale=scale.decode,
     )
-    return GPTQResult(tensor, q, dead, bool(reason), reason)
+    result = GPTQResult(tensor, q, dead, bool(reason), reason)
+    return result if hadamard is None else _as_rotated(result, hadamard)
 
 
 def gptq_fake_quantize(
@@ -449,8 +520,7 @@ def gptq_fake_quantize(
     if hadamard is not None:
         check_seed(hadamard)
         w = hadamard_transform(w.to(torch.float32), hadamard, block=group)
-        rot = rotation_matrix(w.shape[1], hadamard, block=group, dtype=_WORK).to(w.device)
-        h = rot.T @ h.to(device=w.device, dtype=_WORK) @ rot
+        h = _rotated_hessian(h.to(device=w.device), hadamard, block=group)
     if cols is None:
         order = get_order(Convention.KERNEL)
         cols = _NVFP4Columns(_tensor_scale(w, None, order), order)
@@ -475,36 +545,100 @@ def _token_mask(batch: Any, x: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
+def _accumulate(
+    hessians: dict[str, Hessian], seen: Mapping[str, list[torch.Tensor]], batch: Any,
+    mask_padding: bool,
+) -> None:
+    """Add one forward pass's inputs (``seen``: name -> the tensors the module received, in call
+    order) to ``hessians`` (name -> Hessian, one object possibly shared by several names).
+
+    Names that share a Hessian object and received the very same tensor objects keep sharing it
+    (one set of additions serves all: exactly what separate Hessians would hold, as each would
+    get the same additions in the same order); a name whose inputs differ from its sharers'
+    gets a copy of the state before this pass. ``seen`` holds the tensors, so their ids are
+    unique here."""
+    signature = {name: tuple(map(id, xs)) for name, xs in seen.items()}
+    groups: dict[tuple[int, tuple[int, ...]], list[str]] = {}
+    for name in (*hessians, *(n for n in seen if n not in hessians)):
+        owner = id(hessians[name]) if name in hessians else 0
+        groups.setdefault((owner, signature.get(name, ())), []).append(name)
+    kept: set[int] = set()
+    plan: list[tuple[list[str], Hessian | None]] = []
+    for (owner, _), names in groups.items():
+        hessian = hessians.get(names[0]) if owner else None
+        if hessian is not None:
+            if id(hessian) in kept:
+                hessian = hessian.clone()  # before any addition of this pass
+            kept.add(owner)
+        plan.append((names, hessian))
+    for names, hessian in plan:
+        xs = seen.get(names[0], [])
+        for x in xs:
+            if hessian is None:
+                hessian = Hessian(x.shape[-1], x.device)
+            hessian.add(x, _token_mask(batch, x) if mask_padding else None)
+        if hessian is not None:
+            for name in names:
+                hessians[name] = hessian
+
+
+def _hessians(
+    modules: Mapping[str, nn.Module],
+    passes: Iterable[tuple[Any, Callable[[], object]]],
+    mask_padding: bool,
+) -> dict[str, Hessian]:
+    """One :class:`Hessian` per module of ``modules`` (name -> module, called as
+    ``module(x [..., K])``) from forward pre-hooks while each ``run()`` of ``passes``
+    (``(batch, run)``, the batch giving the padding mask) executes. Modules fed the same
+    tensors in every pass (q/k/v, gate/up) share one Hessian object (:func:`_accumulate`).
+    The hooks are registered before ``passes`` is first iterated (a generator that adds its own
+    pre-hooks to these modules when it starts gets them called after these)."""
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def hook_for(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor) and x.numel():
+                seen.setdefault(name, []).append(x)  # the object itself: its id is compared
+
+        return hook
+
+    hessians: dict[str, Hessian] = {}
+    handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in modules.items()]
+    try:
+        for batch, run in passes:
+            seen.clear()
+            run()
+            _accumulate(hessians, seen, batch, mask_padding)
+    finally:
+        seen.clear()
+        for handle in handles:
+            handle.remove()
+    return hessians
+
+
+def _model_passes(
+    model: nn.Module, batches: Sequence[Any]
+) -> Iterator[tuple[Any, Callable[[], object]]]:
+    """``(batch, run)``: each batch through the whole model (no grad)."""
+    for batch in batches:
+        def run(batch: Any = batch) -> object:
+            with torch.no_grad():
+                return run_batch(model, batch)
+
+        yield batch, run
+
+
 @torch.no_grad()
 def collect_hessians(
     model: nn.Module, names: Sequence[str], batches: Sequence[Any], *, mask_padding: bool = True
 ) -> dict[str, Hessian]:
     """One :class:`Hessian` per module in ``names`` (each called as ``module(x [..., K])``),
     from forward pre-hooks while ``batches`` run through ``model`` (padding tokens left out
-    when ``mask_padding``)."""
-    modules = dict(model.named_modules())
-    hessians: dict[str, Hessian] = {}
-    current: dict[str, Any] = {}
-
-    def hook_for(name: str) -> Any:
-        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            x = args[0]
-            if not isinstance(x, torch.Tensor) or x.numel() == 0:
-                return
-            mask = _token_mask(current.get("batch"), x) if mask_padding else None
-            hessians.setdefault(name, Hessian(x.shape[-1], x.device)).add(x, mask)
-
-        return hook
-
-    handles = [modules[n].register_forward_pre_hook(hook_for(n)) for n in names]
-    try:
-        for batch in batches:
-            current["batch"] = batch
-            run_batch(model, batch)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return hessians
+    when ``mask_padding``). Modules fed the same tensors (q/k/v) may share one Hessian object:
+    treat the values as read-only."""
+    modules = {n: model.get_submodule(n) for n in names}
+    return _hessians(modules, _model_passes(model, batches), mask_padding)
 
 
 def _stages(names: Sequence[str], groups: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
@@ -518,6 +652,148 @@ def _stages(names: Sequence[str], groups: Sequence[tuple[str, ...]]) -> list[tup
     return stages
 
 
+def _split(result: GPTQResult, rows: Sequence[int]) -> list[GPTQResult]:
+    """The results of layers stacked along N (``rows``: each layer's N), cut back apart."""
+    weight = result.weight
+    assert weight is not None
+    out, start = [], 0
+    for n in rows:
+        part = slice(start, start + n)
+        start += n
+        tensor = NVFP4Tensor(
+            weight.packed[part].clone(), weight.scales[part].clone(), weight.global_scale,
+            shape=torch.Size((n, weight.shape[1])), dtype=weight.dtype, check_scales=False,
+            decode_scale=weight.decode_scale,
+        )
+        out.append(GPTQResult(tensor, result.dequantized[part].clone(), result.dead_columns,
+                              result.fallback, result.reason))
+    return out
+
+
+def _quantize_stage(
+    stage: Sequence[str],
+    hessians: Mapping[str, Hessian],
+    layers: Mapping[str, nn.Linear],
+    global_scales: Mapping[str, torch.Tensor],
+    convention: str,
+    options: GPTQOptions,
+    hadamard: int | None = None,
+) -> list[tuple[str, GPTQResult]]:
+    """GPTQ of the layers of one stage, in order, from their Hessians (``hadamard``: each
+    weight rotated on its own, the shared Hessian once, as :func:`gptq_quantize` does).
+
+    Layers that share one Hessian object AND one global-scale tensor (a fused group: q/k/v,
+    gate/up) are quantized as one weight stacked along N: GPTQ treats every row of W on its own
+    (each row's errors only move that row's later columns), so the stack gives each layer's
+    codes and scales unchanged, in one column loop instead of one per layer."""
+    matrices: dict[str, torch.Tensor | None] = {}
+    by_hessian: dict[int, torch.Tensor] = {}
+    for name in stage:
+        weight = layers[name].weight.detach()
+        hessian = hessians.get(name)
+        if hessian is None:
+            warnings.warn(
+                f"GPTQ: no calibration input reached layer {name!r}; it is rounded with RTN",
+                GPTQFallbackWarning,
+                stacklevel=3,
+            )
+            matrices[name] = None
+            continue
+        h = by_hessian.get(id(hessian))
+        if h is None:
+            h = by_hessian[id(hessian)] = hessian.matrix()
+        if not bool(torch.isfinite(h).all()):
+            raise ValueError(
+                f"GPTQ: the Hessian of layer {name!r} holds NaN/Inf: its calibration inputs "
+                f"overflow or hold NaN (layer weight dtype {weight.dtype}; an fp16 model "
+                "overflows easily: calibrate it in bfloat16 or float32) or the calibration "
+                "batches hold NaN/Inf"
+            )
+        matrices[name] = h
+    runs: dict[tuple[Any, ...], list[str]] = {}
+    for name in stage:
+        weight, h, gs = layers[name].weight, matrices[name], global_scales.get(name)
+        key: tuple[Any, ...] = (name,)
+        if h is not None and gs is not None:
+            key = (id(h), id(gs), weight.dtype, weight.device, weight.shape[1])
+        runs.setdefault(key, []).append(name)
+    results: dict[str, GPTQResult] = {}
+    rotated: dict[int, torch.Tensor] = {}
+    for names in runs.values():
+        weights = [layers[n].weight.detach() for n in names]
+        h = matrices[names[0]]
+        if h is None:
+            h = torch.eye(weights[0].shape[1], dtype=_WORK, device=weights[0].device)
+        if hadamard is not None:
+            check_seed(hadamard)
+            _check_pair(weights[0], h, BLOCK_SIZE)
+            weights = [hadamard_transform(w, hadamard) for w in weights]
+            if id(h) not in rotated:
+                rotated[id(h)] = _rotated_hessian(h, hadamard)
+            h = rotated[id(h)]
+        stacked = weights[0] if len(weights) == 1 else torch.cat(weights)
+        result = _gptq_nvfp4(stacked, h, global_scales.get(names[0]), convention, options)
+        parts = [result] if len(names) == 1 else _split(result, [w.shape[0] for w in weights])
+        if hadamard is not None:
+            parts = [_as_rotated(part, hadamard) for part in parts]
+        results.update(zip(names, parts, strict=True))
+    out = []
+    for name in stage:
+        result = results[name]
+        if matrices[name] is None:
+            result.fallback, result.reason = True, "no calibration input reached the layer"
+        elif result.fallback:
+            warnings.warn(
+                f"GPTQ: layer {name!r} is rounded with RTN: {result.reason}",
+                GPTQFallbackWarning,
+                stacklevel=3,
+            )
+        out.append((name, result))
+    return out
+
+
+@dataclass
+class _Plan:
+    """Where each stage runs: ``before`` / ``after`` the blocks (whole-model passes) or in a
+    block (``inside[i]``: the stages of block i, in order)."""
+
+    blocks: Blocks
+    before: list[tuple[str, ...]]
+    inside: list[list[tuple[str, ...]]]
+    after: list[tuple[str, ...]]
+
+
+def _plan(model: nn.Module, stages: Sequence[tuple[str, ...]]) -> _Plan | None:
+    """The block plan, or None (no blocks; a stage spread over several blocks, or over a block
+    and the rest of the model; a stage outside the blocks between two inside)."""
+    blocks = find_blocks(model, [n for stage in stages for n in stage])
+    if blocks is None:
+        return None
+    plan = _Plan(blocks, [], [[] for _ in blocks.modules], [])
+    for stage in stages:
+        where = {blocks.index(n) for n in stage}
+        if len(where) != 1:
+            return None
+        (index,) = where
+        if index is not None:
+            if plan.after:
+                return None
+            plan.inside[index].append(stage)
+        elif any(plan.inside):
+            plan.after.append(stage)
+        else:
+            plan.before.append(stage)
+    return plan
+
+
+def _release_caches(modules: Iterable[nn.Module]) -> None:
+    """Free what finished layers cache for repeated runs (``clear_dequantized_cache``)."""
+    for module in modules:
+        clear = getattr(module, "clear_dequantized_cache", None)
+        if callable(clear):
+            clear()
+
+
 def sequential_gptq(
     model: nn.Module,
     layers: Mapping[str, nn.Linear],
@@ -527,43 +803,58 @@ def sequential_gptq(
     global_scales: Mapping[str, torch.Tensor] | None = None,
     convention: str = Convention.KERNEL,
     options: GPTQOptions | None = None,
+    hadamard: int | None = None,
 ) -> Iterator[tuple[str, GPTQResult]]:
     """Yield ``(name, GPTQResult)`` for each Linear of ``layers`` (in their order), stage by stage.
 
     The caller must put each yielded layer into ``model`` before asking for the next one: the
     next stage's Hessians are collected by running ``batches`` through ``model`` as it is then.
-    ``groups``: fused groups (one stage each); ``global_scales``: name -> shared ENCODE scale.
-    A layer no batch reaches is rounded with RTN (:class:`GPTQFallbackWarning`).
+    ``groups``: fused groups (one stage each); ``global_scales``: name -> shared ENCODE scale
+    (of the rotated weights with ``hadamard``). ``hadamard=seed``: MR-GPTQ, each layer as
+    :func:`gptq_quantize` with ``hadamard`` (the caller installs layers that rotate their
+    inputs). A layer no batch reaches is rounded with RTN (:class:`GPTQFallbackWarning`).
+
+    Where the layers live in repeated blocks (:mod:`nvfp4lab.execution.sequential`), each stage
+    runs only its block over the block's captured inputs, and each block once more, quantized,
+    to give the next block its inputs; stages outside the blocks, and models whose blocks do not
+    form a chain, run the whole model per stage. Both give the same bits (the block inputs ARE
+    what the whole model feeds the block). Memory: the hidden states of every batch at one
+    block (twice while a block's outputs are built) and, per layer already quantized in the
+    current block, its inputs and outputs for every batch.
     """
     options = options or GPTQOptions()
     global_scales = global_scales or {}
-    for stage in _stages(list(layers), groups):
-        hessians = collect_hessians(model, stage, batches, mask_padding=options.mask_padding)
-        for name in stage:
-            weight = layers[name].weight.detach()
-            hessian = hessians.pop(name, None)
-            if hessian is None:
-                warnings.warn(
-                    f"GPTQ: no calibration input reached layer {name!r}; it is rounded with RTN",
-                    GPTQFallbackWarning,
-                    stacklevel=2,
-                )
-            h = (hessian.matrix() if hessian is not None
-                 else torch.eye(weight.shape[1], dtype=_WORK, device=weight.device))
-            if not bool(torch.isfinite(h).all()):
-                raise ValueError(
-                    f"GPTQ: the Hessian of layer {name!r} holds NaN/Inf: its calibration inputs "
-                    f"overflow or hold NaN (layer weight dtype {weight.dtype}; an fp16 model "
-                    "overflows easily: calibrate it in bfloat16 or float32) or the calibration "
-                    "batches hold NaN/Inf"
-                )
-            result = _gptq_nvfp4(weight, h, global_scales.get(name), convention, options)
-            if hessian is None:
-                result.fallback, result.reason = True, "no calibration input reached the layer"
-            elif result.fallback:
-                warnings.warn(
-                    f"GPTQ: layer {name!r} is rounded with RTN: {result.reason}",
-                    GPTQFallbackWarning,
-                    stacklevel=2,
-                )
-            yield name, result
+    stages = _stages(list(layers), groups)
+    quantize = partial(_quantize_stage, layers=layers, global_scales=global_scales,
+                       convention=convention, options=options, hadamard=hadamard)
+
+    def whole_model(todo: Sequence[tuple[str, ...]]) -> Iterator[tuple[str, GPTQResult]]:
+        for stage in todo:
+            hessians = collect_hessians(model, stage, batches, mask_padding=options.mask_padding)
+            yield from quantize(stage, hessians)
+
+    plan = _plan(model, stages)
+    if plan is None:
+        yield from whole_model(stages)
+        return
+    yield from whole_model(plan.before)
+    with torch.no_grad():
+        calls = capture_block_inputs(model, plan.blocks, batches)
+    if calls is None:
+        yield from whole_model([s for stages_i in plan.inside for s in stages_i] + plan.after)
+        return
+    last = max(i for i, stages_i in enumerate(plan.inside) if stages_i)
+    for index, block in enumerate(plan.blocks.modules[: last + 1]):
+        names = [n for stage in plan.inside[index] for n in stage]
+        with BlockRunner(block, calls, {n: model.get_submodule(n) for n in names}) as runner:
+            for stage in plan.inside[index]:
+                modules = {n: model.get_submodule(n) for n in stage}
+                hessians = _hessians(modules, runner.collect(stage), options.mask_padding)
+                yield from quantize(stage, hessians)
+                for name in stage:  # installed by the caller by now
+                    runner.freeze(name, model.get_submodule(name))
+            if index < last:
+                calls = runner.outputs()
+        _release_caches(model.get_submodule(n) for n in names)
+    del calls
+    yield from whole_model(plan.after)

@@ -30,6 +30,16 @@ saving: activations are always quantized with the ENCODE ``input_global_scale`` 
 quantizes them with ``1/input_scale``). Both are None by default and absent from the state dict
 then, so compressed-tensors state dicts load as before; a state dict that sets an ENCODE scale
 without its DECODE partner drops the stale DECODE buffer.
+
+Rotated layers (``hadamard=seed``, MR-GPTQ style): the buffers hold the NVFP4 weight of ``W Q``,
+``Q`` the seeded 16-point block Hadamard of :mod:`nvfp4lab.hadamard` (orthogonal), and forward
+rotates its input the same way before the (optional) activation quantization and the GEMM::
+
+    y = (x Q) · dequant(NVFP4(W Q))ᵀ + b        ≈ x Wᵀ + b, as Q Qᵀ = I
+
+``x Q`` is computed in float32 and cast back to the input dtype (:func:`hadamard_transform`).
+The seed is an attribute, not a buffer: checkpoints have no rotation, so
+:func:`nvfp4lab.checkpoint.save_pretrained` refuses rotated layers.
 """
 
 from __future__ import annotations
@@ -44,8 +54,9 @@ from nvfp4lab.codec import quantize
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.dispatch import BackendChoice, select_backend
 from nvfp4lab.execution.gemm import linear, vllm_dequantize
+from nvfp4lab.hadamard import HADAMARD_SIZE, check_seed, hadamard_transform
 from nvfp4lab.scales import as_global_scale
-from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
+from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor, invalid_block_scales
 from nvfp4lab.vocab import (
     AUTO,
     SUPPORTED_DTYPES,
@@ -75,6 +86,9 @@ class NVFP4Linear(nn.Module):
     (:func:`~nvfp4lab.execution.gemm.vllm_dequantize`), per (dtype, device), rebuilt when a
     weight buffer changes. Memory: N*K*2 bytes for bf16/fp16 (N*K*4 for fp32) per cached dtype,
     i.e. 3.6x (7.1x) the packed weight's 0.5625 B/weight. The cache is not part of the state dict.
+
+    ``hadamard``: None, or the seed of the block Hadamard ``Q`` the weight was rotated by (its
+    buffers hold ``W Q``): forward then computes ``(x Q) · dequant(W Q)ᵀ + b`` (module docstring).
     """
 
     weight_packed: torch.Tensor
@@ -95,8 +109,11 @@ class NVFP4Linear(nn.Module):
         dtype: torch.dtype = torch.bfloat16,
         cache_dequantized: bool = False,
         bias_mode: str = BiasMode.OUTPUT,
+        hadamard: int | None = None,
     ) -> None:
         super().__init__()
+        if hadamard is not None:
+            check_seed(hadamard)
         if in_features <= 0 or in_features % BLOCK_SIZE:
             raise ValueError(
                 f"NVFP4Linear needs in_features (K) to be a positive multiple of {BLOCK_SIZE}, "
@@ -113,6 +130,7 @@ class NVFP4Linear(nn.Module):
         self.bias_mode = bias_mode
         self.dtype = dtype
         self.cache_dequantized = cache_dequantized
+        self.hadamard = hadamard
         self._calibrating = False
         self._dq_cache: dict[tuple[Any, ...], torch.Tensor] = {}
         n, k = out_features, in_features
@@ -153,11 +171,13 @@ class NVFP4Linear(nn.Module):
 
         The layer's dtype is the bias dtype, else the weight's original dtype. A weight that
         carries its exact DECODE scale (``weight.decode_scale``) keeps it
-        (``weight_decode_scale``).
+        (``weight_decode_scale``). A :class:`~nvfp4lab.tensor.RotatedNVFP4Tensor` (codes of
+        ``W Q``) gives a rotated layer (``hadamard`` = its seed) that rotates its inputs.
         """
         if not isinstance(weight, NVFP4Tensor):
             raise TypeError(f"weight must be an NVFP4Tensor, got {type(weight).__name__}")
-        if weight.transform is not None:
+        rotated = isinstance(weight, RotatedNVFP4Tensor)
+        if weight.transform is not None and not rotated:
             raise ValueError(
                 f"weight holds a transformed tensor ({weight.transform}), not W itself: a layer "
                 "(and a checkpoint) would use it as W; quantize W without the transform"
@@ -185,6 +205,7 @@ class NVFP4Linear(nn.Module):
             dtype=dtype,
             cache_dequantized=cache_dequantized,
             bias_mode=bias_mode,
+            hadamard=weight.hadamard if isinstance(weight, RotatedNVFP4Tensor) else None,
         )
         with torch.no_grad():
             layer.weight_packed.copy_(weight.packed)
@@ -208,11 +229,14 @@ class NVFP4Linear(nn.Module):
         convention: str = Convention.KERNEL,
         cache_dequantized: bool = False,
         bias_mode: str = BiasMode.OUTPUT,
+        hadamard: int | None = None,
     ) -> NVFP4Linear:
         """Quantize an ``nn.Linear`` (weight ``[N, K]``, K a multiple of 16).
 
-        ``weight_global_scale`` (ENCODE convention) defaults to ``2688/amax(W)``;
-        ``convention`` is the quantization arithmetic ("kernel" or "compressed-tensors").
+        ``weight_global_scale`` (ENCODE convention) defaults to ``2688/amax(W)``
+        (``2688/amax(W Q)`` when rotated); ``convention`` is the quantization arithmetic.
+        ``hadamard=seed``: quantize ``W Q`` (:func:`nvfp4lab.quantize` with ``hadamard``, the
+        rotation in the weight's dtype) into a rotated layer.
         """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
@@ -223,7 +247,9 @@ class NVFP4Linear(nn.Module):
                 f"in_features={w.shape[1]} is not a multiple of {BLOCK_SIZE}: cannot quantize to "
                 "NVFP4 (leave this layer unquantized)"
             )
-        q = quantize(w, weight_global_scale, convention=convention)
+        if hadamard is not None:
+            check_seed(hadamard)
+        q = quantize(w, weight_global_scale, convention=convention, hadamard=hadamard)
         bias = linear.bias.detach() if linear.bias is not None else None
         return cls.from_quantized(
             q,
@@ -237,7 +263,17 @@ class NVFP4Linear(nn.Module):
     # -- accessors -----------------------------------------------------------------------------
 
     def weight_nvfp4(self) -> NVFP4Tensor:
-        """The weight as an :class:`NVFP4Tensor` sharing this layer's buffers (no copy)."""
+        """The weight as an :class:`NVFP4Tensor` sharing this layer's buffers (no copy); a
+        :class:`~nvfp4lab.tensor.RotatedNVFP4Tensor` for a rotated layer (its ``dequantize``
+        rotates back to an approximation of W)."""
+        plain = self._gemm_weight()
+        if self.hadamard is None:
+            return plain
+        return RotatedNVFP4Tensor(**vars(plain), hadamard=self.hadamard)
+
+    def _gemm_weight(self) -> NVFP4Tensor:
+        """The buffers as a plain NVFP4Tensor: W, or ``W Q`` of a rotated layer, the operand its
+        GEMM multiplies the (rotated) input with."""
         return NVFP4Tensor(
             packed=self.weight_packed,
             scales=self.weight_scale,
@@ -247,6 +283,13 @@ class NVFP4Linear(nn.Module):
             check_scales=False,  # checked when set: from_quantized and load_state_dict
             decode_scale=self.weight_decode_scale,
         )
+
+    def rotate_input(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., K]`` as the GEMM takes it: ``x Q`` (float32 arithmetic, ``x.dtype`` out) for a
+        rotated layer, else ``x`` itself."""
+        if self.hadamard is None:
+            return x
+        return hadamard_transform(x, self.hadamard, block=HADAMARD_SIZE)
 
     def set_input_global_scale(self, value: torch.Tensor | float | None) -> None:
         """Set the ENCODE-convention activation scale (2688/amax); None -> dynamic per call.
@@ -297,17 +340,18 @@ class NVFP4Linear(nn.Module):
         cached = self._dq_cache.get(key)
         if cached is None:
             self._dq_cache.clear()
-            cached = vllm_dequantize(self.weight_nvfp4(), dtype)
+            cached = vllm_dequantize(self._gemm_weight(), dtype)
             self._dq_cache[key] = cached
         return cached
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., K]`` (fp32/bf16/fp16) -> ``[..., N]`` in ``x.dtype``."""
+        """``x [..., K]`` (fp32/bf16/fp16) -> ``[..., N]`` in ``x.dtype`` (a rotated layer
+        multiplies ``x Q``)."""
         backend = self._resolve_backend(x)
         w_dq = self._cached_weight(x.dtype) if backend != Backend.NATIVE else None
         return linear(
-            x,
-            self.weight_nvfp4(),
+            self.rotate_input(x),
+            self._gemm_weight(),
             self.bias,
             input_global_scale=self.input_global_scale,
             backend=backend,
@@ -331,10 +375,11 @@ class NVFP4Linear(nn.Module):
             act = "static"
         else:
             act = f"{float(igs):.6g}"
+        rotation = "" if self.hadamard is None else f", hadamard={self.hadamard}"
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, dtype={self.dtype}, input_global_scale={act}, "
-            f"bias_mode={self.bias_mode}, backend={backend}"
+            f"bias_mode={self.bias_mode}, backend={backend}{rotation}"
         )
 
     # -- dtype/device moves ----------------------------------------------------------------------

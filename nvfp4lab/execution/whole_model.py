@@ -29,11 +29,13 @@ from nvfp4lab.execution.attention import (
 )
 from nvfp4lab.execution.gptq import GPTQOptions, calibration_batches, sequential_gptq
 from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.vocab import AUTO, BiasMode, Convention, KVCacheKind, QuantMethod
 
 __all__ = [
     "DEFAULT_IGNORE",
     "FUSED_GROUPS",
+    "MR_GPTQ_SEED",
     "SHARE_PRESETS",
     "QuantizeReport",
     "ReplacedLayer",
@@ -57,6 +59,9 @@ FUSED_GROUPS: tuple[tuple[str, ...], ...] = tuple(
 IgnoreSpec = str | re.Pattern[str]
 
 
+#: The Hadamard seed ``quantize_model(method="mr-gptq")`` rotates by unless ``hadamard=`` is given.
+MR_GPTQ_SEED: int = 0
+
 #: What ``quantize_model(ignore=None)`` leaves unquantized (where present).
 DEFAULT_IGNORE: tuple[str, ...] = ("lm_head",)
 
@@ -75,8 +80,10 @@ class ReplacedLayer:
     bias: bool
     weight_global_scale: float
     shared_with: tuple[str, ...] = ()
-    #: "rtn" or "gptq"; "rtn (gptq fallback: <why>)" when GPTQ could not run on this layer
+    #: "rtn", "gptq" or "mr-gptq"; "rtn (gptq fallback: <why>)" when GPTQ could not run on it
     method: str = QuantMethod.RTN
+    #: the seed of the block Hadamard the weight was rotated by (None: not rotated)
+    hadamard: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,10 @@ class QuantizeReport:
                 "action": "replaced",
                 "shape": f"{r.out_features}x{r.in_features}",
                 "weight_global_scale": r.weight_global_scale,
-                "detail": f"shared with {', '.join(r.shared_with)}" if r.shared_with else "",
+                "detail": "; ".join(
+                    ([f"shared with {', '.join(r.shared_with)}"] if r.shared_with else [])
+                    + ([f"hadamard seed {r.hadamard}"] if r.hadamard is not None else [])
+                ),
                 "method": str(r.method),
             }
             for r in self.replaced
@@ -142,9 +152,10 @@ class QuantizeReport:
             shared = (
                 f"  (global scale shared with {', '.join(r.shared_with)})" if r.shared_with else ""
             )
+            rotated = f" hadamard={r.hadamard}" if r.hadamard is not None else ""
             lines.append(
                 f"  + {r.name}: [{r.out_features}, {r.in_features}] gs={r.weight_global_scale:.6g}"
-                f" {r.method}{shared}"
+                f" {r.method}{rotated}{shared}"
             )
         lines += [f"  - {s.name} ({s.type}): {s.reason}" for s in self.skipped]
         lines += [f"  ! ignore entry {s!r} matched no Linear layer" for s in self.unmatched_ignore]
@@ -255,13 +266,19 @@ def _candidates(
 
 
 def _shared_scales(
-    candidates: Mapping[str, nn.Linear], groups: Sequence[tuple[str, ...]], convention: str
+    candidates: Mapping[str, nn.Linear], groups: Sequence[tuple[str, ...]], convention: str,
+    hadamard: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Member name -> the group's weight global scale ``min_i 2688/amax(W_i)``."""
+    """Member name -> the group's weight global scale ``min_i 2688/amax(W_i)`` (of ``W_i Q``
+    with ``hadamard``: the tensors the layers quantize)."""
+
+    def quantized(weight: torch.Tensor) -> torch.Tensor:
+        return weight if hadamard is None else hadamard_transform(weight, hadamard)
+
     shared: dict[str, torch.Tensor] = {}
     for group in groups:
         scales = [
-            compute_global_scale(candidates[m].weight.detach(), convention=convention)
+            compute_global_scale(quantized(candidates[m].weight.detach()), convention=convention)
             for m in group
         ]
         gs = torch.stack([s.to(scales[0].device) for s in scales]).min(dim=0).values
@@ -314,8 +331,8 @@ def _method_inputs(
     if method == QuantMethod.RTN:
         if calibration is not None or gptq is not None:
             raise ValueError(
-                "calibration= and gptq= are only used by method='gptq'; pass method='gptq' or "
-                "drop them (method='rtn' needs no data)"
+                "calibration= and gptq= are only used by method='gptq' (and 'mr-gptq'); pass "
+                "method='gptq' or drop them (method='rtn' needs no data)"
             )
         return []
     if gptq is not None and not isinstance(gptq, GPTQOptions):
@@ -332,22 +349,28 @@ def _gptq_layers(
     convention: str,
     gptq: GPTQOptions | None,
     options: Mapping[str, Any],
+    hadamard: int | None,
 ) -> Iterator[tuple[str, NVFP4Linear, str]]:
-    """(name, NVFP4Linear, method) per candidate, by sequential GPTQ; the caller installs each
-    layer before the next is computed (the next stage calibrates on the model as it is)."""
+    """(name, NVFP4Linear, method) per candidate, by sequential GPTQ (MR-GPTQ with
+    ``hadamard``); the caller installs each layer before the next is computed (the next stage
+    calibrates on the model as it is)."""
     results = sequential_gptq(model, candidates, batches, groups=groups, global_scales=shared_gs,
-                              convention=convention, options=gptq)
+                              convention=convention, options=gptq, hadamard=hadamard)
+    done = QuantMethod.GPTQ if hadamard is None else QuantMethod.MR_GPTQ
     installed: list[NVFP4Linear] = []
-    for name, result in results:
-        assert result.weight is not None
-        bias = candidates[name].bias
-        layer = NVFP4Linear.from_quantized(
-            result.weight, bias.detach() if bias is not None else None,
-            **{**options, "cache_dequantized": True},  # later stages run it once per batch
-        )
-        how = f"rtn (gptq fallback: {result.reason})" if result.fallback else QuantMethod.GPTQ
-        yield name, layer, how
-        installed.append(layer)
+    try:
+        for name, result in results:
+            assert result.weight is not None
+            bias = candidates[name].bias
+            layer = NVFP4Linear.from_quantized(
+                result.weight, bias.detach() if bias is not None else None,
+                **{**options, "cache_dequantized": True},  # later stages run it once per batch
+            )
+            how = f"rtn (gptq fallback: {result.reason})" if result.fallback else done
+            yield name, layer, how
+            installed.append(layer)
+    finally:  # on any exit (an error here or in the caller too): calibration hooks removed
+        results.close()
     for layer in installed:  # calibration is over: the caller's cache setting, cache freed
         layer.cache_dequantized = bool(options["cache_dequantized"])
         layer.clear_dequantized_cache()
@@ -367,6 +390,7 @@ def quantize_model(
     gptq: GPTQOptions | None = None,
     kv_cache: str | None = None,
     kv_scales: KVScales | None = None,
+    hadamard: int | None = None,
 ) -> QuantizeReport:
     """Replace ``nn.Linear`` layers of ``model`` in place by :class:`NVFP4Linear`, and with
     ``kv_cache`` make its attention read K and V back from a quantized KV cache.
@@ -386,13 +410,22 @@ def quantize_model(
     vLLM-loadable checkpoints must (vLLM decodes all shards with one scale). Activation scales
     start dynamic (None); use :func:`~nvfp4lab.execution.calibrate.calibration` to set them.
 
-    ``method``: "rtn" (default; round to nearest, no data) or "gptq"
+    ``method``: "rtn" (default; round to nearest, no data), "gptq"
     (:mod:`nvfp4lab.execution.gptq`: sequential GPTQ, layer by layer in module order, each
     layer's Hessian collected while ``calibration`` runs through the model whose earlier layers
-    are already quantized). ``calibration``: an iterable of model inputs (tokenizer outputs as
-    dicts of tensors -> ``model(**b)``, tuples -> ``model(*b)``, tensors -> ``model(b)``), run
-    once per stage; "gptq" only. ``gptq``: :class:`GPTQOptions` (damping, act order, block-scale
-    timing). The global scales (shared ones included) are the same for both methods.
+    are already quantized; block by block where the layers sit in repeated blocks,
+    :mod:`nvfp4lab.execution.sequential`) or "mr-gptq" (GPTQ on rotated weights, see
+    ``hadamard``; seed 0 unless ``hadamard`` says otherwise). ``calibration``: an iterable of
+    model inputs (tokenizer outputs as dicts of tensors -> ``model(**b)``, tuples ->
+    ``model(*b)``, tensors -> ``model(b)``); GPTQ methods only. ``gptq``: :class:`GPTQOptions`
+    (damping, act order, block-scale timing). The global scales (shared ones included) are the
+    same for every method.
+
+    ``hadamard``: None, or a seed: every replaced layer holds the NVFP4 weight of ``W Q`` (Q the
+    seeded 16-point block Hadamard, :mod:`nvfp4lab.hadamard`) and rotates its inputs at run
+    time (:class:`NVFP4Linear` ``hadamard``); global scales are those of ``W Q``. With "rtn"
+    that is rotated RTN; with "gptq" it is MR-GPTQ (arXiv 2509.23202 style: GPTQ of ``W Q`` with
+    ``Qᵀ H Q``), reported as "mr-gptq". Rotated layers cannot be saved as checkpoints.
 
     ``kv_cache``: None (default: attention unchanged) or a :class:`~nvfp4lab.vocab.KVCacheKind`
     value (``nvfp4``, ``nvfp4_4over6``, ``fp8``): attention then sees K (after RoPE) and V as
@@ -420,6 +453,10 @@ def quantize_model(
         return _kv_cache_only(model, kv_kind, kv_scales, quant_method, calibration, gptq, ignore)
     vocab.check_choice("backend", backend, vocab.Backend, extra=(AUTO,))
     vocab.check_choice("convention", convention, Convention)
+    if hadamard is not None:
+        check_seed(hadamard)
+    elif quant_method == QuantMethod.MR_GPTQ:
+        hadamard = MR_GPTQ_SEED
     batches = _method_inputs(quant_method, calibration, gptq)
     specs = _ignore_specs(DEFAULT_IGNORE if ignore is None else ignore)
     report = QuantizeReport()
@@ -436,16 +473,17 @@ def quantize_model(
             stacklevel=2,
         )
     report.shared_groups = _share_groups(list(candidates), share_global_scale)
-    shared_gs = _shared_scales(candidates, report.shared_groups, convention)
+    shared_gs = _shared_scales(candidates, report.shared_groups, convention, hadamard)
     partners = {m: tuple(o for o in g if o != m) for g in report.shared_groups for m in g}
     options = dict(backend=backend, cache_dequantized=cache_dequantized, bias_mode=bias_mode)
-    if quant_method == QuantMethod.GPTQ:
+    if quant_method != QuantMethod.RTN:
         layers = _gptq_layers(model, candidates, report.shared_groups, shared_gs, batches,
-                              convention, gptq, options)
+                              convention, gptq, options, hadamard)
     else:
         layers = (
             (name, NVFP4Linear.from_linear(module, weight_global_scale=shared_gs.get(name),
-                                           convention=convention, **options), QuantMethod.RTN)
+                                           convention=convention, hadamard=hadamard, **options),
+             QuantMethod.RTN)
             for name, module in candidates.items()
         )
     if kv_kind is not None:  # checked and set before any Linear changes (or nothing is set)
@@ -462,9 +500,13 @@ def quantize_model(
                     weight_global_scale=float(layer.weight_global_scale),
                     shared_with=partners.get(name, ()),
                     method=how,
+                    hadamard=layer.hadamard,
                 )
             )
     except BaseException as exc:  # all or nothing: put every replaced Linear back
+        close = getattr(layers, "close", None)
+        if callable(close):  # GPTQ's calibration hooks and remembered forwards go now, not
+            close()  # when the traceback holding the generator is freed
         for name, original in candidates.items():
             if model.get_submodule(name) is not original:
                 _set_submodule(model, name, original)

@@ -85,6 +85,13 @@ class LLMConfig:
         return f"nvfp4 ({self.input_scales})" if self.backend == Backend.EMULATION else "float"
 
     @property
+    def quant_method(self) -> str:
+        """The ``method=`` of ``quantize_model``: GPTQ with ``rotation`` is MR-GPTQ."""
+        if self.rotation and self.method == QuantMethod.GPTQ:
+            return QuantMethod.MR_GPTQ
+        return self.method
+
+    @property
     def needs_calibration(self) -> bool:
         return self.method == QuantMethod.GPTQ or (
             self.backend == Backend.EMULATION and self.input_scales == CALIBRATED)
@@ -118,14 +125,15 @@ def build(reference: nn.Module, config: LLMConfig,
     if config.needs_calibration and not calibration_batches:
         raise ValueError(f"configuration {config.label!r} needs calibration_batches "
                          "(corpus.calibration_batches(tokenizer))")
-    if config.rotation:
-        raise NotImplementedError("MR-GPTQ layers are not available yet")
     start = time.perf_counter()
     model = copy.deepcopy(reference)
     gptq = config.method == QuantMethod.GPTQ
-    quantize_model(model, backend=config.backend, method=config.method,
-                   calibration=list(calibration_batches) if gptq else None,
-                   kv_cache=config.kv_cache)
+    if config.backend is None:
+        quantize_model(model, backend=None, kv_cache=config.kv_cache)
+    else:
+        quantize_model(model, backend=config.backend, method=config.quant_method,
+                       calibration=list(calibration_batches) if gptq else None,
+                       kv_cache=config.kv_cache)
     if config.backend == Backend.EMULATION and config.input_scales == CALIBRATED:
         with torch.no_grad(), calibration(model):
             for batch in calibration_batches:
@@ -151,8 +159,7 @@ def config_rows(reference: nn.Module, run: ReferenceRun, configs: Sequence[LLMCo
         del model
         rows.append({"label": config.label, "weights": config.weights,
                      "activations": config.activations, "kv_cache": config.kv_cache or "float",
-                     "method": ("mr-gptq" if config.rotation else config.method)
-                     if config.backend is not None else "-",
+                     "method": config.quant_method if config.backend is not None else "-",
                      "build_seconds": seconds, **fidelity.row()})
     return rows
 

@@ -192,6 +192,15 @@ def test_save_refuses_existing_path_and_float_model(tmp_path: Path) -> None:
     assert not (tmp_path / "float").exists() and not (tmp_path / "w4a4").exists()
 
 
+def test_save_refuses_rotated_layers(tmp_path: Path) -> None:
+    """A Hadamard-rotated layer holds W·Q; no checkpoint format stores the rotation."""
+    model = tiny_llama()
+    quantize_model(model, backend="w4a16", hadamard=1)
+    with pytest.raises(ValueError, match=r"Hadamard-rotated weights .*hadamard=1"):
+        checkpoint.save_pretrained(model, tmp_path / "rotated")
+    assert not (tmp_path / "rotated").exists()
+
+
 def test_require_shared_global_scale(tmp_path: Path) -> None:
     model = tiny_llama()
     # every layer its own global scale

@@ -12,6 +12,7 @@ from nvfp4lab.execution import (
     calibration,
     quantize_model,
 )
+from nvfp4lab.hadamard import hadamard_transform
 from tests.execution.tiny_models import tiny_model, token_batches
 
 
@@ -49,3 +50,13 @@ def test_calibration_exception_changes_nothing() -> None:
         raise RuntimeError("boom")
     layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
     assert all(m.input_global_scale is None and not m._forward_pre_hooks for m in layers)
+
+
+def test_rotated_layer_calibrates_on_the_rotated_input() -> None:
+    """A rotated layer's GEMM quantizes x Q: its static input scale is 2688/amax(x Q)."""
+    torch.manual_seed(0)
+    layer = NVFP4Linear.from_linear(torch.nn.Linear(64, 32), backend="emulation", hadamard=2)
+    batches = [torch.randn(5, 64) for _ in range(3)]
+    calibrate_inputs(torch.nn.Sequential(layer), batches)
+    amax = max(float(hadamard_transform(x, 2).abs().max()) for x in batches)
+    assert float(layer.input_global_scale) == float(compute_global_scale(torch.tensor([amax])))

@@ -4,6 +4,7 @@ gives ordinary NVFP4Linear layers that save and load."""
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from nvfp4lab import formats, quantize, reference
+from nvfp4lab import formats, models, quantize, reference
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.execution import NVFP4Linear, quantize_model
@@ -24,7 +25,11 @@ from nvfp4lab.execution.gptq import (
     gptq_fake_quantize,
     gptq_quantize,
 )
+from nvfp4lab.hadamard import hadamard_transform, rotation_matrix
+from nvfp4lab.tensor import RotatedNVFP4Tensor
 from nvfp4lab.vocab import Convention
+from tests.conftest import needs_minilm
+from tests.execution.reference_gptq import differing, whole_model_gptq
 from tests.execution.tiny_models import tiny_model, token_batches
 
 
@@ -321,6 +326,115 @@ def test_quantize_model_gptq_is_sequential() -> None:
     assert not model[0].cache_dequantized and not model[0]._dq_cache
 
 
+# -- block by block: the same bits as the whole-model passes ----------------------------------
+
+
+def _padded_llama_batches(n: int, seed: int = 3) -> list[dict[str, torch.Tensor]]:
+    """``n`` batches of 2 sequences of 9 tokens, the second padded (right, then left)."""
+    from tests.checkpoint.builders import VOCAB
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        ids = torch.randint(0, VOCAB, (2, 9), generator=g)
+        mask = torch.ones(2, 9, dtype=torch.long)
+        if i % 2:
+            mask[1, :3] = 0
+        else:
+            mask[1, 6:] = 0
+        out.append({"input_ids": ids, "attention_mask": mask})
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("options", [GPTQOptions(), GPTQOptions(act_order=True)],
+                         ids=["default", "act_order"])
+def test_block_pipeline_equals_whole_model_on_llama(
+    dtype: torch.dtype, options: GPTQOptions
+) -> None:
+    """A 2-layer Llama (GQA, no biases, KV cache on by default) with padded batches: every code,
+    scale and output is the whole-model path's, and the whole model never runs (lm_head is not
+    reached: only the blocks do)."""
+    pytest.importorskip("transformers")
+    from tests.checkpoint.builders import tiny_llama
+
+    batches = _padded_llama_batches(3)
+    reference, model = tiny_llama().to(dtype), tiny_llama().to(dtype)
+    assert model.config.use_cache
+    whole_model_gptq(reference, batches, options=options)
+    heads: list[int] = []
+    handle = model.lm_head.register_forward_pre_hook(lambda m, a: heads.append(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = quantize_model(model, backend="w4a16", method="gptq", calibration=batches,
+                                gptq=options)
+    handle.remove()
+    assert not heads  # block by block: the model's head never ran
+    assert len(report.replaced) == 14 and differing(reference, model) == []
+    with torch.no_grad():
+        for batch in _padded_llama_batches(2, seed=8):
+            assert torch.equal(model(**batch).logits, reference(**batch).logits)
+
+
+def test_block_pipeline_equals_whole_model_outside_and_off_the_chain() -> None:
+    """Layers after the blocks (TinyLM's ``odd``) run the whole model after the blocks; a model
+    whose blocks are not a chain (hidden states changed between blocks) runs the whole model
+    for every stage: both the reference's bits."""
+
+    class Scaled(nn.Module):  # 2 * h between the blocks: not a chain
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = tiny_model()
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.inner.embed(ids)
+            for block in self.inner.blocks:
+                x = block(x) * 2.0
+            return self.inner.lm_head(x)
+
+    batches = token_batches(3)
+    for make in (tiny_model, Scaled):
+        reference, model = make(), make()
+        whole_model_gptq(reference, batches, share="llama")
+        with warnings.catch_warnings():  # Scaled never calls odd: RTN, warned
+            warnings.simplefilter("ignore", GPTQFallbackWarning)
+            quantize_model(model, backend="w4a16", share_global_scale="llama", method="gptq",
+                           calibration=batches)
+        assert differing(reference, model) == [], make
+
+
+@needs_minilm
+def test_block_pipeline_equals_whole_model_on_minilm(encoder: models.SentenceEncoder) -> None:
+    """MiniLM (BERT blocks, padded sentences, the pooler after the blocks), two calibration
+    batches: bit for bit the whole-model path's codes, scales and embeddings."""
+    from nvfp4lab.studies import model_fidelity as study
+
+    batches = study.calibration_batches(encoder)[:2]
+    reference, model = copy.deepcopy(encoder.model), copy.deepcopy(encoder.model)
+    whole_model_gptq(reference, batches, share="bert")
+    quantize_model(model, backend="w4a16", share_global_scale="bert", method="gptq",
+                   calibration=batches)
+    assert differing(reference, model) == []
+    held_out = encoder.tokenize(list(study.SENTENCES[:8]))
+    with torch.no_grad():
+        assert torch.equal(model(**held_out).last_hidden_state,
+                           reference(**held_out).last_hidden_state)
+
+
+def test_same_input_layers_share_one_hessian() -> None:
+    """q/k/v (one input tensor) share one Hessian object, equal to separate accumulation; a
+    layer fed another tensor keeps its own."""
+    model = tiny_model()
+    names = ["blocks.0.attn.q_proj", "blocks.0.attn.k_proj", "blocks.0.attn.v_proj",
+             "blocks.0.attn.o_proj"]
+    batches = token_batches(2)
+    shared = collect_hessians(model, names, batches)
+    q, k, v, o = (shared[n] for n in names)
+    assert q is k is v and o is not q
+    alone = collect_hessians(model, names[:1], batches)[names[0]]
+    assert torch.equal(q.sum, alone.sum) and q.tokens == alone.tokens == 2 * 2 * 12
+
+
 def test_quantize_model_gptq_shares_scales_and_beats_rtn() -> None:
     calib, held_out = token_batches(8, seed=1), token_batches(4, seed=2)
     fp = tiny_model()
@@ -373,6 +487,76 @@ def test_gptq_checkpoint_round_trip(tmp_path: object) -> None:
     ids = llama_batches(1, seed=9)[0]
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+
+
+# -- MR-GPTQ: GPTQ on the rotated weight and Hessian, in a layer that rotates its inputs --------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotated_gptq_is_gptq_of_the_rotated_weight_and_hessian(dtype: torch.dtype) -> None:
+    w, x = _layer(48, 96).to(dtype), _inputs(400, 96)
+    h = _hessian(x)
+    result = gptq_quantize(w, h, hadamard=4)
+    rot = rotation_matrix(96, 4, dtype=torch.float64)
+    plain = gptq_quantize(hadamard_transform(w, 4), rot.T @ h @ rot).weight
+    got = result.weight
+    assert isinstance(got, RotatedNVFP4Tensor) and got.hadamard == 4 and got.dtype == dtype
+    assert plain is not None and not isinstance(plain, RotatedNVFP4Tensor)
+    assert torch.equal(got.packed, plain.packed)
+    assert torch.equal(_raw(got.scales), _raw(plain.scales))
+    assert torch.equal(got.global_scale, plain.global_scale)
+    torch.testing.assert_close(result.dequantized, got.dequantize(torch.float32))
+    layer = NVFP4Linear.from_quantized(got)
+    assert layer.hadamard == 4 and torch.equal(layer.weight_packed, plain.packed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotated_rtn_is_rotated_gptq_with_identity_hessian(dtype: torch.dtype) -> None:
+    w = _layer(32, 128).to(dtype)
+    rtn = quantize(w, hadamard=9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gptq = gptq_quantize(w, torch.eye(128), hadamard=9).weight
+    assert gptq is not None and gptq == rtn  # bytes, global scale, shape, dtype, seed
+
+
+def test_quantize_model_mr_gptq_and_rotated_rtn() -> None:
+    """method="mr-gptq" (seed 0) is the reference MR-GPTQ bit for bit (block pipeline), its
+    fused groups share the scale of the ROTATED weights, and it beats rotated RTN held out;
+    method="rtn" with hadamard gives from_linear(hadamard=...) layers."""
+    calib, held_out = token_batches(8, seed=1), token_batches(4, seed=2)
+    fp, reference, mr, rtn = tiny_model(), tiny_model(), tiny_model(), tiny_model()
+    qkv = [f"blocks.0.attn.{p}_proj" for p in "qkv"]
+    weights = {n: fp.get_submodule(n).weight.detach() for n in qkv}
+    whole_model_gptq(reference, calib, share="llama", hadamard=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = quantize_model(mr, backend="w4a16", share_global_scale="llama",
+                                method="mr-gptq", calibration=calib)
+    assert {r.method for r in report.replaced} == {"mr-gptq"}
+    assert {r.hadamard for r in report.replaced} == {0} and "hadamard=0" in str(report)
+    assert differing(reference, mr) == []
+    expected = min(compute_global_scale(hadamard_transform(w, 0)) for w in weights.values())
+    assert {float(mr.get_submodule(n).weight_global_scale) for n in qkv} == {float(expected)}
+    r_rtn = quantize_model(rtn, backend="w4a16", share_global_scale="llama", hadamard=0)
+    assert {r.method for r in r_rtn.replaced} == {"rtn"}
+    assert {r.hadamard for r in r_rtn.replaced} == {0}
+    one = NVFP4Linear.from_linear(fp.odd, hadamard=0)
+    assert torch.equal(rtn.odd.weight_packed, one.weight_packed) and rtn.odd.hadamard == 0
+
+    def err(model: nn.Module) -> float:
+        with torch.no_grad():
+            return sum(float((model(t) - fp(t)).square().mean()) for t in held_out)
+
+    assert err(mr) < err(rtn)
+    seeded = tiny_model()
+    quantize_model(seeded, backend="w4a16", method="gptq", hadamard=5,
+                   calibration=calib[:2])
+    assert seeded.blocks[0].attn.q_proj.hadamard == 5
+    with pytest.raises(ValueError, match="non-negative integer seed"):
+        quantize_model(tiny_model(), hadamard=-2)
+    with pytest.raises(ValueError, match="needs calibration="):
+        quantize_model(tiny_model(), method="mr-gptq")
 
 
 # -- (e) bad inputs ------------------------------------------------------------------------------
@@ -479,3 +663,44 @@ def test_gptq_nan_hessian_at_layer_2_restores_the_model() -> None:
     assert all(torch.equal(after[k], before[k]) for k in before)
     assert any("put back the 1 layer(s) it had already replaced ('0')" in n
                for n in info.value.__notes__)
+
+
+@pytest.mark.parametrize("where", ["hessian", "caller"])
+def test_block_pipeline_failure_restores_the_model(
+    where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure inside GPTQ (an infinite Hessian in block 1: its input norm scales by inf) or in
+    the caller while block 1 is half done (building its 6th layer): the model has its own
+    layers back, and no hook and no replaced forward are left behind."""
+    pytest.importorskip("transformers")
+    from nvfp4lab.execution import whole_model
+    from tests.checkpoint.builders import tiny_llama, token_batches
+
+    model = tiny_llama()
+    if where == "hessian":
+        with torch.no_grad():
+            model.model.layers[1].input_layernorm.weight.fill_(math.inf)
+        error, match = ValueError, r"Hessian of layer 'model\.layers\.1\.self_attn\.q_proj"
+    else:
+        built = whole_model.NVFP4Linear.from_quantized
+        calls: list[int] = []
+
+        def failing(*args: object, **kwargs: object) -> NVFP4Linear:
+            calls.append(1)
+            if len(calls) == 7 + 5:  # block 1's gate_proj: q/k/v and o_proj are final
+                raise RuntimeError("disk full")
+            return built(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(whole_model.NVFP4Linear, "from_quantized", failing)
+        error, match = RuntimeError, "disk full"
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    types = {n: type(m) for n, m in model.named_modules()}
+    with pytest.raises(error, match=match) as info:
+        quantize_model(model, method="gptq", calibration=token_batches(2))
+    assert {n: type(m) for n, m in model.named_modules()} == types
+    after = model.state_dict()
+    assert list(after) == list(before) and all(torch.equal(after[k], before[k]) for k in before)
+    for module in model.modules():  # while the error (and its frames) is still held
+        assert "forward" not in vars(module)
+        assert not module._forward_pre_hooks and not module._forward_hooks
+    assert info.value is not None

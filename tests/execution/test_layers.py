@@ -1,4 +1,5 @@
-"""NVFP4Linear: compressed-tensors buffer names, forward on each backend, casts, cache."""
+"""NVFP4Linear: compressed-tensors buffer names, forward on each backend, casts, cache, rotated
+layers (the weight of W·Q, inputs rotated at run time)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from nvfp4lab.execution import (
 )
 from nvfp4lab.execution.dispatch import BACKEND_ENV
 from nvfp4lab.execution.gemm import linear
+from nvfp4lab.hadamard import hadamard_transform, rotation_matrix
 from nvfp4lab.settings import BATCH_INVARIANT_ENV
+from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor
 
 BACKENDS = ["emulation", "w4a16"]
 
@@ -185,3 +188,45 @@ def test_bias_mode_dropped_layer_warns() -> None:
     layer = NVFP4Linear.from_linear(_linear(), backend="w4a16", bias_mode="dropped")
     with pytest.warns(UserWarning, match="dropped"):
         layer(torch.randn(2, 64))
+
+
+# -- rotated layers (MR-GPTQ) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rotated_layer_is_the_dense_oracle(dtype: torch.dtype, backend: str) -> None:
+    """A layer holding NVFP4(W Q) multiplies x Q by it: equal to linear() on the rotated input,
+    and (w4a16) to the dense oracle ``x @ (dequant(NVFP4(W Q)) Qᵀ)ᵀ + b`` up to float rounding."""
+    lin = _linear(dtype=dtype)
+    layer = NVFP4Linear.from_linear(lin, backend=backend, hadamard=3)
+    q = quantize(lin.weight.detach(), hadamard=3)
+    assert isinstance(q, RotatedNVFP4Tensor) and layer.hadamard == 3
+    assert torch.equal(layer.weight_packed, q.packed)
+    assert torch.equal(layer.weight_scale.view(torch.uint8), q.scales.view(torch.uint8))
+    assert torch.equal(layer.weight_global_scale, q.global_scale)
+    assert isinstance(layer.weight_nvfp4(), RotatedNVFP4Tensor)
+    assert layer.weight_nvfp4() == q and "hadamard=3" in repr(layer)
+    plain = NVFP4Tensor(q.packed, q.scales, q.global_scale, shape=q.shape, dtype=q.dtype)
+    x = torch.randn(2, 5, 64).to(dtype)
+    out = layer(x)
+    assert torch.equal(out, linear(hadamard_transform(x, 3), plain, lin.bias, backend=backend))
+    assert torch.equal(layer.rotate_input(x), hadamard_transform(x, 3))
+    if backend == "w4a16":
+        rot = rotation_matrix(64, 3, dtype=torch.float64)
+        w_hat = q.dequantize_rotated(torch.float32).double() @ rot.T  # ≈ W
+        dense = x.double() @ w_hat.T + lin.bias.double()
+        tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0.02,
+                                                                           "atol": 0.02}
+        torch.testing.assert_close(out.double(), dense, **tol)
+
+
+def test_rotated_layer_from_quantized_and_bad_seed() -> None:
+    w = torch.randn(16, 32)
+    layer = NVFP4Linear.from_quantized(quantize(w, hadamard=0))
+    assert layer.hadamard == 0 and layer.weight_nvfp4().hadamard == 0
+    assert NVFP4Linear.from_quantized(quantize(w)).hadamard is None
+    with pytest.raises(ValueError, match="non-negative integer seed"):
+        NVFP4Linear(32, 16, hadamard=-1)
+    with pytest.raises(ValueError, match="non-negative integer seed"):
+        NVFP4Linear.from_linear(nn.Linear(32, 16), hadamard=1.5)  # type: ignore[arg-type]

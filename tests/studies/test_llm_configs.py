@@ -28,8 +28,12 @@ def _direct(reference: torch.nn.Module, config: lc.LLMConfig) -> torch.nn.Module
     """The quantize_model call the configuration stands for, written out."""
     model = copy.deepcopy(reference)
     gptq = config.method == QuantMethod.GPTQ
-    quantize_model(model, backend=config.backend, method=config.method,
-                   calibration=BATCHES if gptq else None, kv_cache=config.kv_cache)
+    if config.backend is None:
+        quantize_model(model, backend=None, kv_cache=config.kv_cache)
+    else:
+        method = QuantMethod.MR_GPTQ if config.rotation else config.method
+        quantize_model(model, backend=config.backend, method=method,
+                       calibration=BATCHES if gptq else None, kv_cache=config.kv_cache)
     if config.input_scales == lc.CALIBRATED:
         with torch.no_grad(), calibration(model):
             for batch in BATCHES:
@@ -37,7 +41,7 @@ def _direct(reference: torch.nn.Module, config: lc.LLMConfig) -> torch.nn.Module
     return model
 
 
-@pytest.mark.parametrize("config", [c for c in lc.configurations() if not c.rotation],
+@pytest.mark.parametrize("config", lc.configurations(),
                          ids=lambda c: c.label)
 def test_each_configuration_is_its_quantize_model_call(config: lc.LLMConfig) -> None:
     reference = tiny_llama()

@@ -1,0 +1,289 @@
+"""nvfp4lab.execution.sequential: the repeated blocks found, block 0's inputs captured (caches
+off, the chain checked), one block run over the calls (early end, final layers remembered)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from nvfp4lab.execution.sequential import (
+    BlockCall,
+    BlockRunner,
+    Blocks,
+    block_output,
+    capture_block_inputs,
+    find_blocks,
+)
+from tests.execution.tiny_models import tiny_model
+
+
+class Counting(nn.Linear):
+    """A Linear that counts how often its own forward ran."""
+
+    runs = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.runs += 1
+        return super().forward(x)
+
+
+class Toy(nn.Module):
+    """``c(b(a(x)) + a(x))``; ``in_place``: ``a``'s output is changed in place (by 0) after use;
+    ``swap``: a batch whose first value is negative calls ``b`` before ``a``; ``plain``: plain
+    ``nn.Linear`` layers (what quantize_model takes) instead of :class:`Counting` ones."""
+
+    def __init__(self, d: int = 16, *, in_place: bool = False, swap: bool = False,
+                 plain: bool = False) -> None:
+        super().__init__()
+        linear = nn.Linear if plain else Counting
+        self.a, self.b, self.c = linear(d, d), linear(d, d), linear(d, d)
+        self.in_place, self.swap = in_place, swap
+
+    def forward(self, hidden_states: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        if self.swap and float(hidden_states.flatten()[0]) < 0:
+            z = self.b(hidden_states)
+            y = self.a(z)
+        else:
+            y = self.a(hidden_states)
+            z = self.b(y) + y
+        if self.in_place:
+            y.add_(0.0)
+        return self.c(z) * scale
+
+
+class Chain(nn.Module):
+    def __init__(self, *, keyword: bool = False, **toy: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([Toy(**toy), Toy(**toy)])
+        self.keyword = keyword
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(hidden_states=x, scale=0.5) if self.keyword else block(x, 0.5)
+        return x
+
+
+def _batches(n: int = 3, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(4, 16, generator=g) for _ in range(n)]
+
+
+def _watched(block: nn.Module, prefix: str = "blocks.0") -> dict[str, nn.Module]:
+    return {f"{prefix}.{n}": getattr(block, n) for n in "abc"}
+
+
+# -- finding the blocks ----------------------------------------------------------------------
+
+
+def test_find_blocks() -> None:
+    model = tiny_model()
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    blocks = find_blocks(model, names)
+    assert blocks is not None and blocks.name == "blocks" and blocks.modules is model.blocks
+    assert blocks.index("blocks.1.attn.q_proj") == 1
+    assert blocks.index("blocks.1") is None  # the block itself is no layer in it
+    assert blocks.index("blocks.7.gate_proj") is None and blocks.index("odd") is None
+    assert find_blocks(nn.Sequential(nn.Linear(16, 16)), ["0"]) is None
+    outer = nn.Module()
+    outer.layers = nn.ModuleList([nn.Module() for _ in range(2)])
+    for layer in outer.layers:
+        layer.experts = nn.ModuleList([nn.Linear(16, 16) for _ in range(3)])
+    names = [n for n, m in outer.named_modules() if isinstance(m, nn.Linear)]
+    found = find_blocks(outer, names)
+    assert found is not None and found.name == "layers"  # the outermost list holds the most
+    assert find_blocks(outer, names[:3]) == Blocks("layers", outer.layers)  # ties: outermost
+
+
+# -- capturing block 0's inputs --------------------------------------------------------------
+
+
+def test_capture_llama_inputs_without_cache() -> None:
+    """Block 0's calls hold the embeddings, no cache object and use_cache=False; running the
+    blocks on them one after the other gives the model's own hidden states bit for bit (the
+    model itself runs with its default KV cache)."""
+    pytest.importorskip("transformers")
+    from tests.checkpoint.builders import tiny_llama, token_batches
+
+    model = tiny_llama().float()
+    ids = token_batches(2)
+    batches = [{"input_ids": t, "attention_mask": torch.ones_like(t)} for t in ids]
+    batches[1]["attention_mask"][0, :4] = 0
+    blocks = find_blocks(model, ["model.layers.0.mlp.up_proj", "model.layers.1.mlp.up_proj"])
+    assert blocks is not None and blocks.name == "model.layers"
+    with torch.no_grad():
+        calls = capture_block_inputs(model, blocks, batches)
+        assert calls is not None and len(calls) == 2
+        for call, batch in zip(calls, batches, strict=True):
+            assert call.batch is batch
+            assert torch.equal(call.hidden, model.model.embed_tokens(batch["input_ids"]))
+            assert call.kwargs["use_cache"] is False
+            assert not any("Cache" in type(v).__name__ for v in call.kwargs.values())
+            h = call.hidden
+            for block in blocks.modules:
+                h = block_output(call.with_hidden(h).run(block))
+                assert h is not None
+            expected = model.model(**batch).last_hidden_state
+            assert torch.equal(model.model.norm(h), expected)
+
+
+@pytest.mark.parametrize("keyword", [False, True])
+def test_capture_positional_or_keyword_hidden_states(keyword: bool) -> None:
+    model = Chain(keyword=keyword)
+    batches = _batches()
+    blocks = find_blocks(model, ["blocks.0.a", "blocks.1.a"])
+    assert blocks is not None
+    calls = capture_block_inputs(model, blocks, batches)
+    assert calls is not None
+    for call, x in zip(calls, batches, strict=True):
+        assert call.key == ("hidden_states" if keyword else 0)
+        assert call.hidden is x
+        moved = call.with_hidden(x + 1)
+        assert torch.equal(moved.hidden, x + 1) and call.hidden is x
+        assert (moved.kwargs if keyword else dict(enumerate(moved.args)))[
+            "scale" if keyword else 1] == 0.5
+
+
+class _Reversed(Chain):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in reversed(self.blocks):
+            x = block(x)
+        return x
+
+
+class _Changed(Chain):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x) + 1.0
+        return x
+
+
+class _PerBlockScale(Chain):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            x = block(x, scale=torch.tensor(float(i + 1)))
+        return x
+
+
+class _Twice(Chain):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks[0](x)
+        x = self.blocks[0](x)
+        return self.blocks[1](x)
+
+
+class _Skips(Chain):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[0](x)
+
+
+@pytest.mark.parametrize("model_type", [_Reversed, _Changed, _PerBlockScale, _Twice, _Skips])
+def test_capture_refuses_what_is_not_a_chain(model_type: type[Chain]) -> None:
+    """Blocks out of order, hidden states changed between blocks, per-block arguments, a block
+    run twice or never: None (the caller runs the whole model)."""
+    model = model_type()
+    blocks = find_blocks(model, ["blocks.0.a", "blocks.1.a"])
+    assert blocks is not None
+    assert capture_block_inputs(model, blocks, _batches()) is None
+
+
+# -- one block over the calls ----------------------------------------------------------------
+
+
+def _inputs_of(module: nn.Module) -> tuple[list[torch.Tensor], Any]:
+    seen: list[torch.Tensor] = []
+    handle = module.register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
+    return seen, handle
+
+
+def test_block_runner_ends_each_stage_early_and_remembers_final_layers() -> None:
+    model = Chain()
+    block = model.blocks[0]
+    calls = [BlockCall(None, (x, 0.5), {}) for x in _batches()]
+    with torch.no_grad():
+        full = [block(x, 0.5) for x in _batches()]
+        b_inputs = [block.a(x) for x in _batches()]
+    block.a.runs = block.b.runs = block.c.runs = 0
+    runner = BlockRunner(block, calls, _watched(block))
+    assert runner._order == ["blocks.0.a", "blocks.0.b", "blocks.0.c"]  # the probe (call 0)
+    assert (block.a.runs, block.b.runs, block.c.runs) == (1, 1, 1)
+    with runner:
+        seen, handle = _inputs_of(block.a)
+        for _, run in runner.collect(["blocks.0.a"]):
+            run()
+        handle.remove()
+        assert len(seen) == 3 and (block.a.runs, block.b.runs, block.c.runs) == (1, 1, 1)
+        runner.freeze("blocks.0.a", block.a)
+        seen, handle = _inputs_of(block.b)
+        for _, run in runner.collect(["blocks.0.b"]):
+            run()
+        handle.remove()
+        assert all(torch.equal(s, e) for s, e in zip(seen, b_inputs, strict=True))
+        assert (block.a.runs, block.b.runs, block.c.runs) == (4, 1, 1)  # a ran once per call
+        runner.freeze("blocks.0.b", block.b)
+        for _, run in runner.collect(["blocks.0.c"]):
+            run()
+        assert (block.a.runs, block.b.runs, block.c.runs) == (4, 4, 1)  # a remembered
+        runner.freeze("blocks.0.c", block.c)
+        outputs = runner.outputs()
+        assert (block.a.runs, block.b.runs, block.c.runs) == (4, 4, 4)  # a, b remembered
+    assert all(torch.equal(o.hidden, f) for o, f in zip(outputs, full, strict=True))
+    assert "forward" not in vars(block.a)  # the class's forward again
+    with torch.no_grad():
+        block(calls[0].hidden, 0.5)
+    assert block.a.runs == 5
+
+
+def test_block_runner_recomputes_what_changed_in_place() -> None:
+    """``a``'s remembered output was changed in place (its version moved): ``a`` runs again."""
+    model = Chain(in_place=True)
+    block = model.blocks[0]
+    calls = [BlockCall(None, (x, 0.5), {}) for x in _batches()]
+    with BlockRunner(block, calls, _watched(block)) as runner:
+        runner.freeze("blocks.0.a", block.a)
+        block.a.runs = 0
+        for _ in range(2):
+            for _, run in runner.collect(["blocks.0.c"]):
+                run()
+        assert block.a.runs == 6
+
+
+def test_block_runner_runs_a_departing_batch_to_the_end() -> None:
+    """A batch that calls the layers in another order than the probe's is not ended early:
+    the stage's layer still sees every input it gets in a full run."""
+    model = Chain(swap=True)
+    block = model.blocks[0]
+    xs = [torch.ones(4, 16), -torch.ones(4, 16), torch.full((4, 16), 2.0)]
+    calls = [BlockCall(None, (x, 0.5), {}) for x in xs]
+    with torch.no_grad():
+        expected = [block.a(x) if i != 1 else block.a(block.b(x)) for i, x in enumerate(xs)]
+    with BlockRunner(block, calls, _watched(block)) as runner:
+        seen, handle = _inputs_of(block.b)
+        for _, run in runner.collect(["blocks.0.b"]):
+            run()
+        handle.remove()
+    assert len(seen) == 3
+    assert torch.equal(seen[0], expected[0]) and torch.equal(seen[2], expected[2])
+    assert torch.equal(seen[1], xs[1])  # b first in the departing batch
+
+
+def test_sequential_gptq_on_a_chain_of_toys_uses_the_blocks() -> None:
+    """quantize_model on Chain: every Linear quantized, the model's own forward only runs to
+    capture block 0's inputs (once per batch, plus the chain check)."""
+    from nvfp4lab.execution import NVFP4Linear, quantize_model
+    from tests.execution.reference_gptq import differing, whole_model_gptq
+
+    batches = _batches()
+    reference, model = Chain(plain=True), Chain(plain=True)
+    whole_model_gptq(reference, batches)
+    forwards: list[int] = []
+    handle = model.register_forward_pre_hook(lambda m, a: forwards.append(1))
+    quantize_model(model, backend="w4a16", method="gptq", calibration=batches)
+    handle.remove()
+    assert len(forwards) == len(batches)
+    assert all(isinstance(model.get_submodule(f"blocks.{i}.{n}"), NVFP4Linear)
+               for i in range(2) for n in "abc")
+    assert differing(reference, model) == []
