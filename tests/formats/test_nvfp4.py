@@ -283,8 +283,11 @@ def test_rotated_weights_are_refused_where_they_would_be_used_as_w() -> None:
     w = NV.quantize(torch.randn(16, 32), hadamard=1)
     with pytest.raises(ValueError, match="Hadamard-rotated"):
         linear(torch.randn(2, 32), w, backend="w4a16")
-    with pytest.raises(ValueError, match="Hadamard-rotated"):
-        NVFP4Linear.from_quantized(w)
+    # a layer takes it as what it is, NVFP4(W Q), and rotates its inputs (MR-GPTQ layers)
+    layer = NVFP4Linear.from_quantized(w, backend="w4a16")
+    x = torch.randn(2, 32)
+    assert layer.hadamard == 1
+    assert torch.allclose(layer(x), x @ w.dequantize().T, atol=1e-5, rtol=1e-5)  # (xQ)(WQ)ᵀ
 
 
 def test_hadamard_measured_effects() -> None:
