@@ -584,12 +584,13 @@ def _accumulate(
 
 def _hessians(
     modules: Mapping[str, nn.Module],
-    passes: Iterable[tuple[Any, Callable[[], object]]],
+    passes: Iterable[tuple[Any, Callable[[], bool]]],
     mask_padding: bool,
 ) -> dict[str, Hessian]:
     """One :class:`Hessian` per module of ``modules`` (name -> module, called as
     ``module(x [..., K])``) from forward pre-hooks while each ``run()`` of ``passes``
-    (``(batch, run)``, the batch giving the padding mask) executes. Modules fed the same
+    (``(batch, run)``, the batch giving the padding mask; ``run()`` returns False to have its
+    pass dropped and run again) executes. Modules fed the same
     tensors in every pass (q/k/v, gate/up) share one Hessian object (:func:`_accumulate`).
     The hooks are registered before ``passes`` is first iterated (a generator that adds its own
     pre-hooks to these modules when it starts gets them called after these)."""
@@ -608,7 +609,8 @@ def _hessians(
     try:
         for batch, run in passes:
             seen.clear()
-            run()
+            while not run():  # the pass asks to be repeated: drop what it recorded
+                seen.clear()
             _accumulate(hessians, seen, batch, mask_padding)
     finally:
         seen.clear()
@@ -619,12 +621,13 @@ def _hessians(
 
 def _model_passes(
     model: nn.Module, batches: Sequence[Any]
-) -> Iterator[tuple[Any, Callable[[], object]]]:
+) -> Iterator[tuple[Any, Callable[[], bool]]]:
     """``(batch, run)``: each batch through the whole model (no grad)."""
     for batch in batches:
-        def run(batch: Any = batch) -> object:
+        def run(batch: Any = batch) -> bool:
             with torch.no_grad():
-                return run_batch(model, batch)
+                run_batch(model, batch)
+            return True
 
         yield batch, run
 

@@ -31,7 +31,9 @@ changing a bit of what they compute:
 * a probe (the block once, on the first call) records the order in which the block calls the
   Linears being calibrated; a pass that only needs a stage's inputs ends right after the last
   call of that stage (:meth:`BlockRunner.collect`), as long as the batch calls the Linears in the
-  probe's order so far (checked at every call; a batch that departs runs to the end);
+  probe's order so far (checked at every call; a batch that departs runs to the end); the
+  stage's own Linears, about to be replaced, return zeros instead of computing while they all
+  receive one and the same input tensor (else the pass is repeated with them computing);
 * a layer that is already final (an earlier stage) remembers, per call, its input and output;
   a later pass that feeds it an input equal to the remembered one (``torch.equal``; neither
   tensor changed in place since, by its version counter) gets the remembered output instead of
@@ -389,23 +391,48 @@ class BlockRunner:
 
     # -- passes --------------------------------------------------------------------------------
 
-    def collect(self, stage: Sequence[str]) -> Iterator[tuple[Any, Callable[[], None]]]:
-        """``(batch, run)`` per call: ``run()`` runs the block on the call (no grad), ending it
-        right after the last call of a module of ``stage`` when the batch has called the watched
-        modules in the probe's order so far. The end is a forward pre-hook on ``stage``'s
-        modules registered when this generator starts: pre-hooks registered on them before
-        (a Hessian collector's) run first and still see that last call."""
+    def collect(self, stage: Sequence[str]) -> Iterator[tuple[Any, Callable[[], bool]]]:
+        """``(batch, run)`` per call: ``run()`` runs the block on the call (no grad) and returns
+        True, or False when its pass must be repeated (whatever it recorded dropped; the repeat
+        returns True).
+
+        A run ends right after the last call of a module of ``stage`` when the batch has called
+        the watched modules in the probe's order so far. The stage's Linears are about to be
+        replaced, so they do not compute: they return zeros of their output's shape, as long as
+        each receives the very tensor the first of them received (then no zero output can have
+        reached a stage input, e.g. q/k/v or gate/up); otherwise the run asks to be repeated and
+        the rest of the stage runs them for real. Ending and zeros are forward pre-hooks and
+        ``forward`` replacements on ``stage``'s modules installed when this generator starts:
+        pre-hooks registered on them before (a Hessian collector's) run first and see every
+        call."""
         last = self._last_call(stage)
         members = [self._modules[n] for n in stage if n in self._modules]
+        state = {"first": None, "same": True, "zeros": True}
 
-        def stop(module: nn.Module, args: tuple[Any, ...]) -> None:
+        def check_and_stop(module: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0] if args else None
+            if state["first"] is None:
+                state["first"] = x
+            elif x is not state["first"]:
+                state["same"] = False
             if self._strict and len(self._seen) - 1 == last:
                 raise _Stop
 
-        def run(index: int) -> Callable[[], None]:
-            def go() -> None:
+        def zeros_for(module: nn.Linear) -> Callable[..., Any]:
+            own = module.forward
+
+            def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                if not state["zeros"] or args or kwargs or not isinstance(x, torch.Tensor):
+                    return own(x, *args, **kwargs)
+                return x.new_zeros(*x.shape[:-1], module.out_features)
+
+            return forward
+
+        def run(index: int) -> Callable[[], bool]:
+            def go() -> bool:
                 self._begin(index)
                 self._strict = last >= 0
+                state["first"], state["same"] = None, True
                 try:
                     with torch.no_grad():
                         self.calls[index].run(self.block)
@@ -413,16 +440,25 @@ class BlockRunner:
                     pass
                 finally:
                     self._strict = False
+                if state["zeros"] and not state["same"]:
+                    state["zeros"] = False  # real outputs from now on, this call again
+                    return False
+                return True
 
             return go
 
-        handles = [m.register_forward_pre_hook(stop) for m in members]
+        handles = [m.register_forward_pre_hook(check_and_stop) for m in members]
+        replaced = [m for m in members if isinstance(m, nn.Linear) and "forward" not in vars(m)]
+        for module in replaced:
+            module.forward = zeros_for(module)  # type: ignore[method-assign]
         try:
             for index, call in enumerate(self.calls):
                 yield call.batch, run(index)
         finally:
             for handle in handles:
                 handle.remove()
+            for module in replaced:
+                vars(module).pop("forward", None)
         self._prune()
 
     def outputs(self) -> list[BlockCall]:

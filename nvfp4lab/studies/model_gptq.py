@@ -11,8 +11,9 @@ thread): the w4a16 embedding-cosine gap to float (1 − mean cosine) falls from 
 0.0136 with GPTQ (41 % smaller), 0.0126 with act order (46 %), 0.0132 with scales from the
 updated weights (44 %); W4A4 emulation 0.0333 → 0.0245 (27 %); paraphrase recall unchanged
 (0.958). Held out, GPTQ lowers the output NMSE of 36 of 37 layers fed the float input
-(0.43-0.85× RTN's; 5.attn_out is 1.31× worse). Quantizing MiniLM takes 11.9 s on one CPU
-thread (9.0 s on two), on a quiet 2-core machine.
+(0.43-0.85× RTN's; 5.attn_out is 1.31× worse). Quantizing MiniLM takes 5.0 s on one CPU
+thread (peak RSS +206 MB), block by block (:mod:`nvfp4lab.execution.sequential`); it took
+11.9 s when every stage ran the whole model (the same bits).
 
 Why 5.attn_out loses (:func:`fit_rows`): GPTQ over-fits the calibration set. On the 894
 calibration tokens its output NMSE is 0.0025 against RTN's 0.0109 (4.4× better); on the held-out

@@ -287,3 +287,61 @@ def test_sequential_gptq_on_a_chain_of_toys_uses_the_blocks() -> None:
     assert all(isinstance(model.get_submodule(f"blocks.{i}.{n}"), NVFP4Linear)
                for i in range(2) for n in "abc")
     assert differing(reference, model) == []
+
+
+class Fork(nn.Module):
+    """``b`` and ``c`` both on ``a``'s output (``chained``: ``c`` on ``b``'s output instead)."""
+
+    def __init__(self, chained: bool = False, d: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.a, self.b, self.c = Counting(d, d), Counting(d, d), Counting(d, d)
+        self.chained = chained
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        p = self.b(y)
+        return p + self.c(p if self.chained else y)
+
+
+def _collect_inputs(runner: BlockRunner, stage: list[str], modules: dict[str, nn.Module]
+                    ) -> tuple[dict[str, list[torch.Tensor]], int]:
+    """What the stage's modules receive per call, as a Hessian collector records it (hooks
+    registered first; a pass that asks to be repeated drops its records); and the repeats."""
+    seen: dict[str, list[torch.Tensor]] = {n: [] for n in stage}
+    current: dict[str, list[torch.Tensor]] = {}
+    handles = [modules[n].register_forward_pre_hook(
+        lambda m, a, n=n: current.setdefault(n, []).append(a[0].clone())) for n in stage]
+    repeats = 0
+    for _, run in runner.collect(stage):
+        current.clear()
+        while not run():
+            repeats += 1
+            current.clear()
+        for n in stage:
+            seen[n] += current.get(n, [])
+    for handle in handles:
+        handle.remove()
+    return seen, repeats
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_stage_layers_return_zeros_only_while_they_share_one_input(chained: bool) -> None:
+    """b and c on one input: b does not compute (zeros), c's pass ends at its call. c fed b's
+    output: the first pass is repeated with b computing, and so is the rest of the stage. The
+    recorded inputs are the real ones either way."""
+    block = Fork(chained)
+    xs = _batches()
+    with torch.no_grad():
+        ys = [block.a(x) for x in xs]
+        expected_c = [block.b(y) if chained else y for y in ys]
+    calls = [BlockCall(None, (x,), {}) for x in xs]
+    watched = _watched(block)
+    with BlockRunner(block, calls, watched) as runner:
+        runner.freeze("blocks.0.a", block.a)
+        block.b.runs = block.c.runs = 0
+        seen, repeats = _collect_inputs(runner, ["blocks.0.b", "blocks.0.c"], watched)
+    assert all(torch.equal(s, y) for s, y in zip(seen["blocks.0.b"], ys, strict=True))
+    assert all(torch.equal(s, e) for s, e in zip(seen["blocks.0.c"], expected_c, strict=True))
+    assert (repeats, block.b.runs, block.c.runs) == ((1, 3, 0) if chained else (0, 0, 0))
+    assert "forward" not in vars(block.b) and "forward" not in vars(block.c)
