@@ -98,26 +98,35 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(base).expanduser() / "nvfp4lab"
 
 
+def _packaged_file(package: str, distribution: str, name: str, model: str, hint: str
+                   ) -> tuple[Path, str]:
+    """(path of the file ``name`` shipped inside ``package``, the distribution's version),
+    found without importing the package; ModelPackageMissing (naming ``model`` and ``hint``)
+    when the package or the file is missing."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelPackageMissing(
+            f"{model} needs the optional package {distribution!r}, which is not installed: "
+            f"{hint}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / name
+    if not path.is_file():
+        raise ModelPackageMissing(
+            f"{path} is missing: the {distribution!r} installation is incomplete; reinstall it "
+            f"({hint})"
+        )
+    try:
+        version = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return path, version
+
+
 def _minilm_zip() -> tuple[Path, str]:
     """(path of the packaged model.zip, package version), without importing the package
     (its ``__init__`` prints)."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelPackageMissing(
-            f"all-MiniLM-L6-v2 needs the optional package {MINILM_DISTRIBUTION!r}, which is not "
-            f"installed: {_INSTALL_HINT}"
-        )
-    archive = Path(next(iter(spec.submodule_search_locations))) / "model.zip"
-    if not archive.is_file():
-        raise ModelPackageMissing(
-            f"{archive} is missing: the {MINILM_DISTRIBUTION!r} installation is incomplete; "
-            f"reinstall it ({_INSTALL_HINT})"
-        )
-    try:
-        version = importlib.metadata.version(MINILM_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    return archive, version
+    return _packaged_file(MINILM_PACKAGE, MINILM_DISTRIBUTION, "model.zip", "all-MiniLM-L6-v2",
+                          _INSTALL_HINT)
 
 
 def _safe_extract(archive: Path, target: Path) -> None:
@@ -313,23 +322,8 @@ def minilm(
 def _smollm2_gguf() -> tuple[Path, str]:
     """(path of the packaged GGUF file, package version), without importing the package (its
     ``__init__`` imports ``llm``, a dependency nvfp4lab does not install)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelPackageMissing(
-            f"SmolLM2-135M-Instruct needs the optional package {SMOLLM2_DISTRIBUTION!r}, which is "
-            f"not installed: {_LLM_HINT}"
-        )
-    gguf_file = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
-    if not gguf_file.is_file():
-        raise ModelPackageMissing(
-            f"{gguf_file} is missing: the {SMOLLM2_DISTRIBUTION!r} installation is incomplete; "
-            f"reinstall it ({_LLM_HINT})"
-        )
-    try:
-        version = importlib.metadata.version(SMOLLM2_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    return gguf_file, version
+    return _packaged_file(SMOLLM2_PACKAGE, SMOLLM2_DISTRIBUTION, SMOLLM2_GGUF,
+                          "SmolLM2-135M-Instruct", _LLM_HINT)
 
 
 def _dequantize_gguf(gguf_file: Path, out: Path) -> None:
