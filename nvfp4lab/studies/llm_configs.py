@@ -35,6 +35,7 @@ from torch import nn
 from nvfp4lab.execution import quantize_model
 from nvfp4lab.execution.calibrate import calibration, run_batch
 from nvfp4lab.plots import new_figure
+from nvfp4lab.settings import tqdm_class
 from nvfp4lab.studies.llm import ReferenceRun, token_fidelity
 from nvfp4lab.vocab import Backend, KVCacheKind, QuantMethod
 
@@ -45,6 +46,7 @@ __all__ = [
     "LLMConfig",
     "anchor_rows",
     "build",
+    "config_row",
     "config_rows",
     "config_text",
     "configurations",
@@ -141,27 +143,28 @@ def build(reference: nn.Module, config: LLMConfig,
     return model, time.perf_counter() - start
 
 
+def config_row(reference: nn.Module, run: ReferenceRun, config: LLMConfig,
+               calibration_batches: Sequence[Any] = ()) -> dict[str, Any]:
+    """One configuration's row: its settings, the seconds to build it, and
+    :meth:`~nvfp4lab.studies.llm.TokenFidelity.row` on ``run`` (the reference's pass over the
+    evaluation text): perplexity and its ratio to the reference's, mean and p99 KL divergence
+    (nats per token), top-1 agreement, with 95 % intervals. The model is freed after use."""
+    model, seconds = build(reference, config, calibration_batches)
+    with torch.no_grad():
+        fidelity = token_fidelity(run, model, progress=False)
+    del model
+    return {"label": config.label, "weights": config.weights,
+            "activations": config.activations, "kv_cache": config.kv_cache or "float",
+            "method": config.quant_method if config.backend is not None else "-",
+            "build_seconds": seconds, **fidelity.row()}
+
+
 def config_rows(reference: nn.Module, run: ReferenceRun, configs: Sequence[LLMConfig],
                 calibration_batches: Sequence[Any] = (), *, progress: bool = True
                 ) -> list[dict[str, Any]]:
-    """One row per configuration: its settings, the seconds to build it, and
-    :meth:`~nvfp4lab.studies.llm.TokenFidelity.row` on ``run`` (the reference's pass over the
-    evaluation text): perplexity and its ratio to the reference's, mean and p99 KL divergence
-    (nats per token), top-1 agreement, with 95 % intervals. Each model is freed after use."""
-    from nvfp4lab.settings import tqdm_class
-
-    rows = []
+    """:func:`config_row` of every configuration, in order, with a progress bar."""
     bar = tqdm_class()(configs, desc="configurations", unit="config", disable=not progress)
-    for config in bar:
-        model, seconds = build(reference, config, calibration_batches)
-        with torch.no_grad():
-            fidelity = token_fidelity(run, model, progress=False)
-        del model
-        rows.append({"label": config.label, "weights": config.weights,
-                     "activations": config.activations, "kv_cache": config.kv_cache or "float",
-                     "method": config.quant_method if config.backend is not None else "-",
-                     "build_seconds": seconds, **fidelity.row()})
-    return rows
+    return [config_row(reference, run, config, calibration_batches) for config in bar]
 
 
 def published_anchors(path: str | Path = ANCHORS_PATH) -> list[dict[str, Any]]:
@@ -304,15 +307,9 @@ def llm_explorer(
             cache[which] = rows_of(reference, ids)
         return cache[which]
 
-    def config_row(label: str) -> dict[str, Any]:
+    def row_of(label: str) -> dict[str, Any]:
         if label not in by_label:
-            model, seconds = build(reference, by_config[label], calibration_batches)
-            with torch.no_grad():
-                fidelity = token_fidelity(run, model, progress=False)
-            by_label[label] = {"label": label, "weights": by_config[label].weights,
-                               "activations": by_config[label].activations,
-                               "kv_cache": by_config[label].kv_cache or "float",
-                               "build_seconds": seconds, **fidelity.row()}
+            by_label[label] = config_row(reference, run, by_config[label], calibration_batches)
         return by_label[label]
 
     def render() -> tuple[dict[str, Any], ...]:
@@ -325,6 +322,6 @@ def llm_explorer(
         kv_table = kv_mine.pivot_table(index="kv_head", columns="kind",
                                        values=["k_nmse", "score_kl"])
         return (table_output(lin, "{:.3g}"), table_output(kv_table, "{:.3g}"),
-                stream_output(config_text(config_row(config.value))))
+                stream_output(config_text(row_of(config.value))))
 
     return explorer(widgets, [layer, config], render)
