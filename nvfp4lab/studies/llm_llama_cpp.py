@@ -39,6 +39,7 @@ from torch import nn
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
 from nvfp4lab.execution import NVFP4Linear
 from nvfp4lab.orders import ORDERS, TensorScaleRule
+from nvfp4lab.plots import new_figure
 from nvfp4lab.scales import abs_max
 from nvfp4lab.settings import tqdm_class
 from nvfp4lab.studies.llm import ReferenceRun
@@ -54,6 +55,7 @@ __all__ = [
     "configurations",
     "headline_numbers",
     "layer_kind_rows",
+    "plot_weight_nmse",
     "study_rows",
     "weight_rows",
 ]
@@ -217,3 +219,30 @@ def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def plot_weight_nmse(rows: Sequence[dict[str, Any]]) -> Any:
+    """Weight NMSE per decoder layer (the mean over its Linear layers, log scale), one line per
+    configuration of :func:`weight_rows`; the legend sits outside the axes."""
+    fig, ax = new_figure(
+        "SmolLM2-135M: weight NMSE per decoder layer, llama.cpp naive vs tensor scale",
+        "decoder layer",
+        "weight NMSE, mean over the layer's Linear layers (log scale)",
+        figsize=(9.0, 4.0),
+        yscale="log",
+    )
+    for i, label in enumerate(dict.fromkeys(r["label"] for r in rows)):
+        per_layer: dict[int, list[float]] = {}
+        for r in rows:
+            if r["label"] == label and r["short"].split(".")[0].isdigit():
+                per_layer.setdefault(int(r["short"].split(".")[0]), []).append(r["nmse"])
+        xs = sorted(per_layer)
+        ax.plot(
+            xs,
+            [sum(per_layer[x]) / len(per_layer[x]) for x in xs],
+            marker=".",
+            color=f"C{i}",
+            label=label,
+        )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig

@@ -142,3 +142,23 @@ def test_study_rows_and_kinds() -> None:
     heads = {h["name"]: h["value"] for h in llc.headline_numbers(rows)}
     ratio = heads["SmolLM2: llama.cpp naive NVFP4's mean KLD / the converter's"]
     assert math.isclose(ratio, round(rows[0]["kld_mean"] / rows[2]["kld_mean"], 2))
+
+
+def test_plot_has_one_line_per_configuration() -> None:
+    import matplotlib.pyplot as plt
+
+    from tests.studies.figures import legend_hits
+
+    rows = [
+        {"label": label, "short": f"{layer}.{kind}", "nmse": 0.01 * (i + 1) * (layer + 1)}
+        for i, label in enumerate((llc.NAIVE, llc.CONVERTER))
+        for layer in range(3)
+        for kind in ("q_proj", "down_proj")
+    ]
+    fig = llc.plot_weight_nmse(rows)
+    ax = fig.axes[0]
+    assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+    assert [line.get_label() for line in ax.lines] == [llc.NAIVE, llc.CONVERTER]
+    assert list(ax.lines[1].get_ydata()) == [r["nmse"] for r in rows[6::2]]  # two equal kinds
+    assert legend_hits(fig) == []
+    plt.close(fig)
