@@ -30,13 +30,15 @@ weights' squared error over their energy) with the KLD / perplexity row of
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
+from nvfp4lab.codec import ScaleUnderflowWarning, dequantize, quantize
+from nvfp4lab.constants import BLOCK_SIZE, E4M3_MAX
 from nvfp4lab.execution import NVFP4Linear
 from nvfp4lab.orders import ORDERS, TensorScaleRule
 from nvfp4lab.plots import new_figure
@@ -50,11 +52,13 @@ from nvfp4lab.vocab import Backend, Convention
 __all__ = [
     "CONVERTER",
     "LLAMA_CPP_PRESCALED",
+    "MAGNITUDES",
     "NAIVE",
     "PRESCALED",
     "configurations",
     "headline_numbers",
     "layer_kind_rows",
+    "magnitude_rows",
     "plot_weight_nmse",
     "study_rows",
     "weight_rows",
@@ -71,9 +75,6 @@ LLAMA_CPP_PRESCALED = dataclasses.replace(
 NAIVE = "llama.cpp naive (no tensor scale)"
 PRESCALED = "llama.cpp + tensor scale"
 CONVERTER = "converter (modelopt order + .scale)"
-
-#: Below this block max a llama.cpp block scale rounds to 0 (``amax / 6 < 2**-10``).
-VANISHING_AMAX = E2M1_MAX * 2.0**-10
 
 
 def configurations() -> list[LLMConfig]:
@@ -112,6 +113,15 @@ def _layer_row(name: str, weight: torch.Tensor, layer: NVFP4Linear) -> dict[str,
 _E4M3_MAX_BYTE = int(torch.tensor(E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8))
 
 
+def _build(reference: nn.Module, config: LLMConfig) -> tuple[nn.Module, float]:
+    """:func:`~nvfp4lab.studies.llm_configs.build` without the codec's ScaleUnderflowWarning,
+    which the naive order raises for each layer with vanishing blocks: the ``vanished`` column
+    counts them instead."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScaleUnderflowWarning)
+        return build(reference, config)
+
+
 def _model_weight_rows(reference: nn.Module, model: nn.Module, label: str) -> list[dict[str, Any]]:
     floats = dict(reference.named_modules())
     return [
@@ -130,7 +140,7 @@ def weight_rows(
     of the layer's blocks). ``configs`` default: :func:`configurations`."""
     rows: list[dict[str, Any]] = []
     for config in configs or configurations():
-        model, _ = build(reference, config)
+        model, _ = _build(reference, config)
         rows += _model_weight_rows(reference, model, config.label)
         del model
     return rows
@@ -180,13 +190,76 @@ def study_rows(
     )
     rows, layers = [], []
     for config in bar:
-        model, seconds = build(reference, config)
+        model, seconds = _build(reference, config)
         mine = _model_weight_rows(reference, model, config.label)
         row = scored_row(model, seconds, run, config)
         del model
         layers += mine
         rows.append({**row, **_overall(mine)})
     return rows, layers
+
+
+def _block_index(name: str) -> int:
+    """The decoder block of a Linear (``model.layers.3.mlp.up_proj`` -> 3; -1 outside one)."""
+    head = short_name(name).split(".")[0]
+    return int(head) if head.isdigit() else -1
+
+
+#: Factors the weights are scaled by in :func:`magnitude_rows` (1/16 brings SmolLM2's weight
+#: standard deviation, 0.19, near that of an 8B model's).
+MAGNITUDES: tuple[float, ...] = (1.0, 1 / 4, 1 / 16, 1 / 64)
+
+
+def magnitude_rows(
+    reference: nn.Module,
+    factors: Sequence[float] = MAGNITUDES,
+    configs: Sequence[LLMConfig] | None = None,
+    *,
+    block_stride: int = 1,
+) -> list[dict[str, Any]]:
+    """Weight NMSE of each configuration's order on weights ``c`` times smaller: for each factor
+    ``c`` (a power of two, so ``c W`` and the division back are exact) and each decoder Linear
+    (those of every ``block_stride``-th decoder block), NVFP4 of ``c W`` decoded and divided by
+    ``c``, against ``W``; each layer its own tensor scale. A tensor scale makes the error
+    independent of ``c``; the naive order's grows as block scales fall into E4M3's subnormal
+    range (3 bits and fewer below 2**-6) and then vanish (below 2**-10). Rows: ``label``,
+    ``factor``, ``weight_nmse`` (errors over energy, all the layers), the mean census ``vanished``
+    / ``subnormal`` / ``saturated``, ``layers``. ``configs`` default: :func:`configurations`."""
+    linears = [
+        (name, module.weight.detach())
+        for name, module in reference.named_modules()
+        if isinstance(module, nn.Linear)
+        and not name.endswith("lm_head")
+        and _block_index(name) % block_stride == 0
+    ]
+    rows = []
+    for config in configs or configurations():
+        for factor in factors:
+            noise = signal = 0.0
+            census = {"vanished": 0.0, "subnormal": 0.0, "saturated": 0.0}
+            for _, weight in linears:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ScaleUnderflowWarning)
+                    q = quantize(weight * factor, convention=config.convention)
+                w = weight.to(torch.float64)
+                w_hat = dequantize(q, torch.float32).to(torch.float64) / factor
+                noise += float((w_hat - w).square().sum())
+                signal += float(w.square().sum())
+                raw = q.scales.view(torch.uint8)
+                nonzero = abs_max((weight * factor).reshape(*raw.shape, BLOCK_SIZE), -1) > 0
+                census["vanished"] += int(((raw == 0) & nonzero).sum()) / raw.numel()
+                census["subnormal"] += int(((raw > 0) & (raw < 0x08)).sum()) / raw.numel()
+                census["saturated"] += int((raw == _E4M3_MAX_BYTE).sum()) / raw.numel()
+            rows.append(
+                {
+                    "label": config.label,
+                    "factor": factor,
+                    "weight_nmse": noise / signal if signal else 0.0,
+                    **{k: v / max(len(linears), 1) for k, v in census.items()},
+                    "layers": len(linears),
+                }
+            )
+    return rows
 
 
 def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -212,3 +212,15 @@ def test_inf_and_nan_under_propagate() -> None:
     assert int(theirs_block[4 + 6]) & 0xF == 0  # element 70: sub-block 0, j = 6 (low): code 0
     assert torch.equal(ours_block[1:4], theirs_block[1:4])  # the other sub-blocks' scales
     assert torch.equal(ours_block[12:], theirs_block[12:])
+
+
+def test_ggml_stores_every_scale_from_248_on_as_448() -> None:
+    """ggml_fp32_to_ue4m3 treats an E4M3 exponent field of 15 as overflow: amax / 6 of 240 is
+    stored as 240 (0x77), but 248, 256, 300 and 416 (all representable from 256 on) as 448."""
+    wanted = [240.0, 247.0, 248.0, 256.0, 300.0, 416.0, 448.0]
+    x = torch.zeros(len(wanted), 64)
+    x[:, 0] = torch.tensor(wanted) * 6
+    theirs = ggml_quantize(x)
+    assert theirs[:, 0].tolist() == [0x77, 0x77, 0x7E, 0x7E, 0x7E, 0x7E, 0x7E]
+    q = nvfp4lab.quantize(x, convention="llama.cpp")
+    assert torch.equal(to_ggml_nvfp4(q.packed, q.scales), theirs)

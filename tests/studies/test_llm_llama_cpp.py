@@ -5,6 +5,7 @@ reference (ggml's quantizer transcribed, ModelOpt's order) and the tensor scales
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -99,7 +100,10 @@ def test_block_scale_census() -> None:
     with torch.no_grad():
         ref.model.layers[0].mlp.down_proj.weight[:, :16] *= 1e-3  # blocks below 6 * 2**-10
         ref.model.layers[0].mlp.down_proj.weight[0, 16] = 3000.0  # a block scale of 448
-    rows = {(r["label"], r["short"]): r for r in llc.weight_rows(ref, llc.configurations()[:1])}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the census counts vanished blocks: no warning per layer
+        census = llc.weight_rows(ref, llc.configurations()[:1])
+    rows = {(r["label"], r["short"]): r for r in census}
     row = rows[(llc.NAIVE, "0.down_proj")]
     model, _ = build(ref, llc.configurations()[0])
     raw = dict(model.named_modules())["model.layers.0.mlp.down_proj"].weight_scale.view(torch.uint8)
@@ -162,3 +166,43 @@ def test_plot_has_one_line_per_configuration() -> None:
     assert list(ax.lines[1].get_ydata()) == [r["nmse"] for r in rows[6::2]]  # two equal kinds
     assert legend_hits(fig) == []
     plt.close(fig)
+
+
+def test_magnitude_rows_against_the_reference() -> None:
+    """NVFP4 of c W, decoded and divided by c, from the slow reference; the converter's error does
+    not depend on c (its tensor scale absorbs it), the naive order's grows."""
+    ref = tiny_llama()
+    with torch.no_grad():
+        for layer in ref.model.layers:
+            for p in layer.parameters():
+                if p.ndim == 2:  # SmolLM2's weight spread: block maxima in E4M3's normal range
+                    p.mul_(0.2 / p.std())
+    weights = [
+        m.weight.detach()
+        for n, m in ref.named_modules()
+        if isinstance(m, torch.nn.Linear) and n != "lm_head"
+    ]
+    configs = [llc.configurations()[0], llc.configurations()[2]]
+    factors = (1.0, 1 / 64)
+    rows = llc.magnitude_rows(ref, factors, configs)
+    assert [(r["label"], r["factor"]) for r in rows] == [
+        (c.label, f) for c in configs for f in factors
+    ]
+    for row in rows:
+        c = row["factor"]
+        noise = signal = 0.0
+        for w in weights:
+            if row["label"] == llc.NAIVE:
+                convention, scale = "llama.cpp", 1.0
+            else:
+                convention, scale = "modelopt", reference.modelopt_decode_scale(w * c)
+            codes, scales = reference.quantize_blocks(w * c, scale, convention)
+            got = reference.dequantize_blocks(codes, scales, scale, convention).double() / c
+            noise += float((got - w.double()).square().sum())
+            signal += float(w.double().square().sum())
+        assert row["weight_nmse"] == noise / signal and row["layers"] == len(weights)
+    by = {(r["label"], r["factor"]): r for r in rows}
+    assert by[(llc.CONVERTER, 1.0)]["weight_nmse"] == by[(llc.CONVERTER, 1 / 64)]["weight_nmse"]
+    assert by[(llc.NAIVE, 1 / 64)]["weight_nmse"] > 1.5 * by[(llc.NAIVE, 1.0)]["weight_nmse"]
+    assert by[(llc.NAIVE, 1 / 64)]["subnormal"] > by[(llc.NAIVE, 1.0)]["subnormal"]
+    assert len(llc.magnitude_rows(ref, (1.0,), configs[:1], block_stride=2)) == 1
