@@ -29,3 +29,8 @@ CT_ZERO_SCALE_REPLACEMENT: float = 0.125
 #: Swizzled ("blocked") scale layout tile: 128 rows by 4 scale columns, 512 bytes.
 SWIZZLE_ROWS: int = 128
 SWIZZLE_COLS: int = 4
+
+#: GGUF / ggml NVFP4 (ggml type 40): elements per block and bytes per block (4 UE4M3 scale
+#: bytes, one per 16 elements, then 32 bytes of codes); ggml-common.h ``block_nvfp4``.
+GGML_NVFP4_BLOCK: int = 64
+GGML_NVFP4_BLOCK_BYTES: int = 36

@@ -114,12 +114,13 @@ class Convention(StrEnum):
     """Arithmetic order of quantization (see :mod:`nvfp4lab.codec`).
 
     Convention = how the numbers are computed (in memory); :class:`CheckpointFormat` = which disk
-    family stores them (its two members share these values; ``kernel`` has no disk family).
+    family stores them (its members share these values; ``kernel`` has no disk family).
     """
 
     KERNEL = "kernel"
     COMPRESSED_TENSORS = "compressed-tensors"
     MODELOPT = "modelopt"
+    LLAMA_CPP = "llama.cpp"  #: ggml's ``quantize_row_nvfp4_ref``: no tensor scale
 
 
 class Rounding(StrEnum):

@@ -12,7 +12,7 @@ from nvfp4lab.vocab import AUTO, Backend, BiasMode, Convention, GemmPath, check_
 def test_members_are_their_strings() -> None:
     assert Backend.EMULATION == "emulation" and str(Backend.NATIVE) == "native"
     assert [str(m) for m in BiasMode] == ["output", "fp32", "dropped"]
-    assert [str(m) for m in Convention] == ["kernel", "compressed-tensors", "modelopt"]
+    assert [str(m) for m in Convention] == ["kernel", "compressed-tensors", "modelopt", "llama.cpp"]
 
 
 def test_roofline_paths_are_named_after_the_backends() -> None:
