@@ -123,8 +123,12 @@ _QUANT = "quant"  # a GgufView part: a non-NVFP4 ggml type, dequantized
 
 
 def _ggml() -> Any:
-    import gguf
-
+    """The ``gguf`` package (CheckpointError naming the install when it is missing)."""
+    try:
+        import gguf
+    except ImportError:
+        raise CheckpointError("the GGUF format needs the gguf package, not installed: pip "
+                              "install 'nvfp4lab[llm]' (or pip install gguf==0.19.0)") from None
     return gguf
 
 
