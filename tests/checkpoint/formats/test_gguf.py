@@ -19,6 +19,7 @@ from torch import nn
 
 from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError
+from nvfp4lab.checkpoint.files import RowReader
 from nvfp4lab.checkpoint.formats.gguf import CONFIG_KEY, NAIVE_NOTE, WEIGHTS_FILE
 from nvfp4lab.codec import quantize
 from nvfp4lab.execution import NVFP4Linear, quantize_model
@@ -157,6 +158,75 @@ def test_save_load_round_trip(saved: tuple[nn.Module, Path]) -> None:
         with torch.no_grad():
             for ids in token_batches():
                 assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+def test_biases_and_float_layers_keep_llama_cpps_row_order(tmp_path: Path) -> None:
+    """q/k biases and a q_proj left in floating point are stored in llama.cpp's permuted row
+    order too: transformers' own LlamaTensorProcessor turns the file's rows back into the
+    model's; the model loads back with identical outputs."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    model = tiny_llama(seed=2, bias=True)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # transformers starts biases at 0, which any order keeps
+        for module in model.modules():
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.copy_(torch.randn(module.bias.shape, generator=gen))
+    quantize_model(model, backend="w4a16", ignore=["lm_head", "model.layers.1.self_attn.q_proj"])
+    path = checkpoint.save_pretrained(model, tmp_path / "b", format="gguf")
+    tensors = {t.name: t for t in _reader(path).tensors}
+    processor = LlamaTensorProcessor(config=model.config.to_dict())
+    for block in range(2):
+        for leaf, gname in (("q_proj", "attn_q"), ("k_proj", "attn_k")):
+            module = model.get_submodule(f"model.layers.{block}.self_attn.{leaf}")
+            wanted = {"bias": module.bias}
+            if not isinstance(module, NVFP4Linear):
+                wanted["weight"] = module.weight
+            for kind, value in wanted.items():
+                name = f"blk.{block}.{gname}.{kind}"
+                stored = np.asarray(tensors[name].data)
+                if tensors[name].tensor_type == gguf.GGMLQuantizationType.BF16:
+                    stored = gguf.quants.dequantize(stored, tensors[name].tensor_type)
+                back = processor.process(stored.astype(np.float32), name).weights
+                assert np.array_equal(back, value.detach().float().numpy()), name
+                assert not np.array_equal(stored, value.detach().float().numpy()), name
+    assert tensors["blk.1.attn_q.weight"].tensor_type.name == "BF16"
+    loaded = checkpoint.load(path)
+    with torch.no_grad():
+        ids = token_batches()[0]
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_other_ggml_types_are_read_dequantized(saved: tuple[nn.Module, Path],
+                                               tmp_path: Path) -> None:
+    """A GGUF whose embedding llama-quantize left in Q8_0 beside NVFP4 projections: the
+    embedding loads as gguf.quants.dequantize gives it (row reads included)."""
+    model, path = saved
+    reader = _reader(path)
+    file = tmp_path / "q8.gguf"
+    writer = gguf.GGUFWriter(file, arch="llama")
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            main = field.types[0]
+            writer.add_key_value(key, field.contents(), main,
+                                 field.types[-1] if main == gguf.GGUFValueType.ARRAY else None)
+    embedding = model.model.embed_tokens.weight.detach().float().numpy()
+    q8 = gguf.quants.quantize(embedding, gguf.GGMLQuantizationType.Q8_0)
+    for t in reader.tensors:
+        if t.name == "token_embd.weight":
+            writer.add_tensor(t.name, q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    expected = torch.from_numpy(gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0))
+    info = checkpoint.format_spec("gguf").read_weights(file).tensors["model.embed_tokens.weight"]
+    with RowReader(info) as rows:
+        assert info.dtype == "F32" and torch.equal(rows.rows(3, 9), expected[3:9])
+    loaded = checkpoint.load(file)
+    assert torch.equal(loaded.model.embed_tokens.weight, expected.to(torch.bfloat16))
 
 
 def test_a_gguf_model_saves_again_byte_identical(saved: tuple[nn.Module, Path],
@@ -329,6 +399,18 @@ def test_a_naive_gguf_loads_with_tensor_scale_1(naive: tuple[nn.Module, Path]) -
     with torch.no_grad():
         ids = token_batches()[0]
         assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+def test_a_naive_gguf_converts_with_tensor_scale_1(naive: tuple[nn.Module, Path],
+                                                  tmp_path: Path) -> None:
+    model, file = naive
+    report = checkpoint.convert(file, tmp_path / "mo", format="modelopt")
+    assert report.scales == 14 and report.not_round_trip == ()
+    tensors = file_tensors(tmp_path / "mo")
+    for name, layer in _layers(model).items():
+        assert float(tensors[f"{name}.weight_scale_2"]) == 1.0
+        assert torch.equal(tensors[f"{name}.weight"], layer.weight_packed)
+        assert torch.equal(raw(tensors[f"{name}.weight_scale"]), raw(layer.weight_scale))
 
 
 def test_audit_flags_the_naive_gguf_and_not_the_scaled_one(
