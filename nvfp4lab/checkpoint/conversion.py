@@ -9,14 +9,15 @@ or, where one of the two formats lays them out differently (GGUF's NVFP4 blocks)
 repacking them a few rows at a time, so memory stays small whatever the checkpoint size, and no
 model is built. Safetensors shards are written in parallel
 (:func:`nvfp4lab.checkpoint.stream.run_tasks`: local processes or a Dask cluster); a GGUF file is
-one file, written in this process, a chunk of rows at a time (at most about 64 MiB of input and
-output rows held, ``formats.gguf.CHUNK_BYTES``). Per quantized Linear only the names, the layout
-and the tensor scales change; each format's spec says all three (its ``names``, its container,
-and ``from_disk`` / ``to_disk`` between its convention on disk and nvfp4lab's in-memory ENCODE
-scale). Codes ``[N, K/2]`` and block scales ``[N, K/16]`` keep their values and their bytes
-(GGUF: the four scale bytes of each 64-element block unchanged, the codes repacked, LLaMA's
-q/k rows permuted whole); a tensor scale stored ENCODE (2688/amax) by one format and DECODE
-(amax/2688) by the other converts by its float32 reciprocal, ``fl32(1/x)``, and takes the
+one file, written in this process, a chunk of rows at a time (about 64 MiB of output rows,
+``formats.gguf.CHUNK_BYTES``, and a few times that in temporaries while repacking). Per quantized
+Linear only the names, the layout and the tensor scales change; each format's spec says all
+three (its ``names``, its container, and ``from_disk`` / ``to_disk`` between its convention on
+disk and nvfp4lab's in-memory ENCODE scale). Codes ``[N, K/2]`` and block scales ``[N, K/16]``
+keep their values and their bytes (GGUF: the four scale bytes of each 64-element block
+unchanged, the codes repacked, LLaMA's q/k rows permuted whole); a tensor scale stored ENCODE
+(2688/amax) by one format and DECODE (amax/2688) by the other
+converts by its float32 reciprocal, ``fl32(1/x)``, and takes the
 target's scalar shape. A layer of a format whose tensor scale is optional (a "naive" GGUF
 tensor without ``.scale``) gets tensor scale 1, the value it decodes with.
 

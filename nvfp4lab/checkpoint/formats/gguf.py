@@ -69,7 +69,6 @@ import torch
 from torch import nn
 
 from nvfp4lab.checkpoint.files import (
-    SOURCE_ATTRIBUTE,
     ST_DTYPES,
     CheckpointError,
     Contents,
@@ -89,7 +88,6 @@ __all__ = [
     "CONFIG_KEY",
     "NAIVE_NOTE",
     "NAMES",
-    "SOURCE_ATTRIBUTE",
     "SPEC",
     "SUFFIX",
     "WEIGHTS_FILE",
