@@ -47,7 +47,9 @@ __all__ = [
 KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
-def round_binary(value: Fraction, mantissa_bits: int, min_exponent: int, max_exponent: int) -> float:
+def round_binary(
+    value: Fraction, mantissa_bits: int, min_exponent: int, max_exponent: int
+) -> float:
     """``value`` rounded to nearest (ties to even) in a binary format with ``mantissa_bits``
     significand bits (the implicit one included), normal exponents ``min_exponent ..
     max_exponent`` and subnormals below; +-inf past the largest finite value."""

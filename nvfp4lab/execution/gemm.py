@@ -496,9 +496,10 @@ def linear(
 
     ``input_global_scale``: ENCODE convention (2688/amax) for the activations (emulation and
     native); None computes it from this ``x``. ``backend``: "auto" | "native" | "emulation" |
-    "w4a16" | "q8_0" (llama.cpp's CPU path); ``bias_mode``: "output" | "fp32" | "dropped". The exact arithmetic of each is in the
-    module docstring. ``dequantized_weight``: ``vllm_dequantize(weight, x.dtype)`` when the
-    caller already holds it (e.g. a cache); used as given by the emulation and w4a16 paths.
+    "w4a16" | "q8_0" (llama.cpp's CPU path); ``bias_mode``: "output" | "fp32" | "dropped". The
+    exact arithmetic of each is in the module docstring. ``dequantized_weight``:
+    ``vllm_dequantize(weight, x.dtype)`` when the caller already holds it (e.g. a cache); used as
+    given by the emulation and w4a16 paths.
     ``fused``: True/False forces the fused kernels on/off for this call, None follows
     ``NVFP4LAB_FUSED`` (module docstring). Raises RuntimeError for ``backend="native"`` off an
     FP4 GPU.

@@ -228,8 +228,7 @@ def vec_dot_nvfp4_q8_0(
     dy = q8_scales.to(torch.float32)
     rows = max(1, _CHUNK_ELEMENTS // max(1, codes.shape[0] * k // _GROUP))
     parts = [
-        _dot_chunk(kv, sub, q8[i : i + rows], dy[i : i + rows])
-        for i in range(0, q8.shape[0], rows)
+        _dot_chunk(kv, sub, q8[i : i + rows], dy[i : i + rows]) for i in range(0, q8.shape[0], rows)
     ]
     if not parts:
         return torch.zeros(0, codes.shape[0], dtype=torch.float32, device=codes.device)
