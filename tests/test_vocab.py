@@ -31,7 +31,8 @@ def test_check_choice_error_wording(bad: object) -> None:
     with pytest.raises(ValueError) as err:
         check_choice("backend", bad, Backend, extra=(AUTO,))
     assert str(err.value) == (
-        f"unknown backend {bad!r}; accepted values: 'auto', 'native', 'emulation', 'w4a16'"
+        f"unknown backend {bad!r}; accepted values: 'auto', 'native', 'emulation', 'w4a16', "
+        "'q8_0'"
     )
 
 
@@ -47,9 +48,10 @@ def test_check_dtype() -> None:
 def test_overlapping_vocabularies_share_one_spelling() -> None:
     from nvfp4lab.vocab import CheckpointFormat, Numerics
 
-    assert [str(m) for m in GemmPath] == ["bf16", "fp8", "native", "w4a16", "emulation"]
-    assert [str(m) for m in Numerics] == ["native", "emulation", "w4a16", "w4a8"]
+    assert [str(m) for m in GemmPath] == ["bf16", "fp8", "native", "w4a16", "emulation", "q8_0"]
+    assert [str(m) for m in Numerics] == ["native", "emulation", "w4a16", "w4a8", "q8_0", "q8_1"]
     for b in Backend:
         assert GemmPath[b.name] == b and Numerics[b.name] == b
     assert [str(m) for m in CheckpointFormat] == ["compressed-tensors", "modelopt"]
+    assert [str(m) for m in vocab.Engine] == ["vllm", "llama.cpp"]
     assert all(Convention[f.name] == f for f in CheckpointFormat)
