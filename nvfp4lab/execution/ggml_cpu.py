@@ -51,7 +51,6 @@ from __future__ import annotations
 import torch
 
 from nvfp4lab.constants import BLOCK_SIZE, GGML_NVFP4_BLOCK, GGML_Q8_0_BLOCK
-from nvfp4lab.e2m1 import unpack_fp4
 
 __all__ = [
     "KVALUES",
@@ -121,17 +120,30 @@ def q8_0_blocks(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat((d, qs), dim=-1).reshape(*lead, n * (GGML_Q8_0_BLOCK + 2))
 
 
+def _ue4m3_bit_rule(b: torch.Tensor) -> torch.Tensor:
+    """``ggml_ue4m3_to_fp32`` of int32 bytes ``b`` by its bit rule (float32)."""
+    exp, man = (b >> 3) & 0xF, (b & 0x7).to(torch.float32)
+    normal = torch.ldexp(1.0 + man / 8.0, (exp - 7).to(torch.float32))
+    raw = torch.where(exp == 0, man * 2.0**-9, normal)
+    return torch.where((b == 0) | (b == 0x7F), 0.0, raw) * 0.5
+
+
+#: ``ggml_table_f32_ue4m3`` (ggml-cpu.c fills it in ``ggml_cpu_init``): every byte's value.
+_UE4M3_TABLE: torch.Tensor = _ue4m3_bit_rule(torch.arange(256, dtype=torch.int32))
+#: A packed code byte (low nibble = first value) -> its two kvalues, float64 [256, 2].
+_KVALUE_PAIRS: torch.Tensor = torch.tensor(
+    [[KVALUES[b & 0xF], KVALUES[b >> 4]] for b in range(256)], dtype=torch.float64
+)
+
+
 def ue4m3_values(scales: torch.Tensor) -> torch.Tensor:
     """ggml's ``ggml_ue4m3_to_fp32`` of each scale byte (float32, same shape): the UE4M3 value
     HALVED (the codes are doubled), bytes 0 and 0x7F read as 0 and the sign bit ignored.
 
     ``scales``: ``torch.float8_e4m3fn`` (the bytes are used) or uint8.
     """
-    b = (scales.view(torch.uint8) if scales.dtype != torch.uint8 else scales).to(torch.int32)
-    exp, man = (b >> 3) & 0xF, (b & 0x7).to(torch.float32)
-    normal = torch.ldexp(1.0 + man / 8.0, (exp - 7).to(torch.float32))
-    raw = torch.where(exp == 0, man * 2.0**-9, normal)
-    return torch.where((b == 0) | (b == 0x7F), 0.0, raw) * 0.5
+    b = scales.view(torch.uint8) if scales.dtype != torch.uint8 else scales
+    return _UE4M3_TABLE.to(b.device)[b.long()]
 
 
 def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -157,8 +169,8 @@ def _weight_operands(
     codes: torch.Tensor, scales: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(kvalues float64 [N, K], halved UE4M3 float32 [N, K/16]) of a packed NVFP4 weight."""
-    table = torch.tensor(KVALUES, dtype=torch.float64, device=codes.device)
-    return table[unpack_fp4(codes).long()], ue4m3_values(scales)
+    pairs = _KVALUE_PAIRS.to(codes.device)[codes.long()]  # [N, K/2, 2]: elements 2i, 2i + 1
+    return pairs.reshape(codes.shape[0], -1), ue4m3_values(scales)
 
 
 def _dot_chunk(
