@@ -397,7 +397,10 @@ def smollm2(
     **The float model is the Q4_1-dequantized one.** The package ships the weights quantized
     (Q4_1 projections, Q8_0 embedding), so this float32 model is the GGUF file dequantized, not
     the original bfloat16 release, and every NVFP4 error nvfp4lab reports for SmolLM2 is
-    measured against it.
+    measured against it. The model's ``nvfp4lab_source`` attribute
+    (:data:`nvfp4lab.checkpoint.files.SOURCE_ATTRIBUTE`) names that GGUF file, so that
+    ``checkpoint.save_pretrained(model, path, format="gguf")`` keeps its metadata and tokenizer
+    (llama.cpp can load the result).
 
     Raises :class:`ModelPackageMissing` with the install command when the extra is missing.
     """
@@ -405,8 +408,11 @@ def smollm2(
     path = smollm2_path(cache)
     from transformers import AutoModelForCausalLM
 
+    from nvfp4lab.checkpoint.files import SOURCE_ATTRIBUTE
+
     with _transformers_progress():
         tokenizer = smollm2_tokenizer(cache)
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
     model.to(device).eval()
+    setattr(model, SOURCE_ATTRIBUTE, _smollm2_gguf()[0])
     return model, tokenizer

@@ -22,7 +22,7 @@ vocabulary             values                                                   
 :class:`Engine`        vllm, llama.cpp (the engines select_backend models)             execution
 :class:`VllmPackage`   flashinfer, humming, b12x, fbgemm (optional kernel packages)    execution
 :class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
-:class:`CheckpointFormat`  compressed-tensors, modelopt (disk families)             checkpoint
+:class:`CheckpointFormat`  compressed-tensors, modelopt, gguf (disk families)       checkpoint
 :class:`FusedMode`     auto, on, off (``NVFP4LAB_FUSED``: when the fused kernels run)  kernels
 :class:`KVCacheKind`   nvfp4, nvfp4_4over6, fp8 (vLLM's ``--kv-cache-dtype`` values)   execution
 :class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)         corpus
@@ -36,7 +36,8 @@ The overlaps, one line each (a value is written once: the later enum takes it fr
   ``bf16`` and ``fp8`` GEMMs the roofline models / what a vLLM or llama.cpp kernel computes (that
   plus ``w4a8`` and ``q8_1``).
 - ``Convention`` / ``CheckpointFormat``: the arithmetic order in memory (``kernel`` included) /
-  the disk family, named after the order its producer computes in, with its global-scale storage.
+  the disk family, named after the order its producer computes in, with its global-scale storage
+  (``gguf`` is named after its file: llama.cpp's container, not an order).
 - ``GemmPath`` / ``KVCacheKind``: ``fp8`` is the unquantized FP8 GEMM the roofline models / the
   FP8 E4M3 KV cache (vLLM spells both ``fp8``).
 
@@ -232,13 +233,17 @@ class VllmAlias(StrEnum):
 class CheckpointFormat(StrEnum):
     """An NVFP4 checkpoint family, by how it stores the per-tensor (global) scale.
 
-    CheckpointFormat = the disk family; :class:`Convention` = the arithmetic order. A family is
-    named after the convention its producer computes in, so the values are Convention's.
+    CheckpointFormat = the disk family; :class:`Convention` = the arithmetic order. A
+    safetensors family is named after the convention its producer computes in, so those values
+    are Convention's; ``gguf`` is named after its file format.
     """
 
     #: ENCODE scale, 2688/amax (weight_global_scale)
     COMPRESSED_TENSORS = Convention.COMPRESSED_TENSORS.value
     MODELOPT = Convention.MODELOPT.value  #: DECODE scale, amax/2688 (weight_scale_2)
+    #: llama.cpp's file: DECODE scale, amax/2688, in a ``<name>.scale`` sidecar (no arithmetic
+    #: order of its own here: GGUF is a container, whatever order made the codes)
+    GGUF = "gguf"
 
 
 class FusedMode(StrEnum):

@@ -1,11 +1,17 @@
 """On-disk plumbing shared by every checkpoint format: names, JSON, safetensors streaming.
 
-Tensors are read lazily from memory-mapped safetensors files (:class:`TensorSource`), never
-unpickled (pickle files are refused). Writes go to a hidden temporary sibling folder that is
+Tensors are read lazily from memory-mapped files (:class:`TensorSource`, :class:`RowReader`),
+never unpickled (pickle files are refused). Writes go to a hidden temporary sibling folder that is
 renamed into place at the end (:mod:`nvfp4lab.checkpoint.folders`, re-exported here).
 
-For work on checkpoints larger than memory, :func:`read_header` reads a safetensors header (the
-8-byte little-endian length, then the JSON table of dtype, shape and byte range per tensor) and
+Every format describes its stored tensors the same way, under the model's names: a
+:class:`StoredWeights` of :class:`TensorInfo` (file, byte range, dtype, shape; a
+:class:`RowView` when the bytes hold the tensor in another layout, as GGUF's NVFP4 blocks do),
+and writes a new checkpoint from one :class:`Contents` (shards of :class:`StoredTensor`, the
+``config.json`` text, the scheme). The safetensors formats share their implementation here:
+:func:`safetensors_weights` reads a folder's safetensors headers (:func:`read_header`: the 8-byte
+little-endian length, then the JSON table of dtype, shape and byte range per tensor) and
+:func:`write_safetensors_checkpoint` writes ``config.json``, the shards and their index;
 :func:`write_safetensors` writes a file tensor by tensor, copying unchanged tensors file to file
 in bounded chunks (``os.copy_file_range``), so no tensor is ever held whole.
 
@@ -16,14 +22,15 @@ a :class:`LayerNames` with its tensor names and reads its own configuration, thr
 
 from __future__ import annotations
 
-import contextlib
 import json
+import math
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from nvfp4lab.checkpoint.folders import (  # re-exported: files.py held them before
@@ -35,16 +42,25 @@ from nvfp4lab.checkpoint.folders import (  # re-exported: files.py held them bef
     replace_dir,
 )
 from nvfp4lab.checkpoint.validation import header_problem
+from nvfp4lab.vocab import Scheme
 
 __all__ = [
     "CONFIG_NAME",
     "OWNER_MARKER",
     "PICKLE_SUFFIXES",
+    "SOURCE_ATTRIBUTE",
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "CheckpointError",
+    "Contents",
     "LayerNames",
+    "RowReader",
+    "RowView",
+    "Shard",
     "StoredTensor",
+    "StoredWeights",
+    "TaskRunner",
+    "TensorInfo",
     "TensorSource",
     "Unquantized",
     "WeightFiles",
@@ -57,11 +73,18 @@ __all__ = [
     "read_header",
     "read_json",
     "read_like",
+    "read_rows",
+    "read_scalar",
     "refuse_pickle",
     "remove_stale_dirs",
     "replace_dir",
+    "safetensors_config",
+    "safetensors_weights",
+    "stored_tensor",
+    "tensor_bytes",
     "weight_files",
     "write_safetensors",
+    "write_safetensors_checkpoint",
 ]
 
 CONFIG_NAME = "config.json"
@@ -162,55 +185,125 @@ def weight_files(directory: Path) -> WeightFiles:
     raise CheckpointError(f"{directory} holds no .safetensors weight file")
 
 
-def _open(file: Path, device: torch.device, stack: contextlib.ExitStack) -> tuple[Any, list[str]]:
-    from safetensors import safe_open
+#: Set on a model by whatever read it (:func:`nvfp4lab.checkpoint.load`,
+#: :func:`nvfp4lab.models.smollm2`): the file or folder it came from, which a format whose files
+#: carry more than tensors (GGUF: architecture, hyper-parameters, tokenizer) copies from when it
+#: saves the model again.
+SOURCE_ATTRIBUTE = "nvfp4lab_source"
 
-    if not file.is_file():
-        raise CheckpointError(f"{file} is listed in the checkpoint but does not exist")
-    try:
-        handle = stack.enter_context(safe_open(str(file), framework="pt", device=str(device)))
-        return handle, list(handle.keys())
-    except Exception as exc:  # SafetensorError for truncated / corrupt headers
-        raise CheckpointError(
-            f"{file}: cannot read it as safetensors ({exc}); the file is truncated, "
-            "corrupt or not a safetensors file"
-        ) from exc
+
+class RowView(Protocol):
+    """How to read a stored tensor whose bytes are not laid out as it is named (a GGUF NVFP4
+    tensor seen as codes and block scales, rows stored permuted): rows ``start:stop`` (first
+    dim) as a torch tensor of the named dtype and shape. Picklable (tasks carry it)."""
+
+    def rows(self, start: int, stop: int) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one stored tensor lies: ``file``, its ``key`` there, safetensors ``dtype`` string,
+    ``shape``, absolute byte ``offset`` in the file and ``nbytes`` (the named tensor's bytes).
+
+    ``view``: None when the bytes ``offset:offset + nbytes`` are the tensor, row-major; else
+    the :class:`RowView` that reads its rows (the bytes on disk then hold it in another
+    layout).
+    """
+
+    file: Path
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    view: RowView | None = field(default=None, compare=False)
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        return ST_DTYPES.get(self.dtype)
+
+
+class RowReader:
+    """Rows of one stored tensor, read from a read-only memory map of its byte range (or
+    through its :attr:`TensorInfo.view`).
+
+    ``rows(start, stop)`` returns a copy of rows ``start:stop`` (first dim) as a torch tensor of
+    the stored dtype; only those pages are touched. Use as a context manager (unmaps on exit).
+    """
+
+    def __init__(self, info: TensorInfo) -> None:
+        dtype = info.torch_dtype
+        if dtype is None:
+            raise CheckpointError(f"{info.file}: tensor {info.key!r} has dtype {info.dtype}, "
+                                  "which torch cannot hold")
+        self.info = info
+        self.dtype = dtype
+        self.shape = info.shape
+        self.row_bytes = info.nbytes // max(info.shape[0], 1) if info.shape else info.nbytes
+        self._map: np.memmap | None = None
+        if info.nbytes and info.view is None:
+            self._map = np.memmap(info.file, dtype=np.uint8, mode="r", offset=info.offset,
+                                  shape=(info.nbytes,))
+
+    def rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        if not self.shape:
+            if self.info.view is not None:
+                return self.info.view.rows(0, 1).reshape(())
+            return self._as_tensor(0, self.info.nbytes, ())
+        stop = self.shape[0] if stop is None else min(stop, self.shape[0])
+        if self.info.view is not None:
+            return self.info.view.rows(start, stop)
+        return self._as_tensor(start * self.row_bytes, stop * self.row_bytes,
+                               (stop - start, *self.shape[1:]))
+
+    def _as_tensor(self, begin: int, end: int, shape: tuple[int, ...]) -> torch.Tensor:
+        raw = np.array(self._map[begin:end]) if self._map is not None else np.zeros(0, np.uint8)
+        return torch.from_numpy(raw).view(self.dtype).reshape(shape)
+
+    def close(self) -> None:
+        self._map = None
+
+    def __enter__(self) -> RowReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_scalar(info: TensorInfo) -> float:
+    """The single float value of a one-element tensor (a global or input scale)."""
+    if math.prod(info.shape) != 1:
+        raise CheckpointError(f"{info.file}: tensor {info.key!r} has shape {list(info.shape)}, "
+                              "expected one value")
+    with RowReader(info) as reader:
+        return float(reader.rows().reshape(()).to(torch.float64))
+
+
+@dataclass(frozen=True)
+class StoredWeights:
+    """The tensors of a checkpoint as nvfp4lab names them (the model's names, a quantized
+    Linear's leaves as its format's :class:`LayerNames`), from the files' headers alone:
+    ``tensors`` (name -> :class:`TensorInfo`, in file and byte order), the weight ``files``,
+    each file's string ``metadata``, and whether an ``index`` names the file of each tensor."""
+
+    directory: Path
+    files: tuple[Path, ...]
+    tensors: dict[str, TensorInfo]
+    metadata: dict[Path, dict[str, str]]
+    indexed: bool = False
 
 
 class TensorSource:
-    """Lazy access to the tensors of several safetensors files (memory-mapped, no unpickling).
+    """Lazy access to the tensors of a checkpoint (:class:`StoredWeights`, memory-mapped, no
+    unpickling), for :func:`nvfp4lab.checkpoint.load`.
 
-    ``entries`` maps the model-side key to (file, stored key); :meth:`rekey` renames keys. With an
-    index, every key comes from the file its ``weight_map`` names (a copy of it in another file is
-    ignored); without one, a key held by two files is an error naming both.
+    ``entries`` maps the model-side key to its :class:`TensorInfo`; :meth:`rekey` renames
+    keys; tensors are read whole (:class:`RowReader`) and moved to ``device``.
     """
 
-    def __init__(
-        self, weights: WeightFiles, device: torch.device, stack: contextlib.ExitStack
-    ) -> None:
-        self.entries: dict[str, tuple[Path, str]] = {}
-        self._handles: dict[Path, Any] = {}
-        held: dict[Path, set[str]] = {}
-        for file in weights.files:
-            self._handles[file], keys = _open(file, device, stack)
-            held[file] = set(keys)
-            if weights.weight_map is not None:
-                continue
-            for key in keys:
-                if key in self.entries:
-                    raise CheckpointError(
-                        f"tensor {key!r} is stored in two weight files, {self.entries[key][0]} "
-                        f"and {file}, and no {WEIGHTS_INDEX_NAME} says which one counts; remove "
-                        "the stale copy or add an index"
-                    )
-                self.entries[key] = (file, key)
-        for key, file in (weights.weight_map or {}).items():
-            if key not in held[file]:
-                raise CheckpointError(
-                    f"{file}: the index maps tensor {key!r} to this file, but the file does not "
-                    "hold it"
-                )
-            self.entries[key] = (file, key)
+    def __init__(self, weights: StoredWeights, device: torch.device) -> None:
+        self.entries: dict[str, TensorInfo] = dict(weights.tensors)
+        self.device = device
 
     def rekey(self, strip: str, add: str) -> None:
         """Rename every key ``k`` to ``add + k.removeprefix(strip)``."""
@@ -218,23 +311,25 @@ class TensorSource:
 
     def file_of(self, key: str) -> Path | None:
         entry = self.entries.get(key)
-        return None if entry is None else entry[0]
+        return None if entry is None else entry.file
 
     def files(self) -> str:
-        return ", ".join(sorted({str(f) for f, _ in self.entries.values()}))
+        return ", ".join(sorted({str(info.file) for info in self.entries.values()}))
 
     def get(self, key: str) -> torch.Tensor:
-        file, stored = self.entries[key]
+        info = self.entries[key]
         try:
-            return self._handles[file].get_tensor(stored)
+            with RowReader(info) as reader:
+                return reader.rows().to(self.device)
+        except CheckpointError:
+            raise
         except Exception as exc:
-            raise CheckpointError(f"{file}: cannot read tensor {stored!r} ({exc})") from exc
+            raise CheckpointError(f"{info.file}: cannot read tensor {info.key!r} ({exc})") from exc
 
     def meta(self, key: str) -> tuple[str, list[int]]:
         """(safetensors dtype string such as "U8", shape) without reading the data."""
-        file, stored = self.entries[key]
-        view = self._handles[file].get_slice(stored)
-        return view.get_dtype(), list(view.get_shape())
+        info = self.entries[key]
+        return info.dtype, list(info.shape)
 
 
 ST_DTYPES: dict[str, torch.dtype] = {
@@ -325,8 +420,9 @@ class LayerNames:
         return (self.scalar_shape, *self.also_read)
 
     def roles(self) -> dict[str, str]:
-        """role -> leaf for the four quantized tensors (roles: packed, scale, global, input)."""
-        return {"packed": self.packed, "scale": self.scale, "global": self.global_scale,
+        """role -> leaf for the four quantized tensors (roles: packed, block (the block
+        scales), global, input)."""
+        return {"packed": self.packed, "block": self.scale, "global": self.global_scale,
                 "input": self.input_scale}
 
     def keys(self, prefix: str) -> dict[str, str]:
@@ -386,14 +482,52 @@ def read_header(file: Path) -> tuple[int, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class StoredTensor:
-    """One tensor of a safetensors file to write: ``data`` is the new bytes, or ``(file,
-    offset)`` to copy ``nbytes`` from unchanged."""
+    """One tensor to write: ``name``, safetensors ``dtype`` string, ``shape``, ``nbytes`` and
+    ``data``: the new bytes, a torch tensor holding them, or the :class:`TensorInfo` of a stored
+    tensor to copy (file to file in bounded chunks when its bytes are laid out as named, row by
+    row through its view otherwise)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
-    data: bytes | tuple[Path, int]
+    data: bytes | torch.Tensor | TensorInfo
+
+
+#: The safetensors dtype string of each torch dtype nvfp4lab reads and writes.
+DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in ST_DTYPES.items()}
+
+
+def stored_tensor(name: str, tensor: torch.Tensor) -> StoredTensor:
+    """A CPU tensor to write under ``name`` (CheckpointError for a dtype safetensors has no
+    name for)."""
+    dtype = DTYPE_NAMES.get(tensor.dtype)
+    if dtype is None:
+        raise CheckpointError(f"{name}: dtype {tensor.dtype} cannot be stored")
+    return StoredTensor(name, dtype, tuple(tensor.shape), tensor.numel() * tensor.element_size(),
+                        tensor)
+
+
+def read_rows(tensor: StoredTensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    """Rows ``start:stop`` (first dim; the whole value of a 0-d tensor) of a tensor to write,
+    as a CPU torch tensor of its dtype and shape."""
+    dtype = ST_DTYPES[tensor.dtype]
+    data = tensor.data
+    if isinstance(data, TensorInfo):
+        with RowReader(data) as reader:
+            return reader.rows(start, stop) if tensor.shape else reader.rows()
+    if isinstance(data, torch.Tensor):
+        value = data.detach().to("cpu")
+    else:
+        value = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype)
+    value = value.reshape(tensor.shape)
+    return value[start:stop] if tensor.shape else value
+
+
+def tensor_bytes(value: torch.Tensor) -> memoryview:
+    """The row-major bytes of a CPU tensor (no copy when it is contiguous)."""
+    flat = value.contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
 
 
 #: Bytes moved per system call when copying tensors file to file.
@@ -423,7 +557,8 @@ def write_safetensors(
 ) -> int:
     """Write ``tensors`` in order as a safetensors file at ``path``; returns the data bytes.
 
-    Memory stays bounded by :data:`COPY_CHUNK_BYTES` whatever the tensor sizes."""
+    Memory stays bounded by :data:`COPY_CHUNK_BYTES` whatever the tensor sizes (beyond the
+    tensors the caller already holds in memory)."""
     header: dict[str, Any] = {}
     offset = 0
     for t in tensors:
@@ -441,6 +576,156 @@ def write_safetensors(
                 if len(t.data) != t.nbytes:
                     raise CheckpointError(f"{t.name}: {len(t.data)} bytes given, {t.nbytes} due")
                 out.write(t.data)
+            elif isinstance(t.data, TensorInfo) and t.data.view is None:
+                _copy_range(t.data.file, t.data.offset, t.nbytes, out.fileno())
             else:
-                _copy_range(t.data[0], t.data[1], t.nbytes, out.fileno())
+                _write_rows(t, out)
     return offset
+
+
+def _write_rows(tensor: StoredTensor, out: Any) -> None:
+    """Write a tensor held in memory or read through a view, :data:`COPY_CHUNK_BYTES` at a
+    time."""
+    rows = tensor.shape[0] if tensor.shape else 1
+    step = max(1, COPY_CHUNK_BYTES // max(tensor.nbytes // max(rows, 1), 1))
+    written = 0
+    for start in range(0, rows, step) if tensor.shape else (0,):
+        chunk = tensor_bytes(read_rows(tensor, start, start + step))
+        written += len(chunk)
+        while chunk:
+            chunk = chunk[out.write(chunk):]
+    if written != tensor.nbytes:
+        raise CheckpointError(f"{tensor.name}: {written} bytes given, {tensor.nbytes} due")
+
+
+# --------------------------------------------------------------------------------------------
+# the checkpoint folder of the safetensors formats (config.json and safetensors shards)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One weight file to write: its ``name`` in the folder, its ``tensors`` in order and its
+    string ``metadata``."""
+
+    name: str
+    tensors: tuple[StoredTensor, ...]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Contents:
+    """Everything a format's ``write_checkpoint`` writes into a new folder.
+
+    ``shards``: the tensors under nvfp4lab's names (the model's names; a quantized Linear's
+    leaves and tensor-scale convention those of the format written), grouped as the caller
+    wants them in files (a format holding one file ignores the grouping); ``config_json``: the
+    model's ``config.json`` text without a quantization config; ``scheme`` / ``unquantized``:
+    what the format's quantization config records; ``index``: write a safetensors index
+    (``index_metadata`` its ``metadata``, ``total_size`` added); ``source``: the file or folder
+    the model came from (a format may copy metadata from it), or None.
+    """
+
+    shards: tuple[Shard, ...]
+    config_json: str
+    scheme: Scheme
+    unquantized: Unquantized
+    index: bool = False
+    index_metadata: dict[str, Any] = field(default_factory=dict)
+    source: Path | None = None
+
+    def tensors(self) -> Iterator[StoredTensor]:
+        """Every tensor, shard by shard, in order."""
+        for shard in self.shards:
+            yield from shard.tensors
+
+
+#: ``run(fn, tasks)``: ``[fn(t) for t in tasks]``, wherever the caller runs tasks
+#: (:func:`nvfp4lab.checkpoint.stream.run_tasks`); ``fn`` is module-level, the tasks picklable.
+TaskRunner = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
+
+
+def _in_process(fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
+    return [fn(task) for task in tasks]
+
+
+def _write_shard(task: tuple[Path, tuple[StoredTensor, ...], dict[str, str]]) -> int:
+    path, tensors, metadata = task
+    return write_safetensors(path, tensors, metadata)
+
+
+def write_safetensors_checkpoint(
+    folder: Path,
+    contents: Contents,
+    write_config: Callable[[Path, Scheme, Unquantized], None],
+    run: TaskRunner | None = None,
+) -> list[str]:
+    """Write ``contents`` into ``folder`` as the safetensors formats store a checkpoint: each
+    shard a safetensors file (one task each on ``run``, default in this process), the index
+    when asked, ``config.json``, then the format's quantization config (``write_config``).
+    Returns the relative paths written."""
+    tasks = [(folder.absolute() / shard.name, shard.tensors, shard.metadata)
+             for shard in contents.shards]
+    (run or _in_process)(_write_shard, tasks)
+    written = [shard.name for shard in contents.shards]
+    if contents.index:
+        weight_map = {t.name: shard.name for shard in contents.shards for t in shard.tensors}
+        meta = {**contents.index_metadata,
+                "total_size": sum(t.nbytes for t in contents.tensors())}
+        body = {"metadata": meta, "weight_map": weight_map}
+        (folder / WEIGHTS_INDEX_NAME).write_text(json.dumps(body, indent=2, sort_keys=True),
+                                                 encoding="utf-8")
+        written.append(WEIGHTS_INDEX_NAME)
+    (folder / CONFIG_NAME).write_text(contents.config_json, encoding="utf-8")
+    write_config(folder, contents.scheme, contents.unquantized)
+    return [*written, CONFIG_NAME]
+
+
+def _file_entries(file: Path) -> tuple[dict[str, str], list[TensorInfo]]:
+    start, header = read_header(file)
+    meta = header.pop("__metadata__", None) or {}
+    entries = []
+    for key, entry in header.items():
+        begin, end = entry["data_offsets"]
+        entries.append(TensorInfo(file, key, str(entry["dtype"]), tuple(entry["shape"]),
+                                  start + int(begin), int(end) - int(begin)))
+    entries.sort(key=lambda t: t.offset)
+    return {str(k): str(v) for k, v in meta.items()}, entries
+
+
+def safetensors_weights(path: Path) -> StoredWeights:
+    """The tensors of a safetensors checkpoint folder, from its (validated) headers alone.
+
+    With an index, each tensor comes from the file its ``weight_map`` names; without one, a
+    tensor stored in two files is an error naming both. File paths are absolute (tasks may run
+    elsewhere: a Dask worker works in a folder of its own).
+    """
+    directory = Path(path)
+    weights = weight_files(directory.absolute())
+    tensors: dict[str, TensorInfo] = {}
+    metadata: dict[Path, dict[str, str]] = {}
+    for file in weights.files:
+        metadata[file], entries = _file_entries(file)
+        for info in entries:
+            if weights.weight_map is not None:
+                if weights.weight_map.get(info.key) == file:
+                    tensors[info.key] = info
+                continue
+            if info.key in tensors:
+                raise CheckpointError(
+                    f"tensor {info.key!r} is stored in two weight files, "
+                    f"{tensors[info.key].file} and {file}, and no {WEIGHTS_INDEX_NAME} says "
+                    "which one counts; remove the stale copy or add an index"
+                )
+            tensors[info.key] = info
+    for key, file in (weights.weight_map or {}).items():
+        if key not in tensors:
+            raise CheckpointError(f"{file}: the index maps tensor {key!r} to this file, but the "
+                                  "file does not hold it")
+    return StoredWeights(directory, tuple(weights.files), tensors, metadata,
+                         weights.weight_map is not None)
+
+
+def safetensors_config(path: Path) -> dict[str, Any]:
+    """``config.json`` of a safetensors checkpoint folder (CheckpointError naming it when it is
+    missing or not a JSON object)."""
+    return read_json(Path(path) / CONFIG_NAME)

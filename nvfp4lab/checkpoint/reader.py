@@ -1,9 +1,10 @@
 """Read an NVFP4 checkpoint (any format of :data:`nvfp4lab.checkpoint.formats.FORMATS`,
 detected) into a transformers model with NVFP4Linear layers.
 
-The model is built from its config with every parameter moved to the meta device as it is
-created (no float weight is ever materialized for a quantized layer), then tensors are streamed
-from the safetensors files one module at a time; quantized Linears become
+The model is built from its config (the format's ``model_config``) with every parameter moved
+to the meta device as it is created (no float weight is ever materialized for a quantized layer),
+then tensors are streamed from the weight files (the format's ``read_weights``: safetensors,
+or a GGUF file's tensors under the model's names) one module at a time; quantized Linears become
 :class:`nvfp4lab.execution.layers.NVFP4Linear` holding the stored bytes and scales unchanged.
 transformers is imported inside the functions that need it.
 """
@@ -21,18 +22,16 @@ import torch
 from torch import nn
 
 from nvfp4lab.checkpoint.files import (
-    CONFIG_NAME,
     PICKLE_SUFFIXES,
+    SOURCE_ATTRIBUTE,
     CheckpointError,
     LayerNames,
     TensorSource,
     missing_tensor,
     read_exact,
-    read_header,
     read_like,
     refuse_pickle,
     stored_meta,
-    weight_files,
 )
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.constants import BLOCK_SIZE
@@ -72,16 +71,21 @@ def _config_dtype(config: Any) -> torch.dtype | None:
 
 
 def _build_skeleton(
-    directory: Path, dtype: torch.dtype | None, model_class: type[nn.Module] | None
+    data: dict[str, Any], where: Path, dtype: torch.dtype | None,
+    model_class: type[nn.Module] | None,
 ) -> tuple[nn.Module, torch.dtype]:
+    """The model of the configuration ``data`` (``config.json``'s content, as the format gives
+    it), parameters on the meta device; ``where``: the checkpoint, recorded as transformers'
+    ``from_pretrained`` records it (``config._name_or_path``)."""
     import transformers
 
     try:
-        config = transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        config = transformers.CONFIG_MAPPING[data["model_type"]].from_dict(data)
     except Exception as exc:
         raise CheckpointError(
-            f"{directory / CONFIG_NAME}: transformers cannot build a config from it ({exc})"
+            f"{where}: transformers cannot build a config from its configuration ({exc!r})"
         ) from exc
+    config._name_or_path = str(where)
     dtype = dtype or _config_dtype(config) or torch.float32
     cls: Any = model_class
     if cls is None:
@@ -99,9 +103,13 @@ def _build_skeleton(
     return model, dtype
 
 
-def _read_scale(source: TensorSource, key: str, names: LayerNames) -> torch.Tensor:
+def _read_scale(source: TensorSource, key: str, names: LayerNames,
+                optional: bool = False) -> torch.Tensor:
     """A float32 tensor scale, checked finite and > 0, as ``[1]``; any shape of the format's
-    ``scalar_shapes`` is accepted (ModelOpt's 0-d scalars also as ``[1]``, as vLLM does)."""
+    ``scalar_shapes`` is accepted (ModelOpt's 0-d scalars also as ``[1]``, as vLLM does).
+    ``optional``: a missing one is 1 (the same in either convention)."""
+    if optional and source.file_of(key) is None:
+        return torch.ones(1, dtype=torch.float32)
     shape = names.scalar_shape
     found = tuple(stored_meta(source, key)[2])
     if found in names.scalar_shapes:
@@ -172,10 +180,11 @@ def _load_quantized_linear(
         raise CheckpointError(f"{name}: in_features={k} is not a multiple of {BLOCK_SIZE}")
     keys = names.keys(name)
     packed = read_exact(source, keys["packed"], torch.uint8, (n, k // 2))
-    scales = read_exact(source, keys["scale"], torch.float8_e4m3fn, (n, k // BLOCK_SIZE))
-    scales = _check_block_scales(source, keys["scale"], scales)
-    gs, decode = spec.from_disk(_read_scale(source, keys["global"], names))
-    used = {keys["packed"], keys["scale"], keys["global"]}
+    scales = read_exact(source, keys["block"], torch.float8_e4m3fn, (n, k // BLOCK_SIZE))
+    scales = _check_block_scales(source, keys["block"], scales)
+    optional = spec.optional_tensor_scale is not None
+    gs, decode = spec.from_disk(_read_scale(source, keys["global"], names, optional))
+    used = {keys["packed"], keys["block"], keys["global"]}
     bias = None
     if module.bias is not None:
         bias = read_like(source, f"{name}.bias", module.bias)
@@ -239,67 +248,66 @@ def load(
     model_class: type[nn.Module] | None = None,
     strict: bool = True,
 ) -> nn.Module:
-    """Load an NVFP4 checkpoint directory (any format nvfp4lab knows) into a transformers
-    model.
+    """Load an NVFP4 checkpoint (any format nvfp4lab knows) into a transformers model.
 
-    The format comes from the configuration (:func:`~nvfp4lab.checkpoint.formats.detect_format`).
+    ``path``: the checkpoint folder, or the file of a format kept in one file (a ``.gguf`` file;
+    a folder holding exactly one ``.gguf`` file is read as that file). The format comes from the
+    configuration (:func:`~nvfp4lab.checkpoint.formats.detect_format`).
     Quantized Linears (as the format's config decides: compressed-tensors' target/ignore
-    matching; ModelOpt: every Linear not in ``exclude_modules``, as vLLM does) become
-    :class:`nvfp4lab.NVFP4Linear` (``backend`` passed on) holding the stored codes / block
-    scales / tensor scales byte for byte (a stored DECODE scale, ModelOpt's, is kept exactly in
-    ``weight_decode_scale`` / ``input_decode_scale``, and the ENCODE buffers hold its float32
-    reciprocal); other float tensors are cast to ``dtype`` (default: the config's dtype, else
-    float32). ``model_class``: the transformers class to build (default:
-    ``config.architectures[0]``, else ``AutoModel``). ``strict``: raise on stored tensors the
-    model has no place for. Raises :class:`CheckpointError` naming the file and tensor for a
-    missing tensor, a wrong dtype or shape, a configuration the format refuses (another
-    algorithm, a group size other than 16, ...), a pickle file or a truncated file. Returns the
-    model in eval mode on
-    ``device``.
+    matching; ModelOpt: every Linear not in ``exclude_modules``, as vLLM does; GGUF: every
+    NVFP4 tensor) become :class:`nvfp4lab.NVFP4Linear` (``backend`` passed on) holding the
+    stored codes / block scales / tensor scales byte for byte (a stored DECODE scale,
+    ModelOpt's and GGUF's, is kept exactly in ``weight_decode_scale`` / ``input_decode_scale``,
+    and the ENCODE buffers hold its float32 reciprocal; a GGUF tensor without a ``.scale``
+    sidecar gets tensor scale 1, as llama.cpp decodes it); other float tensors are cast to
+    ``dtype`` (default: the config's dtype, else float32). ``model_class``: the transformers
+    class to build (default: ``config.architectures[0]``, else ``AutoModel``). ``strict``: raise
+    on stored tensors the model has no place for. Raises :class:`CheckpointError` naming the
+    file and tensor for a missing tensor, a wrong dtype or shape, a configuration the format
+    refuses (another algorithm, a group size other than 16, ...), a pickle file or a truncated
+    file. Returns the model in eval mode on ``device``, its
+    :data:`~nvfp4lab.checkpoint.files.SOURCE_ATTRIBUTE` set to ``path``.
     """
-    directory = Path(path)
-    if directory.is_file():
-        if directory.suffix in PICKLE_SUFFIXES:
-            raise refuse_pickle(directory)
-        raise CheckpointError(f"{directory} is a file; pass the checkpoint directory")
-    if not directory.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
-    spec = format_spec(detect_format(directory))
-    config = spec.read_config(directory)
-    files = weight_files(directory)
-    for file in files.files:  # the shared header validator, before safetensors opens them
-        read_header(file)
+    where = Path(path)
+    if where.is_file() and where.suffix in PICKLE_SUFFIXES:
+        raise refuse_pickle(where)
+    if not where.exists():
+        raise FileNotFoundError(f"checkpoint directory {where} does not exist")
+    spec = format_spec(detect_format(where))
+    config = spec.read_config(where)
+    stored = spec.read_weights(where)  # headers validated (the shared validator) on the way
     device = torch.device(device)
-    model, dtype = _build_skeleton(directory, dtype, model_class)
+    model, dtype = _build_skeleton(spec.model_config(where), stored.directory, dtype,
+                                   model_class)
     quantized: Mapping[str, bool] = config.quantized_modules(model)
 
-    with contextlib.ExitStack() as stack:
-        source = TensorSource(files, device, stack)
-        expected = _expected_keys(model, quantized, spec.names)
-        strip, add = _key_prefix_fix(model, set(source.entries), expected)
-        source.rekey(strip, add)
-        used: set[str] = set()
-        for name, static_input in quantized.items():
-            module = model.get_submodule(name)
-            assert isinstance(module, nn.Linear)
-            layer, keys = _load_quantized_linear(
-                source, name, module, spec, static_input, dtype, backend
-            )
-            owner, leaf = _owner(model, name)
-            setattr(owner, leaf, layer)
-            used |= keys
-        used |= _load_plain_tensors(model, source, list(quantized))
-        unexpected = sorted(set(source.entries) - used)
-        if strict and unexpected:
-            shown = ", ".join(repr(k) for k in unexpected[:5])
-            raise CheckpointError(
-                f"{source.file_of(unexpected[0])}: {len(unexpected)} stored tensor(s) have no "
-                f"place in {type(model).__name__} (e.g. {shown}); pass strict=False to ignore "
-                "them"
-            )
-        leftovers = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-        if leftovers:
-            raise missing_tensor(source, leftovers[0])
+    source = TensorSource(stored, device)
+    expected = _expected_keys(model, quantized, spec.names)
+    strip, add = _key_prefix_fix(model, set(source.entries), expected)
+    source.rekey(strip, add)
+    used: set[str] = set()
+    for name, static_input in quantized.items():
+        module = model.get_submodule(name)
+        assert isinstance(module, nn.Linear)
+        layer, keys = _load_quantized_linear(
+            source, name, module, spec, static_input, dtype, backend
+        )
+        owner, leaf = _owner(model, name)
+        setattr(owner, leaf, layer)
+        used |= keys
+    used |= _load_plain_tensors(model, source, list(quantized))
+    unexpected = sorted(set(source.entries) - used)
+    if strict and unexpected:
+        shown = ", ".join(repr(k) for k in unexpected[:5])
+        raise CheckpointError(
+            f"{source.file_of(unexpected[0])}: {len(unexpected)} stored tensor(s) have no "
+            f"place in {type(model).__name__} (e.g. {shown}); pass strict=False to ignore "
+            "them"
+        )
+    leftovers = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if leftovers:
+        raise missing_tensor(source, leftovers[0])
     model.to(device)
     model.eval()
+    setattr(model, SOURCE_ATTRIBUTE, where)
     return model

@@ -1,22 +1,22 @@
-"""Work on checkpoints larger than memory: an inventory read from the safetensors headers alone,
-tensors read a few rows at a time from memory-mapped files, and tasks run on a local process
-pool or an existing Dask cluster.
+"""Work on checkpoints larger than memory: an inventory read from the weight files' headers
+alone, tensors read a few rows at a time from memory-mapped files, and tasks run on a local
+process pool or an existing Dask cluster.
 
-Nothing here builds a model or holds a whole checkpoint: :func:`inventory` reads only headers;
-:class:`RowReader` maps one tensor's byte range (``numpy.memmap``) and copies out the rows asked
-for; :func:`run_tasks` sends picklable tasks (a shard, a layer or a fused group each) to
-``concurrent.futures.ProcessPoolExecutor`` (spawned workers, ``workers`` of them; 0 runs them in
-this process) or to ``dask.distributed.Client(address)``, with a tqdm bar on stderr when asked.
-Pool workers die with the process that started them (even by SIGKILL) and leave Ctrl-C to it;
-the Dask client is passed to every call (it is never the process's default client), and tasks
-name files by absolute path (a Dask worker runs in a folder of its own).
+Nothing here builds a model or holds a whole checkpoint: :func:`inventory` reads only headers
+(through the format's ``read_weights``); :class:`RowReader` (``files``, re-exported here) maps
+one tensor's byte range (``numpy.memmap``) and copies out the rows asked for, or reads them
+through the tensor's view; :func:`run_tasks` sends picklable tasks (a shard, a layer or a fused
+group each) to ``concurrent.futures.ProcessPoolExecutor`` (spawned workers, ``workers`` of them;
+0 runs them in this process) or to ``dask.distributed.Client(address)``, with a tqdm bar on
+stderr when asked. Pool workers die with the process that started them (even by SIGKILL) and
+leave Ctrl-C to it; the Dask client is passed to every call (it is never the process's default
+client), and tasks name files by absolute path (a Dask worker runs in a folder of its own).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -24,15 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-import torch
-
-from nvfp4lab.checkpoint.files import (
-    ST_DTYPES,
-    CheckpointError,
-    read_header,
-    weight_files,
-)
+from nvfp4lab.checkpoint.files import RowReader, TensorInfo, read_scalar
 from nvfp4lab.checkpoint.formats import detect_format, format_spec
 from nvfp4lab.settings import torch_threads, tqdm_class
 from nvfp4lab.vocab import CheckpointFormat
@@ -52,27 +44,11 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class TensorInfo:
-    """Where one stored tensor lies: ``file``, its ``key`` there, safetensors ``dtype`` string,
-    ``shape``, absolute byte ``offset`` in the file and ``nbytes``."""
-
-    file: Path
-    key: str
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
-
-    @property
-    def torch_dtype(self) -> torch.dtype | None:
-        return ST_DTYPES.get(self.dtype)
-
-
-@dataclass(frozen=True)
 class Inventory:
     """A checkpoint described from its headers: ``tensors`` (name -> :class:`TensorInfo`, in
-    file and byte order), the weight ``files``, each file's ``__metadata__``, and ``layers``: the
-    names of the quantized Linears (those with a tensor-scale tensor of the format)."""
+    file and byte order, under nvfp4lab's names), the weight ``files``, each file's metadata,
+    and ``layers``: the names of the quantized Linears (those with a tensor-scale tensor of the
+    format, and, in a format whose tensor scale is optional, those with block scales)."""
 
     directory: Path
     fmt: CheckpointFormat
@@ -81,6 +57,7 @@ class Inventory:
     metadata: dict[Path, dict[str, str]]
     layers: tuple[str, ...]
     indexed: bool
+    path: Path | None = None
 
     def get(self, key: str) -> TensorInfo | None:
         return self.tensors.get(key)
@@ -89,103 +66,30 @@ class Inventory:
         return [t for t in self.tensors.values() if t.file == file]
 
 
-def _file_entries(file: Path) -> tuple[dict[str, str], list[TensorInfo]]:
-    start, header = read_header(file)
-    meta = header.pop("__metadata__", None) or {}
-    entries = []
-    for key, entry in header.items():
-        begin, end = entry["data_offsets"]
-        entries.append(TensorInfo(file, key, str(entry["dtype"]), tuple(entry["shape"]),
-                                  start + int(begin), int(end) - int(begin)))
-    entries.sort(key=lambda t: t.offset)
-    return {str(k): str(v) for k, v in meta.items()}, entries
+def _layers(tensors: dict[str, TensorInfo], fmt: CheckpointFormat) -> tuple[str, ...]:
+    spec = format_spec(fmt)
+    names = spec.names
+    suffix = "." + names.global_scale
+    out = dict.fromkeys(k.removesuffix(suffix) for k in tensors if k.endswith(suffix))
+    if spec.optional_tensor_scale is not None:
+        block = "." + names.scale
+        out.update(dict.fromkeys(k.removesuffix(block) for k in tensors if k.endswith(block)))
+    return tuple(out)
 
 
 def inventory(path: str | os.PathLike[str], fmt: str | None = None) -> Inventory:
-    """Describe the checkpoint folder ``path`` from its configuration and safetensors headers.
+    """Describe the checkpoint at ``path`` (a folder, or the file of a one-file format) from its
+    configuration and headers (the format's ``read_weights``).
 
     ``fmt``: the format, default detected (:func:`~nvfp4lab.checkpoint.formats.detect_format`).
     With an index, each tensor comes from the file its ``weight_map`` names; without one, a
     tensor stored in two files is an error naming both.
     """
-    directory = Path(path)
-    form = CheckpointFormat(fmt) if fmt is not None else detect_format(directory)
-    # absolute file paths: tasks may run elsewhere (a Dask worker works in a folder of its own)
-    weights = weight_files(directory.absolute())
-    tensors: dict[str, TensorInfo] = {}
-    metadata: dict[Path, dict[str, str]] = {}
-    for file in weights.files:
-        metadata[file], entries = _file_entries(file)
-        for info in entries:
-            if weights.weight_map is not None:
-                if weights.weight_map.get(info.key) == file:
-                    tensors[info.key] = info
-                continue
-            if info.key in tensors:
-                raise CheckpointError(
-                    f"tensor {info.key!r} is stored in two weight files, "
-                    f"{tensors[info.key].file} and {file}, and no index says which one counts"
-                )
-            tensors[info.key] = info
-    for key, file in (weights.weight_map or {}).items():
-        if key not in tensors:
-            raise CheckpointError(f"{file}: the index maps tensor {key!r} to this file, but the "
-                                  "file does not hold it")
-    suffix = "." + format_spec(form).names.global_scale
-    layers = tuple(k.removesuffix(suffix) for k in tensors if k.endswith(suffix))
-    return Inventory(directory, form, tensors, tuple(weights.files), metadata, layers,
-                     weights.weight_map is not None)
-
-
-class RowReader:
-    """Rows of one stored tensor, read from a read-only memory map of its byte range.
-
-    ``rows(start, stop)`` returns a copy of rows ``start:stop`` (first dim) as a torch tensor of
-    the stored dtype; only those pages are touched. Use as a context manager (unmaps on exit).
-    """
-
-    def __init__(self, info: TensorInfo) -> None:
-        dtype = info.torch_dtype
-        if dtype is None:
-            raise CheckpointError(f"{info.file}: tensor {info.key!r} has dtype {info.dtype}, "
-                                  "which torch cannot hold")
-        self.info = info
-        self.dtype = dtype
-        self.shape = info.shape
-        self.row_bytes = info.nbytes // max(info.shape[0], 1) if info.shape else info.nbytes
-        self._map: np.memmap | None = None
-        if info.nbytes:
-            self._map = np.memmap(info.file, dtype=np.uint8, mode="r", offset=info.offset,
-                                  shape=(info.nbytes,))
-
-    def rows(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        if not self.shape:
-            return self._as_tensor(0, self.info.nbytes, ())
-        stop = self.shape[0] if stop is None else min(stop, self.shape[0])
-        return self._as_tensor(start * self.row_bytes, stop * self.row_bytes,
-                               (stop - start, *self.shape[1:]))
-
-    def _as_tensor(self, begin: int, end: int, shape: tuple[int, ...]) -> torch.Tensor:
-        raw = np.array(self._map[begin:end]) if self._map is not None else np.zeros(0, np.uint8)
-        return torch.from_numpy(raw).view(self.dtype).reshape(shape)
-
-    def close(self) -> None:
-        self._map = None
-
-    def __enter__(self) -> RowReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def read_scalar(info: TensorInfo) -> float:
-    """The single float value of a one-element tensor (a global or input scale)."""
-    if math.prod(info.shape) != 1:
-        raise CheckpointError(f"{info.file}: tensor {info.key!r} has shape {list(info.shape)}, "
-                              "expected one value")
-    with RowReader(info) as reader:
-        return float(reader.rows().reshape(()).to(torch.float64))
+    where = Path(path)
+    form = CheckpointFormat(fmt) if fmt is not None else detect_format(where)
+    stored = format_spec(form).read_weights(where)
+    return Inventory(stored.directory, form, stored.tensors, stored.files, stored.metadata,
+                     _layers(stored.tensors, form), stored.indexed, where)
 
 
 #: Local worker processes by default: none. The tasks are light (a few rows each) and torch

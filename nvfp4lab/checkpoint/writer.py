@@ -23,15 +23,20 @@ from torch import nn
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
     OWNER_MARKER,
+    SOURCE_ATTRIBUTE,
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     CheckpointError,
+    Contents,
+    Shard,
+    StoredTensor,
     Unquantized,
     check_target,
     fresh_dir,
     read_json,
     remove_stale_dirs,
     replace_dir,
+    stored_tensor,
 )
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, checkpoint_files, format_spec
 from nvfp4lab.constants import BLOCK_SIZE
@@ -254,34 +259,24 @@ def _tied_targets(model: nn.Module) -> set[str]:
     return set()
 
 
-def _write_shards(
-    tensors: Mapping[str, torch.Tensor], directory: Path, max_shard_bytes: int
-) -> list[str]:
-    from safetensors.torch import save_file
-
-    shards: list[dict[str, torch.Tensor]] = [{}]
+def _shards(tensors: Mapping[str, torch.Tensor], max_shard_bytes: int) -> tuple[Shard, ...]:
+    """The tensors in safetensors-sized groups (a new one above ``max_shard_bytes``), named as
+    transformers names its shards."""
+    groups: list[list[StoredTensor]] = [[]]
     size = 0
     for key, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
+        if groups[-1] and size + nbytes > max_shard_bytes:
+            groups.append([])
             size = 0
-        shards[-1][key] = tensor.detach().to("cpu").contiguous()
+        groups[-1].append(stored_tensor(key, tensor.detach().to("cpu").contiguous()))
         size += nbytes
-    if len(shards) == 1:
+    if len(groups) == 1:
         names = [WEIGHTS_NAME]
     else:
-        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    weight_map: dict[str, str] = {}
-    for name, shard in zip(names, shards, strict=True):
-        save_file(shard, str(directory / name), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, name))
-    if len(shards) > 1:
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        with open(directory / WEIGHTS_INDEX_NAME, "w", encoding="utf-8") as handle:
-            json.dump(index, handle, indent=2, sort_keys=True)
-    return names
+        names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    return tuple(Shard(name, tuple(group), {"format": "pt"})
+                 for name, group in zip(names, groups, strict=True))
 
 
 def _model_dtype(model: nn.Module, quantized: Mapping[str, nn.Module]) -> torch.dtype:
@@ -295,37 +290,35 @@ def _model_dtype(model: nn.Module, quantized: Mapping[str, nn.Module]) -> torch.
     return torch.float32
 
 
-def _write_config(
-    model: nn.Module, directory: Path, source: Path | None, dtype: torch.dtype
-) -> None:
-    """config.json as transformers writes it (diff against defaults), without a quantization
-    config: the format's ``write_config`` adds its own afterwards."""
+def _config_json(model: nn.Module, source: Path | None, dtype: torch.dtype) -> str:
+    """config.json's text as transformers writes it (diff against defaults), without a
+    quantization config: the format adds its own."""
     config = getattr(model, "config", None)
-    file = directory / CONFIG_NAME
-    if config is not None and hasattr(config, "to_json_file"):
+    if config is not None and hasattr(config, "to_json_string"):
         config = copy.deepcopy(config)
         if type(model).__module__.startswith("transformers."):
             config.architectures = [type(model).__name__]
         config.dtype = dtype
         if hasattr(config, "quantization_config"):
             del config.quantization_config
-        config.to_json_file(str(file), use_diff=True)
-        return
+        return str(config.to_json_string(use_diff=True))
     if source is not None and (source / CONFIG_NAME).is_file():
         data = read_json(source / CONFIG_NAME)
         data.pop("quantization_config", None)
     else:
         data = {}
-    with open(file, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
+    return json.dumps(data, indent=2, sort_keys=True)
 
 
 def _source_dir(model: nn.Module, source: str | os.PathLike[str] | None) -> Path | None:
+    """The folder whose tokenizer / generation files are copied: ``source`` (a folder; a file,
+    such as a GGUF source, has none), else the model's ``config._name_or_path`` when it is a
+    local folder."""
     if source is not None:
         path = Path(source)
-        if not path.is_dir():
-            raise FileNotFoundError(f"source={str(source)!r} is not a directory")
-        return path
+        if not path.exists():
+            raise FileNotFoundError(f"source={str(source)!r} does not exist")
+        return path if path.is_dir() else None
     config = getattr(model, "config", None)
     for candidate in (
         getattr(config, "_name_or_path", None),
@@ -334,6 +327,19 @@ def _source_dir(model: nn.Module, source: str | os.PathLike[str] | None) -> Path
         if isinstance(candidate, str) and candidate and Path(candidate).is_dir():
             return Path(candidate)
     return None
+
+
+def _origin(model: nn.Module, source: str | os.PathLike[str] | None,
+            folder: Path | None) -> Path | None:
+    """What the model came from, for a format that copies metadata from it: ``source``, else
+    the file or folder its reader recorded (:data:`~nvfp4lab.checkpoint.files.SOURCE_ATTRIBUTE`),
+    else the side-file folder."""
+    if source is not None:
+        return Path(source)
+    recorded = getattr(model, SOURCE_ATTRIBUTE, None)
+    if isinstance(recorded, str | os.PathLike) and Path(recorded).exists():
+        return Path(recorded)
+    return folder
 
 
 def _copy_side_files(source: Path | None, directory: Path, written: set[str]) -> list[str]:
@@ -511,17 +517,18 @@ def save_pretrained(
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     quantized = _quantized_layers(model)
     resolved = _resolve_scheme(scheme, quantized)
-    _check_fused(model, quantized, require_shared_global_scale)
+    if spec.shares_fused_scales:
+        _check_fused(model, quantized, require_shared_global_scale)
     unquantized = _unquantized(model)
     tensors = _state_to_save(model, quantized, resolved, dtype, spec)
     src = _source_dir(model, source)
     config_dtype = dtype or _model_dtype(model, quantized)
+    shards = _shards(tensors, max_shard_bytes)
+    contents = Contents(shards, _config_json(model, src, config_dtype), resolved, unquantized,
+                        index=len(shards) > 1, source=_origin(model, source, src))
 
     def write(tmp: Path) -> None:
-        shards = _write_shards(tensors, tmp, max_shard_bytes)
-        _write_config(model, tmp, src, config_dtype)
-        spec.write_config(tmp, resolved, unquantized)
-        written = {CONFIG_NAME, *shards, *spec.config_files}
+        written = {*spec.write_checkpoint(tmp, contents), *spec.config_files}
         generation = getattr(model, "generation_config", None)
         if generation is not None and hasattr(generation, "save_pretrained") and (
             src is None or not (src / "generation_config.json").is_file()

@@ -5,12 +5,19 @@ module                      holds
 ==========================  =================================================================
 ``compressed_tensors``      compressed-tensors NVFP4 (ENCODE tensor scales)
 ``modelopt``                NVIDIA ModelOpt 0.47 ``export_hf_checkpoint`` (DECODE tensor scales)
+``gguf``                    GGUF NVFP4 (ggml type 40) as llama.cpp reads it: one file of tensors
+                            and metadata, DECODE tensor scales in ``<name>.scale`` sidecars
 ==========================  =================================================================
 
 Each module defines a class with the members of :class:`CheckpointFormatSpec` and one instance
 of it, ``SPEC``; :data:`FORMATS` maps every :class:`nvfp4lab.vocab.CheckpointFormat` member to
 its spec. ``writer``, ``reader``, ``conversion``, ``auditing`` and ``stream`` only look specs up
-here (:func:`format_spec`) and call them; no other module knows a format's names or files.
+here (:func:`format_spec`) and call them; no other module knows a format's names or files. A
+spec reads and writes its own container: ``read_weights`` describes the stored tensors under the
+model's names (:class:`~nvfp4lab.checkpoint.files.StoredWeights`), ``model_config`` gives the
+model's ``config.json`` content and ``write_checkpoint`` writes a new checkpoint from one
+:class:`~nvfp4lab.checkpoint.files.Contents`; the safetensors formats implement the three
+through the shared plumbing of :mod:`nvfp4lab.checkpoint.files`.
 The format modules import only :mod:`nvfp4lab.checkpoint.files` (and numerics / vocab), never
 this registry, the writer or the reader. Adding a format: ``docs/architecture.md``, "How to add a
 checkpoint format".
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -28,11 +35,13 @@ from torch import nn
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
     CheckpointError,
+    Contents,
     LayerNames,
-    Unquantized,
+    StoredWeights,
+    TaskRunner,
     quantization_block,
 )
-from nvfp4lab.checkpoint.formats import compressed_tensors, modelopt
+from nvfp4lab.checkpoint.formats import compressed_tensors, gguf, modelopt
 from nvfp4lab.vocab import CheckpointFormat, Scheme, check_choice
 
 __all__ = [
@@ -77,8 +86,18 @@ class CheckpointFormatSpec(Protocol):
     the unknown-format error names it; ``names``: the tensor names of a quantized Linear and the
     scale convention on disk (:class:`~nvfp4lab.checkpoint.files.LayerNames`: ``decode`` True for
     DECODE amax/2688, False for ENCODE 2688/amax); ``config_files``: the files it writes besides
-    ``config.json`` and the weights; ``transformers_needs_bfloat16``: whether transformers runs
-    only bfloat16 checkpoints of it (``save_pretrained`` warns otherwise).
+    ``config.json`` and the weights; ``weight_files``: the fixed names of the weight files it
+    writes (those a name alone does not mark as weights, as ``*.safetensors`` does), which
+    ``overwrite=True`` may replace too; ``transformers_needs_bfloat16``: whether transformers
+    runs only bfloat16 checkpoints of it (``save_pretrained`` warns otherwise);
+    ``optional_tensor_scale``: None when every quantized layer must store its tensor scale,
+    else the one-line note ``audit`` gives a layer that has none (it decodes with tensor scale
+    1); ``shares_fused_scales``: whether the engine that runs the format decodes a fused group
+    (q/k/v, gate/up) with ONE tensor scale (vLLM), so that ``save_pretrained`` checks the group
+    shares it and ``audit`` measures the merge.
+
+    ``path`` arguments are what the user passed: a checkpoint folder, or the file of a format
+    kept in one file (``detect`` says which).
     """
 
     format: CheckpointFormat
@@ -86,20 +105,36 @@ class CheckpointFormatSpec(Protocol):
     description: str
     names: LayerNames
     config_files: tuple[str, ...]
+    weight_files: tuple[str, ...]
     transformers_needs_bfloat16: bool
+    optional_tensor_scale: str | None
+    shares_fused_scales: bool
 
-    def detect(self, directory: Path) -> bool:
-        """Whether the folder's configuration files say it is this format (never the weights);
-        CheckpointError for a configuration that claims this format but is not one."""
+    def detect(self, path: Path) -> bool:
+        """Whether the folder's configuration files (or the file itself) say it is this format
+        (never the tensors); CheckpointError for a configuration or file that claims this
+        format but is not one."""
         ...
 
-    def read_config(self, directory: Path) -> FormatConfig:
-        """The folder's configuration, validated (CheckpointError naming the file)."""
+    def read_config(self, path: Path) -> FormatConfig:
+        """The checkpoint's quantization configuration, validated (CheckpointError naming the
+        file)."""
         ...
 
-    def write_config(self, folder: Path, scheme: Scheme, unquantized: Unquantized) -> None:
-        """Add the quantization config to ``folder/config.json`` (already written without one)
-        and write :attr:`config_files`."""
+    def read_weights(self, path: Path) -> StoredWeights:
+        """The stored tensors under the model's names, a quantized Linear's leaves as
+        :attr:`names` has them, from the headers alone (CheckpointError naming the file)."""
+        ...
+
+    def model_config(self, path: Path) -> dict[str, Any]:
+        """The model's transformers configuration (``config.json``'s content) as a dict."""
+        ...
+
+    def write_checkpoint(self, folder: Path, contents: Contents,
+                         run: TaskRunner | None = None) -> list[str]:
+        """Write ``contents`` into the new, empty ``folder`` (weights, model configuration,
+        quantization configuration); ``run``: where to run tasks (default: in this process).
+        Returns the relative paths written."""
         ...
 
     def to_disk(self, encode: torch.Tensor, decode: torch.Tensor | None) -> torch.Tensor:
@@ -112,14 +147,15 @@ class CheckpointFormatSpec(Protocol):
         ...
 
     def fused_decode_scale(self, stored: Sequence[float]) -> torch.Tensor:
-        """The one DECODE scale (float32 ``[1]``) vLLM keeps for a fused group (q/k/v,
-        gate/up) whose shards store the tensor scales ``stored``."""
+        """The one DECODE scale (float32 ``[1]``) the engine keeps for a fused group (q/k/v,
+        gate/up) whose shards store the tensor scales ``stored`` (used when
+        :attr:`shares_fused_scales`)."""
         ...
 
 
 #: Every checkpoint format, by its vocabulary member; detection tries them in this order.
 FORMATS: dict[CheckpointFormat, CheckpointFormatSpec] = {
-    spec.format: spec for spec in (compressed_tensors.SPEC, modelopt.SPEC)
+    spec.format: spec for spec in (compressed_tensors.SPEC, modelopt.SPEC, gguf.SPEC)
 }
 #: The tensor names of each format (kept for callers of the former ``files.LAYER_NAMES``).
 LAYER_NAMES: dict[CheckpointFormat, LayerNames] = {f: s.names for f, s in FORMATS.items()}
@@ -132,8 +168,10 @@ def format_spec(fmt: object) -> CheckpointFormatSpec:
 
 
 def checkpoint_files() -> frozenset[str]:
-    """The configuration files of every format besides ``config.json``."""
-    return frozenset(f for spec in FORMATS.values() for f in spec.config_files)
+    """The configuration files of every format besides ``config.json``, and the fixed weight
+    file names (:attr:`CheckpointFormatSpec.weight_files`)."""
+    return frozenset(f for spec in FORMATS.values() for f in (*spec.config_files,
+                                                               *spec.weight_files))
 
 
 def _and(items: Sequence[str]) -> str:
@@ -141,36 +179,38 @@ def _and(items: Sequence[str]) -> str:
 
 
 def detect_format(path: str | Path) -> CheckpointFormat:
-    """The format of the checkpoint folder ``path``, from its configuration alone: the one
-    format of :data:`FORMATS` whose ``detect`` accepts it.
+    """The format of the checkpoint at ``path`` (a folder, or the file of a format kept in one
+    file), from its configuration alone: the one format of :data:`FORMATS` whose ``detect``
+    accepts it.
 
-    Raises :class:`CheckpointError` (or FileNotFoundError for a missing folder) naming what was
+    Raises :class:`CheckpointError` (or FileNotFoundError for a missing path) naming what was
     found instead.
     """
-    directory = Path(path)
-    if not directory.exists():
-        raise FileNotFoundError(f"checkpoint folder {directory} does not exist")
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory} is a file; pass the checkpoint folder")
-    found = [fmt for fmt, spec in FORMATS.items() if spec.detect(directory)]
+    where = Path(path)
+    if not where.exists():
+        raise FileNotFoundError(f"checkpoint folder {where} does not exist")
+    found = [fmt for fmt, spec in FORMATS.items() if spec.detect(where)]
     if len(found) == 1:
         return found[0]
     if found:
-        raise CheckpointError(f"{directory} looks like several checkpoint formats at once "
+        raise CheckpointError(f"{where} looks like several checkpoint formats at once "
                               f"({_and([f.value for f in found])}); remove the stale config")
-    block = quantization_block(directory)
+    if not where.is_dir():
+        raise CheckpointError(f"{where} is a file nvfp4lab does not read as a checkpoint; pass "
+                              "the checkpoint folder")
+    block = quantization_block(where)
     method = None if block is None else block.get("quant_method")
     if method is not None:
         accepted = _and([spec.description for spec in FORMATS.values()])
         raise CheckpointError(
-            f"{directory / CONFIG_NAME}: quantization_config.quant_method is {method!r}; nvfp4lab "
+            f"{where / CONFIG_NAME}: quantization_config.quant_method is {method!r}; nvfp4lab "
             f"reads {accepted} checkpoints"
         )
-    if not (directory / CONFIG_NAME).is_file():
-        raise CheckpointError(f"{directory} has no {CONFIG_NAME}: not a checkpoint folder")
+    if not (where / CONFIG_NAME).is_file():
+        raise CheckpointError(f"{where} has no {CONFIG_NAME}: not a checkpoint folder")
     others = sorted(checkpoint_files())
     missing = f" and there is no {' or '.join(others)}" if others else ""
     raise CheckpointError(
-        f"{directory / CONFIG_NAME} has no quantization_config{missing}: not a quantized "
+        f"{where / CONFIG_NAME} has no quantization_config{missing}: not a quantized "
         "checkpoint (a float model?)"
     )

@@ -56,10 +56,16 @@ from torch import nn
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
     CheckpointError,
+    Contents,
     LayerNames,
+    StoredWeights,
+    TaskRunner,
     Unquantized,
     quantization_block,
     read_json,
+    safetensors_config,
+    safetensors_weights,
+    write_safetensors_checkpoint,
 )
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.vocab import CheckpointFormat, Scheme
@@ -243,6 +249,9 @@ class ModelOpt:
     title = "ModelOpt NVFP4"
     description = f"{QUANT_METHOD!r} (NVFP4)"
     names = NAMES
+    weight_files: tuple[str, ...] = ()
+    optional_tensor_scale: str | None = None
+    shares_fused_scales = True
     config_files: tuple[str, ...] = (HF_QUANT_CONFIG_NAME,)
     transformers_needs_bfloat16 = False
 
@@ -264,6 +273,20 @@ class ModelOpt:
 
     def read_config(self, directory: Path) -> ModelOptConfig:
         return read_modelopt_config(directory)
+
+    def read_weights(self, path: Path) -> StoredWeights:
+        """The folder's safetensors tensors (``files.safetensors_weights``)."""
+        return safetensors_weights(path)
+
+    def model_config(self, path: Path) -> dict[str, Any]:
+        """The folder's ``config.json``."""
+        return safetensors_config(path)
+
+    def write_checkpoint(self, folder: Path, contents: Contents,
+                         run: TaskRunner | None = None) -> list[str]:
+        """``config.json``, safetensors shards (and index), then :meth:`write_config`
+        (:func:`~nvfp4lab.checkpoint.files.write_safetensors_checkpoint`)."""
+        return write_safetensors_checkpoint(folder, contents, self.write_config, run)
 
     def write_config(self, folder: Path, scheme: Scheme, unquantized: Unquantized) -> None:
         """Add the ``quantization_config`` to ``folder/config.json`` and write
