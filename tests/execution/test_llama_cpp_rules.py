@@ -29,13 +29,16 @@ ROWS = [
 
 @pytest.mark.parametrize(("platform", "cap", "prec", "path", "ignored"), ROWS)
 def test_rows(
-    platform: Platform, cap: tuple[int, int] | None, prec: str | None,
-    path: rules.LlamaCppPath, ignored: int,
+    platform: Platform,
+    cap: tuple[int, int] | None,
+    prec: str | None,
+    path: rules.LlamaCppPath,
+    ignored: int,
 ) -> None:
     env = {} if prec is None else {LLAMA_MMQ_PREC_ENV: prec}
     outcome = rules.select(platform, cap, env)
     assert outcome.path is path and len(outcome.ignored) == ignored
-    assert outcome.steps[-len(path.sources):] == path.sources
+    assert outcome.steps[-len(path.sources) :] == path.sources
 
 
 def test_every_path_names_its_sources() -> None:
