@@ -73,6 +73,7 @@ _SUBMODULES = (
     "orders",
     "plots",
     "reference",
+    "reference_ggml",
     "report_kernels",
     "report_pages",
     "reports",

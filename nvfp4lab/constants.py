@@ -34,3 +34,7 @@ SWIZZLE_COLS: int = 4
 #: bytes, one per 16 elements, then 32 bytes of codes); ggml-common.h ``block_nvfp4``.
 GGML_NVFP4_BLOCK: int = 64
 GGML_NVFP4_BLOCK_BYTES: int = 36
+
+#: ggml Q8_0 (ggml type 8): values per block (int8 codes and one fp16 scale; ggml-common.h
+#: ``block_q8_0``, 34 bytes): what llama.cpp's CPU path quantizes activations to for NVFP4.
+GGML_Q8_0_BLOCK: int = 32

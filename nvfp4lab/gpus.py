@@ -116,12 +116,15 @@ class GPU:
 
     def peak_tflops(self, path: str) -> float | None:
         """Dense peak (10^12 FLOP/s) of the tensor-core math a GEMM path uses, or ``None``:
-        BF16 for bf16/w4a16/emulation, FP8 for fp8, NVFP4 for native (None without FP4 cores)."""
+        BF16 for bf16/w4a16/emulation, FP8 for fp8, NVFP4 for native (None without FP4 cores),
+        None for q8_0 (INT8 math: the catalogue holds no INT8 peak)."""
         p = check_choice("path", path, GemmPath)
         if p in (GemmPath.BF16, GemmPath.W4A16, GemmPath.EMULATION):
             return self.bf16_tflops
         if p == GemmPath.FP8:
             return self.fp8_tflops
+        if p == GemmPath.Q8_0:
+            return None
         return self.nvfp4_tflops if self.native_fp4 else None
 
     def as_dict(self) -> dict[str, object]:

@@ -6,9 +6,11 @@ per path in :data:`EFFICIENCY` (defaults cited from published measurements) and 
 :data:`GPU_EFFICIENCY` where a GPU has its own published measurement (:data:`MEASUREMENTS`: B200,
 B300, RTX 5090); :func:`efficiency_for` says which applies. ``peak_tflops=`` supplies a peak the
 vendor does not publish. Paths are named after the backends (:class:`nvfp4lab.vocab.GemmPath`:
-``bf16``, ``fp8``, ``native``, ``w4a16``, ``emulation``). The emulation path adds the time of its
-separate dequantize / quant-dequant passes to the 16-bit GEMM, so it is never faster than
-``bf16``.
+``bf16``, ``fp8``, ``native``, ``w4a16``, ``emulation``, ``q8_0``). The emulation path adds the
+time of its separate dequantize / quant-dequant passes to the 16-bit GEMM, so it is never faster
+than ``bf16``. ``q8_0`` is llama.cpp's int8-activation GEMM as its CUDA MMQ runs it on a GPU
+(Q8_1 activations, 1.125 B per value, float32 in and out); it runs on INT8 math, whose peak the
+catalogue does not hold, so it needs ``peak_tflops=``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ NVFP4_BYTES_PER_WEIGHT: float = 0.5625
 BYTES_16BIT: float = 2.0
 #: Bytes per element of an FP8 operand.
 BYTES_FP8: float = 1.0
+#: Bytes per element of llama.cpp's float32 activations and outputs.
+BYTES_F32: float = 4.0
+#: llama.cpp's MMQ activation blocks (``block_q8_1_mmq``, ggml-cuda/mmq.cuh): 128 int8 codes and
+#: four float32 scales in 144 bytes = 1.125 bytes per value.
+BYTES_Q8_1_MMQ: float = 144.0 / 128.0
 
 
 class NotSupportedError(ValueError):
@@ -97,6 +104,12 @@ EFFICIENCY: dict[str, Efficiency] = {
     ),
     GemmPath.EMULATION: Efficiency(
         _BF16_EFF, _MEM_EFF, "its GEMM is a BF16 GEMM: BF16's 0.63 (" + _BF16_SRC + ")", _MEM_SRC
+    ),
+    GemmPath.Q8_0: Efficiency(
+        _BF16_EFF,
+        _MEM_EFF,
+        "assumed equal to BF16's 0.63 (no published llama.cpp MMQ measurement is catalogued)",
+        _MEM_SRC,
     ),
 }
 
@@ -296,6 +309,12 @@ def _bytes(path: str, M: int, N: int, K: int, quantize_activations: bool) -> tup
         if quantize_activations:
             passes += 2 * x16
         return x16 + w16 + y16, passes
+    if path == GemmPath.Q8_0:
+        # llama.cpp: float32 x read and Q8_1 x written by the quantize kernel; the GEMM reads
+        # Q8_1 x and the NVFP4 blocks (36 B per 64 = 0.5625 B) and writes float32 y.
+        xq = M * K * BYTES_Q8_1_MMQ
+        quant = (M * K * BYTES_F32 + xq) if quantize_activations else 0.0
+        return xq + N * K * NVFP4_BYTES_PER_WEIGHT + M * N * BYTES_F32 + quant, 0.0
     raise AssertionError(path)  # unreachable: every GemmPath is handled above
 
 
@@ -324,6 +343,8 @@ def predict(
     - ``w4a16``: 16-bit x and y, NVFP4 W streamed (0.5625 B/weight), 16-bit math.
     - ``emulation``: a 16-bit GEMM after a weight dequantize pass (read NVFP4, write 16-bit W) and
       an activation quant-dequant pass (read and write 16-bit x) — never faster than ``bf16``.
+    - ``q8_0``: llama.cpp's MMQ: Q8_1 x (1.125 B) and NVFP4 W, float32 y (+ the quantize pass:
+      read float32 x, write Q8_1 x); INT8 math, no catalogued peak: needs ``peak_tflops``.
 
     ``efficiency``/``mem_efficiency`` default to :func:`efficiency_for` ``(gpu, path)``: the GPU's
     own published measurement where there is one (:data:`GPU_EFFICIENCY`), else the path default
@@ -350,9 +371,15 @@ def predict(
             raise ValueError(f"peak_tflops must be a positive finite number, got {peak_tflops!r}")
     else:
         catalogue_peak = g.peak_tflops(path)
+        if catalogue_peak is None and path == GemmPath.Q8_0:
+            raise NotSupportedError(
+                f"path {path.value!r} (llama.cpp's int8-activation GEMM) runs on INT8 math, whose "
+                f"dense peak the catalogue does not hold for {g.name}; pass "
+                "peak_tflops=<dense INT8 TOPS> to predict to model it"
+            )
         if catalogue_peak is None:
             raise NotSupportedError(
-                f"{g.name} has no published dense peak for path {path!r} "
+                f"{g.name} has no published dense peak for path {str(path)!r} "
                 f"(bf16={g.bf16_tflops}, fp8={g.fp8_tflops}, nvfp4={g.nvfp4_tflops} TFLOPS); "
                 "pass peak_tflops=<dense TFLOPS> to predict to model it with a figure of your own"
             )

@@ -4,13 +4,16 @@ Every function that depends on an environment variable takes an optional ``env``
 resolves it through :func:`environ`, so tests and notebooks can pass a dict instead of mutating
 ``os.environ``. The variables:
 
-* ``NVFP4LAB_BACKEND`` — auto | native | emulation | w4a16: forces a backend (read by
+* ``NVFP4LAB_BACKEND`` — auto | native | emulation | w4a16 | q8_0: forces a backend (read by
   :func:`nvfp4lab.execution.dispatch.select_backend` at every call).
 * ``VLLM_USE_NVFP4_CT_EMULATIONS`` — vLLM's switch, an integer: nonzero selects emulation
   (read by vLLM 0.9.2 to 0.23.0 only).
 * ``VLLM_NVFP4_GEMM_BACKEND``, ``VLLM_USE_FBGEMM``, ``VLLM_BATCH_INVARIANT``,
   ``VLLM_DISABLED_KERNELS`` — the other vLLM variables the modelled releases read when they pick
   an NVFP4 kernel (:mod:`nvfp4lab.execution.vllm_rules` says which release reads which).
+* ``GGML_CUDA_MMQ_PREC`` — llama.cpp's q4 | q8 | auto: the activation precision of its CUDA
+  MMQ (read by ``select_backend(engine="llama.cpp")``,
+  :mod:`nvfp4lab.execution.llama_cpp_rules`).
 * ``NVFP4LAB_CACHE`` / ``XDG_CACHE_HOME`` — where packaged models are extracted.
 * ``NVFP4LAB_FUSED`` — auto | on | off: when quantize / fake_quantize / dequantize / linear run
   the fused compiled kernels of :mod:`nvfp4lab.kernels` (read by :func:`fused_mode` at every
@@ -44,6 +47,7 @@ __all__ = [
     "FBGEMM_ENV",
     "FUSED_ENV",
     "GEMM_BACKEND_ENV",
+    "LLAMA_MMQ_PREC_ENV",
     "TEXT_PROGRESS_ENV",
     "THREADS_ENV",
     "VLLM_ENV_VARS",
@@ -65,6 +69,7 @@ CACHE_ENV = "NVFP4LAB_CACHE"
 FUSED_ENV = "NVFP4LAB_FUSED"
 TEXT_PROGRESS_ENV = "NVFP4LAB_TEXT_PROGRESS"
 THREADS_ENV = "NVFP4LAB_THREADS"
+LLAMA_MMQ_PREC_ENV = "GGML_CUDA_MMQ_PREC"
 
 #: Torch CPU threads per process when ``NVFP4LAB_THREADS`` is unset. One, measured (notebook
 #: 04's ``error_table``, 2048², on this project's 2-core machine while other work ran): 1 thread

@@ -7,8 +7,8 @@ member or raises the one error wording, ``unknown <what> <value>; accepted value
 =====================  ==============================================================  ========
 vocabulary             values                                                          used by
 =====================  ==============================================================  ========
-:class:`Backend`       native, emulation, w4a16 (``"auto"`` asks the dispatcher)        execution
-:class:`GemmPath`      Backend's three plus bf16 and fp8 (roofline paths)              roofline
+:class:`Backend`       native, emulation, w4a16, q8_0 (``"auto"`` asks the dispatcher)  execution
+:class:`GemmPath`      Backend's four plus bf16 and fp8 (roofline paths)               roofline
 :class:`BiasMode`      output, fp32, dropped                                           execution
 :class:`Convention`    kernel, compressed-tensors, modelopt (arithmetic orders)        codec
 :class:`Rounding`      rne, stochastic                                                 codec
@@ -18,7 +18,8 @@ vocabulary             values                                                   
 :class:`ScaleTiming`   original, updated (when GPTQ fixes a group's block scale)       execution
 :class:`Platform`      cuda, rocm, xpu, cpu (vLLM's platforms)                         execution
 :class:`Scheme`        NVFP4 (W4A4), NVFP4A16 (weight-only) checkpoint schemes         execution
-:class:`Numerics`      Backend's three plus w4a8 (what a vLLM kernel computes)         execution
+:class:`Numerics`      Backend's four plus w4a8, q8_1 (what a kernel computes)         execution
+:class:`Engine`        vllm, llama.cpp (the engines select_backend models)             execution
 :class:`VllmPackage`   flashinfer, humming, b12x, fbgemm (optional kernel packages)    execution
 :class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
 :class:`CheckpointFormat`  compressed-tensors, modelopt, gguf (disk families)       checkpoint
@@ -32,7 +33,8 @@ vocabulary             values                                                   
 The overlaps, one line each (a value is written once: the later enum takes it from the earlier):
 
 - ``Backend`` / ``GemmPath`` / ``Numerics``: what an NVFP4 layer runs / that plus the unquantized
-  ``bf16`` and ``fp8`` GEMMs the roofline models / what a vLLM kernel computes (that plus ``w4a8``).
+  ``bf16`` and ``fp8`` GEMMs the roofline models / what a vLLM or llama.cpp kernel computes (that
+  plus ``w4a8`` and ``q8_1``).
 - ``Convention`` / ``CheckpointFormat``: the arithmetic order in memory (``kernel`` included) /
   the disk family, named after the order its producer computes in, with its global-scale storage
   (``gguf`` is named after its file: llama.cpp's container, not an order).
@@ -59,6 +61,7 @@ __all__ = [
     "CheckpointFormat",
     "Convention",
     "CorpusPart",
+    "Engine",
     "FusedMode",
     "GemmPath",
     "KVCacheKind",
@@ -82,11 +85,15 @@ AUTO = "auto"
 
 
 class Backend(StrEnum):
-    """How an NVFP4 linear layer runs (the three paths vLLM chooses between)."""
+    """How an NVFP4 linear layer runs (the three paths vLLM chooses between, and llama.cpp's CPU
+    path)."""
 
     NATIVE = "native"  #: FP4 tensor cores (torch._scaled_mm), capability >= 10.0
     EMULATION = "emulation"  #: W4A4 emulated: fake-quantized activations, 16-bit GEMM
     W4A16 = "w4a16"  #: weight-only: dequantized weights, 16-bit activations
+    #: llama.cpp's CPU path: activations quantized to Q8_0 (int8 per 32, fp16 scale), integer
+    #: dot products per 4 values, ggml_vec_dot_nvfp4_q8_0's float32 order (execution/ggml_cpu.py)
+    Q8_0 = "q8_0"
 
 
 class GemmPath(StrEnum):
@@ -101,6 +108,8 @@ class GemmPath(StrEnum):
     NATIVE = Backend.NATIVE.value
     W4A16 = Backend.W4A16.value
     EMULATION = Backend.EMULATION.value
+    #: llama.cpp's int8-activation GEMM (Q8_0 on CPU; MMQ's Q8_1 on a GPU, 1.125 B per value)
+    Q8_0 = Backend.Q8_0.value
 
 
 class BiasMode(StrEnum):
@@ -180,17 +189,30 @@ class Scheme(StrEnum):
 
 
 class Numerics(StrEnum):
-    """What a vLLM NVFP4 kernel computes (the numerics class of a kernel).
+    """What a vLLM or llama.cpp NVFP4 kernel computes (the numerics class of a kernel).
 
-    Numerics = :class:`Backend`'s three (values taken from it) + ``w4a8``: the first three are
-    paths nvfp4lab runs; ``w4a8`` is not (nvfp4lab has no FP8-activation path and runs ``w4a16``
-    in its place).
+    Numerics = :class:`Backend`'s four (values taken from it) + ``w4a8`` + ``q8_1``: the first
+    four are paths nvfp4lab runs; ``w4a8`` is not (nvfp4lab has no FP8-activation path and runs
+    ``w4a16`` in its place), nor is ``q8_1`` (nvfp4lab runs ``q8_0``, the same class with
+    another rounding, in its place).
     """
 
     NATIVE = Backend.NATIVE.value  #: W4A4: FP4 x FP4 block-scaled products, fp32 accumulation
     EMULATION = Backend.EMULATION.value  #: W4A4 fake-quantized in 16 bits, then a 16-bit GEMM
     W4A16 = Backend.W4A16.value  #: weight-only: FP4 weights decoded, 16-bit activations
     W4A8 = "w4a8"  #: FP4 weights, activations quantized per token to FP8 E4M3 (Humming sm_89/90)
+    #: FP4 weights x llama.cpp's CPU Q8_0 activations (int8 per 32, fp16 scale, round half even)
+    Q8_0 = Backend.Q8_0.value
+    #: FP4 weights x Q8_1 activations (int8 per 32, roundf): llama.cpp's CUDA MMQ / MMVQ
+    Q8_1 = "q8_1"
+
+
+class Engine(StrEnum):
+    """An inference engine whose NVFP4 path :func:`nvfp4lab.select_backend` models."""
+
+    VLLM = "vllm"  #: vLLM, release by release (execution/vllm_rules.py, vllm_select.py)
+    #: llama.cpp as llama-cpp-python 0.3.36 vendors it (execution/llama_cpp_rules.py)
+    LLAMA_CPP = "llama.cpp"
 
 
 class VllmPackage(StrEnum):

@@ -103,6 +103,21 @@ def test_hand_computed_memory_bound_case() -> None:
     assert p.flops == 2 * 4096 * 4096
 
 
+def test_llama_cpp_q8_0_path_bytes_and_peak() -> None:
+    with pytest.raises(roofline.NotSupportedError, match=r"'q8_0' .*INT8 .*H100 SXM.*peak_tflops"):
+        roofline.predict("H100 SXM", 1, 4096, 4096, "q8_0")
+    p = roofline.predict("H100 SXM", 1, 4096, 4096, "q8_0", peak_tflops=1979.0)
+    # float32 x read, Q8_1 x written (1.125 B) and read, NVFP4 W (36 B per 64), float32 y
+    nbytes = 4096 * 4 + 2 * 4096 * 1.125 + 4096 * 4096 * 36 / 64 + 4096 * 4
+    assert p.bound == "memory" and p.bytes_moved == nbytes
+    assert p.time_s == pytest.approx(nbytes / (3.35e12 * EFFICIENCY["q8_0"].memory))
+    w4 = roofline.predict("H100 SXM", 1, 4096, 4096, "w4a16")
+    assert p.time_s == pytest.approx(w4.time_s, rel=0.02)  # decode: both stream the FP4 weight
+    quiet = roofline.predict("H100 SXM", 1, 4096, 4096, "q8_0", peak_tflops=1979.0,
+                             quantize_activations=False)
+    assert quiet.bytes_moved == nbytes - 4096 * 4 - 4096 * 1.125
+
+
 def test_hand_computed_compute_bound_case() -> None:
     p = roofline.predict("B200", 8192, 8192, 8192, "native")
     assert p.bound == "compute"
@@ -172,7 +187,8 @@ def test_predict_rejects_bad_arguments(kwargs: dict) -> None:
 
 def test_supported_paths() -> None:
     assert roofline.supported_paths("A100") == ["bf16", "w4a16", "emulation"]
-    assert roofline.supported_paths("B200") == list(PATHS)
+    # q8_0 runs on INT8 math, whose peak the catalogue does not hold
+    assert roofline.supported_paths("B200") == [p for p in PATHS if p != "q8_0"]
     assert roofline.supported_paths("DGX Spark") == ["native"]
 
 

@@ -31,7 +31,8 @@ def test_check_choice_error_wording(bad: object) -> None:
     with pytest.raises(ValueError) as err:
         check_choice("backend", bad, Backend, extra=(AUTO,))
     assert str(err.value) == (
-        f"unknown backend {bad!r}; accepted values: 'auto', 'native', 'emulation', 'w4a16'"
+        f"unknown backend {bad!r}; accepted values: 'auto', 'native', 'emulation', 'w4a16', "
+        "'q8_0'"
     )
 
 
@@ -47,8 +48,8 @@ def test_check_dtype() -> None:
 def test_overlapping_vocabularies_share_one_spelling() -> None:
     from nvfp4lab.vocab import CheckpointFormat, Numerics
 
-    assert [str(m) for m in GemmPath] == ["bf16", "fp8", "native", "w4a16", "emulation"]
-    assert [str(m) for m in Numerics] == ["native", "emulation", "w4a16", "w4a8"]
+    assert [str(m) for m in GemmPath] == ["bf16", "fp8", "native", "w4a16", "emulation", "q8_0"]
+    assert [str(m) for m in Numerics] == ["native", "emulation", "w4a16", "w4a8", "q8_0", "q8_1"]
     for b in Backend:
         assert GemmPath[b.name] == b and Numerics[b.name] == b
     assert [str(m) for m in CheckpointFormat] == ["compressed-tensors", "modelopt", "gguf"]
@@ -56,3 +57,4 @@ def test_overlapping_vocabularies_share_one_spelling() -> None:
     # a container named after its file format (no convention of that name)
     assert all(Convention[f.name] == f for f in CheckpointFormat if f != CheckpointFormat.GGUF)
     assert CheckpointFormat.GGUF.name not in Convention.__members__
+    assert [str(m) for m in vocab.Engine] == ["vllm", "llama.cpp"]

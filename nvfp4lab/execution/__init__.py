@@ -7,8 +7,12 @@ module              holds
 ``vllm_rules``      vLLM's NVFP4 kernel rules by release as data: releases, eras, kernels,
                     their support conditions, the variables, each with its source
 ``vllm_select``     what a given vLLM release picks for an NVFP4 linear layer, era by era
-``gemm``            :func:`linear` on the ``native`` / ``emulation`` / ``w4a16`` backends and
-                    the bias epilogues
+``llama_cpp_rules`` llama.cpp's NVFP4 matmul paths per device as data, with their sources
+                    (``select_backend(engine="llama.cpp")``)
+``gemm``            :func:`linear` on the ``native`` / ``emulation`` / ``w4a16`` / ``q8_0``
+                    backends and the bias epilogues
+``ggml_cpu``        llama.cpp's CPU arithmetic for NVFP4, bit for bit: Q8_0 activations and
+                    ``ggml_vec_dot_nvfp4_q8_0`` (the ``q8_0`` backend)
 ``shared_scales``   the cost of merging the global scales of fused shards (vLLM's ``max``)
 ``layers``          :class:`NVFP4Linear` (compressed-tensors buffer names; optionally
                     Hadamard-rotated, MR-GPTQ)

@@ -31,7 +31,15 @@ nvfp4lab runs its own numerics on three paths (:mod:`nvfp4lab.execution.gemm`):
    Humming's W4A8 (nvfp4lab has no FP8-activation path). Both answers are in every choice:
    nvfp4lab never pretends a kernel exists, and never fails for lack of one.
 
-``NVFP4LAB_BACKEND`` in {auto, native, emulation, w4a16} overrides ``name`` whatever the rules
+**llama.cpp** (``engine="llama.cpp"``): the path llama.cpp (as llama-cpp-python 0.3.36 vendors it)
+takes on the device instead of vLLM's kernel: CPU NVFP4xQ8_0, CUDA MMQ with Q8_1 activations,
+or the Blackwell FP4 MMA on sm_120/121 (:mod:`nvfp4lab.execution.llama_cpp_rules`, with
+``GGML_CUDA_MMQ_PREC``). ``kernel`` / ``numerics`` / ``steps`` then describe llama.cpp's path and
+``name`` is ``q8_0`` (llama.cpp's CPU arithmetic, bit for bit; also the stand-in for Q8_1, the
+same class rounded another way) or, for the FP4 MMA, ``native`` where nvfp4lab can run it and
+``emulation`` elsewhere. ``vllm`` is "" and ``era`` names the llama.cpp release.
+
+``NVFP4LAB_BACKEND`` in {auto, native, emulation, w4a16, q8_0} overrides ``name`` whatever the rules
 say (the vLLM answer is still reported). Under rules that no longer read a variable (e.g.
 ``VLLM_USE_NVFP4_CT_EMULATIONS`` from 0.24.0 on) setting it changes nothing and the reason says
 since when it is ignored and what replaced it.
@@ -51,10 +59,19 @@ from dataclasses import dataclass, field
 import torch
 
 from nvfp4lab import gpus, settings
-from nvfp4lab.execution import vllm_rules, vllm_select
+from nvfp4lab.execution import llama_cpp_rules, vllm_rules, vllm_select
 from nvfp4lab.execution.vllm_rules import parse_emulation_switch
 from nvfp4lab.settings import BACKEND_ENV, EMULATION_ENV, VLLM_ENV_VARS
-from nvfp4lab.vocab import AUTO, Backend, BiasMode, Numerics, Platform, Scheme, check_choice
+from nvfp4lab.vocab import (
+    AUTO,
+    Backend,
+    BiasMode,
+    Engine,
+    Numerics,
+    Platform,
+    Scheme,
+    check_choice,
+)
 
 __all__ = [
     "BACKEND_ENV",
@@ -93,7 +110,9 @@ class BackendChoice:
     ``numerics`` (what that kernel computes), ``bias`` (the :class:`BiasMode` that reproduces its
     bias handling: "output", or "dropped" in 0.9.1's emulation), ``defect`` (a known wrong
     result of that release's path), ``ignored`` (variables set but not read, each a sentence),
-    ``steps`` (the rule steps, each with its source).
+    ``steps`` (the rule steps, each with its source). ``engine``: "vllm", or "llama.cpp" (then
+    ``kernel``, ``numerics``, ``steps`` and ``ignored`` are llama.cpp's, ``vllm`` is "" and
+    ``era`` the llama.cpp release; module docstring).
     """
 
     name: str
@@ -116,6 +135,7 @@ class BackendChoice:
     defect: str | None = None
     ignored: tuple[str, ...] = field(default=())
     steps: tuple[str, ...] = field(default=())
+    engine: str = Engine.VLLM.value
 
     @property
     def supported(self) -> bool:
@@ -341,6 +361,58 @@ def _reason(target: _Target, outcome: vllm_select.Outcome, rel: str, era: str,
     return "; ".join(parts)
 
 
+def _llama_cpp_stand_in(path: llama_cpp_rules.LlamaCppPath, target: _Target) -> tuple[str, str]:
+    """(nvfp4lab backend, note) for llama.cpp's path on the target."""
+    if path.numerics == Numerics.Q8_0:
+        return Backend.Q8_0, ""
+    if path.numerics == Numerics.Q8_1:
+        return Backend.Q8_0, (
+            "nvfp4lab runs q8_0 in its place: the same class (int8 per 32 activations, integer "
+            "dot products) with the CPU's rounding and float order")
+    name = Backend.NATIVE if target.native else Backend.EMULATION
+    return name, (
+        f"nvfp4lab runs {name} in its place: FP4 activations, but with one per-tensor scale and "
+        "amax block scales" + ("" if target.native else f" ({target.why})"))
+
+
+def _llama_cpp_choice(
+    target: _Target, variables: Mapping[str, str], override: str, scheme: str
+) -> BackendChoice:
+    """:func:`select_backend` for ``engine="llama.cpp"``."""
+    outcome = llama_cpp_rules.select(target.platform, target.capability, variables)
+    path = outcome.path
+    name, note = _llama_cpp_stand_in(path, target)
+    parts = [
+        f"{target.subject}: {llama_cpp_rules.RELEASE} takes {path.title}: "
+        f"{path.kernel} ({path.numerics})" + (f", {note}" if note else ""),
+        f"activations: {path.activations}",
+        "rules: " + " → ".join(outcome.steps),
+        *outcome.ignored,
+    ]
+    if override != AUTO:
+        name = override
+        parts.insert(0, f"{BACKEND_ENV}={override} forces it")
+    return BackendChoice(
+        name=str(name),
+        reason="; ".join(parts),
+        device=target.where,
+        capability=target.capability,
+        gpu_name=target.gpu_name,
+        forced=override != AUTO,
+        native_supported=target.native,
+        vllm="",
+        era=llama_cpp_rules.RELEASE,
+        platform=target.platform.value,
+        scheme=Scheme(check_choice("scheme", scheme, Scheme)).value,
+        kernel=path.kernel,
+        numerics=str(path.numerics),
+        bias=BiasMode.OUTPUT.value,
+        ignored=outcome.ignored,
+        steps=outcome.steps,
+        engine=Engine.LLAMA_CPP.value,
+    )
+
+
 def select_backend(
     device: torch.device | str | int | None = None,
     *,
@@ -352,8 +424,10 @@ def select_backend(
     linear_backend: str | None = None,
     scheme: str = Scheme.NVFP4,
     packages: Iterable[str] | None = None,
+    engine: str = Engine.VLLM,
 ) -> BackendChoice:
-    """Choose the NVFP4 linear backend and say what vLLM would do (see the module docstring).
+    """Choose the NVFP4 linear backend and say what vLLM (or llama.cpp) would do (see the module
+    docstring).
 
     ``device``: default ``cuda:0`` when CUDA is available, else CPU. ``capability=(major,
     minor)`` simulates a GPU (the device is then ignored); ``gpu`` names a catalogue GPU instead
@@ -363,11 +437,23 @@ def select_backend(
     vLLM's ``--linear-backend`` (0.22.0+; None = not given). ``scheme``: "NVFP4" (W4A4) or
     "NVFP4A16" (weight-only). ``packages``: the optional packages installed (flashinfer,
     humming, b12x, fbgemm); None = what ``pip install vllm`` of that release brings.
+    ``engine``: "vllm" (default) or "llama.cpp" (llama.cpp's path on the device; ``vllm``,
+    ``linear_backend`` and ``packages`` are vLLM's and must stay None; llama.cpp quantizes
+    activations whatever the ``scheme``).
     Raises ValueError for values vLLM itself rejects (a bad variable the release reads, an
     unknown ``--linear-backend``) and for a bad ``NVFP4LAB_BACKEND``.
     """
     variables = settings.environ(env)
     override = parse_backend_override(variables.get(BACKEND_ENV))
+    if check_choice("engine", engine, Engine) == Engine.LLAMA_CPP:
+        given = [k for k, v in (("vllm", vllm), ("linear_backend", linear_backend),
+                                ("packages", packages)) if v is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} vLLM's; "
+                "engine='llama.cpp' takes none of them: drop them or pass engine='vllm'")
+        return _llama_cpp_choice(_target(device, capability, gpu, platform), variables,
+                                 override, scheme)
     rel = vllm_rules.release(vllm)
     era = vllm_rules.era_of(rel)
     target = _target(device, capability, gpu, platform)

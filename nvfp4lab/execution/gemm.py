@@ -1,4 +1,4 @@
-"""``linear(x, weight, bias)`` with an NVFP4 weight on three execution paths.
+"""``linear(x, weight, bias)`` with an NVFP4 weight on four execution paths.
 
 Shapes: ``x`` is ``[..., K]`` (float32, bfloat16 or float16), ``weight`` an
 :class:`~nvfp4lab.tensor.NVFP4Tensor` of shape ``[N, K]``, ``bias`` ``[N]`` or None. The output
@@ -40,6 +40,17 @@ Backends (``backend="auto"`` asks :func:`nvfp4lab.execution.dispatch.select_back
   a silent fallback). :func:`native_scaled_mm_args` builds the exact arguments, and
   :func:`reference_scaled_mm` evaluates them on any device (a CPU model of the kernel).
 
+``"q8_0"``: llama.cpp's CPU path, bit for bit (:mod:`nvfp4lab.execution.ggml_cpu`)::
+
+    q8, d = quantize_q8_0(x2d.float())                      # int8 per 32, fp16 d, half to even
+    out   = vec_dot_nvfp4_q8_0(codes, scales, q8, d)        # ggml's AVX2 order, float32
+    out   = out * d_w                                       # the <name>.scale sidecar, float32
+    out   = out.to(x.dtype) + bias.to(x.dtype)              # bias_mode="output"
+
+  ``d_w`` is the weight's DECODE tensor scale as :func:`vllm_decode_scale` gives it (the GGUF
+  sidecar). ``input_global_scale`` is not used: llama.cpp quantizes activations per 32 values.
+  K must be a multiple of 64 (llama.cpp's NVFP4 block), the weight's block size 16.
+
 Fused (``fused=``, default None = the ``NVFP4LAB_FUSED`` setting, see :mod:`nvfp4lab.kernels`):
 without a ``dequantized_weight``, the emulation and w4a16 paths of a weight with 16-element blocks
 and K % 16 == 0 decode it with the fused kernel tile by tile inside the GEMM
@@ -71,8 +82,9 @@ import torch.nn.functional as F
 
 from nvfp4lab import kernels, settings
 from nvfp4lab.codec import compute_global_scale, fake_quantize, quantize
-from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.constants import BLOCK_SIZE, GGML_NVFP4_BLOCK
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
+from nvfp4lab.execution import ggml_cpu
 from nvfp4lab.execution.dispatch import native_fp4_status, select_backend
 from nvfp4lab.kernels.linear import EncodedWeight, tiled_matmul
 from nvfp4lab.layout import swizzle_scales, unswizzle_scales
@@ -442,6 +454,29 @@ def _native(
 
 
 # ---------------------------------------------------------------------------------------------
+# llama.cpp's CPU path
+# ---------------------------------------------------------------------------------------------
+
+
+def _llama_cpu(
+    x2d: torch.Tensor, weight: NVFP4Tensor, bias: torch.Tensor | None, bias_mode: str
+) -> torch.Tensor:
+    """Q8_0 activations, ``ggml_vec_dot_nvfp4_q8_0``, the sidecar tensor scale (module
+    docstring); float32 throughout like ggml, then the epilogue in ``x.dtype``."""
+    k = weight.shape[1]
+    if weight.block_size != BLOCK_SIZE or k % GGML_NVFP4_BLOCK:
+        raise ValueError(
+            f"backend={Backend.Q8_0.value!r} runs llama.cpp's NVFP4 blocks (64 values, block "
+            f"scales per {BLOCK_SIZE}); the weight has K={k} and block size {weight.block_size}: "
+            f"K must be a multiple of {GGML_NVFP4_BLOCK} and the block size {BLOCK_SIZE}; use "
+            "backend='emulation' or 'w4a16' for it"
+        )
+    out = ggml_cpu.mul_mat(x2d.to(torch.float32), weight.packed, weight.scales)
+    out = out * vllm_decode_scale(weight).to(device=out.device, dtype=torch.float32)
+    return _epilogue(None, out, bias, bias_mode, x2d.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
 # Public entry point
 # ---------------------------------------------------------------------------------------------
 
@@ -461,9 +496,10 @@ def linear(
 
     ``input_global_scale``: ENCODE convention (2688/amax) for the activations (emulation and
     native); None computes it from this ``x``. ``backend``: "auto" | "native" | "emulation" |
-    "w4a16"; ``bias_mode``: "output" | "fp32" | "dropped". The exact arithmetic of each is in the
-    module docstring. ``dequantized_weight``: ``vllm_dequantize(weight, x.dtype)`` when the
-    caller already holds it (e.g. a cache); used as given by the emulation and w4a16 paths.
+    "w4a16" | "q8_0" (llama.cpp's CPU path); ``bias_mode``: "output" | "fp32" | "dropped". The
+    exact arithmetic of each is in the module docstring. ``dequantized_weight``:
+    ``vllm_dequantize(weight, x.dtype)`` when the caller already holds it (e.g. a cache); used as
+    given by the emulation and w4a16 paths.
     ``fused``: True/False forces the fused kernels on/off for this call, None follows
     ``NVFP4LAB_FUSED`` (module docstring). Raises RuntimeError for ``backend="native"`` off an
     FP4 GPU.
@@ -478,6 +514,8 @@ def linear(
     x2d = x.reshape(-1, k)
     if chosen == Backend.NATIVE:
         out = _native(x2d, weight, bias, input_global_scale, mode)
+    elif chosen == Backend.Q8_0:
+        out = _llama_cpu(x2d, weight, bias, mode)
     else:
         w_dq = dequantized_weight
         if w_dq is None:

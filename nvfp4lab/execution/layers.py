@@ -80,7 +80,8 @@ class NVFP4Linear(nn.Module):
 
     ``backend``: "auto" resolves :func:`~nvfp4lab.execution.dispatch.select_backend` for the input's
     device at EVERY forward (so the environment variables are read per call); a concrete backend
-    pins it. ``bias_mode``: "output" (default) | "fp32" | "dropped" (see ``linear``).
+    pins it ("q8_0" runs llama.cpp's CPU arithmetic). ``bias_mode``: "output" (default) | "fp32"
+    | "dropped" (see ``linear``).
     ``input_global_scale`` None means dynamic: computed from each forward's input.
 
     ``cache_dequantized=True`` keeps the weight as the emulation and w4a16 paths decode it
@@ -349,7 +350,8 @@ class NVFP4Linear(nn.Module):
         """``x [..., K]`` (fp32/bf16/fp16) -> ``[..., N]`` in ``x.dtype`` (a rotated layer
         multiplies ``x Q``)."""
         backend = self._resolve_backend(x)
-        w_dq = self._cached_weight(x.dtype) if backend != Backend.NATIVE else None
+        decodes = backend in (Backend.EMULATION, Backend.W4A16)  # native / q8_0 keep the codes
+        w_dq = self._cached_weight(x.dtype) if decodes else None
         return linear(
             self.rotate_input(x),
             self._gemm_weight(),

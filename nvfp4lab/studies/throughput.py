@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
 __all__ = [
+    "MODELLED_PATHS",
     "REPRESENTATIVE_GPUS",
     "SWITCH_COLUMN",
     "absent_note",
@@ -72,6 +73,14 @@ REPRESENTATIVE_GPUS: tuple[str, ...] = (
     "B300",
     "RTX 5090",
 )
+
+#: The catalogue figure (:class:`nvfp4lab.gpus.GPU` field) whose peak each path runs at.
+_PEAK_FIGURE = {GemmPath.BF16: "bf16_tflops", GemmPath.W4A16: "bf16_tflops",
+                GemmPath.EMULATION: "bf16_tflops", GemmPath.FP8: "fp8_tflops",
+                GemmPath.NATIVE: "nvfp4_tflops"}  # fmt: skip
+#: The paths this study models: those whose peak the catalogue holds (not llama.cpp's q8_0,
+#: which runs on INT8 math; roofline.predict models it given ``peak_tflops``).
+MODELLED_PATHS: tuple[str, ...] = tuple(p for p in PATHS if p in _PEAK_FIGURE)
 
 _EMULATION_ENV = {EMULATION_ENV: "1"}
 #: The column of the seed's switch: the seed's rules (vLLM 0.9.2), since 0.24.0 ignores it.
@@ -178,7 +187,7 @@ def block_frame(
     models: Sequence[str] = ("Llama-3-8B", "Llama-3-70B"),
     gpu_names: Iterable[str] | None = None,
     ms: Sequence[int] | None = None,
-    paths: Sequence[str] = PATHS,
+    paths: Sequence[str] = MODELLED_PATHS,
 ) -> pd.DataFrame:
     """Modeled time of the linear layers of ONE transformer block (q/k/v, o, gate/up, down),
     per GPU, model, path and M (tokens); paths a GPU cannot run are absent."""
@@ -198,7 +207,8 @@ def block_frame(
 
 
 def layer_frame(
-    model: str, gpu_name: str, ms: Sequence[int] | None = None, paths: Sequence[str] = PATHS
+    model: str, gpu_name: str, ms: Sequence[int] | None = None,
+    paths: Sequence[str] = MODELLED_PATHS,
 ) -> pd.DataFrame:
     """Modeled time per linear layer of ``model`` on one GPU (rows: layer, path, M)."""
     import pandas as pd
@@ -214,10 +224,6 @@ def layer_frame(
     return pd.DataFrame(rows)
 
 
-#: The catalogue figure (:class:`nvfp4lab.gpus.GPU` field) whose peak each path runs at.
-_PEAK_FIGURE = {GemmPath.BF16: "bf16_tflops", GemmPath.W4A16: "bf16_tflops",
-                GemmPath.EMULATION: "bf16_tflops", GemmPath.FP8: "fp8_tflops",
-                GemmPath.NATIVE: "nvfp4_tflops"}  # fmt: skip
 
 
 def absent_reason(gpu: str, path: str) -> str | None:
@@ -227,6 +233,8 @@ def absent_reason(gpu: str, path: str) -> str | None:
     p = GemmPath(path)
     if p == GemmPath.NATIVE and not g.native_fp4:
         return f"no FP4 tensor cores, cc {g.capability_str}"
+    if p not in _PEAK_FIGURE:
+        return "INT8 dense peak: not in the catalogue"
     figure = _PEAK_FIGURE[p]
     if getattr(g, figure) is not None:
         return None
@@ -235,7 +243,7 @@ def absent_reason(gpu: str, path: str) -> str | None:
     return f"{figure.split('_')[0].upper()} dense peak: {why}"
 
 
-def absent_note(gpu_names: Iterable[str], paths: Sequence[str] = PATHS) -> str:
+def absent_note(gpu_names: Iterable[str], paths: Sequence[str] = MODELLED_PATHS) -> str:
     """One sentence per GPU naming the paths it lacks and why ("" when none lacks any):
     ``"DGX Spark (GB10): no bf16, w4a16, emulation (BF16 dense peak unpublished)"``."""
     parts = []
@@ -455,7 +463,7 @@ def plot_block_times(
     handles: dict[str, Any] = {}
     for ax, name in zip(axes.flat, gpu_names, strict=False):
         g = sub[sub["gpu"] == gpus.get(name).name]
-        for i, path in enumerate(PATHS):
+        for i, path in enumerate(MODELLED_PATHS):
             d = g[g["path"] == path]
             if not d.empty:
                 (line,) = ax.plot(d["M"], d["time_s"] * 1e6, color=f"C{i}")
@@ -555,7 +563,7 @@ def roofline_table(gpu: str, model: str, m: int) -> pd.DataFrame:
     frame = layer_frame(model, gpu, ms=[m])
     table = frame.pivot(index="layer", columns="path", values="time_s") * 1e6
     layers = [s.layer for s in roofline.linear_shapes(model)]
-    table = table.reindex(index=layers, columns=[p for p in PATHS if p in table.columns])
+    table = table.reindex(index=layers, columns=[p for p in MODELLED_PATHS if p in table.columns])
     counts = {s.layer: s.count for s in roofline.linear_shapes(model)}
     table.loc["block total"] = table.mul(list(counts.values()), axis=0).sum()
     table.columns.name = "path"

@@ -5,7 +5,9 @@ modelled release (:data:`nvfp4lab.execution.vllm_rules.MODELLED_RELEASES`, 0.9.1
 every catalogue GPU (:mod:`nvfp4lab.gpus`) and to the ROCm, XPU and CPU platforms, under a few
 scenarios (the switches people set). Nothing is measured: a row says which kernel vLLM's code
 would pick (or that it picks none), the numerics class of that kernel, what happens to the
-bias, and what nvfp4lab runs in its place. The second part shows the bias bug's modern twin:
+bias, and what nvfp4lab runs in its place. :func:`llama_cpp_rows` puts llama.cpp's path on each
+target beside vLLM's latest kernel (``select_backend(engine="llama.cpp")``). The second part
+shows the bias bug's modern twin:
 :func:`nvfp4lab.execution.shared_scales.merge_error` on seeded q/k/v shards whose global scales
 differ.
 Figures are returned (matplotlib imported inside the ``plot_*`` functions).
@@ -21,14 +23,14 @@ import torch
 
 from nvfp4lab import gpus
 from nvfp4lab.codec import quantize
-from nvfp4lab.execution import vllm_rules
+from nvfp4lab.execution import llama_cpp_rules, vllm_rules
 from nvfp4lab.execution.dispatch import select_backend
 from nvfp4lab.execution.shared_scales import merge_error
 from nvfp4lab.execution.vllm_select import LINEAR_BACKEND_EMULATION
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import BATCH_INVARIANT_ENV, EMULATION_ENV
 from nvfp4lab.studies.explorer import Outputs, explorer, stream_output, table_output
-from nvfp4lab.vocab import BiasMode, CheckpointFormat, Numerics, Platform, Scheme
+from nvfp4lab.vocab import BiasMode, CheckpointFormat, Engine, Numerics, Platform, Scheme
 
 if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
@@ -41,6 +43,7 @@ __all__ = [
     "bias_windows",
     "choice_text",
     "kernel_table",
+    "llama_cpp_rows",
     "merge_demo",
     "platform_rows",
     "plot_merge_error",
@@ -139,6 +142,33 @@ def platform_rows(
         for rel in releases or vllm_rules.MODELLED_RELEASES:
             for sc in scenarios or list(SCENARIOS):
                 rows.append({"target": plat.value, **_row(rel, SCENARIOS[sc], **target)})
+    return rows
+
+
+def llama_cpp_rows(gpu_names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """One row per catalogue GPU (then CPU): vLLM's kernel under its latest modelled release and
+    llama.cpp's path (:mod:`nvfp4lab.execution.llama_cpp_rules`), each with its numerics and
+    what nvfp4lab runs for it, with a clean environment."""
+    targets: list[tuple[str, str, dict[str, Any]]] = [
+        (g.name, g.capability_str, {"capability": g.capability})
+        for g in (gpus.get(n) for n in (gpu_names or list(gpus.CATALOGUE)))
+    ]
+    targets.append((Platform.CPU.value, "", {"device": "cpu", "platform": Platform.CPU}))
+    rows = []
+    for name, capability, where in targets:
+        vllm = select_backend(env={}, **where)
+        llama = select_backend(env={}, engine=Engine.LLAMA_CPP, **where)
+        rows.append({
+            "target": name,
+            "capability": capability,
+            "vLLM kernel": (vllm.kernel or "none").replace("NvFp4LinearKernel", ""),
+            "vLLM numerics": vllm.numerics or "none",
+            "nvfp4lab for vLLM": vllm.name,
+            "llama.cpp path": next(p.title for p in llama_cpp_rules.PATHS
+                                   if p.kernel == llama.kernel),
+            "llama.cpp numerics": llama.numerics,
+            "nvfp4lab for llama.cpp": llama.name,
+        })
     return rows
 
 

@@ -136,7 +136,7 @@ def test_bad_backend_override_values(value: str) -> None:
         select_backend(capability=(10, 0), env={BACKEND_ENV: value})
     msg = str(err.value)
     assert BACKEND_ENV in msg and repr(value) in msg
-    for name in ("auto", "native", "emulation", "w4a16"):
+    for name in ("auto", "native", "emulation", "w4a16", "q8_0"):
         assert name in msg
 
 
@@ -195,6 +195,59 @@ def test_named_gpus() -> None:
         dispatch.capability_of("no such gpu")
     names = [name for name, _ in dispatch.known_gpus()]
     assert any("H100" in n for n in names) and any("B200" in n for n in names)
+
+
+#: llama.cpp's path per catalogue GPU and platform (llama_cpp_rules' module docstring, read from
+#: llama.cpp@0c1e57098): (kernel prefix, numerics, nvfp4lab's backend).
+LLAMA_CPP = {
+    "H100 SXM": ("mul_mat_q<GGML_TYPE_NVFP4> (MMQ", "q8_1", "q8_0"),
+    "B200": ("mul_mat_q<GGML_TYPE_NVFP4> (MMQ", "q8_1", "q8_0"),  # sm_100: no FP4 MMA path
+    "RTX 5090": ("mul_mat_q<GGML_TYPE_NVFP4, GGML_PREC_Q4>", "native", "native"),
+    "DGX Spark": ("mul_mat_q<GGML_TYPE_NVFP4, GGML_PREC_Q4>", "native", "native"),
+}
+
+
+@pytest.mark.parametrize("gpu", list(LLAMA_CPP))
+def test_llama_cpp_engine_per_gpu(gpu: str) -> None:
+    kernel, numerics, name = LLAMA_CPP[gpu]
+    choice = select_backend(gpu=gpu, env={}, engine="llama.cpp")
+    assert choice.kernel.startswith(kernel) and choice.numerics == numerics  # type: ignore[union-attr]
+    assert choice.name == name and choice.engine == "llama.cpp" and choice.vllm == ""
+    assert choice.era.startswith("llama.cpp@0c1e57098") and choice.bias == "output"
+    assert choice.steps and all("." in step or "cc" in step for step in choice.steps)
+    major, minor = dispatch.capability_of(gpu)
+    assert f"ggml cc {100 * major + 10 * minor} (CUDA)" in choice.reason
+
+
+def test_llama_cpp_engine_on_cpu_and_platforms() -> None:
+    cpu = select_backend("cpu", env={}, engine="llama.cpp")
+    assert (cpu.kernel, cpu.numerics, cpu.name) == ("ggml_vec_dot_nvfp4_q8_0", "q8_0", "q8_0")
+    assert "quants.c" in cpu.reason and "vec_dot_type GGML_TYPE_Q8_0" in cpu.reason
+    rocm = select_backend(capability=(9, 4), platform="rocm", env={}, engine="llama.cpp")
+    assert rocm.numerics == "q8_1" and "HIP" in rocm.reason
+    # the FP4 MMA runs only on NVIDIA: a HIP cc in the range still takes MMQ
+    assert select_backend(capability=(12, 0), platform="rocm", env={},
+                          engine="llama.cpp").numerics == "q8_1"
+    with pytest.raises(ValueError, match=r"'xpu' \(ggml-sycl\) is not modelled"):
+        select_backend("cpu", platform="xpu", env={}, engine="llama.cpp")
+    with pytest.raises(ValueError, match=r"vllm, packages are vLLM's"):
+        select_backend("cpu", vllm="0.33.0", packages=(), engine="llama.cpp")
+    with pytest.raises(ValueError, match=r"unknown engine 'sglang'; accepted values: 'vllm'"):
+        select_backend("cpu", engine="sglang")
+
+
+def test_llama_cpp_engine_reads_its_variable() -> None:
+    q8 = select_backend(gpu="RTX 5090", env={"GGML_CUDA_MMQ_PREC": "Q8"}, engine="llama.cpp")
+    assert q8.numerics == "q8_1" and q8.name == "q8_0" and not q8.ignored
+    q4 = select_backend(gpu="H100", env={"GGML_CUDA_MMQ_PREC": "q4"}, engine="llama.cpp")
+    assert q4.numerics == "q8_1" and "q4 has no effect" in q4.ignored[0]
+    odd = select_backend(gpu="RTX 5090", env={"GGML_CUDA_MMQ_PREC": "fast"}, engine="llama.cpp")
+    assert odd.numerics == "native" and "keeps auto" in odd.ignored[0]
+    forced = select_backend(gpu="H100", env={BACKEND_ENV: "w4a16"}, engine="llama.cpp")
+    assert forced.name == "w4a16" and forced.forced and forced.numerics == "q8_1"
+    # without FP4 in torch the FP4 MMA's stand-in is the emulation
+    spark = select_backend(gpu="DGX Spark", env={}, engine="llama.cpp")
+    assert spark.name == ("native" if spark.native_supported else "emulation")
 
 
 def test_choice_is_frozen() -> None:

@@ -198,6 +198,9 @@ def test_absent_paths_are_named_with_their_reason() -> None:
     note = tp.absent_note([spark, l40s, "B200"])
     assert "DGX Spark (GB10): no bf16, w4a16, emulation (BF16 dense peak: unpublished)" in note
     assert "L40S: no native (no FP4 tensor cores, cc 8.9)" in note and "B200" not in note
+    # llama.cpp's q8_0 path runs on INT8 math: not among the paths this study models
+    assert "q8_0" not in tp.MODELLED_PATHS
+    assert tp.absent_reason("B200", "q8_0") == "INT8 dense peak: not in the catalogue"
     # the explorer's caption says which columns are absent and why
     caption = tp.roofline_caption(spark, "Llama-3-8B", 16)
     table = tp.roofline_table(spark, "Llama-3-8B", 16)

@@ -69,6 +69,21 @@ def test_platform_rows() -> None:
         assert forced["kernel"] == "EmulationNvFp4LinearKernel"
 
 
+def test_llama_cpp_rows_sit_beside_vllm() -> None:
+    rows = tl.llama_cpp_rows(["H100 SXM", "B200", "RTX 5090"])
+    by = {r["target"]: r for r in rows}
+    assert list(by) == ["H100 SXM", "B200", "RTX 5090", "cpu"]
+    # B200: vLLM's FP4 kernel, llama.cpp's MMQ with Q8_1 activations (its FP4 MMA is sm_120's)
+    assert by["B200"]["vLLM numerics"] == "native" and by["B200"]["llama.cpp numerics"] == "q8_1"
+    assert by["B200"]["llama.cpp path"] == "CUDA MMQ NVFP4xQ8_1"
+    assert by["B200"]["nvfp4lab for llama.cpp"] == "q8_0"
+    assert by["RTX 5090"]["llama.cpp path"] == "Blackwell native FP4 MMA"
+    assert by["H100 SXM"]["vLLM kernel"] == "Humming"
+    cpu = by["cpu"]
+    assert cpu["vLLM kernel"] == "none" and cpu["llama.cpp path"] == "CPU NVFP4xQ8_0"
+    assert cpu["nvfp4lab for llama.cpp"] == "q8_0" and cpu["capability"] == ""
+
+
 def test_merge_demo_is_exact() -> None:
     rows = tl.merge_demo(seed=1, k=64)
     by = {(r["format"], r["shard"]): r for r in rows}
