@@ -32,7 +32,7 @@ from nvfp4lab.execution.gemm import vllm_dequantize
 from nvfp4lab.tensor import NVFP4Tensor
 from nvfp4lab.vocab import CheckpointFormat, check_choice
 
-__all__ = ["ShardMergeError", "decode_with", "merge_error", "merged_decode_scale"]
+__all__ = ["MERGED_FORMATS", "ShardMergeError", "decode_with", "merge_error", "merged_decode_scale"]
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,19 @@ def _decode_scale(t: NVFP4Tensor) -> torch.Tensor:
     return torch.reciprocal(t.global_scale.to(torch.float32).reshape(1))
 
 
+#: The checkpoint formats whose fused q/k/v and gate/up shards vLLM merges into one scale (GGUF
+#: is run by llama.cpp, which keeps one tensor scale per tensor).
+MERGED_FORMATS: tuple[CheckpointFormat, ...] = (
+    CheckpointFormat.COMPRESSED_TENSORS,
+    CheckpointFormat.MODELOPT,
+)
+
+
 def merged_decode_scale(shards: Mapping[str, NVFP4Tensor], fmt: str) -> torch.Tensor:
     """The one decode scale vLLM keeps for fused ``shards`` of checkpoint format ``fmt``:
     compressed-tensors ``1 / max(encode)``, ModelOpt ``max(decode)`` (float32 ``[1]``)."""
     form = check_choice("checkpoint format", fmt, CheckpointFormat)
-    if form not in (CheckpointFormat.COMPRESSED_TENSORS, CheckpointFormat.MODELOPT):
+    if form not in MERGED_FORMATS:
         raise ValueError(
             f"checkpoint format {form.value!r} is not merged: llama.cpp, which runs it, keeps "
             "one tensor scale per tensor; vLLM's merge applies to "

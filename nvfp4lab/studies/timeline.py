@@ -25,12 +25,12 @@ from nvfp4lab import gpus
 from nvfp4lab.codec import quantize
 from nvfp4lab.execution import llama_cpp_rules, vllm_rules
 from nvfp4lab.execution.dispatch import select_backend
-from nvfp4lab.execution.shared_scales import merge_error
+from nvfp4lab.execution.shared_scales import MERGED_FORMATS, merge_error
 from nvfp4lab.execution.vllm_select import LINEAR_BACKEND_EMULATION
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import BATCH_INVARIANT_ENV, EMULATION_ENV
 from nvfp4lab.studies.explorer import Outputs, explorer, stream_output, table_output
-from nvfp4lab.vocab import BiasMode, CheckpointFormat, Engine, Numerics, Platform, Scheme
+from nvfp4lab.vocab import BiasMode, Engine, Numerics, Platform, Scheme
 
 if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
@@ -259,7 +259,7 @@ def merge_demo(
 ) -> list[dict[str, Any]]:
     """Seeded q/k/v shards (``[n, k]`` each, N(0,1) rescaled to the given ``amax``, each
     quantized with its own global scale) and activations ``[m, k]``: the exact cost of vLLM's
-    max-merge per shard, for both checkpoint formats (rows of :func:`merge_error`)."""
+    max-merge per shard, for both checkpoint formats vLLM merges (rows of :func:`merge_error`)."""
     amax = dict(amax or {"q_proj": 1.0, "k_proj": 2.0, "v_proj": 4.0})
     g = torch.Generator().manual_seed(seed)
     shards = {}
@@ -268,7 +268,7 @@ def merge_demo(
         shards[name] = quantize(w / w.abs().max() * a)
     x = torch.randn(m, k, generator=g)
     rows = []
-    for fmt in CheckpointFormat:
+    for fmt in MERGED_FORMATS:
         for r in merge_error(shards, fmt, activations=x):
             rows.append({"format": fmt.value, "amax": amax[r.shard], **r.as_dict()})
     return rows
