@@ -1,4 +1,5 @@
-"""Benchmarks: the timing helper, the results store, the runner, peers and ``nvfp4lab bench``.
+"""Benchmarks: the timing helper, the results store, the runner, peers, a whole model and
+``nvfp4lab bench``.
 
 ===========  ==================================================================================
 module       holds
@@ -7,6 +8,7 @@ module       holds
 ``store``    the one results store: ``results/<machine>.csv`` shards (write and read)
 ``runner``   the measured ops on a grid of shapes (:func:`run_bench`)
 ``peers``    compressed-tensors / torchao quantize timed beside nvfp4lab's
+``model``    SmolLM2's forward pass, float / W4A16 / W4A4 (``nvfp4lab bench --model``)
 ``command``  ``nvfp4lab bench``: options, validation, output
 ===========  ==================================================================================
 
