@@ -134,7 +134,10 @@ def _tiled(a: torch.Tensor, w: EncodedWeight, fp32: bool, rows: int) -> torch.Te
     for part in balanced(n, rows):
         tile = buf[: part.stop - part.start]
         decoder(part.start, part.stop, tile)
-        out[:, part] = _product(a, tile, fp32)
+        if fp32:
+            out[:, part] = _product(a, tile, fp32)
+        else:  # straight into the output's columns: no temporary, no copy
+            torch.matmul(a, tile.T, out=out[:, part])
     return out
 
 
