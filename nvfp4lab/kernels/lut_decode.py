@@ -13,9 +13,10 @@ this module (package data).
 
 Build. The first use on a machine builds it with :func:`torch.utils.cpp_extension.load` (the C++
 compiler inductor needs too, and ninja) into ``<cache>/cpp/lut_decode-<source hash>`` under
-:func:`nvfp4lab.settings.cache_root` (~2 s; other processes wait on cpp_extension's lock file);
-a later process finds the library there and loads it with :mod:`ctypes` in milliseconds. The
-kernel includes no torch header: it is plain C ABI (pointers, sizes, the float32 tensor scale).
+:func:`nvfp4lab.settings.cache_root` (0.9 s on the 2-core CPU; other processes wait on
+cpp_extension's lock file); a later process finds the library there and loads it with
+:mod:`ctypes` in under a millisecond. The kernel includes no torch header: it is plain C ABI
+(pointers, sizes, the float32 tensor scale).
 When it cannot be built (no compiler, no ninja, a build error) :func:`available` is False, ONE
 WARNING line on the ``nvfp4lab.kernels`` logger says why, and callers decode with the compiled
 graph or eagerly (:func:`nvfp4lab.kernels.fused_route` decides).
