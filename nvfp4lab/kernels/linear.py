@@ -4,8 +4,8 @@
 ``W = decode(w)`` [N, K] (in ``a.dtype``), without ever holding W whole: ``tile_rows`` rows of W at
 a time are decoded into one reused buffer and multiplied by torch, ``out[:, n0:n1] = a @
 W_tile.T``. The decode (:func:`decode`, :func:`row_decoder`) is the C++ LUT kernel on a CPU where
-it is built (:mod:`nvfp4lab.kernels.lut_decode`: tiles of :data:`LUT_TILE_BYTES`, about one L2
-cache, and at least :data:`LUT_MIN_ROWS` rows), else the compiled graph
+it is built (:mod:`nvfp4lab.kernels.lut_decode`: tiles of :data:`LUT_TILE_BYTES` per thread,
+half an L2 cache, and at least :data:`LUT_MIN_ROWS` rows), else the compiled graph
 (:func:`nvfp4lab.kernels.compiled.decode`, CUDA or a CPU without the LUT kernel: tiles of
 :data:`TILE_BYTES`). ``fp32=True`` multiplies float32 copies of ``a`` and of the decoded tile, as
 the linear's ``bias_mode="fp32"`` does.
@@ -48,13 +48,14 @@ __all__ = [
 #: (the buffer comes back from the heap on later calls, no page faults) and L3-resident while its
 #: GEMM reads it. 16 MiB (2048 rows of bf16 at K=4096) measured fastest on the 2-core CPU at M=16.
 TILE_BYTES: int = 16 << 20
-#: Bytes of decoded weight per tile with the C++ LUT decode (the CPU), and its fewest rows: about
-#: one core's L2 (2 MiB here), so the GEMM reads the tile the decode has just written from cache,
-#: but never under 128 rows (each tile costs a library call and a GEMM call, ~10-30 us together).
-#: Measured on the 2-core CPU (bf16, one thread, M = 1 and 16, this thread's CPU time): 128-256
-#: rows best at K = 4096 (1-2 MiB) and at K = 14336 (3.5-7 MiB); 64 rows 10-20 % slower,
-#: 1024 rows 5-40 % slower.
-LUT_TILE_BYTES: int = 2 << 20
+#: Bytes of decoded weight per tile and thread with the C++ LUT decode (the CPU), and its fewest
+#: rows: half a core's L2 (2 MiB here) per thread, so each thread's share of the tile stays in its
+#: cache between the decode that writes it and the GEMM that reads it, but never under 128 rows
+#: (each tile costs a library call and a GEMM call, ~10-30 us together). Measured on the 2-core
+#: CPU (bf16, one thread, M = 1 and 16, interleaved with F.linear, this thread's CPU time): 1 MiB
+#: 5-10 % faster than 2 MiB at K = 4096, 64-row tiles slower at K = 14336, 1024 rows 5-40 %
+#: slower.
+LUT_TILE_BYTES: int = 1 << 20
 LUT_MIN_ROWS: int = 128
 
 _VERDICTS: dict[tuple[object, ...], int] = {}
@@ -146,15 +147,16 @@ def tiled_matmul(
 ) -> torch.Tensor:
     """``torch.matmul(a, decode(w).T)`` for ``a`` [M, K] (fp32/bf16/fp16) and the weight ``w``
     [N, K] decoded to ``a.dtype``: [M, N] in ``a.dtype`` (float32 when ``fp32``), with the weight
-    decoded ``tile_bytes`` (default :data:`LUT_TILE_BYTES`, at least :data:`LUT_MIN_ROWS` rows,
-    with the LUT decode, else :data:`TILE_BYTES`) at a time (see the module docstring for the
-    exactness check)."""
+    decoded ``tile_bytes`` (default :data:`LUT_TILE_BYTES` per torch thread, at least
+    :data:`LUT_MIN_ROWS` rows, with the LUT decode, else :data:`TILE_BYTES`) at a time (see the
+    module docstring for the exactness check)."""
     n, k = w.packed.shape[0], w.packed.shape[1] * 2
     row_bytes = max(1, k * a.element_size())
     if tile_bytes is not None:
         rows = max(3, tile_bytes // row_bytes)
     elif lut_decode.usable(w.packed.device):
-        rows = max(3, LUT_MIN_ROWS, LUT_TILE_BYTES // row_bytes)
+        per_tile = LUT_TILE_BYTES * torch.get_num_threads()
+        rows = max(3, LUT_MIN_ROWS, per_tile // row_bytes)
     else:
         rows = max(3, TILE_BYTES // row_bytes)
     if n <= rows:

@@ -31,6 +31,12 @@ constexpr int kFloat32 = 0;
 constexpr int kBFloat16 = 1;
 constexpr int kFloat16 = 2;
 
+// Codes are prefetched this many bytes ahead (128 blocks; their scale bytes 128 ahead): the
+// hardware's stream prefetch alone left the gather waiting on memory (measured on one core: a
+// 4096 x 4096 weight's 16.8 M elements decoded right after a GEMM in 1.73 ms without, 1.33-1.51
+// ms with 1-2 KiB; 3-4 KiB no better).
+constexpr int64_t kPrefetchBytes = 1024;
+
 // E2M1 values by code: index 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign (code 8: -0.0).
 const float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -128,6 +134,17 @@ void build_table(float t, int rule, int dtype, Table* table) {
   table->valid = true;
 }
 
+// Prefetch the codes and scales kPrefetchBytes ahead of block b, once per 8 blocks (a line).
+// Always inlined: called, a function holding only prefetches counts as free of side effects and
+// GCC drops the call.
+__attribute__((always_inline)) inline void prefetch_ahead(const uint8_t* packed,
+                                                          const uint8_t* scales, int64_t b) {
+  if ((b & 7) == 0) {
+    __builtin_prefetch(packed + 8 * b + kPrefetchBytes, 0, 3);
+    __builtin_prefetch(scales + b + kPrefetchBytes / 8, 0, 3);
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // Scalar gather (any CPU; also the tail of the vector loops)
 // ------------------------------------------------------------------------------------------
@@ -165,6 +182,7 @@ __attribute__((target("avx2"))) void gather16_avx2(const uint8_t* packed, const 
   const __m128i nibble = _mm_set1_epi8(0x0F);
   int64_t b = b0;
   for (; b + 2 <= b1; b += 2) {
+    prefetch_ahead(packed, scales, b);
     // Bytes of blocks b and b+1; their codes, one block per 128-bit lane.
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + 8 * b));
     const __m128i lo = _mm_and_si128(bytes, nibble);
@@ -195,6 +213,7 @@ __attribute__((target("avx2"))) void gather32_avx2(const uint8_t* packed, const 
                                                    int64_t b0, int64_t b1, const Table* table,
                                                    float* out) {
   for (int64_t b = b0; b < b1; ++b) {
+    prefetch_ahead(packed, scales, b);
     const __m128i codes = codes_of(packed, b);
     const float* row = table->f32 + 16 * static_cast<int64_t>(scales[b]);
     const __m256 first8 = _mm256_load_ps(row);
@@ -227,6 +246,7 @@ __attribute__((target("avx512f,avx512bw"))) void gather16_avx512(const uint8_t* 
                                           0, 0, 0, 0, 0, 0, 0);
   int64_t b = b0;
   for (; b + 2 <= b1; b += 2) {
+    prefetch_ahead(packed, scales, b);
     // One dword per byte of blocks b, b+1 (the byte in bits 0..7); shifted by 12 its high nibble
     // sits in bits 16..19. Kept: bits 0..3 of the first (the low nibble: word 2j, element 2j)
     // and bits 16..19 of the second (word 2j+1, element 2j+1), in one ternary-logic step.
@@ -251,6 +271,7 @@ __attribute__((target("avx512f,avx512bw"))) void gather32_avx512(const uint8_t* 
                                                                  const Table* table, float* out) {
   const __m128i nibble = _mm_set1_epi8(0x0F);
   for (int64_t b = b0; b < b1; ++b) {
+    prefetch_ahead(packed, scales, b);
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + 8 * b));
     const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(bytes, nibble),
                                             _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble));
