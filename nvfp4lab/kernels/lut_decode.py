@@ -28,6 +28,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import platform
 import time
 import warnings
 from pathlib import Path
@@ -56,6 +57,7 @@ ISAS: tuple[str, ...] = ("scalar", "avx2", "avx512")
 _NAME = "nvfp4lab_lut_decode"
 _FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
 _STAMP = "built.ok"
+_X86_64 = ("x86_64", "amd64")
 #: A build lock older than this was left by a process that died while building: removed.
 _STALE_LOCK_S = 600.0
 _RULES = {DecodeRule.SCALE_OVER_ENCODE: 0, DecodeRule.SCALE_TIMES_DECODE: 1}
@@ -122,6 +124,8 @@ def _open(path: Path) -> ctypes.CDLL:
 def _library() -> ctypes.CDLL | None:
     """The loaded library, built on first use; None (one WARNING line) when it cannot be."""
     try:
+        if platform.machine().lower() not in _X86_64:
+            raise RuntimeError(f"an x86-64 kernel, this CPU is {platform.machine() or 'unknown'}")
         folder = build_dir()
         built = folder / f"{_NAME}.so"
         if not ((folder / _STAMP).exists() and built.exists()):
@@ -230,8 +234,14 @@ def decode(
     packed = packed.contiguous()
     raw = scales.view(torch.uint8).contiguous()
     nblocks = raw.numel()
+    shape = (*packed.shape[:-1], packed.shape[-1] * 2)
     if out is None:
-        out = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=dtype)
+        out = torch.empty(shape, dtype=dtype)
+    elif out.dtype != dtype or not out.is_contiguous() or out.numel() != 2 * packed.numel():
+        raise ValueError(
+            f"out must be a contiguous {dtype} tensor of {2 * packed.numel()} elements (shape "
+            f"{shape}), got {out.dtype} {tuple(out.shape)}"
+        )
     if nblocks == 0:
         return out
     t = tensor_scale.item() if tensor_scale.dtype == torch.float32 else float(tensor_scale)

@@ -116,6 +116,22 @@ def test_row_decoder_rows_and_views() -> None:
     assert_same(got, eager(wide.contiguous(), w.scales.view(torch.uint8), t, rule, torch.float16))
     empty = lut_decode.decode(w.packed[:0], w.scales[:0], t, torch.float32, rule=rule)
     assert empty.shape == (0, 96)
+    for bad in (torch.empty(40, 96), torch.empty(96, 40, dtype=torch.float16).T):
+        with pytest.raises(ValueError, match=r"out must be a contiguous torch\.float16"):
+            lut_decode.decode(w.packed, w.scales, t, torch.float16, rule=rule, out=bad)
+
+
+def test_other_cpus_say_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(lut_decode.platform, "machine", lambda: "aarch64")
+    lut_decode._library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="nvfp4lab.kernels"):
+            assert not lut_decode.available()
+        assert "an x86-64 kernel, this CPU is aarch64" in caplog.records[0].getMessage()
+    finally:
+        lut_decode._library.cache_clear()
 
 
 def test_build_dir_is_under_the_cache_root(
