@@ -14,7 +14,8 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
 * ``GGML_CUDA_MMQ_PREC`` — llama.cpp's q4 | q8 | auto: the activation precision of its CUDA
   MMQ (read by ``select_backend(engine="llama.cpp")``,
   :mod:`nvfp4lab.execution.llama_cpp_rules`).
-* ``NVFP4LAB_CACHE`` / ``XDG_CACHE_HOME`` — where packaged models are extracted.
+* ``NVFP4LAB_CACHE`` / ``XDG_CACHE_HOME`` — nvfp4lab's cache directory (:func:`cache_root`):
+  packaged models extracted, the C++ decode kernel built (read at every call).
 * ``NVFP4LAB_FUSED`` — auto | on | off: when quantize / fake_quantize / dequantize / linear run
   the fused compiled kernels of :mod:`nvfp4lab.kernels` (read by :func:`fused_mode` at every
   call; unset = auto).
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from nvfp4lab.vocab import FusedMode, check_choice
@@ -51,6 +53,7 @@ __all__ = [
     "TEXT_PROGRESS_ENV",
     "THREADS_ENV",
     "VLLM_ENV_VARS",
+    "cache_root",
     "environ",
     "fused_mode",
     "text_progress",
@@ -91,6 +94,16 @@ VLLM_ENV_VARS: tuple[str, ...] = (
 def environ(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
     """``env`` when given, else the live ``os.environ`` (read at call time, never cached)."""
     return os.environ if env is None else env
+
+
+def cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """nvfp4lab's cache directory: ``$NVFP4LAB_CACHE``, else ``$XDG_CACHE_HOME/nvfp4lab``,
+    else ``~/.cache/nvfp4lab`` (``env`` defaults to ``os.environ``; nothing is created)."""
+    env = environ(env)
+    if env.get(CACHE_ENV):
+        return Path(env[CACHE_ENV]).expanduser()
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "nvfp4lab"
 
 
 def fused_mode(env: Mapping[str, str] | None = None) -> FusedMode:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +120,13 @@ def test_every_report_notebook_takes_its_threads_from_settings() -> None:
                 if c["cell_type"] == "code"]
         assert sum("settings.use_torch_threads()" in c for c in code) == 1, path.name
         assert not any("set_num_threads" in c for c in code), path.name
+
+
+def test_cache_root_resolution(tmp_path: Path) -> None:
+    """``NVFP4LAB_CACHE``, else ``XDG_CACHE_HOME``/nvfp4lab, else ~/.cache/nvfp4lab (models and
+    the C++ decode kernel share it)."""
+    assert settings.cache_root({"NVFP4LAB_CACHE": str(tmp_path / "a")}) == tmp_path / "a"
+    xdg = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert settings.cache_root(xdg) == tmp_path / "xdg" / "nvfp4lab"
+    assert settings.cache_root({"NVFP4LAB_CACHE": "", **xdg}) == tmp_path / "xdg" / "nvfp4lab"
+    assert settings.cache_root({}) == Path.home() / ".cache" / "nvfp4lab"

@@ -1,16 +1,7 @@
-"""Benchmarks: the timing helper, the results store, the runner, peers and ``nvfp4lab bench``.
+"""Benchmarks: the timing helper, the results store, the runner, peers, a whole model and
+``nvfp4lab bench``.
 
-=============  ================================================================================
-module         holds
-=============  ================================================================================
-``timing``     the one timing helper (median and IQR; CUDA events on a GPU; ``stopwatch``)
-``store``      the one results store: ``results/<machine>.csv`` shards (write and read)
-``runner``     the measured ops on a grid of shapes (:func:`run_bench`)
-``peers``      compressed-tensors / torchao quantize timed beside nvfp4lab's
-``llama_cpp``  llama.cpp's CPU tokens/s on an NVFP4 GGUF beside nvfp4lab's ``q8_0`` emulation
-``command``    ``nvfp4lab bench``: options, validation, output
-=============  ================================================================================
-
+=============  =========================================================================
 A new measured op goes into ``runner`` (its case and closure); a new peer into ``peers``.
 """
 

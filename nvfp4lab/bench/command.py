@@ -22,6 +22,7 @@ from nvfp4lab.bench.llama_cpp import (
     generation_rows,
     run_generation,
 )
+from nvfp4lab.bench.model import FLOAT_IMPL, MODEL_NAME, forward_rows, run_forward
 from nvfp4lab.bench.peers import PeerResult, peer_rows, run_peers
 from nvfp4lab.bench.runner import (
     LINEAR_BACKENDS,
@@ -104,6 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --llama-cpp: an NVFP4 GGUF file of SmolLM2 to use (default: nvfp4lab writes "
         "one to a temporary folder)",
+    )
+    parser.add_argument(
+        "--model",
+        action="store_true",
+        help="time SmolLM2's forward pass (512 tokens; --quick 128) float, W4A16 and W4A4 "
+        "instead (needs the [llm] extra)",
     )
     parser.add_argument("--no-save", action="store_true", help="measure but write no CSV")
 
@@ -304,6 +311,16 @@ class _LlamaPlan:
     path: Path | None
 
 
+@dataclass(frozen=True)
+class _ModelPlan:
+    tokens: int
+    dtypes: list[str]
+    device: str
+    warmup: int
+    repeats: int
+    path: Path | None
+
+
 def _llama_plan(args: argparse.Namespace) -> _LlamaPlan:
     """Validated ``--llama-cpp`` settings (ValueError naming a bad value and the fix)."""
     if resolve_device(args.device) != "cpu":
@@ -354,6 +371,52 @@ def _run_llama_cli(plan: _LlamaPlan, seed: int) -> int:
     return 0
 
 
+def _model_plan(args: argparse.Namespace) -> _ModelPlan:
+    """Validated ``--model`` settings (ValueError naming a bad value and the fix)."""
+    tokens = 16 if args.tiny else (128 if args.quick else 512)
+    dtypes = _split(args.dtypes) or ["float32"]
+    for d in dtypes:
+        bench_dtype(d)
+    device = resolve_device(args.device)
+    short = args.quick or args.tiny
+    repeats = args.repeats if args.repeats is not None else (1 if args.tiny else 3 if short else 5)
+    warmup = args.warmup if args.warmup is not None else 1
+    check_timing(warmup, repeats)
+    path = None if args.no_save else shard_path(args.out, device)
+    if path is not None:
+        check_shard(path)
+    return _ModelPlan(tokens, dtypes, device, warmup, repeats, path)
+
+
+def _run_model_cli(plan: _ModelPlan, seed: int) -> int:
+    import torch
+
+    from nvfp4lab.bench.store import load_average
+
+    for dtype in plan.dtypes:
+        results = run_forward(
+            tokens=plan.tokens, dtype=dtype, device=plan.device, warmup=plan.warmup,
+            repeats=plan.repeats,
+        )
+        base = next(r.timing.median_s for r in results if r.impl == FLOAT_IMPL)
+        print(
+            f"{MODEL_NAME} forward of {plan.tokens} tokens on {plan.device} "
+            f"({torch.get_num_threads()} thread(s)), {dtype}, same process, interleaved, "
+            f"load {load_average() or '?'}; x float = time / the float model's"
+        )
+        print(f"{'impl':<11} {'path':<8} {'median':>11} {'IQR':>10} {'tokens/s':>9} {'x float':>8}")
+        for r in results:
+            print(
+                f"{r.impl:<11} {r.path or '-':<8} {_fmt_time(r.timing.median_s)} "
+                f"{r.timing.spread_s * 1e3:8.1f}ms {r.tokens_per_s:9.1f} "
+                f"{r.timing.median_s / base:7.2f}x"
+            )
+        if plan.path is not None:
+            n = append_rows(plan.path, forward_rows(results, environment(plan.device), seed))
+            print(f"appended {n} rows to {plan.path}")
+    return 0
+
+
 def _fail(message: object) -> int:
     print(f"nvfp4lab bench: {message}", file=sys.stderr)
     return 2
@@ -375,11 +438,15 @@ def run_cli(args: argparse.Namespace) -> int:
     for k, v in vars(defaults).items():
         if not hasattr(args, k):
             setattr(args, k, v)
-    if args.peers and args.llama_cpp:
-        return _fail("--peers and --llama-cpp are two different runs; pass one of them")
+    chosen = [flag for flag, on in (("--peers", args.peers), ("--llama-cpp", args.llama_cpp),
+                                    ("--model", args.model)) if on]
+    if len(chosen) > 1:
+        return _fail(f"{' and '.join(chosen)} are different runs; pass one of them")
     try:
         if args.llama_cpp:
             llama = _llama_plan(args)
+        elif args.model:
+            model_plan = _model_plan(args)
         elif args.peers:
             plan = _peers_plan(args)
         else:
@@ -394,6 +461,11 @@ def run_cli(args: argparse.Namespace) -> int:
             return _run_llama_cli(llama, args.seed)
         except ImportError as exc:
             return _fail(f"{exc} (--llama-cpp needs the [llm] extra: SmolLM2 and gguf)")
+    if args.model:
+        try:
+            return _run_model_cli(model_plan, args.seed)
+        except ImportError as exc:
+            return _fail(f"{exc} (--model needs the [llm] extra: SmolLM2, gguf and accelerate)")
     if args.peers:
         try:
             return _run_peers_cli(plan, args.seed)
@@ -435,7 +507,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``nvfp4lab bench [--quick] [--out FILE|DIR] [--shapes …] [--backends …] [--peers]
-    [--llama-cpp [--gguf FILE]]``."""
+    [--llama-cpp [--gguf FILE]] [--model]``."""
     parser = argparse.ArgumentParser(
         prog="nvfp4lab bench", description="benchmark NVFP4 ops and append results to results/"
     )

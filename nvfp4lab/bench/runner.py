@@ -11,14 +11,16 @@ Measures, over shapes ``M x N x K`` (``y[M, N] = x[M, K] @ W[N, K]^T``):
   + written) and ``copy_fraction`` (copy time / op time: 0.1 = ten times slower than ``copy_``);
   the op allocates its result, ``copy_`` does not (a fresh output of 32 MiB or more costs page
   faults: ``x.clone()`` alone is ~3x ``copy_`` on the 2-core CPU);
-- ``linear`` per NVFP4 backend (``emulation``, ``w4a16`` on each path; ``native`` where the
-  device has FP4 tensor cores) without a cached dequantized weight, and the plain 16-bit
-  ``matmul`` baseline (``torch.nn.functional.linear`` on the unquantized weight), with a derived
-  ``tflop_s`` (10^12 FLOP/s of 2·M·N·K).
+- ``linear`` per NVFP4 backend (``emulation``, ``w4a16`` on each path, and on the ``default``
+  path: ``fused=None``, what a user gets with default settings, the C++ LUT decode on a CPU where
+  it is built; ``native`` where the device has FP4 tensor cores) without a cached dequantized
+  weight, and the plain 16-bit ``matmul`` baseline (``torch.nn.functional.linear`` on the
+  unquantized weight), with a derived ``tflop_s`` (10^12 FLOP/s of 2·M·N·K).
 
 Every row is timed by :func:`nvfp4lab.bench.timing.time_fn` (median and interquartile range) on
-fresh, seeded ``randn`` inputs (never zeros); a fused case is called once before (compilation and
-the fused linear's exactness check are not timed); rows go to :mod:`nvfp4lab.bench.store`.
+fresh, seeded ``randn`` inputs (never zeros); a fused or default case is called once before
+(compilation, the LUT kernel's first load and the tiled linear's exactness check are not timed);
+rows go to :mod:`nvfp4lab.bench.store`.
 """
 
 from __future__ import annotations
@@ -59,8 +61,11 @@ OPS: tuple[str, ...] = ("copy", "quantize", "dequantize", "fake_quantize", "line
 ELEMENTWISE_OPS: tuple[str, ...] = ("quantize", "dequantize", "fake_quantize")
 #: NVFP4 linear backends the harness knows (``matmul`` is the 16-bit baseline).
 LINEAR_BACKENDS: tuple[str, ...] = (Backend.EMULATION, Backend.W4A16, Backend.NATIVE)
-#: nvfp4lab's two pipelines (``fused=False`` / ``fused=True``); ``--paths`` picks a subset.
-PATHS: tuple[str, ...] = ("eager", "fused")
+#: nvfp4lab's pipelines: ``fused=False`` / ``fused=True`` / ``fused=None`` (the default
+#: settings); ``--paths`` picks a subset.
+PATHS: tuple[str, ...] = ("eager", "fused", "default")
+#: The ``fused=`` argument of each path.
+_FUSED_ARG: dict[str, bool | None] = {"eager": False, "fused": True, "default": None}
 
 _SHAPE_RE = re.compile(r"^\s*(\d+)\s*[xX*,]\s*(\d+)\s*[xX*,]\s*(\d+)\s*$")
 
@@ -210,9 +215,10 @@ def _weight_cases(cfg: BenchConfig, N: int, K: int, dtype: str) -> list[_Case]:
     cases = copies if ops or "copy" in cfg.ops else []
     for op in ops:
         for conv in map(str, Convention) if op == "quantize" else (str(Convention.KERNEL),):
-            # orders the fused graphs do not implement (modelopt, llama.cpp): eager only
+            # orders the fused graphs do not implement (modelopt, llama.cpp): eager only;
+            # default rows: linear only
             fusable = supports(ORDERS[Convention(conv)])
-            paths = [p for p in cfg.paths if p == "eager" or fusable]
+            paths = [p for p in cfg.paths if p != "default" and (p == "eager" or fusable)]
             cases += [_Case(op, 0, N, K, dtype, "torch", conv, path) for path in paths]
     return cases
 
@@ -247,7 +253,7 @@ def _prepare(case: _Case, cfg: BenchConfig, seed: int) -> tuple[Callable[[], Any
     w = seeded_randn((case.N, case.K), dt, seed, dev)
     nk = case.N * case.K
     packed_bytes = nk / 2 + nk / 16  # 4-bit codes + one E4M3 scale per 16
-    fused = case.path == "fused"
+    fused = _FUSED_ARG.get(case.path, False)
     if case.op == "copy":
         y = torch.empty_like(w)
         fn = (lambda: y.copy_(w)) if case.backend == "copy_" else w.clone
@@ -278,10 +284,11 @@ def _prepare(case: _Case, cfg: BenchConfig, seed: int) -> tuple[Callable[[], Any
 
 
 def _measure(case: _Case, cfg: BenchConfig, seed: int) -> tuple[Timing, float, float]:
-    """(timing, logical bytes, flops) of one case; a fused case is called once first."""
+    """(timing, logical bytes, flops) of one case; a fused or default case is called once
+    first."""
     fn, nbytes, flops = _prepare(case, cfg, seed)
-    if case.path == "fused":
-        fn()  # compilation, and the fused linear's exactness check, are not timed
+    if case.path in ("fused", "default"):
+        fn()  # compilation, the LUT kernel's load and the tiled linear's check are not timed
     timing = time_fn(fn, warmup=cfg.warmup, repeats=cfg.repeats, device=cfg.device)
     return timing, nbytes, flops
 

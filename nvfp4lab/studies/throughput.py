@@ -379,8 +379,9 @@ def measured_path(op: str, backend: str) -> str | None:
 def measured_linear_summary(measured: pd.DataFrame) -> pd.DataFrame:
     """Measured ``linear``/``matmul`` rows: median time per (machine, dtype, shape, backend),
     TFLOP/s, and time relative to the 16-bit matmul baseline of the same shape (× slower).
-    Rows of the fused kernels (``path == "fused"``) count as their own backend, ``"<backend>
-    (fused)"``, so the two pipelines are never merged."""
+    Rows of the fused kernels (``path == "fused"``) and of the default settings (``path ==
+    "default"``) count as their own backends, ``"<backend> (fused)"`` / ``"<backend>
+    (default)"``, so the pipelines are never merged."""
     import pandas as pd
 
     if measured.empty or "op" not in measured:
@@ -390,8 +391,9 @@ def measured_linear_summary(measured: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     lin["backend"] = lin["backend"].where(lin["op"] == "linear", "matmul (16-bit)")
     path = lin["path"] if "path" in lin else pd.Series("", index=lin.index)
-    fused = path.fillna("").eq("fused")
-    lin["backend"] = lin["backend"].where(~fused, lin["backend"] + " (fused)")
+    path = path.fillna("").astype(str)
+    own = ~path.isin(["", "eager"])
+    lin["backend"] = lin["backend"].where(~own, lin["backend"] + " (" + path + ")")
     keys = ["machine", "device_name", "dtype", "shape", "M", "N", "K", "backend"]
     agg = lin.groupby(keys, as_index=False).agg(
         median_s=("median_s", "median"), tflop_s=("tflop_s", "median"), runs=("median_s", "size")

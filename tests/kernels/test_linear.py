@@ -1,5 +1,6 @@
 """The fused linear (weight decoded tile by tile) bit for bit against the eager ``linear`` on
-both backends and every bias epilogue, the per-shape exactness check, and the tile bound."""
+both backends and every bias epilogue, with each tile decoder (the C++ LUT kernel, and the
+compiled graph it falls back to), the per-shape exactness check, and the tile bound."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from nvfp4lab import kernels
 from nvfp4lab.codec import quantize
 from nvfp4lab.execution.gemm import linear, vllm_dequantize
 from nvfp4lab.kernels import linear as klinear
+from nvfp4lab.kernels import lut_decode
 from nvfp4lab.tensor import NVFP4Tensor
 
 pytestmark = pytest.mark.skipif(
-    not kernels.compiler_available("cpu"), reason="torch.compile does not work here"
+    not kernels.compiler_available("cpu") and not lut_decode.available(),
+    reason="neither torch.compile nor the C++ LUT decode works here",
 )
 
 
@@ -42,9 +45,24 @@ def assert_linear_equal(x: torch.Tensor, w: NVFP4Tensor, bias: torch.Tensor | No
 def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiles of a few rows, so small weights are decoded in several tiles."""
     monkeypatch.setattr(klinear, "TILE_BYTES", 96 * 2 * 4)
+    monkeypatch.setattr(klinear, "LUT_TILE_BYTES", 1)  # 3 rows (the fewest) at any thread count
+    monkeypatch.setattr(klinear, "LUT_MIN_ROWS", 3)
 
 
-@pytest.mark.usefixtures("small_tiles")
+@pytest.fixture(params=["lut", "compiled"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The tile decoder: the C++ LUT kernel, or the compiled graph (the LUT kernel made
+    unavailable, as on a machine where it cannot be built); skipped where it cannot run."""
+    if request.param == "lut" and not lut_decode.available():
+        pytest.skip("the C++ LUT decode cannot be built here")
+    if request.param == "compiled":
+        if not kernels.compiler_available("cpu"):
+            pytest.skip("torch.compile does not work here")
+        monkeypatch.setattr(lut_decode, "available", lambda: False)
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("small_tiles", "decoder")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("backend", ["emulation", "w4a16"])
 @pytest.mark.parametrize("bias_mode", ["output", "fp32", "dropped"])
@@ -58,7 +76,7 @@ def test_fused_linear_equals_eager(dtype: torch.dtype, backend: str, bias_mode: 
                         input_global_scale=17.5)
 
 
-@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.usefixtures("small_tiles", "decoder")
 def test_decode_orders_follow_the_backend() -> None:
     """emulation decodes value·(s·(1/gs)) (vLLM), w4a16 value·(s/gs) unless the weight carries a
     DECODE scale (then value·(s·d) on both): the fused path picks the same order as eager."""
@@ -72,7 +90,8 @@ def test_decode_orders_follow_the_backend() -> None:
 
 
 def test_large_layer_equals_eager() -> None:
-    """M = 16, K = N = 4096 in bf16 with the default 16 MiB tiles (two tiles)."""
+    """M = 16, K = N = 4096 in bf16 with the default tiles (the LUT decode's 1 MiB per thread:
+    sixteen or more tiles; the compiled decode's 16 MiB: two)."""
     w = quantize(randn((4096, 4096), torch.bfloat16, 6))
     x = randn((16, 4096), torch.bfloat16, 7)
     assert_linear_equal(x, w, randn((4096,), torch.bfloat16, 8), backend="w4a16")
@@ -91,16 +110,27 @@ def test_shape_classes_whose_tiles_differ_run_one_gemm(monkeypatch: pytest.Monke
 
 
 @pytest.mark.usefixtures("small_tiles")
+@pytest.mark.usefixtures("decoder")
 def test_no_full_size_weight_after_the_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(klinear, "_VERDICTS", {})
     decoded_rows: list[int] = []
-    real = klinear.decode
+    real, real_rows = klinear.decode, klinear.row_decoder
 
     def spy(packed: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         decoded_rows.append(packed.shape[0])
         return real(packed, *args, **kwargs)  # type: ignore[arg-type]
 
+    def spy_rows(w: klinear.EncodedWeight, dtype: torch.dtype) -> object:
+        inner = real_rows(w, dtype)
+
+        def rows(start: int, stop: int, out: torch.Tensor) -> None:
+            decoded_rows.append(stop - start)
+            inner(start, stop, out)
+
+        return rows
+
     monkeypatch.setattr(klinear, "decode", spy)
+    monkeypatch.setattr(klinear, "row_decoder", spy_rows)
     w = quantize(randn((200, 96), torch.float32, 11))
     x = randn((4, 96), torch.float32, 12)
     linear(x, w, backend="w4a16", fused=True)  # verifies: one whole decode, then the tiles

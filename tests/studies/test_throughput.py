@@ -113,11 +113,13 @@ def test_fused_linear_rows_are_their_own_backend(tmp_path: Path) -> None:
         _row("matmul", "torch", 1e-3),
         _row("linear", "w4a16", 8e-3, path="eager"),
         _row("linear", "w4a16", 2e-3, path="fused"),
+        _row("linear", "w4a16", 1.5e-3, path="default"),
     ]
     _shard(tmp_path / "cpu.csv", rows)
     summary = tp.measured_linear_summary(read_shards(tmp_path)).set_index("backend")
     assert summary.loc["w4a16", "x_matmul_time"] == pytest.approx(8.0)
     assert summary.loc["w4a16 (fused)", "x_matmul_time"] == pytest.approx(2.0)
+    assert summary.loc["w4a16 (default)", "x_matmul_time"] == pytest.approx(1.5)
 
 
 def test_read_shards_of_nothing_is_empty(tmp_path: Path) -> None:
