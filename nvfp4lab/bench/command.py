@@ -441,7 +441,8 @@ def run_cli(args: argparse.Namespace) -> int:
     chosen = [flag for flag, on in (("--peers", args.peers), ("--llama-cpp", args.llama_cpp),
                                     ("--model", args.model)) if on]
     if len(chosen) > 1:
-        return _fail(f"{' and '.join(chosen)} are different runs; pass one of them")
+        count = "two" if len(chosen) == 2 else "three"
+        return _fail(f"{' and '.join(chosen)} are {count} different runs; pass one of them")
     try:
         if args.llama_cpp:
             llama = _llama_plan(args)
