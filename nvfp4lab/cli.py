@@ -186,7 +186,8 @@ def _format_titles() -> str:
 
 
 def _add_audit(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help=f"checkpoint folder ({_format_titles()})")
+    parser.add_argument("path", help=f"checkpoint folder, or the file of a one-file format "
+                        f"({_format_titles()})")
     parser.add_argument("--reference", default=None, metavar="FLOAT_DIR",
                         help="float checkpoint folder: adds each layer's weight SQNR")
     parser.add_argument("--out", default=None, metavar="DIR",
@@ -275,7 +276,8 @@ def _run_audit(args: argparse.Namespace) -> int:
 def _add_convert(parser: argparse.ArgumentParser) -> None:
     from nvfp4lab.checkpoint.formats import FORMATS
 
-    parser.add_argument("src", help="NVFP4 checkpoint folder to convert")
+    parser.add_argument("src", help="NVFP4 checkpoint folder (or one-file checkpoint) to "
+                        "convert")
     parser.add_argument("dst", help="new checkpoint folder")
     parser.add_argument("--format", required=True, choices=[fmt.value for fmt in FORMATS],
                         help="format of DST")

@@ -336,15 +336,15 @@ def test_a_killed_save_leaves_a_temp_folder_the_next_save_removes(tmp_path: Path
 def test_save_errors_name_the_target_not_the_temp_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import safetensors.torch
+    from nvfp4lab.checkpoint import files
 
     model = tiny_llama()
     quantize_model(model, backend="w4a16")
 
-    def broken(tensors: object, filename: str, metadata: object = None) -> None:
+    def broken(filename: object, tensors: object, metadata: object = None) -> None:
         raise OSError(28, f"No space left on device: '{filename}'")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", broken)
+    monkeypatch.setattr(files, "write_safetensors", broken)
     target = tmp_path / "ckpt"
     with pytest.raises(OSError) as err:
         checkpoint.save_pretrained(model, target)

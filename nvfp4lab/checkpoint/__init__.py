@@ -4,9 +4,10 @@
 module             holds
 =================  ==========================================================================
 ``files``          the shared plumbing: names, JSON, safetensors streaming, atomic folders
-``formats``        one module per checkpoint format (``compressed_tensors``, ``modelopt``):
-                   detection, tensor names, configs, the tensor-scale convention on disk;
-                   the interface and the registry :data:`FORMATS` (:func:`detect_format`)
+``formats``        one module per checkpoint format (``compressed_tensors``, ``modelopt``,
+                   ``gguf``): detection, tensor names, configs, the tensor-scale convention
+                   on disk, the container (reading and writing the files); the interface and
+                   the registry :data:`FORMATS` (:func:`detect_format`)
 ``writer``         :func:`save_pretrained` (any format, ``format=``)
 ``reader``         :func:`load` (any format, detected)
 ``verification``   :func:`verify`: load in transformers, one forward pass

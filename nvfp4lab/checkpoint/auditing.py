@@ -16,15 +16,25 @@ no model is built. One row per quantized layer:
   weights' amax decides;
 * block scales: NaN, negative and zero counts (zero scales over nonzero codes lose the codes),
   fraction saturated at 448 and underflowed (at or below 2^-9), range (min nonzero, max);
+* block scales piled at E4M3's floor (``floor_frac``): among the blocks that hold a nonzero
+  code, the share whose E4M3 scale is subnormal or zero (below 2^-6, E4M3's smallest normal:
+  3 significant bits or fewer, down to 2^-9, the smallest subnormal), flagged above
+  :data:`FLOOR_LIMIT`. A tensor scale chosen for the tensor puts the largest block scales near
+  448; with tensor scale 1 (a "naive" GGUF) weights of |w| < 0.09 give block scales
+  ``amax_b/6 < 2^-6``, so nearly every block lands there and keeps fewer scale bits;
+* a missing tensor scale, in a format where that is allowed (GGUF without a ``<name>.scale``
+  sidecar: decoded with 1, the format's ``optional_tensor_scale`` note says why it matters);
 * layout: real weight matrices have row and column structure, so the log block scales follow an
   additive row + column model closely (R²). Scales stored swizzled but read as plain scatter
   each 128x4 tile across rows and columns and lose that fit; unswizzling them restores it. The
   layer is flagged when unswizzling raises R² by :data:`SWIZZLE_GAIN` to at least
   :data:`SWIZZLE_MIN_R2` (unstructured, e.g. i.i.d. random, weights never are);
-* fused groups whose tensor scales differ: the extra error vLLM's max-merge causes in each
-  shard, computed exactly (:mod:`nvfp4lab.execution.shared_scales`: its merged scale and its
-  decode);
-* the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`);
+* fused groups whose tensor scales differ, in formats whose engine merges them
+  (``shares_fused_scales``; llama.cpp keeps one scale per tensor): the extra error vLLM's
+  max-merge causes in each shard, computed exactly (:mod:`nvfp4lab.execution.shared_scales`:
+  its merged scale and its decode);
+* the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`;
+  it describes the scheme, whatever engine the format is for);
 * with ``reference`` (a float checkpoint folder): the weight SQNR against ``<layer>.weight``.
 
 ``issues`` lists what is wrong in words ("" when nothing is). The dtypes and shapes above and
@@ -65,6 +75,9 @@ __all__ = ["COLUMNS", "DEFAULT_GPUS", "audit", "audit_rows", "write_csv"]
 DEFAULT_GPUS: tuple[str, ...] = ("A100 SXM 80GB", "H100 SXM", "B200", "RTX 5090")
 SATURATED_LIMIT = 0.05  #: flag above this fraction of blocks at 448
 UNDERFLOW_LIMIT = 0.05  #: flag above this fraction of blocks at or below 2^-9
+FLOOR_LIMIT = 0.05  #: flag above this fraction of nonzero blocks with a scale below 2^-6
+#: E4M3's smallest normal value: scales below it are subnormal (3 significant bits or fewer)
+E4M3_MIN_NORMAL = 2.0**-6
 SQNR_LIMIT_DB = 15.0  #: flag a weight SQNR below this (NVFP4 round-to-nearest gives ~20 dB)
 SWIZZLE_GAIN = 0.15
 SWIZZLE_MIN_R2 = 0.3
@@ -75,7 +88,8 @@ CHUNK_ELEMENTS = 1 << 21
 COLUMNS: tuple[str, ...] = (
     "layer", "format", "scheme", "shape", "convention", "tensor_scale", "input_scale",
     "decoded_amax", "scale_min", "scale_max", "scale_range_binades", "nan_scales",
-    "negative_scales", "zero_scales", "saturated_frac", "underflow_frac", "layout_r2",
+    "negative_scales", "zero_scales", "saturated_frac", "underflow_frac", "floor_frac",
+    "layout_r2",
     "layout_r2_unswizzled", "fused_group", "fused_shared", "merge_factor", "merge_sqnr_db",
     "weight_sqnr_db", "reference_amax",
 )
@@ -110,10 +124,12 @@ def _info(task: _Task, layer: str, leaf: str) -> TensorInfo | None:
     return task.tensors.get(f"{layer}.{leaf}")
 
 
-def _check_structure(task: _Task, lay: _Layer, names: LayerNames) -> bool:
+def _check_structure(task: _Task, lay: _Layer, spec: CheckpointFormatSpec) -> bool:
     """Dtypes and shapes (the shared validator, :mod:`~nvfp4lab.checkpoint.validation`); sets
     ``lay.n``, ``lay.k``. False when the layer cannot be decoded."""
-    problems = weight_problems(lay.name, names, task.tensors)
+    names = spec.names
+    problems = weight_problems(lay.name, names, task.tensors,
+                               tensor_scale_optional=spec.optional_tensor_scale is not None)
     packed = _info(task, lay.name, names.packed)
     if packed is not None and packed.dtype == "U8" and len(packed.shape) == 2:
         lay.row["shape"] = f"{packed.shape[0]}x{2 * packed.shape[1]}"
@@ -197,6 +213,7 @@ def _stream_layer(task: _Task, lay: _Layer, spec: CheckpointFormatSpec) -> None:
         ref_info = None
     step = max(1, CHUNK_ELEMENTS // max(lay.k, 1))
     code_max, lost, ref_amax, signal, noise = 0.0, 0, 0.0, 0.0, 0.0
+    nonzero, floor = 0, 0
     with RowReader(task.tensors[f"{lay.name}.{names.packed}"]) as pr, \
             RowReader(task.tensors[f"{lay.name}.{names.scale}"]) as sr:
         ref = RowReader(ref_info) if ref_info is not None else None
@@ -207,6 +224,8 @@ def _stream_layer(task: _Task, lay: _Layer, spec: CheckpointFormatSpec) -> None:
             s = scales.to(torch.float32)
             code_max = max(code_max, float(torch.nan_to_num(block_max * s, nan=0.0).max()))
             lost += int(((s == 0) & (block_max > 0)).sum())
+            nonzero += int((block_max > 0).sum())
+            floor += int(((block_max > 0) & ~(s >= E4M3_MIN_NORMAL)).sum())
             if ref is not None:
                 w = ref.rows(start, start + step).to(torch.float64)
                 q = NVFP4Tensor(packed, scales, gs, check_scales=False, decode_scale=decode)
@@ -216,6 +235,12 @@ def _stream_layer(task: _Task, lay: _Layer, spec: CheckpointFormatSpec) -> None:
         if ref is not None:
             ref.close()
     lay.row["decoded_amax"] = code_max * lay.decode
+    lay.row["floor_frac"] = floor / nonzero if nonzero else 0.0
+    if lay.row["floor_frac"] > FLOOR_LIMIT:
+        lay.issues.append(
+            f"block scales piled at E4M3's floor: {100 * lay.row['floor_frac']:.1f}% of nonzero "
+            "blocks have a subnormal or zero scale (< 2^-6; the tensor scale is too small or "
+            "missing)")
     if lost:
         lay.issues.append(f"{lost} block(s) have scale 0 over nonzero codes (decoded as 0)")
     if ref is not None:
@@ -260,10 +285,16 @@ def _audit_layer(task: _Task, name: str) -> _Layer:
     lay = _Layer(name, {"layer": name, "format": task.fmt.value})
     has_input = _info(task, name, names.input_scale) is not None
     lay.row["scheme"] = (Scheme.NVFP4 if has_input else Scheme.NVFP4A16).value
-    if not _check_structure(task, lay, names):
+    if not _check_structure(task, lay, spec):
         return lay
-    lay.stored = read_scalar(task.tensors[f"{name}.{names.global_scale}"])
-    lay.row.update(tensor_scale=lay.stored, convention="decode" if names.decode else "encode")
+    stored = _info(task, name, names.global_scale)
+    lay.row["convention"] = "decode" if names.decode else "encode"
+    if stored is None:  # allowed by the format (validated above): decoded with 1
+        lay.stored = 1.0
+        lay.issues.append(str(spec.optional_tensor_scale))
+    else:
+        lay.stored = read_scalar(stored)
+        lay.row["tensor_scale"] = lay.stored
     _convention_check(lay, names)
     with RowReader(task.tensors[f"{name}.{names.scale}"]) as reader:
         _scale_stats(lay, reader.rows())
@@ -341,7 +372,9 @@ def _groups(layers: Sequence[str]) -> list[tuple[tuple[str, ...], bool]]:
 def _tasks(inv: Inventory, reference: Inventory | None,
            stores_input: bool | None) -> list[_Task]:
     out = []
-    for members, fused in _groups(inv.layers):
+    merged = format_spec(inv.fmt).shares_fused_scales
+    groups = _groups(inv.layers) if merged else [((name,), False) for name in inv.layers]
+    for members, fused in groups:
         keys = {k: v for k, v in inv.tensors.items() if k.rpartition(".")[0] in members}
         refs = {m: reference.get(f"{m}.weight") for m in members} if reference else {}
         out.append(_Task(inv.fmt, members, keys, refs, fused, stores_input))
@@ -375,7 +408,7 @@ def _stores_input(inv: Inventory) -> bool | None:
     """Whether the layers store an input scale, as the validated configuration's one scheme
     says (the format's ``read_config``, which ``load`` and ``convert`` also run: a config they
     refuse raises CheckpointError here too); None when its layers mix schemes."""
-    config = format_spec(inv.fmt).read_config(inv.directory)
+    config = format_spec(inv.fmt).read_config(inv.path or inv.directory)
     try:
         return config.checkpoint_scheme() == Scheme.NVFP4
     except CheckpointError:

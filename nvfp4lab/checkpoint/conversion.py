@@ -1,16 +1,25 @@
 """Lossless conversion between NVFP4 checkpoint formats (any two of
 :data:`nvfp4lab.checkpoint.formats.FORMATS`).
 
-:func:`convert` streams: it reads only the safetensors headers, then writes each output shard
-tensor by tensor, copying every unchanged tensor's bytes file to file in bounded chunks (packed
-codes, E4M3 block scales, biases, embeddings, norms: all byte-identical), so memory stays small
-whatever the checkpoint size, and no model is built. Shards are converted in parallel
-(:func:`nvfp4lab.checkpoint.stream.run_tasks`: local processes or a Dask cluster). Per quantized
-Linear only the names and the tensor scales change; each format's spec says both (its ``names``,
-and ``from_disk`` / ``to_disk`` between its convention on disk and nvfp4lab's in-memory ENCODE
-scale). Codes ``[N, K/2]`` and block scales ``[N, K/16]`` keep their bytes under the new names;
-a tensor scale stored ENCODE (2688/amax) by one format and DECODE (amax/2688) by the other
-converts by its float32 reciprocal, ``fl32(1/x)``, and takes the target's scalar shape.
+:func:`convert` streams: it reads only the weight files' headers (the source format's
+``read_weights``), then the target format writes the new checkpoint tensor by tensor from those
+locations (its ``write_checkpoint``), copying every unchanged tensor's bytes file to file in
+bounded chunks (packed codes, E4M3 block scales, biases, embeddings, norms: all byte-identical)
+or, where one of the two formats lays them out differently (GGUF's NVFP4 blocks), reading and
+repacking them a few rows at a time, so memory stays small whatever the checkpoint size, and no
+model is built. Safetensors shards are written in parallel
+(:func:`nvfp4lab.checkpoint.stream.run_tasks`: local processes or a Dask cluster); a GGUF file is
+one file, written in this process, a chunk of rows at a time (about 64 MiB of output rows,
+``formats.gguf.CHUNK_BYTES``, and a few times that in temporaries while repacking). Per quantized
+Linear only the names, the layout and the tensor scales change; each format's spec says all
+three (its ``names``, its container, and ``from_disk`` / ``to_disk`` between its convention on
+disk and nvfp4lab's in-memory ENCODE scale). Codes ``[N, K/2]`` and block scales ``[N, K/16]``
+keep their values and their bytes (GGUF: the four scale bytes of each 64-element block
+unchanged, the codes repacked, LLaMA's q/k rows permuted whole); a tensor scale stored ENCODE
+(2688/amax) by one format and DECODE (amax/2688) by the other
+converts by its float32 reciprocal, ``fl32(1/x)``, and takes the
+target's scalar shape. A layer of a format whose tensor scale is optional (a "naive" GGUF
+tensor without ``.scale``) gets tensor scale 1, the value it decodes with.
 
 The float32 reciprocal is not an exact involution: for some
 values ``x``, ``fl(1/fl(1/x)) != x`` (about 14% of random float32 values), so a round trip
@@ -18,21 +27,24 @@ CT -> ModelOpt -> CT changes those scales by one ulp. :class:`ConvertReport` cou
 them. The folder is written atomically (a temporary sibling renamed into place) with the
 overwrite rules of :func:`~nvfp4lab.checkpoint.writer.save_pretrained`.
 
-Everything in ``src`` that is not a weight is copied byte for byte, as ``save_pretrained``
-users expect (README, custom modelling code of ``auto_map``, processor configs, sub-folders
-such as ``2_Normalize/``): all but the top-level ``*.safetensors`` files, their index,
-``config.json`` (rewritten) and the formats' quantization config files (written anew). A
-symlink to a file is copied as the file it points to (a Hugging Face cache snapshot is made of
-them); a symlink to a folder, or a dangling one, is refused; hidden folders (``.git``,
-``.cache``) are left out.
+Everything in a source folder that is not a weight is copied byte for byte, as
+``save_pretrained`` users expect (README, custom modelling code of ``auto_map``, processor
+configs, sub-folders such as ``2_Normalize/``): all but the top-level ``*.safetensors`` files and
+the source's weight files, their index, ``config.json`` (rewritten) and the formats'
+quantization config files (written anew). A symlink to a file is copied as the file it points to
+(a Hugging Face cache snapshot is made of them); a symlink to a folder, or a dangling one, is
+refused; hidden folders (``.git``, ``.cache``) are left out. A source that is one file (a
+``.gguf`` file) has nothing else to copy.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,19 +54,22 @@ import torch
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
     WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
     CheckpointError,
+    Contents,
+    Shard,
     StoredTensor,
+    TaskRunner,
     Unquantized,
     check_target,
     folder_entries,
     read_json,
-    write_safetensors,
 )
 from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, format_spec
-from nvfp4lab.checkpoint.stream import Inventory, TensorInfo, inventory, read_scalar, run_tasks
+from nvfp4lab.checkpoint.stream import Inventory, inventory, read_scalar, run_tasks
 from nvfp4lab.checkpoint.validation import input_problems, weight_problems
 from nvfp4lab.checkpoint.writer import CHECKPOINT_FILES, write_atomically
-from nvfp4lab.vocab import CheckpointFormat, Scheme
+from nvfp4lab.vocab import Scheme
 
 __all__ = ["ConvertReport", "convert", "reciprocal_round_trips"]
 
@@ -102,18 +117,6 @@ def reciprocal_round_trips(value: float) -> bool:
     return _reciprocal(_reciprocal(x)) == x
 
 
-@dataclass(frozen=True)
-class _ShardTask:
-    """Convert one shard: its tensors in byte order, the output path and the formats."""
-
-    tensors: tuple[TensorInfo, ...]
-    layers: frozenset[str]
-    out: Path
-    src_format: CheckpointFormat
-    dst_format: CheckpointFormat
-    metadata: dict[str, str]
-
-
 def _convert_scale(value: float, src: CheckpointFormatSpec, dst: CheckpointFormatSpec) -> float:
     """A stored float32 tensor scale of ``src`` as ``dst`` stores it (through nvfp4lab's
     in-memory convention: ``src.from_disk`` then ``dst.to_disk``)."""
@@ -121,55 +124,74 @@ def _convert_scale(value: float, src: CheckpointFormatSpec, dst: CheckpointForma
     return float(dst.to_disk(*src.from_disk(stored)).reshape(()))
 
 
-def _rename(key: str, layers: frozenset[str], src: CheckpointFormat,
-            dst: CheckpointFormat) -> tuple[str, str | None]:
-    """(new key, role) of ``key``: role is "global"/"input" for a tensor scale, "packed"/"scale"
+def _rename(key: str, layers: frozenset[str], src: CheckpointFormatSpec,
+            dst: CheckpointFormatSpec) -> tuple[str, str | None]:
+    """(new key, role) of ``key``: role is "global"/"input" for a tensor scale, "packed"/"block"
     for the codes and block scales, None for an unquantized tensor."""
     prefix, _, leaf = key.rpartition(".")
     if prefix in layers:
-        old, new = format_spec(src).names.roles(), format_spec(dst).names.roles()
+        old, new = src.names.roles(), dst.names.roles()
         for role, name in old.items():
             if leaf == name:
                 return f"{prefix}.{new[role]}", role
     return key, None
 
 
-def _convert_shard(task: _ShardTask) -> tuple[str, dict[str, str], list[str], int]:
-    """Write one output shard; returns (file name, new key -> file name, keys of scales that
-    do not round-trip, scales converted)."""
+@dataclass
+class _Scales:
+    """The tensor scales converted so far and the names of those whose reciprocal does not
+    round-trip."""
+
+    count: int = 0
+    bad: list[str] = field(default_factory=list)
+
+    def stored(self, key: str, value: float, src: CheckpointFormatSpec,
+               dst: CheckpointFormatSpec) -> StoredTensor:
+        new = _convert_scale(value, src, dst)
+        self.count += 1
+        if _convert_scale(new, dst, src) != _f32(value):
+            self.bad.append(key)
+        shape = dst.names.scalar_shape
+        return StoredTensor(key, "F32", shape, 4, struct.pack("<f", new))
+
+
+def _convert_shard(inv: Inventory, file: Path, src: CheckpointFormatSpec,
+                   dst: CheckpointFormatSpec, scales: _Scales) -> Shard:
+    """The output tensors of one source weight file, in its byte order: every tensor renamed,
+    tensor scales converted (their values only are read), everything else to be copied from
+    where it lies; a layer without a tensor scale (allowed by ``src``) gets 1."""
+    layers = frozenset(inv.layers)
     out: list[StoredTensor] = []
-    bad: list[str] = []
-    scales = 0
-    src, dst = format_spec(task.src_format), format_spec(task.dst_format)
-    shape = dst.names.scalar_shape
-    for info in task.tensors:
-        key, role = _rename(info.key, task.layers, task.src_format, task.dst_format)
+    for key, info in inv.tensors.items():
+        if info.file != file:
+            continue
+        new, role = _rename(key, layers, src, dst)
         if role in ("global", "input"):
-            value = read_scalar(info)
-            new = _convert_scale(value, src, dst)
-            scales += 1
-            if _convert_scale(new, dst, src) != _f32(value):
-                bad.append(key)
-            out.append(StoredTensor(key, "F32", shape, 4, struct.pack("<f", new)))
-        else:
-            out.append(StoredTensor(key, info.dtype, info.shape, info.nbytes,
-                                    (info.file, info.offset)))
-    write_safetensors(task.out, out, task.metadata)
-    name = task.out.name
-    return name, {t.name: name for t in out}, bad, scales
+            out.append(scales.stored(new, read_scalar(info), src, dst))
+            continue
+        out.append(StoredTensor(new, info.dtype, info.shape, info.nbytes, info))
+        prefix = key.rpartition(".")[0]
+        if role == "block" and f"{prefix}.{src.names.global_scale}" not in inv.tensors:
+            out.append(scales.stored(f"{prefix}.{dst.names.global_scale}", 1.0, src, dst))
+    name = file.name if file.suffix == ".safetensors" else WEIGHTS_NAME
+    return Shard(name, tuple(out), inv.metadata.get(file) or {"format": "pt"})
 
 
 def _check_layers(inv: Inventory, stores_input: bool) -> None:
     """Every quantized layer must pass the shared validator
     (:mod:`~nvfp4lab.checkpoint.validation`: codes, block scales, tensor scale, and an input
     scale exactly when the scheme stores one); checked for all before anything is written."""
-    names = format_spec(inv.fmt).names
+    spec = format_spec(inv.fmt)
+    names = spec.names
+    optional = spec.optional_tensor_scale is not None
     for layer in inv.layers:
-        problems = weight_problems(layer, names, inv.tensors)
+        problems = weight_problems(layer, names, inv.tensors, tensor_scale_optional=optional)
         problems += input_problems(layer, names, inv.tensors, stores_input)
         if problems:
-            info = inv.tensors[f"{layer}.{names.global_scale}"]
-            raise CheckpointError(f"{info.file}: layer {layer!r}: {problems[0]}; nothing was "
+            info = inv.tensors.get(f"{layer}.{names.global_scale}") or inv.tensors.get(
+                f"{layer}.{names.scale}")
+            where = info.file if info is not None else inv.directory
+            raise CheckpointError(f"{where}: layer {layer!r}: {problems[0]}; nothing was "
                                   "converted")
 
 
@@ -185,30 +207,26 @@ def _excluded(inv: Inventory) -> list[str]:
     )
 
 
-def _write_configs(inv: Inventory, dst: CheckpointFormatSpec, scheme: Scheme,
-                   unquantized: Unquantized, tmp: Path) -> None:
-    """The source's ``config.json`` without its quantization config, then ``dst``'s."""
-    data = read_json(inv.directory / CONFIG_NAME)
+def _config_json(spec: CheckpointFormatSpec, path: Path) -> str:
+    """The source's transformers config without its quantization config."""
+    data = spec.model_config(path)
     data.pop("quantization_config", None)
-    (tmp / CONFIG_NAME).write_text(json.dumps(data, indent=2), encoding="utf-8")
-    dst.write_config(tmp, scheme, unquantized)
+    return json.dumps(data, indent=2)
 
 
-def _write_index(inv: Inventory, tmp: Path, weight_map: dict[str, str]) -> None:
+def _index_metadata(inv: Inventory) -> dict[str, Any]:
     if not inv.indexed:
-        return
+        return {}
     index = read_json(inv.directory / WEIGHTS_INDEX_NAME)
-    meta = index.get("metadata") if isinstance(index.get("metadata"), dict) else {}
-    meta["total_size"] = sum(t.nbytes for t in inv.tensors.values())
-    body = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}
-    (tmp / WEIGHTS_INDEX_NAME).write_text(json.dumps(body, indent=2), encoding="utf-8")
+    meta = index.get("metadata")
+    return dict(meta) if isinstance(meta, dict) else {}
 
 
-def _side_files(src: Path) -> list[tuple[Path, str]]:
+def _side_files(src: Path, weights: Sequence[Path]) -> list[tuple[Path, str]]:
     """What :func:`convert` copies from ``src`` (see the module docstring): (relative path,
     "file" or "empty folder"), a symlink to a file as a file."""
-    skip = {CONFIG_NAME, WEIGHTS_INDEX_NAME, *(f for spec in FORMATS.values()
-                                               for f in spec.config_files)}
+    skip = {WEIGHTS_INDEX_NAME, *(f for spec in FORMATS.values() for f in spec.config_files),
+            *(p.name for p in weights), CONFIG_NAME}
     out: list[tuple[Path, str]] = []
     for rel, kind in folder_entries(src):
         top = rel.parts[0]
@@ -225,22 +243,34 @@ def _side_files(src: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def _check_paths(src: Path, dst: Path, overwrite: bool) -> list[tuple[Path, str]]:
+def _check_overlap(src: Path, dst: Path) -> None:
     if not src.exists():
         raise FileNotFoundError(f"checkpoint folder {src} does not exist")
     s, d = src.resolve(), dst.resolve()
     if s == d or d.is_relative_to(s) or s.is_relative_to(d):
         raise CheckpointError(f"the destination {dst} overlaps the source {src}; convert to "
                               "a folder outside it")
-    side = _side_files(src) if src.is_dir() else []
-    check_target(dst, overwrite, _members(side))
-    return side
 
 
 def _members(side: list[tuple[Path, str]]) -> frozenset[str]:
     """What ``overwrite=True`` may replace in the destination: checkpoint files and whatever
     convert copies from the source."""
     return CHECKPOINT_FILES | {rel.as_posix() for rel, _ in side}
+
+
+def _write_weights(tmp: Path, spec: CheckpointFormatSpec, contents: Contents,
+                   run: TaskRunner) -> list[str]:
+    """The target format writes the converted checkpoint into ``tmp``."""
+    return spec.write_checkpoint(tmp, contents, run)
+
+
+def _copy_side_files(source: Path, tmp: Path, side: list[tuple[Path, str]]) -> None:
+    for rel, kind in side:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        if kind == "file":
+            shutil.copy2(source / rel, tmp / rel)
+        else:
+            (tmp / rel).mkdir()
 
 
 def convert(
@@ -253,56 +283,51 @@ def convert(
     dask: str | None = None,
     progress: bool = False,
 ) -> ConvertReport:
-    """Convert the NVFP4 checkpoint ``src`` to ``format`` (a
+    """Convert the NVFP4 checkpoint ``src`` (a folder, or a ``.gguf`` file) to ``format`` (a
     :class:`~nvfp4lab.vocab.CheckpointFormat`) in the new folder ``dst``; returns a
     :class:`ConvertReport`.
 
-    Codes and block scales (and every unquantized tensor) are copied byte for byte; tensor
-    scales convert by their float32 reciprocal (see the module docstring). The shard layout and
-    the index are kept; every other file of ``src`` is copied byte for byte (sub-folders too;
-    see the module docstring). ``dst`` may be missing or an empty folder; ``overwrite=True``
-    replaces a folder holding only checkpoint files and files copied from ``src`` (anything
-    else, symlinks and empty folders included, is refused with FileExistsError, also when it
-    appears while converting). ``workers`` / ``dask`` / ``progress``: where shards
-    are converted (:func:`~nvfp4lab.checkpoint.stream.run_tasks`). Converting to the format
-    ``src`` already has is an error.
+    Codes and block scales keep their values and bytes (repacked where a format lays them out
+    in other blocks: GGUF), every unquantized tensor is copied byte for byte (GGUF writes 1-D
+    ones as F32, which is exact); tensor scales convert by their float32 reciprocal (see the
+    module docstring). Between safetensors formats the shard layout and the index are kept;
+    every other file of a source folder is copied byte for byte (sub-folders too; see the module
+    docstring). ``dst`` may be missing or an empty folder; ``overwrite=True`` replaces a folder
+    holding only checkpoint files and files copied from ``src`` (anything else, symlinks and
+    empty folders included, is refused with FileExistsError, also when it appears while
+    converting). ``workers`` / ``dask`` / ``progress``: where safetensors shards are written
+    (:func:`~nvfp4lab.checkpoint.stream.run_tasks`). Converting to the format ``src`` already
+    has is an error.
     """
     dst_spec = format_spec(format)
     target_format = dst_spec.format
     source, target = Path(src), Path(dst)
-    side = _check_paths(source, target, overwrite)
+    _check_overlap(source, target)
     inv = inventory(source)
+    side = _side_files(source, inv.files) if source.is_dir() else []
+    check_target(target, overwrite, _members(side))
     if inv.fmt == target_format:
         raise CheckpointError(f"{source} is already a {inv.fmt.value} checkpoint; nothing to "
                               "convert (copy the folder instead)")
     if not inv.layers:
         raise CheckpointError(f"{source}: no quantized layer found in the weight files")
-    src_config = format_spec(inv.fmt).read_config(inv.directory)
+    src_spec = format_spec(inv.fmt)
+    src_config = src_spec.read_config(source)
     scheme = src_config.checkpoint_scheme()
     _check_layers(inv, scheme == Scheme.NVFP4)
     unquantized = Unquantized(src_config.unquantized, tuple(_excluded(inv)))
-    layers = frozenset(inv.layers)
-    result: dict[str, Any] = {}
+    scales = _Scales()
+    shards = tuple(_convert_shard(inv, f, src_spec, dst_spec, scales) for f in inv.files)
+    contents = Contents(shards, _config_json(src_spec, source), scheme, unquantized,
+                        index=inv.indexed, index_metadata=_index_metadata(inv), source=source)
+    run = functools.partial(run_tasks, workers=workers, dask=dask, progress=progress,
+                            desc=f"convert to {target_format.value}")
 
     def write(tmp: Path) -> None:
-        # absolute: a Dask worker runs in a folder of its own
-        tasks = [_ShardTask(tuple(inv.in_file(f)), layers, tmp.absolute() / f.name, inv.fmt,
-                            target_format, inv.metadata[f]) for f in inv.files]
-        done = run_tasks(_convert_shard, tasks, workers=workers, dask=dask, progress=progress,
-                         desc=f"convert to {target_format.value}")
-        weight_map = {k: v for _, keys, _, _ in done for k, v in keys.items()}
-        result["bad"] = tuple(k for _, _, bad, _ in done for k in bad)
-        result["scales"] = sum(n for *_, n in done)
-        result["tensors"] = len(weight_map)
-        _write_index(inv, tmp, weight_map)
-        _write_configs(inv, dst_spec, scheme, unquantized, tmp)
-        for rel, kind in side:
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            if kind == "file":
-                shutil.copy2(source / rel, tmp / rel)
-            else:
-                (tmp / rel).mkdir()
+        _write_weights(tmp, dst_spec, contents, run)
+        _copy_side_files(source, tmp, side)
 
     write_atomically(target, write, overwrite=overwrite, checkpoint_files=_members(side))
-    return ConvertReport(source, target, inv.fmt.value, target_format.value, result["tensors"],
-                         result["scales"], result["bad"], tuple(rel.as_posix() for rel, _ in side))
+    return ConvertReport(source, target, inv.fmt.value, target_format.value,
+                         sum(1 for _ in contents.tensors()), scales.count, tuple(scales.bad),
+                         tuple(rel.as_posix() for rel, _ in side))

@@ -483,15 +483,25 @@ def read_header(file: Path) -> tuple[int, dict[str, Any]]:
 @dataclass(frozen=True)
 class StoredTensor:
     """One tensor to write: ``name``, safetensors ``dtype`` string, ``shape``, ``nbytes`` and
-    ``data``: the new bytes, a torch tensor holding them, or the :class:`TensorInfo` of a stored
-    tensor to copy (file to file in bounded chunks when its bytes are laid out as named, row by
-    row through its view otherwise)."""
+    ``data``: the new bytes, a torch tensor holding them, ``(file, offset)`` to copy ``nbytes``
+    from unchanged, or the :class:`TensorInfo` of a stored tensor to copy (file to file in
+    bounded chunks when its bytes are laid out as named, row by row through its view
+    otherwise)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
-    data: bytes | torch.Tensor | TensorInfo
+    data: bytes | torch.Tensor | TensorInfo | tuple[Path, int]
+
+    def source(self) -> TensorInfo | None:
+        """Where the bytes lie when they are copied from a file, else None."""
+        if isinstance(self.data, TensorInfo):
+            return self.data
+        if isinstance(self.data, tuple):
+            file, offset = self.data
+            return TensorInfo(Path(file), self.name, self.dtype, self.shape, offset, self.nbytes)
+        return None
 
 
 #: The safetensors dtype string of each torch dtype nvfp4lab reads and writes.
@@ -513,8 +523,9 @@ def read_rows(tensor: StoredTensor, start: int = 0, stop: int | None = None) -> 
     as a CPU torch tensor of its dtype and shape."""
     dtype = ST_DTYPES[tensor.dtype]
     data = tensor.data
-    if isinstance(data, TensorInfo):
-        with RowReader(data) as reader:
+    stored = tensor.source()
+    if stored is not None:
+        with RowReader(stored) as reader:
             return reader.rows(start, stop) if tensor.shape else reader.rows()
     if isinstance(data, torch.Tensor):
         value = data.detach().to("cpu")
@@ -576,8 +587,8 @@ def write_safetensors(
                 if len(t.data) != t.nbytes:
                     raise CheckpointError(f"{t.name}: {len(t.data)} bytes given, {t.nbytes} due")
                 out.write(t.data)
-            elif isinstance(t.data, TensorInfo) and t.data.view is None:
-                _copy_range(t.data.file, t.data.offset, t.nbytes, out.fileno())
+            elif (stored := t.source()) is not None and stored.view is None:
+                _copy_range(stored.file, stored.offset, t.nbytes, out.fileno())
             else:
                 _write_rows(t, out)
     return offset

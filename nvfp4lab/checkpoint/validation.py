@@ -133,16 +133,20 @@ def _scalar_problem(info: _Stored, leaf: str, what: str, names: LayerNames) -> s
     return None
 
 
-def weight_problems(layer: str, names: LayerNames, tensors: Mapping[str, _Stored]) -> list[str]:
+def weight_problems(layer: str, names: LayerNames, tensors: Mapping[str, _Stored], *,
+                    tensor_scale_optional: bool = False) -> list[str]:
     """What is wrong with the codes, block scales and tensor scale of the quantized Linear
-    ``layer`` (``tensors``: stored name -> dtype and shape); [] when they can be decoded."""
+    ``layer`` (``tensors``: stored name -> dtype and shape); [] when they can be decoded.
+    ``tensor_scale_optional``: the format decodes a layer without a tensor scale with 1 (GGUF),
+    so a missing one is not a problem here."""
     leaves = (names.packed, names.scale, names.global_scale)
     found = [tensors.get(f"{layer}.{leaf}") for leaf in leaves]
-    missing = [leaf for leaf, info in zip(leaves, found, strict=True) if info is None]
+    missing = [leaf for leaf, info in zip(leaves, found, strict=True) if info is None
+               and not (tensor_scale_optional and leaf == names.global_scale)]
     if missing:
         return [f"missing tensor(s) {', '.join(missing)}"]
     packed, scale, glob = found
-    assert packed is not None and scale is not None and glob is not None
+    assert packed is not None and scale is not None
     if packed.dtype != "U8" or len(packed.shape) != 2:
         return [f"codes {names.packed} are {packed.dtype} {list(packed.shape)}; expected U8 "
                 "[N, K/2] (two E2M1 codes per byte)"]
@@ -151,7 +155,8 @@ def weight_problems(layer: str, names: LayerNames, tensors: Mapping[str, _Stored
         return [f"codes {names.packed} are U8 {list(packed.shape)}: K = {k} elements per row is "
                 f"not a multiple of {_BLOCK} (an NVFP4 block holds {_BLOCK})"]
     out = []
-    problem = _scalar_problem(glob, names.global_scale, "tensor scale", names)
+    problem = None if glob is None else _scalar_problem(glob, names.global_scale,
+                                                        "tensor scale", names)
     if problem:
         out.append(problem)
     plain = (n, k // _BLOCK)

@@ -480,17 +480,22 @@ def save_pretrained(
     """Write ``model`` (quantized Linears are NVFP4Linear) as an NVFP4 checkpoint.
 
     ``format``: a :class:`~nvfp4lab.vocab.CheckpointFormat` (default compressed-tensors,
-    ENCODE tensor scales; ModelOpt stores DECODE scales, taken from the layer's exact
+    ENCODE tensor scales; ModelOpt and GGUF store DECODE scales, taken from the layer's exact
     ``*_decode_scale`` buffers when it has them, else the float32 reciprocal of the ENCODE
-    scale). Each format's module in :mod:`nvfp4lab.checkpoint.formats` says what it writes.
+    scale). Each format's module in :mod:`nvfp4lab.checkpoint.formats` says what it writes
+    (GGUF: ``path/model.gguf``, one file; every in_features a multiple of 64).
 
     ``scheme``: "NVFP4" (W4A4; every quantized layer needs ``input_global_scale``),
     "NVFP4A16" (weight-only; input scales are not written), or None to infer it from the
     layers. Plain ``nn.Linear`` layers stay float and are listed in the config's ``ignore``.
     ``source``: a directory whose tokenizer/generation files are copied (default: the model's
-    ``config._name_or_path`` when that is a local directory). ``require_shared_global_scale``:
+    ``config._name_or_path`` when that is a local directory), or the file the model came from;
+    GGUF copies the metadata (architecture, hyper-parameters, tokenizer) of a GGUF ``source``
+    (default: the model's ``nvfp4lab_source`` attribute, which ``load`` and
+    ``nvfp4lab.models.smollm2`` set). ``require_shared_global_scale``:
     every fused group (:data:`FUSED_GROUPS`: q/k/v, gate/up, ...) must share its global scales
-    to load correctly in vLLM (it decodes all shards with the max); ``True`` raises when one does
+    to load correctly in vLLM (it decodes all shards with the max; not checked for a format whose
+    engine keeps one scale per tensor, GGUF); ``True`` raises when one does
     not, ``None`` (default) warns with :class:`UnsharedGlobalScaleWarning`, ``False`` is silent.
     ``dtype``: cast the unquantized floating tensors (embeddings, norms, biases, float Linears)
     to it and record it as the config's dtype; default: keep them.

@@ -68,6 +68,12 @@ def merged_decode_scale(shards: Mapping[str, NVFP4Tensor], fmt: str) -> torch.Te
     """The one decode scale vLLM keeps for fused ``shards`` of checkpoint format ``fmt``:
     compressed-tensors ``1 / max(encode)``, ModelOpt ``max(decode)`` (float32 ``[1]``)."""
     form = check_choice("checkpoint format", fmt, CheckpointFormat)
+    if form not in (CheckpointFormat.COMPRESSED_TENSORS, CheckpointFormat.MODELOPT):
+        raise ValueError(
+            f"checkpoint format {form.value!r} is not merged: llama.cpp, which runs it, keeps "
+            "one tensor scale per tensor; vLLM's merge applies to "
+            f"{CheckpointFormat.COMPRESSED_TENSORS.value!r} and {CheckpointFormat.MODELOPT.value!r}"
+        )
     if not shards:
         raise ValueError("merge needs at least one shard; got none")
     if form == CheckpointFormat.COMPRESSED_TENSORS:

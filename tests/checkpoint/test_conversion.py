@@ -119,7 +119,7 @@ def test_overwrite_rules(nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="already a compressed-tensors checkpoint"):
         checkpoint.convert(nvfp4lab_checkpoint, tmp_path / "same", format="compressed-tensors")
     with pytest.raises(ValueError, match="unknown format"):
-        checkpoint.convert(nvfp4lab_checkpoint, tmp_path / "x", format="gguf")
+        checkpoint.convert(nvfp4lab_checkpoint, tmp_path / "x", format="awq")
     with pytest.raises(FileNotFoundError):
         checkpoint.convert(tmp_path / "nope", tmp_path / "y", format="modelopt")
     assert _leftovers(tmp_path) == []
@@ -127,10 +127,10 @@ def test_overwrite_rules(nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
 
 def test_a_failure_leaves_nothing(nvfp4lab_checkpoint: Path, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(task: object) -> object:
+    def broken(*args: object) -> object:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(conversion, "_convert_shard", broken)
+    monkeypatch.setattr(conversion, "_write_weights", broken)
     with pytest.raises(OSError, match="nothing was written"):
         checkpoint.convert(nvfp4lab_checkpoint, tmp_path / "mo", format="modelopt", workers=0)
     assert list(tmp_path.iterdir()) == []
@@ -184,14 +184,14 @@ def test_issue19_case1_a_file_created_while_converting_survives(
     if overwrite:  # an old checkpoint there, which --overwrite may replace, and nothing else
         checkpoint.convert(nvfp4lab_checkpoint, dst, format="modelopt", workers=0)
     before = {p.name: p.read_bytes() for p in dst.iterdir()} if overwrite else {}
-    real = conversion._write_index
+    real = conversion._copy_side_files
 
     def meanwhile(*args: object) -> None:
         real(*args)
         dst.mkdir(exist_ok=True)
         (dst / "notes.txt").write_text("mine")
 
-    monkeypatch.setattr(conversion, "_write_index", meanwhile)
+    monkeypatch.setattr(conversion, "_copy_side_files", meanwhile)
     with pytest.raises(FileExistsError, match=r"changed while .*notes\.txt.*left as it is"):
         checkpoint.convert(nvfp4lab_checkpoint, dst, format="modelopt", overwrite=overwrite,
                            workers=0)
@@ -207,12 +207,12 @@ def test_issue19_case1_the_cli_refuses_in_one_line(nvfp4lab_checkpoint: Path,
     dst = tmp_path / "mo"
     patch = ("from pathlib import Path\n"
              "from nvfp4lab.checkpoint import conversion\n"
-             "real = conversion._write_index\n"
+             "real = conversion._copy_side_files\n"
              "def meanwhile(*a):\n"
              "    real(*a)\n"
              f"    Path({str(dst)!r}).mkdir()\n"
              f"    Path({str(dst)!r}, 'notes.txt').write_text('mine')\n"
-             "conversion._write_index = meanwhile\n")
+             "conversion._copy_side_files = meanwhile\n")
     done = _convert_cli(nvfp4lab_checkpoint, dst, "--format", "modelopt", patch=patch)
     _one_line(done, str(dst), "changed while", "notes.txt")
     assert (dst / "notes.txt").read_text() == "mine" and len(list(dst.iterdir())) == 1

@@ -119,7 +119,7 @@ def test_quantization_block(tmp_path: Path) -> None:
 
 def test_layer_names() -> None:
     names = LayerNames("p", "s", "g", "i", (), True, ((1,),))
-    assert names.roles() == {"packed": "p", "scale": "s", "global": "g", "input": "i"}
-    assert names.keys("a.b") == {"packed": "a.b.p", "scale": "a.b.s", "global": "a.b.g",
+    assert names.roles() == {"packed": "p", "block": "s", "global": "g", "input": "i"}
+    assert names.keys("a.b") == {"packed": "a.b.p", "block": "a.b.s", "global": "a.b.g",
                                  "input": "a.b.i"}
     assert names.scalar_shapes == ((), (1,))

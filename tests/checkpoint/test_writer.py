@@ -166,12 +166,12 @@ def test_failed_overwrite_keeps_old_checkpoint(
     before = file_tensors(target)
     model = tiny_llama(seed=9)
     quantize_model(model, backend="w4a16")
-    import safetensors.torch
+    from nvfp4lab.checkpoint import files
 
     def broken(*args: object, **kwargs: object) -> None:
         raise OSError("write failed")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", broken)
+    monkeypatch.setattr(files, "write_safetensors", broken)
     with pytest.raises(OSError, match="write failed"):
         checkpoint.save_pretrained(model, target, overwrite=True)
     assert_same_tensors(before, file_tensors(target))

@@ -69,7 +69,6 @@ import torch
 from torch import nn
 
 from nvfp4lab.checkpoint.files import (
-    SOURCE_ATTRIBUTE,
     ST_DTYPES,
     CheckpointError,
     Contents,
@@ -89,7 +88,6 @@ __all__ = [
     "CONFIG_KEY",
     "NAIVE_NOTE",
     "NAMES",
-    "SOURCE_ATTRIBUTE",
     "SPEC",
     "SUFFIX",
     "WEIGHTS_FILE",
@@ -123,8 +121,12 @@ _QUANT = "quant"  # a GgufView part: a non-NVFP4 ggml type, dequantized
 
 
 def _ggml() -> Any:
-    import gguf
-
+    """The ``gguf`` package (CheckpointError naming the install when it is missing)."""
+    try:
+        import gguf
+    except ImportError:
+        raise CheckpointError("the GGUF format needs the gguf package, not installed: pip "
+                              "install 'nvfp4lab[llm]' (or pip install gguf==0.19.0)") from None
     return gguf
 
 

@@ -98,7 +98,7 @@ def test_tensor_names_are_compressed_tensors_own(with_input: bool) -> None:
     ours = (names.packed, names.scale, names.global_scale)
     assert ours + ((names.input_scale,) if with_input else ()) == expected
     assert QUANTIZED_TENSOR_NAMES[:3] == ours and QUANTIZED_TENSOR_NAMES[3] == names.input_scale
-    assert SPEC.names.keys("m.q") == {"packed": "m.q.weight_packed", "scale": "m.q.weight_scale",
+    assert SPEC.names.keys("m.q") == {"packed": "m.q.weight_packed", "block": "m.q.weight_scale",
                                       "global": "m.q.weight_global_scale",
                                       "input": "m.q.input_global_scale"}
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import LlamaConfig
 
 import nvfp4lab
 from nvfp4lab import checkpoint, vocab
 from nvfp4lab.checkpoint import CheckpointError, auditing
-from nvfp4lab.checkpoint.files import Unquantized
+from nvfp4lab.checkpoint.files import Contents, Shard, Unquantized, stored_tensor
 from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.vocab import CheckpointFormat, Scheme
 
@@ -39,29 +40,51 @@ def test_every_format_has_a_module_and_a_registry_entry() -> None:
 
 
 def test_an_unknown_format_is_named_with_the_accepted_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown format 'gguf'; accepted values: "
-                                         r"'compressed-tensors', 'modelopt'$"):
-        format_spec("gguf")
+    with pytest.raises(ValueError, match=r"unknown format 'awq'; accepted values: "
+                                         r"'compressed-tensors', 'modelopt', 'gguf'$"):
+        format_spec("awq")
 
 
-def _folder(path: Path, spec: CheckpointFormatSpec) -> Path:
-    path.mkdir()
-    (path / "config.json").write_text("{}", encoding="utf-8")
-    spec.write_config(path, Scheme.NVFP4A16, Unquantized(("lm_head",), ("lm_head",)))
-    return path
+#: One quantized Linear of a two-layer Llama (K = 64: every format can hold it).
+LAYER = "model.layers.0.self_attn.q_proj"
+
+
+def _contents(spec: CheckpointFormatSpec) -> Contents:
+    """The smallest checkpoint: a Llama config and one weight-only NVFP4 layer, under the
+    format's names."""
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                         architectures=["LlamaForCausalLM"])
+    names = spec.names
+    scale = spec.to_disk(torch.tensor([2688.0]), None)
+    tensors = (
+        stored_tensor(f"{LAYER}.{names.packed}", torch.full((64, 32), 0x21, dtype=torch.uint8)),
+        stored_tensor(f"{LAYER}.{names.scale}",
+                      torch.full((64, 4), 1.0).to(torch.float8_e4m3fn)),
+        stored_tensor(f"{LAYER}.{names.global_scale}", scale.contiguous()),
+    )
+    return Contents((Shard("model.safetensors", tensors),), config.to_json_string(),
+                    Scheme.NVFP4A16, Unquantized(("lm_head",), ("lm_head",)))
 
 
 @pytest.mark.parametrize("fmt", list(CheckpointFormat))
 def test_each_formats_folder_is_detected_as_exactly_that_format(
     fmt: CheckpointFormat, tmp_path: Path
 ) -> None:
-    folder = _folder(tmp_path / fmt.name, FORMATS[fmt])
+    spec = FORMATS[fmt]
+    folder = tmp_path / fmt.name
+    folder.mkdir()
+    returned = spec.write_checkpoint(folder, _contents(spec))
     assert detect_format(folder) is fmt
-    assert [f for f, spec in FORMATS.items() if spec.detect(folder)] == [fmt]
-    config = FORMATS[fmt].read_config(folder)
+    assert [f for f, other in FORMATS.items() if other.detect(folder)] == [fmt]
+    config = spec.read_config(folder)
     assert config.checkpoint_scheme() == Scheme.NVFP4A16
     written = {p.name for p in folder.iterdir()}
-    assert written == {"config.json", *FORMATS[fmt].config_files}
+    assert written == {*returned, *spec.config_files}
+    assert set(spec.weight_files) <= written
+    stored = spec.read_weights(folder)
+    assert stored.tensors[f"{LAYER}.{spec.names.packed}"].shape == (64, 32)
+    assert spec.model_config(folder)["hidden_size"] == 64
 
 
 def test_an_unknown_quant_method_lists_every_format(tmp_path: Path) -> None:
@@ -108,8 +131,10 @@ def _format_names() -> set[str]:
     out: set[str] = set()
     for fmt, spec in FORMATS.items():
         out |= {spec.names.global_scale, spec.names.input_scale, *spec.config_files}
+        out |= set(spec.weight_files)
         module = _module(fmt)
-        for attr in ("CT_FORMAT", "QUANT_METHOD", "HF_QUANT_CONFIG_NAME"):
+        for attr in ("CT_FORMAT", "QUANT_METHOD", "HF_QUANT_CONFIG_NAME", "SUFFIX",
+                     "CONFIG_KEY"):
             if hasattr(module, attr):
                 out.add(getattr(module, attr))
         out |= set(getattr(module, "QUANT_ALGOS", {}))
