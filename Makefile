@@ -43,6 +43,18 @@ TORCHAO_PEER ?= $(PEERS_DIR)/torchao-0.18.0
 # transformers bit for bit instead (ModelOpt only warns "not tested").
 MODELOPT_SPEC ?= nvidia-modelopt==0.47.0
 MODELOPT_PEER ?= $(PEERS_DIR)/modelopt-0.47.0
+# llama-cpp-python 0.3.36 vendors llama.cpp at ggml-org/llama.cpp@0c1e57098bba, which has NVFP4
+# (ggml type 40): its libggml-base.so / libggml-cpu.so / libllama.so are the oracle of the
+# tests/peers/test_llama_cpp_*.py tests (through ctypes). PyPI has no CPU wheel of it, so the wheel
+# is built from the sdist once (about 5-6 min on 2 cores; 4 min 32 s measured), CPU only, with the
+# instruction sets named: a GGML_NATIVE build died with SIGILL on the CI VM (the build machine's
+# -march=native is not the run machine's). Its import deps (numpy, typing-extensions, jinja2,
+# diskcache) go into LLAMA_CPP_PEER only where the venv lacks them.
+LLAMA_CPP_SPEC ?= llama-cpp-python==0.3.36
+LLAMA_CPP_PEER ?= $(PEERS_DIR)/llama-cpp-python-0.3.36
+LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+LLAMA_CPP_IMPORT_DEPS ?= numpy=numpy typing_extensions=typing-extensions jinja2=jinja2 \
+	diskcache=diskcache==5.6.3
 MODELOPT_IMPORT_DEPS ?= requests=requests huggingface_hub=huggingface_hub omegaconf=omegaconf \
 	pulp=pulp scipy=scipy yaml=PyYAML pydantic=pydantic rich=rich regex=regex tqdm=tqdm \
 	packaging=packaging numpy=numpy safetensors=safetensors urllib3=urllib3 idna=idna \
@@ -81,7 +93,7 @@ BROWSER_PAGES ?=
 help:
 	@echo "make report       run the notebooks into reports/*.html (index: reports/index.html)"
 	@echo "make test         run the test suite and the linter"
-	@echo "make test-peers   check nvfp4lab bit for bit against vLLM 0.33.0, torchao 0.18, ModelOpt 0.47"
+	@echo "make test-peers   check nvfp4lab bit for bit against vLLM 0.33.0, torchao 0.18, ModelOpt 0.47, llama.cpp"
 	@echo "make test-browser report pages and JupyterLab explorers in headless Chromium (needs chromium)"
 	@echo "make lint         ruff only"
 	@echo "make bench-quick  a short benchmark run (nvfp4lab bench --quick)"
@@ -141,10 +153,23 @@ $(MODELOPT_PEER)/.installed: | $(VENV)/.installed
 		$(PIP) install -q --no-deps --target $(MODELOPT_PEER) $$missing; fi
 	@touch $@
 
+$(LLAMA_CPP_PEER)/.installed: | $(VENV)/.installed
+	rm -rf $(LLAMA_CPP_PEER).wheel
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(PIP) wheel -q --no-deps --no-binary llama-cpp-python \
+		-w $(LLAMA_CPP_PEER).wheel "$(LLAMA_CPP_SPEC)"
+	$(PIP) install -q --no-deps --target $(LLAMA_CPP_PEER) $(LLAMA_CPP_PEER).wheel/*.whl
+	@missing=$$($(PY) -c 'import importlib.util as u, sys; \
+		print(" ".join(p for m, p in (a.split("=", 1) for a in sys.argv[1:]) if not u.find_spec(m)))' \
+		$(LLAMA_CPP_IMPORT_DEPS)); \
+	if [ -n "$$missing" ]; then echo "into $(LLAMA_CPP_PEER): $$missing"; \
+		$(PIP) install -q --no-deps --target $(LLAMA_CPP_PEER) $$missing; fi
+	rm -rf $(LLAMA_CPP_PEER).wheel
+	@touch $@
+
 test-peers: $(VENV)/.installed $(VLLM_PEER)/.installed $(VLLM_PEER)/.kernels-installed \
-		$(TORCHAO_PEER)/.installed $(MODELOPT_PEER)/.installed
-	PYTHONPATH=$(VLLM_PEER):$(TORCHAO_PEER):$(MODELOPT_PEER) $(PY) -m pytest -q -m peers \
-		tests/peers $(PYTEST_ARGS)
+		$(TORCHAO_PEER)/.installed $(MODELOPT_PEER)/.installed $(LLAMA_CPP_PEER)/.installed
+	PYTHONPATH=$(VLLM_PEER):$(TORCHAO_PEER):$(MODELOPT_PEER):$(LLAMA_CPP_PEER) $(PY) -m pytest \
+		-q -m peers tests/peers $(PYTEST_ARGS)
 
 test-browser: $(VENV)/.installed
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null \

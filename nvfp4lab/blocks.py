@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from nvfp4lab.constants import E2M1_MAX
+from nvfp4lab.constants import E2M1_MAX, E2M1_SIGN_BIT, E2M1_VALUES
 from nvfp4lab.e2m1 import e2m1_table, round_to_e2m1_codes, stochastic_round_to_e2m1_codes
 from nvfp4lab.orders import ArithmeticOrder, DecodeRule, E2M1Ties
 from nvfp4lab.orders import get as get_order
@@ -35,6 +35,7 @@ from nvfp4lab.vocab import Convention, Rounding
 
 __all__ = [
     "block_scales_of",
+    "check_stochastic",
     "decode_codes",
     "encode_blocks",
     "fixed_scale_codec",
@@ -42,6 +43,48 @@ __all__ = [
 ]
 
 
+def _nearest_scaled_table(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """uint8 codes of float32 ``values [..., nb, B]`` (the block's domain) at float32 ``scales
+    [..., nb]``: the first code ``i`` in 0..15 minimizing float32 ``|E2M1(i) * s - v|``, as
+    ggml's ``best_index_mxfp4`` loops with a strict ``<`` (ggml/src/ggml-quants.c
+    @0c1e57098bba). For ``v >= 0`` (and NaN) no code of 8..15 can win (their errors are never
+    smaller than code 0's), for ``v < 0`` no code of 1..7, and code 8's error equals code 0's: so
+    the first minimum over the 8 magnitudes ``|E2M1(j) * s - |v||`` (the same float32 numbers)
+    gives the index, with the sign bit where ``v < 0`` and the index is not 0. ``torch.argmin``
+    returns the first minimum, as the strict ``<`` keeps it.
+    """
+    magnitudes = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=values.device)
+    table = scales.to(torch.float32)[..., None, None] * magnitudes  # exact products
+    errors = (table - values.abs().unsqueeze(-1)).abs_()
+    index = errors.argmin(dim=-1).to(torch.uint8)
+    del errors
+    index = torch.where(torch.isnan(values), 0, index).to(torch.uint8)
+    return index | ((values < 0) & (index > 0)).to(torch.uint8) * E2M1_SIGN_BIT
+
+
+def check_stochastic(order: ArithmeticOrder) -> None:
+    """ValueError unless stochastic rounding applies to ``order``: an order that picks codes in
+    the block's domain (``E2M1Ties.FIRST_NEAREST_SCALED_TABLE``, llama.cpp's) has no scaled value
+    to round up or down."""
+    if order.e2m1_ties is E2M1Ties.FIRST_NEAREST_SCALED_TABLE:
+        raise ValueError(
+            f"rounding='stochastic' does not apply to the {order.name} order (it picks the nearest "
+            "of E2M1 * scale in the unscaled domain, with no scaled value to round); use "
+            "rounding='rne' or another convention"
+        )
+
+
+def _round_codes(
+    scaled: torch.Tensor, scales: torch.Tensor, order: ArithmeticOrder
+) -> torch.Tensor:
+    """The order's E2M1 rounding (:class:`~nvfp4lab.orders.E2M1Ties`) of its scaled elements."""
+    if order.e2m1_ties is E2M1Ties.EVEN:
+        return round_to_e2m1_codes(scaled)
+    if order.e2m1_ties is E2M1Ties.FIRST_NEAREST_SCALED_TABLE:
+        return _nearest_scaled_table(scaled, scales)
+    raise NotImplementedError(  # pragma: no cover - a new tie rule goes here
+        f"E2M1 ties {order.e2m1_ties} of the {order.name} order"
+    )
 
 
 def block_scales_of(
@@ -68,16 +111,16 @@ def encode_blocks(
 ) -> torch.Tensor:
     """uint8 E2M1 codes of ``blocks [..., nb, B]`` at float32 block ``scales [..., nb]`` and
     tensor ``scale`` (the order's form): the order's element scaling, then its E2M1 rounding
-    (``rounding="stochastic"`` draws from ``generator`` instead)."""
+    (``rounding="stochastic"`` draws from ``generator`` instead; not for an order that picks codes
+    in the block's domain, ``E2M1Ties.FIRST_NEAREST_SCALED_TABLE``: ValueError)."""
     order = get_order(convention)
     scaled = scale_elements(blocks, scales, scale, order)
     if rounding == Rounding.STOCHASTIC:
+        check_stochastic(order)
         if generator is None:
             raise ValueError("stochastic rounding needs a torch.Generator")
         return stochastic_round_to_e2m1_codes(scaled, generator)
-    if order.e2m1_ties is not E2M1Ties.EVEN:  # pragma: no cover - a new tie rule goes here
-        raise NotImplementedError(f"E2M1 ties {order.e2m1_ties} of the {order.name} order")
-    return round_to_e2m1_codes(scaled)
+    return _round_codes(scaled, scales, order)
 
 
 def decode_codes(
@@ -99,20 +142,19 @@ def fixed_scale_codec(
     convention: str | ArithmeticOrder = Convention.KERNEL,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
     """``(encode, decode)`` at fixed float32 block ``scales [..., nb]`` and tensor ``scale`` (the
-    order's form): ``encode(blocks [..., nb, B])`` is :func:`encode_blocks` (RNE) and
+    order's form): ``encode(blocks [..., nb, B])`` is :func:`encode_blocks` (the order's
+    deterministic rounding) and
     ``decode(codes)`` :func:`decode_codes`, bit for bit, with the per-block factors computed once
     instead of at every call (GPTQ rounds the 16 columns of a group one at a time at one scale).
     """
     order = get_order(convention)
-    if order.e2m1_ties is not E2M1Ties.EVEN:  # pragma: no cover - a new tie rule goes here
-        raise NotImplementedError(f"E2M1 ties {order.e2m1_ties} of the {order.name} order")
     scaled = element_scaler(scales, scale, order)
     exact = scale if order.decode is DecodeRule.SCALE_TIMES_DECODE else None
     factor = block_decode_factor(scales, scale, exact).unsqueeze(-1)
     table = e2m1_table(torch.float32, scales.device)
 
     def encode(blocks: torch.Tensor) -> torch.Tensor:
-        return round_to_e2m1_codes(scaled(blocks))
+        return _round_codes(scaled(blocks), scales, order)
 
     def decode(codes: torch.Tensor) -> torch.Tensor:
         values = table[codes.long()]

@@ -8,8 +8,12 @@ Arithmetic (``convention``, the order of operations): a :class:`~nvfp4lab.vocab.
 or an :class:`~nvfp4lab.orders.ArithmeticOrder`; :mod:`nvfp4lab.orders` states each order step by
 step and this module only reads those steps. ``"kernel"`` (default) is vLLM's float32 reference
 of its CUDA kernel, ``"compressed-tensors"`` compressed-tensors 0.20 bit for bit, ``"modelopt"``
-ModelOpt 0.47's ``NVFP4QTensor`` (written in the DECODE scale, which its tensors keep). The
-orders disagree on a small fraction of codes (mostly bf16/fp16 inputs). The block-level functions
+ModelOpt 0.47's ``NVFP4QTensor`` (written in the DECODE scale, which its tensors keep),
+``"llama.cpp"`` ggml's NVFP4 quantizer (no tensor scale: ``global_scale`` 1.0; a given
+``global_scale`` multiplies the elements first, so ``quantize(x, gs, convention="llama.cpp")``
+is ggml's quantizer run on ``f32(x * gs)``, decoded as ``value * s / gs``). The
+first three disagree on a small fraction of codes (mostly bf16/fp16 inputs); llama.cpp's, without
+a tensor scale, on many more (its block scales alone span E4M3's range). The block-level functions
 (:mod:`nvfp4lab.blocks`, re-exported here) are the arithmetic every NVFP4 path calls, GPTQ
 included.
 
@@ -86,7 +90,7 @@ from nvfp4lab.e2m1 import pack_fp4
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.kernels import compiled as fused_kernels
 from nvfp4lab.options import NVFP4Options, block_shape, nvfp4_options
-from nvfp4lab.orders import KERNEL_MAX_GLOBAL_SCALE, ArithmeticOrder
+from nvfp4lab.orders import KERNEL_MAX_GLOBAL_SCALE, ArithmeticOrder, TensorScaleRule
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import (
     TensorScale,
@@ -214,7 +218,8 @@ def _check_geometry(x: torch.Tensor, opts: NVFP4Options) -> None:
 class ScaleUnderflowWarning(UserWarning):
     """A global scale so small that blocks underflow E4M3 to a zero scale: an explicit one under
     which every block does, or a computed one that fell short of ``2688/amax`` (the kernel
-    order's cap, or 1.0 where ``2688/amax`` is not finite) under which some non-zero block does."""
+    order's cap, 1.0 where ``2688/amax`` is not finite, or the 1.0 of an order without a tensor
+    scale, llama.cpp's) under which some non-zero block does."""
 
 
 def _warn_if_everything_underflows(gs: float, amax: float) -> None:
@@ -249,6 +254,16 @@ def _warn_if_blocks_vanish(
     if not lost:
         return
     order, k = opts.order, round(-math.log2(a))
+    if order.tensor_scale is TensorScaleRule.UNIT:
+        warnings.warn(
+            f"the {order.name} order has no tensor scale (1.0): {lost} of {int(nonzero.sum())} "
+            f"non-zero blocks of this tensor (amax {a:.6g}) have a block max below 6 * 2**-10 and "
+            "quantize to zeros. Pass global_scale=2688/amax to pre-scale the elements as a "
+            "tensor scale would",
+            ScaleUnderflowWarning,
+            stacklevel=_caller_level(),
+        )
+        return
     why = (
         f"the {order.name} order caps it at 2**{math.log2(order.max_global_scale):g}"
         if order.max_global_scale is not None and gs == order.max_global_scale

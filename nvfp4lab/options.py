@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nvfp4lab.blocks import check_stochastic
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.hadamard import check_seed
 from nvfp4lab.orders import ArithmeticOrder
@@ -163,6 +164,8 @@ def nvfp4_options(
             "rounding='stochastic' needs generator=<torch.Generator or int seed> so that results "
             "are reproducible"
         )
+    if rnd == Rounding.STOCHASTIC:
+        check_stochastic(custom if custom is not None else get_order(conv))
     if rnd == Rounding.STOCHASTIC and not isinstance(generator, torch.Generator):
         check_seed(generator, "generator")
     if rnd == Rounding.RNE and generator is not None:

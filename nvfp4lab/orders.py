@@ -34,7 +34,30 @@ for plain NVFP4), ``s`` the block scale (an E4M3 value), ``f32(·)`` a float32 r
     elements       RNE_E2M1(clamp(f32(x) / f32(s * d), -6, 6))
     decode         value * f32(s * d)
 
-E4M3 and E2M1 rounding are round-to-nearest, ties to even, in all three.
+``llama.cpp`` (no tensor scale; ggml's ``quantize_row_nvfp4_ref``, the quantizer of ggml type 40
+and ``ggml_quantize_chunk``, imatrix or not; ggml/src/ggml-quants.c and ggml-impl.h at
+ggml-org/llama.cpp@0c1e57098bba, vendored by llama-cpp-python 0.3.36; PR #19769)::
+
+    tensor scale   none: gs = d = 1 (a given ENCODE gs pre-scales the elements, x' = f32(x * gs))
+    block scale    s = ue4m3(f32(amax_b' / t))                          (amax_b' = max |x'|)
+    elements       code = first i in 0..15 minimizing f32|E2M1(i) * s - x'|  (strict <)
+    decode         value * (s / gs)                                      (= E2M1 * s at gs = 1)
+
+``ue4m3`` is ``ggml_fp32_to_ue4m3``: 0 for x <= 0 or NaN, x clamped to 448; below 2**-6
+``(int)(x * 512 + 0.5)`` capped at 7 (so [7.5, 8) * 2**-9 rounds down to 7 * 2**-9); otherwise
+the float32 mantissa's top 3 bits plus its 4th (round half up), and an E4M3 exponent field of 15
+(any x >= 248 after rounding) gives 0x7E = 448, so the scales 256..416 never occur. ggml stores
+E2M1 doubled with the scale halved (``kvalues_fp4``; ``ggml_ue4m3_to_fp32`` returns half the
+E4M3 value, byte 0x7F as 0): the products ``kvalues[i] * d`` equal ``E2M1(i) * s`` exactly. The
+element step compares in the unscaled domain, never ``x / s``: ties keep the earlier table index
+(the smaller magnitude, and +0: a small negative value gets code 0, never 8); far beyond
+``6 * s`` the float32 errors of several codes round equal and the earliest wins, so a value huge
+against its block scale (around 1e10 at s = 448) gets a smaller code, down to 0 (as does +-inf).
+Under ``nonfinite="propagate"`` a block holding NaN gets scale 0 and codes 0 here, where ggml
+(whose amax loop skips NaN) scales it by its finite values. An all-zero block, or one whose
+``amax / 6`` rounds to UE4M3 0 (amax below 6 * 2**-10), gets scale 0 and codes 0.
+
+E4M3 and E2M1 rounding are round-to-nearest, ties to even, in the first three orders.
 
 Each step's variants are an :class:`~enum.Enum` here; the functions that carry a step out
 (:mod:`nvfp4lab.scales`, :mod:`nvfp4lab.e2m1`, the graphs) dispatch on these members. A new
@@ -82,6 +105,7 @@ class TensorScaleRule(Enum):
     FLOAT32_DIVISION = auto()  #: ENCODE ``n / amax`` as one true float32 division
     INPUT_DTYPE_RECIPROCAL = auto()  #: ENCODE ``reciprocal(amax) * n``, each step in x.dtype
     DECODE_FLOAT32_DIVISION = auto()  #: DECODE ``amax / n`` as one true float32 division
+    UNIT = auto()  #: no tensor scale: 1.0 in both forms, whatever ``amax`` (llama.cpp)
 
 
 class BlockScaleRule(Enum):
@@ -90,12 +114,16 @@ class BlockScaleRule(Enum):
     ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET = auto()  #: ``gs * (amax_b * f32(1/t))``
     ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE = auto()  #: ``gs * f32(amax_b / t)``, / in x.dtype
     AMAX_OVER_TARGET_TIMES_DECODE = auto()  #: ``amax_b / f32(t * d)``
+    PRESCALED_AMAX_OVER_TARGET = auto()  #: ``f32(f32(gs * amax_b) / t)`` (gs = 1: ``amax_b / t``)
 
 
 class E4M3Rounding(Enum):
     """How the block scale is rounded to E4M3."""
 
     NEAREST_EVEN = auto()  #: ``torch.float8_e4m3fn`` cast: nearest, ties to even
+    #: ggml's ``ggml_fp32_to_ue4m3`` (module docstring): half up, subnormals capped at 7·2**-9,
+    #: everything from 248 on to 448
+    HALF_UP_UE4M3 = auto()
 
 
 class ElementScaling(Enum):
@@ -104,12 +132,19 @@ class ElementScaling(Enum):
     MULTIPLY_BY_INVERSE = auto()  #: ``f32(x) * (1 / (s * (1/gs)))``, 0 where ``s == 0``
     DIVIDE_BY_SCALE_OVER_ENCODE = auto()  #: ``f32(x) / (s / gs)``
     DIVIDE_BY_SCALE_TIMES_DECODE = auto()  #: ``f32(x) / f32(s * d)``
+    #: ``f32(x * gs)``, no division and no clamp: the elements stay in the block's domain and the
+    #: E2M1 step scales the table instead (:attr:`E2M1Ties.FIRST_NEAREST_SCALED_TABLE`)
+    PRESCALE_ONLY = auto()
 
 
 class E2M1Ties(Enum):
     """How a scaled element halfway between two E2M1 values is rounded."""
 
     EVEN = auto()  #: nearest, ties to the even code (IEEE round-half-even)
+    #: the first code ``i`` in 0..15 minimizing float32 ``|E2M1(i) * s - x|`` (ggml's
+    #: ``best_index_mxfp4``, strict ``<``): ties to the earlier index, i.e. the smaller magnitude
+    #: and +0; needs :attr:`ElementScaling.PRESCALE_ONLY` (elements in the block's domain)
+    FIRST_NEAREST_SCALED_TABLE = auto()
 
 
 class DecodeRule(Enum):
@@ -188,6 +223,21 @@ ORDERS: dict[Convention, ArithmeticOrder] = {
         zero_block_scale=1.0,
         min_block_scale=E4M3_MIN_SUBNORMAL,
         source="NVIDIA ModelOpt 0.47: NVFP4QTensor.quantize and its dequantize",
+    ),
+    Convention.LLAMA_CPP: ArithmeticOrder(
+        Convention.LLAMA_CPP,
+        scale_form=ScaleForm.ENCODE,
+        tensor_scale=TensorScaleRule.UNIT,
+        block_scale=BlockScaleRule.PRESCALED_AMAX_OVER_TARGET,
+        e4m3_rounding=E4M3Rounding.HALF_UP_UE4M3,
+        element_scaling=ElementScaling.PRESCALE_ONLY,
+        e2m1_ties=E2M1Ties.FIRST_NEAREST_SCALED_TABLE,
+        decode=DecodeRule.SCALE_OVER_ENCODE,
+        source=(
+            "llama.cpp ggml/src/ggml-quants.c quantize_row_nvfp4_ref / best_index_mxfp4 and "
+            "ggml/src/ggml-impl.h ggml_fp32_to_ue4m3 / ggml_ue4m3_to_fp32 at "
+            "ggml-org/llama.cpp@0c1e57098bba (llama-cpp-python 0.3.36); PR #19769"
+        ),
     ),
 }
 

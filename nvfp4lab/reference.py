@@ -14,7 +14,7 @@ Everything here favours obviousness over speed:
   the float32 result rounded (RNE) to the narrow type.
 * Block quantization loops over 16-element blocks in Python.
 
-Three block-quantization orders are provided (see docs/nvfp4-format.md):
+Four block-quantization orders are provided (see docs/nvfp4-format.md):
 
 ``"kernel"``
     vLLM's reference for its CUDA kernel; everything in float32 with reciprocal multiplies.
@@ -25,6 +25,12 @@ Three block-quantization orders are provided (see docs/nvfp4-format.md):
     NVIDIA ModelOpt 0.47 (``NVFP4QTensor.quantize``), written in the DECODE tensor scale
     ``d = amax / 2688``: ``s = e4m3(clamp(amax_b / (6 d), 2^-9, 448))`` (1 for an all-zero block),
     elements divided by ``s * d``, decoded as ``value * (s * d)``.
+``"llama.cpp"``
+    ggml's ``quantize_row_nvfp4_ref`` (ggml/src/ggml-quants.c, with ``ggml_fp32_to_ue4m3`` /
+    ``ggml_ue4m3_to_fp32`` of ggml-impl.h, at ggml-org/llama.cpp@0c1e57098bba, the commit
+    llama-cpp-python 0.3.36 vendors), transcribed statement by statement: no tensor scale (a given
+    one multiplies the elements first), ``ue = fp32_to_ue4m3(amax / 6)``, ``d = ue4m3_to_fp32(ue)``
+    (half the E4M3 value), each code the first ``i`` minimizing ``|kvalues[i] * d - x|``.
 
 The KV cache as vLLM 0.33 writes and reads it (``--kv-cache-dtype``; docs/kv_cache.md) has its
 own oracle at the end of this file: ``kv_quantize_nvfp4`` (``nvfp4`` and ``nvfp4_4over6``),
@@ -50,12 +56,15 @@ __all__ = [
     "E2M1_GRID",
     "E4M3_MAX",
     "F32_ONE_SIXTH",
+    "GGML_KVALUES",
     "KV_KINDS",
     "decode_e2m1_code",
     "decode_e4m3",
     "dequantize_blocks",
     "e4m3_byte",
     "e4m3_finite_values",
+    "ggml_fp32_to_ue4m3",
+    "ggml_ue4m3_to_fp32",
     "global_scale",
     "kv_encode_scale",
     "kv_fake_quantize",
@@ -94,7 +103,7 @@ CT_ZERO_SCALE: float = 0.125
 """compressed-tensors replaces a zero block scale by this value (the E4M3 'eps')."""
 
 GLOBAL_SCALE_NUMERATOR: float = 448.0 * 6.0
-CONVENTIONS: tuple[str, ...] = ("kernel", "compressed-tensors", "modelopt")
+CONVENTIONS: tuple[str, ...] = ("kernel", "compressed-tensors", "modelopt", "llama.cpp")
 MODELOPT_MIN_SCALE: float = 2.0**-9
 """ModelOpt clamps every block scale to at least E4M3's smallest subnormal."""
 
@@ -359,9 +368,12 @@ def global_scale(x: torch.Tensor, convention: str = "kernel") -> float:
     ``Tensor.__rtruediv__``, i.e. ``reciprocal(amax) * 2688`` with a rounding to x.dtype after
     each of the two operations; then to float32.
     Both: a non-finite result (amax 0 or tiny) gives 1.0; kernel: capped at 2**116.
+    llama.cpp: 1.0 (ggml's NVFP4 blocks have no tensor scale).
     """
     _check_convention(convention)
     _check_input(x)
+    if convention == "llama.cpp":
+        return 1.0
     amax = float(x.detach().abs().max()) if x.numel() else 0.0
     if convention == "kernel":
         if amax == 0.0:
@@ -397,6 +409,78 @@ def _block_modelopt(block: list[float], decode: float) -> tuple[list[int], float
         scaled = round_f32(v / divisor)
         codes.append(round_e2m1(min(max(scaled, -E2M1_MAX), E2M1_MAX)))
     return codes, scale
+
+
+#: ggml-common.h ``kvalues_fp4``: the E2M1 values doubled, by 4-bit code.
+GGML_KVALUES: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+def ggml_fp32_to_ue4m3(x: float) -> int:
+    """``ggml_fp32_to_ue4m3`` of ggml-impl.h, statement by statement on a float32 ``x``."""
+    if not x > 0.0:  # also NaN
+        return 0
+    if x > 448.0:
+        x = 448.0
+    bits = _f32_bits(x)
+    fp32_exp = ((bits >> 23) & 0xFF) - 127
+    fp32_man = (bits >> 20) & 0x7
+    ue4m3_exp = fp32_exp + 7
+    if ue4m3_exp <= 0:
+        man = int(round_f32(round_f32(x * 512.0) + 0.5))  # C's (int) truncates (x >= 0)
+        if man > 7:
+            man = 7
+        if man < 1:
+            return 0
+        return man
+    if ue4m3_exp >= 15:
+        return 0x7E
+    round_bit = (bits >> 19) & 1
+    ue4m3_man = fp32_man + round_bit
+    if ue4m3_man > 7:
+        ue4m3_man = 0
+        ue4m3_exp += 1
+        if ue4m3_exp >= 15:
+            return 0x7E
+    return (ue4m3_exp << 3) | ue4m3_man
+
+
+def ggml_ue4m3_to_fp32(byte: int) -> float:
+    """``ggml_ue4m3_to_fp32`` of ggml-impl.h: HALF the UE4M3 value (kvalues are doubled); 0x00 and
+    0x7F give 0."""
+    if byte in (0, 0x7F):
+        return 0.0
+    exponent = (byte >> 3) & 0xF
+    mantissa = byte & 0x7
+    raw = (
+        math.ldexp(mantissa, -9)
+        if exponent == 0
+        else math.ldexp(1.0 + mantissa / 8.0, exponent - 7)
+    )
+    return round_f32(raw * 0.5)
+
+
+def _block_llama_cpp(block: list[float], gs: float) -> tuple[list[int], float]:
+    """ggml's ``quantize_row_nvfp4_ref`` for one 16-element sub-block of float32 values, the block
+    first multiplied by ``gs`` in float32 (1.0: llama.cpp as it is). Returns (codes, the E4M3 value
+    of the stored byte)."""
+    xb = [round_f32(gs * v) for v in block]
+    amax = 0.0
+    for v in xb:
+        if amax < abs(v):
+            amax = abs(v)
+    ue = ggml_fp32_to_ue4m3(round_f32(amax / 6.0))
+    d = ggml_ue4m3_to_fp32(ue)
+    codes = []
+    for v in xb:  # best_index_mxfp4(x, d)
+        best_index = 0
+        best_err = abs(round_f32(round_f32(GGML_KVALUES[0] * d) - v))
+        for i in range(1, 16):
+            err = abs(round_f32(round_f32(GGML_KVALUES[i] * d) - v))
+            if err < best_err:
+                best_index = i
+                best_err = err
+        codes.append(best_index)
+    return codes, decode_e4m3(ue)
 
 
 def _block_kernel(
@@ -449,7 +533,8 @@ def quantize_blocks(
 
     ``global_scale``: the tensor scale in the form the convention's arithmetic is written in,
     used as a float32 value: ENCODE (``2688 / amax``) for "kernel" and "compressed-tensors",
-    DECODE (``amax / 2688``, ModelOpt's ``weight_scale_2``) for "modelopt".
+    DECODE (``amax / 2688``, ModelOpt's ``weight_scale_2``) for "modelopt"; for "llama.cpp" an
+    ENCODE factor the elements are multiplied by first (1.0: ggml's quantizer as it is).
     Returns ``(codes, scales)``: codes uint8 [..., K] (unpacked 4-bit codes), scales float32
     [..., K/16] holding E4M3-representable values. Runs on CPU; slow (pure Python loops).
     """
@@ -478,6 +563,8 @@ def quantize_blocks(
                 codes, scale = _block_kernel(block, gs)
             elif convention == "modelopt":
                 codes, scale = _block_modelopt(block, gs)
+            elif convention == "llama.cpp":
+                codes, scale = _block_llama_cpp(block, gs)
             else:
                 codes, scale = _block_ct(block, gs, x.dtype)
             row_codes.extend(codes)

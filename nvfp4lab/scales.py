@@ -122,13 +122,15 @@ def global_scale_from_amax(
     ``INPUT_DTYPE_RECIPROCAL`` (compressed-tensors): torch's ``2688 / t`` = ``reciprocal(t) *
     2688`` with each step rounded to the input dtype, amax clamped below at ``finfo(dtype).tiny``.
     ``DECODE_FLOAT32_DIVISION`` (modelopt): the float32 reciprocal of
-    :func:`decode_scale_from_amax`.
+    :func:`decode_scale_from_amax`. ``UNIT`` (llama.cpp): 1.0, whatever ``amax``.
     Either way a non-finite or non-positive result becomes 1.0 (compressed-tensors' rule).
     """
     order = get_order(convention)
     rule = order.tensor_scale
     if rule is TensorScaleRule.DECODE_FLOAT32_DIVISION:
         return torch.reciprocal(decode_scale_from_amax(amax, numerator))
+    if rule is TensorScaleRule.UNIT:
+        return torch.ones(1, dtype=torch.float32, device=amax.device)
     if rule is TensorScaleRule.FLOAT32_DIVISION:
         gs = torch.full_like(amax, numerator, dtype=torch.float32) / amax.float()
         if order.max_global_scale is not None:
@@ -215,9 +217,29 @@ def decode_to_encode_scale(decode_scale: torch.Tensor | float) -> torch.Tensor:
 
 
 def _round_e4m3(pre: torch.Tensor, rounding: E4M3Rounding) -> torch.Tensor:
-    """float32 E4M3 values of float32 ``pre`` (already clamped to E4M3's range)."""
+    """float32 E4M3 values of float32 ``pre`` (already clamped to E4M3's range).
+
+    ``NEAREST_EVEN``: torch's cast. ``HALF_UP_UE4M3``: ggml's ``ggml_fp32_to_ue4m3``
+    (ggml/src/ggml-impl.h @0c1e57098bba) on the float32 bits: 0 for ``pre <= 0`` or NaN; below
+    2**-6 ``(int)(pre * 512 + 0.5)`` capped at 7 (in units of 2**-9); otherwise the mantissa's top
+    3 bits plus its 4th (half up, a carry raising the exponent), an exponent field of 15 giving
+    0x7E (448).
+    """
     if rounding is E4M3Rounding.NEAREST_EVEN:
         return pre.to(torch.float8_e4m3fn).to(torch.float32)
+    if rounding is E4M3Rounding.HALF_UP_UE4M3:
+        x = pre.to(torch.float32).clamp(max=E4M3_MAX)
+        bits = x.view(torch.int32)
+        exponent = ((bits >> 23) & 0xFF) - 127 + 7  # the E4M3 exponent field (bias 7)
+        mantissa = ((bits >> 20) & 0x7) + ((bits >> 19) & 0x1)  # half up
+        carry = mantissa > 7
+        exponent = exponent + carry.to(torch.int32)
+        normal = (exponent << 3) | torch.where(carry, 0, mantissa)
+        normal = torch.where(exponent >= 15, 0x7E, normal)
+        sub = (x * 512.0 + 0.5).to(torch.int32).clamp_(max=7)  # float32 ops, truncation
+        code = torch.where(((bits >> 23) & 0xFF) - 127 + 7 <= 0, sub, normal)
+        code = torch.where(x > 0, code, 0)  # also NaN
+        return code.to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
     raise NotImplementedError(f"E4M3 rounding {rounding}")  # pragma: no cover
 
 
@@ -246,6 +268,11 @@ def block_scales(
         pre = global_scale * (amax / divisor).to(torch.float32)
     elif rule is BlockScaleRule.AMAX_OVER_TARGET_TIMES_DECODE:
         pre = amax.to(torch.float32) / (target * global_scale)
+    elif rule is BlockScaleRule.PRESCALED_AMAX_OVER_TARGET:
+        # the max of the pre-scaled elements f32(gs * x) is f32(gs * amax_b); then a true float32
+        # division by a same-device tensor (llama.cpp's amax / 6.0f)
+        divisor = torch.tensor(target, dtype=torch.float32, device=amax.device)
+        pre = (global_scale * amax.to(torch.float32)) / divisor
     else:  # pragma: no cover - a new rule must be taught here
         raise NotImplementedError(f"block-scale rule {rule} of the {order.name} order")
     if order.zero_block_scale is not None:
@@ -270,6 +297,8 @@ def element_scaler(
     ``MULTIPLY_BY_INVERSE`` (kernel): a multiply by ``m = 1 / (s * (1/gs))`` (0 where ``s == 0``);
     ``DIVIDE_BY_SCALE_OVER_ENCODE`` (compressed-tensors): a division by ``s / gs``;
     ``DIVIDE_BY_SCALE_TIMES_DECODE`` (modelopt): a division by ``s * d``.
+    ``PRESCALE_ONLY`` (llama.cpp): ``f32(x * gs)`` only, neither divided by ``s`` nor clamped (the
+    E2M1 step, :func:`nvfp4lab.blocks.encode_blocks`, scales the table by ``s`` instead).
     """
     order = get_order(convention)
     rule = order.element_scaling
@@ -281,6 +310,12 @@ def element_scaler(
             return (blocks.to(torch.float32) * multiplier).clamp_(-E2M1_MAX, E2M1_MAX)
 
         return scaled
+    if rule is ElementScaling.PRESCALE_ONLY:
+
+        def prescaled(blocks: torch.Tensor) -> torch.Tensor:
+            return blocks.to(torch.float32) * global_scale
+
+        return prescaled
     if rule is ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE:
         divisor = (scales / global_scale).unsqueeze(-1)
     elif rule is ElementScaling.DIVIDE_BY_SCALE_TIMES_DECODE:

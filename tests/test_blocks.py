@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -63,3 +65,60 @@ def test_stochastic_rounding_needs_a_generator() -> None:
     blocks = torch.ones(1, 16)
     with pytest.raises(ValueError, match=r"stochastic rounding needs a torch\.Generator"):
         encode_blocks(blocks, torch.ones(1), torch.ones(1), rounding="stochastic")
+
+
+# -- llama.cpp: the nearest of E2M1 * s, compared in the unscaled domain --------------------------
+
+
+def _grid_neighbourhood() -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales [126], values [126, V]): for every positive E4M3 scale s, every E2M1 value and
+    midpoint times s (exact) and 48 float32 neighbours on each side, both signs."""
+    s = torch.arange(1, 0x7F, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    points = s[:, None] * torch.cat([grid, (grid[1:] + grid[:-1]) / 2])[None, :]
+    near = [points]
+    for direction in (0.0, math.inf):
+        a = points
+        for _ in range(48):
+            a = torch.nextafter(a, torch.full_like(a, direction))
+            near.append(a)
+    x = torch.stack(near, -1).reshape(s.numel(), -1)
+    return s, torch.cat([x, -x], 1)
+
+
+def test_llama_cpp_codes_match_the_reference_scan() -> None:
+    """encode_blocks in the llama.cpp order = the reference's transcription of ggml's
+    best_index_mxfp4 loop, on values at and around every code and midpoint of every scale."""
+    s, x = _grid_neighbourhood()
+    rows = list(range(0, s.numel(), 5))
+    got = encode_blocks(x[:, None, :], s[:, None], torch.ones(1), "llama.cpp")[:, 0]
+    for r in rows:
+        d = reference.ggml_ue4m3_to_fp32(reference.e4m3_byte(float(s[r])))
+        for c, v in enumerate(x[r].tolist()):
+            errs = [
+                abs(reference.round_f32(reference.round_f32(k * d) - v))
+                for k in reference.GGML_KVALUES
+            ]
+            want = min(range(16), key=lambda i: (errs[i], i))  # first minimum
+            assert int(got[r, c]) == want, (float(s[r]), v)
+
+
+def test_llama_cpp_unscaled_comparison_equals_exact_division_in_range() -> None:
+    """Whether comparing |E2M1 * s - x| (ggml) can differ from rounding x / s: within |x| <= 6 s
+    it cannot when x / s is a correctly rounded float32 division (ties to the smaller magnitude),
+    checked on every scale's codes and midpoints +- 48 ulps; it does differ from a multiply by the
+    float32 reciprocal 1/s, and beyond 6 s, where float32 errors of several codes round equal."""
+    s, x = _grid_neighbourhood()
+    ggml = encode_blocks(x[:, None, :], s[:, None], torch.ones(1), "llama.cpp")[:, 0]
+
+    def toward_smaller(q: torch.Tensor) -> torch.Tensor:  # nearest, ties to the smaller index
+        grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+        index = (q.double().abs().clamp(max=6)[..., None] - grid).abs().argmin(-1)
+        return (index | ((q < 0) & (index > 0)) * 8).to(torch.uint8)
+
+    assert torch.equal(ggml, toward_smaller(x / s[:, None]))
+    assert not torch.equal(ggml, toward_smaller(x * torch.reciprocal(s)[:, None]))
+    huge = torch.tensor([[[3e3, 1e10, 2e10, 1e11, -1e11]]])
+    codes = encode_blocks(huge, torch.tensor([[448.0]]), torch.ones(1), "llama.cpp")
+    assert codes.flatten().tolist() == [7, 7, 5, 0, 0]  # saturation, then smaller codes
+    assert toward_smaller(huge / 448.0).flatten().tolist() == [7, 7, 7, 7, 15]

@@ -29,6 +29,9 @@ pytestmark = pytest.mark.usefixtures("fused_setting")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 KINDS = ["normal", "student_t", "outliers", "zero_blocks"]
+#: the orders whose scale the reference computes as an ENCODE ``global_scale`` (``modelopt``, in
+#: the DECODE form, has its own tests below)
+REFERENCE_ORDERS = ["kernel", "compressed-tensors", "llama.cpp"]
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -69,7 +72,7 @@ def assert_matches_reference(
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("convention", ["kernel", "compressed-tensors"])
+@pytest.mark.parametrize("convention", REFERENCE_ORDERS)
 def test_auto_global_scale_matches_reference(
     dtype: torch.dtype, kind: str, convention: str
 ) -> None:
@@ -79,7 +82,7 @@ def test_auto_global_scale_matches_reference(
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("gs", [1.0, 448.0, 2688.0 / 7.3, 1e-3])
-@pytest.mark.parametrize("convention", ["kernel", "compressed-tensors"])
+@pytest.mark.parametrize("convention", REFERENCE_ORDERS)
 def test_explicit_global_scale_matches_reference(
     dtype: torch.dtype, gs: float, convention: str
 ) -> None:
@@ -117,7 +120,7 @@ def test_compute_global_scale_matches_reference() -> None:
     for dtype in DTYPES:
         for a in amaxes.tolist():
             x = torch.tensor([a, -a / 2], dtype=dtype)
-            for convention in ("kernel", "compressed-tensors"):
+            for convention in REFERENCE_ORDERS:
                 got = compute_global_scale(x, convention=convention)
                 assert got.dtype == torch.float32 and got.shape == (1,)
                 assert float(got) == reference.global_scale(x, convention), (dtype, a, convention)
@@ -129,7 +132,7 @@ def test_compute_global_scale_matches_reference() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("convention", ["kernel", "compressed-tensors"])
+@pytest.mark.parametrize("convention", REFERENCE_ORDERS)
 def test_fake_quantize_equals_dequantize_of_quantize(dtype: torch.dtype, convention: str) -> None:
     x = make("student_t", (5, 3, 32), dtype, seed=8)
     y = fake_quantize(x, convention=convention)
@@ -143,7 +146,7 @@ def test_fake_quantize_is_idempotent_with_the_same_global_scale(
     dtype: torch.dtype, kind: str
 ) -> None:
     x = make(kind, (8, 64), dtype, seed=9)
-    for convention in ("kernel", "compressed-tensors"):
+    for convention in REFERENCE_ORDERS:
         gs = compute_global_scale(x, convention=convention)
         once = fake_quantize(x, gs, convention=convention)
         twice = fake_quantize(once, gs, convention=convention)
@@ -166,7 +169,7 @@ def test_k_not_multiple_of_16_raises_naming_the_shape() -> None:
         fake_quantize(torch.randn(4, 20))
 
 
-@pytest.mark.parametrize("convention", ["kernel", "compressed-tensors"])
+@pytest.mark.parametrize("convention", REFERENCE_ORDERS)
 def test_pad_true(convention: str) -> None:
     x = make("normal", (3, 20), torch.bfloat16, seed=10)
     q = quantize(x, pad=True, convention=convention)
@@ -185,7 +188,7 @@ def test_pad_true(convention: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("convention", ["kernel", "compressed-tensors"])
+@pytest.mark.parametrize("convention", REFERENCE_ORDERS)
 def test_all_zero_input(dtype: torch.dtype, convention: str) -> None:
     x = torch.zeros(4, 32, dtype=dtype)
     q = quantize(x, convention=convention)
@@ -209,7 +212,7 @@ def test_all_zero_input(dtype: torch.dtype, convention: str) -> None:
         (3.4e38, torch.float32),
     ],
 )
-@pytest.mark.parametrize("convention", ["kernel", "compressed-tensors"])
+@pytest.mark.parametrize("convention", REFERENCE_ORDERS)
 def test_extreme_magnitudes_stay_finite(
     magnitude: float, dtype: torch.dtype, convention: str
 ) -> None:
@@ -217,6 +220,8 @@ def test_extreme_magnitudes_stay_finite(
     assert bool(torch.isfinite(x).all())
     # below the kernel order's capped scale every block underflows: that is said, not silent
     capped = convention == "kernel" and magnitude < 1e-35
+    # llama.cpp has no tensor scale: blocks whose amax / 6 is below UE4M3's 2**-10 vanish
+    capped |= convention == "llama.cpp" and magnitude < 6 * 2.0**-10
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         q = quantize(x, convention=convention)
@@ -382,7 +387,7 @@ def test_nvfp4tensor_properties() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("convention", ["kernel", "compressed-tensors"])
+@pytest.mark.parametrize("convention", REFERENCE_ORDERS)
 @pytest.mark.parametrize("gs", [1.0, 2688.0 / 448.0 * 0.37])
 def test_block_scales_at_every_e4m3_tie(dtype: torch.dtype, convention: str, gs: float) -> None:
     """Blocks whose pre-rounding scale ``gs * amax / 6`` sits on an E4M3 rounding tie, +- 3 ulps
@@ -410,15 +415,20 @@ def test_block_scales_at_every_e4m3_tie(dtype: torch.dtype, convention: str, gs:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("convention", ["kernel", "compressed-tensors"])
+@pytest.mark.parametrize("convention", REFERENCE_ORDERS)
 def test_e2m1_ties_inside_a_block(dtype: torch.dtype, convention: str) -> None:
     """gs = 1 and block amax 6 give scale 1: the elements hit the E2M1 ties exactly."""
     ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
     x = torch.tensor([[6.0, *ties, -6.0, *[-t for t in ties]]], dtype=dtype)
     q = assert_matches_reference(x, 1.0, convention)
     assert q.scales.float().item() == 1.0
-    expected = [7, 0, 2, 2, 4, 4, 6, 6]
-    assert unpack_fp4(q.packed)[0].tolist() == expected + [c | 8 for c in expected]
+    if convention == "llama.cpp":  # the earlier table index: the smaller magnitude, and +0
+        expected = [7, 0, 1, 2, 3, 4, 5, 6]
+        negative = [c | 8 if c else 0 for c in expected]
+    else:  # ties to even
+        expected = [7, 0, 2, 2, 4, 4, 6, 6]
+        negative = [c | 8 for c in expected]
+    assert unpack_fp4(q.packed)[0].tolist() == expected + negative
 
 
 # --------------------------------------------------------------------------------------------
@@ -635,3 +645,74 @@ def test_capped_scale_warns_only_for_blocks_that_underflow(fused_setting: str) -
         assert float(quantize(capped_but_fine, fused=fused).global_scale) == 2.0**116
         fake_quantize(capped_but_fine, fused=fused)
     assert float(qc.dequantize()[0, 16]) != 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# the llama.cpp order (ggml's quantize_row_nvfp4_ref): its edges, its tensor-scale rule
+# --------------------------------------------------------------------------------------------
+
+
+def _llama_cpp_edges(kind: str, dtype: torch.dtype) -> torch.Tensor:
+    """Data at the llama.cpp order's edges: subnormal UE4M3 scales (small_amax, tiny_blocks) and
+    blocks beyond 6 * 448 = 2688 (saturated scale 448; in float32 / bf16 up to 1e12, where the
+    float32 errors of several codes round equal and a smaller code wins)."""
+    if kind != "saturating":
+        return make(kind, (8, 64), dtype, seed=21)
+    x = make("normal", (8, 64), torch.float32, seed=22)
+    top = 6e4 if dtype == torch.float16 else 1e12
+    x[:, ::16] = torch.logspace(3.3, math.log10(top), 8)[:, None] * torch.tensor([1.0, -1.0, 1, -1])
+    x[:, 1::16] *= 1e3
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["small_amax", "tiny_blocks", "saturating"])
+def test_llama_cpp_edges_match_reference(dtype: torch.dtype, kind: str) -> None:
+    x = _llama_cpp_edges(kind, dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScaleUnderflowWarning)  # blocks below 6 * 2**-10
+        q = assert_matches_reference(x, None, "llama.cpp")
+    raw = q.scales.view(torch.uint8)
+    if kind == "tiny_blocks":
+        assert bool(((raw > 0) & (raw < 0x08)).any())  # subnormal UE4M3 scales
+        assert bool((raw == 0).any())  # and vanished blocks
+    if kind == "saturating":
+        assert bool((raw[:, 0] == 0x7E).all())  # 448
+        if dtype != torch.float16:  # 1e12 at scale 448: every |k s - x| rounds alike -> code 0
+            assert int(unpack_fp4(q.packed)[-1, 0]) == 0
+
+
+def test_llama_cpp_global_scale_is_a_prescale() -> None:
+    """A given ENCODE global scale multiplies the elements first: the codes and scales of
+    ggml's quantizer on f32(x * gs), decoded divided by gs; no scale means 1.0."""
+    x = make("student_t", (6, 64), torch.bfloat16, seed=23)
+    assert float(compute_global_scale(x, convention="llama.cpp")) == 1.0
+    assert float(quantize(x, convention="llama.cpp").global_scale) == 1.0
+    gs = reference.round_f32(2688.0 / float(x.float().abs().max()))
+    q = quantize(x, gs, convention="llama.cpp")
+    plain = quantize(x.float() * gs, convention="llama.cpp")
+    assert torch.equal(q.packed, plain.packed)
+    assert torch.equal(q.scales.view(torch.uint8), plain.scales.view(torch.uint8))
+    assert float(q.global_scale) == gs
+    codes, scales = reference.quantize_blocks(x, gs, "llama.cpp")
+    want = reference.dequantize_blocks(codes, scales, gs)
+    assert torch.equal(bits(dequantize(q, torch.float32)), bits(want))
+    # a DECODE scale works as its float32 reciprocal, as for the other ENCODE-form orders
+    q2 = quantize(x, decode_scale=1.0 / gs, convention="llama.cpp")
+    assert float(q2.global_scale) == float(torch.reciprocal(torch.tensor([1.0 / gs])))
+
+
+def test_llama_cpp_refuses_stochastic_rounding() -> None:
+    with pytest.raises(ValueError, match=r"stochastic.*llama\.cpp order"):
+        quantize(torch.randn(2, 16), convention="llama.cpp", rounding="stochastic", generator=1)
+
+
+def test_llama_cpp_vanishing_blocks_warn() -> None:
+    x = make("normal", (2, 64), torch.float32, seed=24)
+    x[0, :16] *= 1e-4  # block max ~3e-4 < 6 * 2**-10: scale 0, codes 0
+    with pytest.warns(ScaleUnderflowWarning, match=r"no tensor scale \(1.0\): 1 of 8"):
+        q = quantize(x, convention="llama.cpp")
+    assert float(q.scales[0, 0].float()) == 0.0 and bool((dequantize(q)[0, :16] == 0).all())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScaleUnderflowWarning)
+        quantize(x, 2688.0 / float(x.abs().max()), convention="llama.cpp")  # pre-scaled: none

@@ -12,7 +12,7 @@ from nvfp4lab.vocab import AUTO, Backend, BiasMode, Convention, GemmPath, check_
 def test_members_are_their_strings() -> None:
     assert Backend.EMULATION == "emulation" and str(Backend.NATIVE) == "native"
     assert [str(m) for m in BiasMode] == ["output", "fp32", "dropped"]
-    assert [str(m) for m in Convention] == ["kernel", "compressed-tensors", "modelopt"]
+    assert [str(m) for m in Convention] == ["kernel", "compressed-tensors", "modelopt", "llama.cpp"]
 
 
 def test_roofline_paths_are_named_after_the_backends() -> None:
@@ -52,6 +52,8 @@ def test_overlapping_vocabularies_share_one_spelling() -> None:
     assert [str(m) for m in Numerics] == ["native", "emulation", "w4a16", "w4a8", "q8_0", "q8_1"]
     for b in Backend:
         assert GemmPath[b.name] == b and Numerics[b.name] == b
-    assert [str(m) for m in CheckpointFormat] == ["compressed-tensors", "modelopt"]
+    assert [str(m) for m in CheckpointFormat] == ["compressed-tensors", "modelopt", "gguf"]
+    # a safetensors family is named after its producer's order; gguf after its file
+    assert all(Convention[f.name] == f for f in CheckpointFormat if f != CheckpointFormat.GGUF)
     assert [str(m) for m in vocab.Engine] == ["vllm", "llama.cpp"]
-    assert all(Convention[f.name] == f for f in CheckpointFormat)
+    assert vocab.Engine.LLAMA_CPP == Convention.LLAMA_CPP

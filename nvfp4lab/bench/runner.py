@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from nvfp4lab.bench.store import environment, measured_row
 from nvfp4lab.bench.timing import Timing, time_fn
+from nvfp4lab.kernels.graphs import supports
+from nvfp4lab.orders import ORDERS
 from nvfp4lab.vocab import SUPPORTED_DTYPES, Backend, Convention, check_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -208,8 +210,9 @@ def _weight_cases(cfg: BenchConfig, N: int, K: int, dtype: str) -> list[_Case]:
     cases = copies if ops or "copy" in cfg.ops else []
     for op in ops:
         for conv in map(str, Convention) if op == "quantize" else (str(Convention.KERNEL),):
-            # modelopt's order has no fused kernel: eager only
-            paths = [p for p in cfg.paths if p == "eager" or conv != Convention.MODELOPT]
+            # orders the fused graphs do not implement (modelopt, llama.cpp): eager only
+            fusable = supports(ORDERS[Convention(conv)])
+            paths = [p for p in cfg.paths if p == "eager" or fusable]
             cases += [_Case(op, 0, N, K, dtype, "torch", conv, path) for path in paths]
     return cases
 

@@ -55,6 +55,7 @@ from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.dispatch import BackendChoice, select_backend
 from nvfp4lab.execution.gemm import linear, vllm_dequantize
 from nvfp4lab.hadamard import HADAMARD_SIZE, check_seed, hadamard_transform
+from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.scales import as_global_scale
 from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor, invalid_block_scales
 from nvfp4lab.vocab import (
@@ -227,7 +228,7 @@ class NVFP4Linear(nn.Module):
         backend: str = AUTO,
         input_global_scale: torch.Tensor | float | None = None,
         weight_global_scale: torch.Tensor | float | None = None,
-        convention: str = Convention.KERNEL,
+        convention: str | ArithmeticOrder = Convention.KERNEL,
         cache_dequantized: bool = False,
         bias_mode: str = BiasMode.OUTPUT,
         hadamard: int | None = None,

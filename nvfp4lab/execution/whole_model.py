@@ -30,6 +30,8 @@ from nvfp4lab.execution.attention import (
 from nvfp4lab.execution.gptq import GPTQOptions, calibration_batches, sequential_gptq
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.hadamard import check_seed, hadamard_transform
+from nvfp4lab.orders import ArithmeticOrder
+from nvfp4lab.orders import get as get_order
 from nvfp4lab.vocab import AUTO, BiasMode, Convention, KVCacheKind, QuantMethod
 
 __all__ = [
@@ -266,7 +268,9 @@ def _candidates(
 
 
 def _shared_scales(
-    candidates: Mapping[str, nn.Linear], groups: Sequence[tuple[str, ...]], convention: str,
+    candidates: Mapping[str, nn.Linear],
+    groups: Sequence[tuple[str, ...]],
+    convention: str | ArithmeticOrder,
     hadamard: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Member name -> the group's weight global scale ``min_i 2688/amax(W_i)`` (of ``W_i Q``
@@ -346,7 +350,7 @@ def _gptq_layers(
     groups: Sequence[tuple[str, ...]],
     shared_gs: Mapping[str, torch.Tensor],
     batches: Sequence[Any],
-    convention: str,
+    convention: str | ArithmeticOrder,
     gptq: GPTQOptions | None,
     options: Mapping[str, Any],
     hadamard: int | None,
@@ -382,7 +386,7 @@ def quantize_model(
     backend: str | None = AUTO,
     ignore: str | re.Pattern[str] | Iterable[IgnoreSpec] | None = None,
     share_global_scale: str | Sequence[Sequence[str]] | None = AUTO,
-    convention: str = Convention.KERNEL,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
     cache_dequantized: bool = False,
     bias_mode: str = BiasMode.OUTPUT,
     method: str = QuantMethod.RTN,
@@ -419,7 +423,9 @@ def quantize_model(
     model inputs (tokenizer outputs as dicts of tensors -> ``model(**b)``, tuples ->
     ``model(*b)``, tensors -> ``model(b)``); GPTQ methods only. ``gptq``: :class:`GPTQOptions`
     (damping, act order, block-scale timing). The global scales (shared ones included) are the
-    same for every method.
+    same for every method. ``convention``: the weights' arithmetic order, a
+    :class:`~nvfp4lab.vocab.Convention` name or an :class:`~nvfp4lab.orders.ArithmeticOrder` (e.g.
+    one with a step changed by ``dataclasses.replace``).
 
     ``hadamard``: None, or a seed: every replaced layer holds the NVFP4 weight of ``W Q`` (Q the
     seeded 16-point block Hadamard, :mod:`nvfp4lab.hadamard`) and rotates its inputs at run
@@ -452,7 +458,7 @@ def quantize_model(
     if backend is None:
         return _kv_cache_only(model, kv_kind, kv_scales, quant_method, calibration, gptq, ignore)
     vocab.check_choice("backend", backend, vocab.Backend, extra=(AUTO,))
-    vocab.check_choice("convention", convention, Convention)
+    get_order(convention)  # a Convention name (the vocabulary's error otherwise) or an order
     if hadamard is not None:
         check_seed(hadamard)
     elif quant_method == QuantMethod.MR_GPTQ:

@@ -34,10 +34,11 @@ from torch import nn
 
 from nvfp4lab.execution import quantize_model
 from nvfp4lab.execution.calibrate import calibration, run_batch
+from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import tqdm_class
 from nvfp4lab.studies.llm import ReferenceRun, token_fidelity
-from nvfp4lab.vocab import Backend, KVCacheKind, QuantMethod
+from nvfp4lab.vocab import Backend, Convention, KVCacheKind, QuantMethod
 
 __all__ = [
     "ANCHORS_PATH",
@@ -54,6 +55,7 @@ __all__ = [
     "llm_explorer",
     "plot_configs",
     "published_anchors",
+    "scored_row",
 ]
 
 #: Activation scales of a W4A4 configuration: computed per call from the input's amax, or
@@ -69,7 +71,9 @@ class LLMConfig:
     """One configuration: ``backend`` of the Linear layers (``None``: none quantized, the KV
     cache only), ``method`` (``rtn`` / ``gptq``), ``rotation`` (GPTQ on block-Hadamard-rotated
     weights), ``input_scales`` (:data:`DYNAMIC` or :data:`CALIBRATED`, W4A4 only), ``kv_cache``
-    (a :class:`~nvfp4lab.vocab.KVCacheKind` value or ``None``)."""
+    (a :class:`~nvfp4lab.vocab.KVCacheKind` value or ``None``), ``convention`` (the weights'
+    arithmetic order: a :class:`~nvfp4lab.vocab.Convention` name or an
+    :class:`~nvfp4lab.orders.ArithmeticOrder`; ``studies.llm_llama_cpp`` compares them)."""
 
     label: str
     backend: str | None = Backend.W4A16
@@ -77,6 +81,7 @@ class LLMConfig:
     rotation: bool = False
     input_scales: str = DYNAMIC
     kv_cache: str | None = None
+    convention: str | ArithmeticOrder = Convention.KERNEL
 
     @property
     def weights(self) -> str:
@@ -135,7 +140,7 @@ def build(reference: nn.Module, config: LLMConfig,
     else:
         quantize_model(model, backend=config.backend, method=config.quant_method,
                        calibration=list(calibration_batches) if gptq else None,
-                       kv_cache=config.kv_cache)
+                       kv_cache=config.kv_cache, convention=config.convention)
     if config.backend == Backend.EMULATION and config.input_scales == CALIBRATED:
         with torch.no_grad(), calibration(model):
             for batch in calibration_batches:
@@ -150,9 +155,16 @@ def config_row(reference: nn.Module, run: ReferenceRun, config: LLMConfig,
     evaluation text): perplexity and its ratio to the reference's, mean and p99 KL divergence
     (nats per token), top-1 agreement, with 95 % intervals. The model is freed after use."""
     model, seconds = build(reference, config, calibration_batches)
+    row = scored_row(model, seconds, run, config)
+    del model
+    return row
+
+
+def scored_row(model: nn.Module, seconds: float, run: ReferenceRun,
+               config: LLMConfig) -> dict[str, Any]:
+    """:func:`config_row` of an already built ``model`` (``build``'s pair) of ``config``."""
     with torch.no_grad():
         fidelity = token_fidelity(run, model, progress=False)
-    del model
     return {"label": config.label, "weights": config.weights,
             "activations": config.activations, "kv_cache": config.kv_cache or "float",
             "method": config.quant_method if config.backend is not None else "-",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -14,6 +16,8 @@ from nvfp4lab.execution import (
     quantize_model,
 )
 from nvfp4lab.metrics import sqnr_db
+from nvfp4lab.orders import ORDERS
+from nvfp4lab.vocab import Convention
 from tests.execution.tiny_models import tiny_model, token_batches
 
 SQNR_BOUNDS_DB = {"w4a16": 23.5, "emulation-static": 21.0, "emulation-dynamic": 21.0}
@@ -134,3 +138,18 @@ def test_second_quantize_model_warns_naming_the_nvfp4_layers() -> None:
                       r"\('0', '2'\).*0 Linear layer\(s\) left"):
         report = quantize_model(model, method="gptq", calibration=[torch.randn(8, 64)])
     assert report.replaced == []
+
+
+def test_the_convention_may_be_an_order_given_as_data() -> None:
+    """convention= takes a registered order's name or an ArithmeticOrder; the same order either
+    way gives the same layers, and a bad name raises the vocabulary's error."""
+    named, data = tiny_model(), tiny_model()
+    quantize_model(named, convention="llama.cpp")
+    order = dataclasses.replace(ORDERS[Convention.LLAMA_CPP], source="a copy")
+    quantize_model(data, convention=order)
+    for (name, a), (_, b) in zip(named.named_modules(), data.named_modules(), strict=True):
+        if isinstance(a, NVFP4Linear):
+            assert torch.equal(a.weight_packed, b.weight_packed), name
+            assert float(a.weight_global_scale) == 1.0  # llama.cpp: no tensor scale
+    with pytest.raises(ValueError, match="unknown convention 'llama'; accepted values"):
+        quantize_model(tiny_model(), convention="llama")
