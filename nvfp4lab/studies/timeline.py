@@ -268,7 +268,8 @@ def merge_demo(
         shards[name] = quantize(w / w.abs().max() * a)
     x = torch.randn(m, k, generator=g)
     rows = []
-    for fmt in CheckpointFormat:
+    # the formats vLLM loads (and merges); llama.cpp keeps GGUF's scales per tensor
+    for fmt in (CheckpointFormat.COMPRESSED_TENSORS, CheckpointFormat.MODELOPT):
         for r in merge_error(shards, fmt, activations=x):
             rows.append({"format": fmt.value, "amax": amax[r.shard], **r.as_dict()})
     return rows
