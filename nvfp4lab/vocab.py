@@ -38,6 +38,8 @@ The overlaps, one line each (a value is written once: the later enum takes it fr
 - ``Convention`` / ``CheckpointFormat``: the arithmetic order in memory (``kernel`` included) /
   the disk family, named after the order its producer computes in, with its global-scale storage
   (``gguf`` is named after its file: llama.cpp's container, not an order).
+- ``Convention`` / ``Engine``: ``llama.cpp`` is ggml's quantizer order (in memory) / the engine
+  whose execution path :func:`nvfp4lab.select_backend` models.
 - ``GemmPath`` / ``KVCacheKind``: ``fp8`` is the unquantized FP8 GEMM the roofline models / the
   FP8 E4M3 KV cache (vLLM spells both ``fp8``).
 
@@ -211,8 +213,9 @@ class Engine(StrEnum):
     """An inference engine whose NVFP4 path :func:`nvfp4lab.select_backend` models."""
 
     VLLM = "vllm"  #: vLLM, release by release (execution/vllm_rules.py, vllm_select.py)
-    #: llama.cpp as llama-cpp-python 0.3.36 vendors it (execution/llama_cpp_rules.py)
-    LLAMA_CPP = "llama.cpp"
+    #: llama.cpp as llama-cpp-python 0.3.36 vendors it (execution/llama_cpp_rules.py); the value
+    #: is Convention's: the engine and its own quantizer's order share the name
+    LLAMA_CPP = Convention.LLAMA_CPP.value
 
 
 class VllmPackage(StrEnum):

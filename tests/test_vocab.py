@@ -58,3 +58,4 @@ def test_overlapping_vocabularies_share_one_spelling() -> None:
     assert all(Convention[f.name] == f for f in CheckpointFormat if f != CheckpointFormat.GGUF)
     assert CheckpointFormat.GGUF.name not in Convention.__members__
     assert [str(m) for m in vocab.Engine] == ["vllm", "llama.cpp"]
+    assert vocab.Engine.LLAMA_CPP == Convention.LLAMA_CPP
