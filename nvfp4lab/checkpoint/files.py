@@ -56,6 +56,7 @@ __all__ = [
     "LayerNames",
     "RowReader",
     "RowView",
+    "SafetensorsContainer",
     "Shard",
     "StoredTensor",
     "StoredWeights",
@@ -740,3 +741,27 @@ def safetensors_config(path: Path) -> dict[str, Any]:
     """``config.json`` of a safetensors checkpoint folder (CheckpointError naming it when it is
     missing or not a JSON object)."""
     return read_json(Path(path) / CONFIG_NAME)
+
+
+class SafetensorsContainer:
+    """The container members of :class:`~nvfp4lab.checkpoint.formats.CheckpointFormatSpec` that
+    every safetensors format shares (``config.json`` plus safetensors shards): a format class
+    inherits them and defines ``write_config``, its quantization config."""
+
+    def read_weights(self, path: Path) -> StoredWeights:
+        """The folder's safetensors tensors (:func:`safetensors_weights`)."""
+        return safetensors_weights(path)
+
+    def model_config(self, path: Path) -> dict[str, Any]:
+        """The folder's ``config.json``."""
+        return safetensors_config(path)
+
+    def write_checkpoint(self, folder: Path, contents: Contents,
+                         run: TaskRunner | None = None) -> list[str]:
+        """``config.json``, safetensors shards (and index), then ``write_config``
+        (:func:`write_safetensors_checkpoint`)."""
+        return write_safetensors_checkpoint(folder, contents, self.write_config, run)
+
+    def write_config(self, folder: Path, scheme: Scheme, unquantized: Unquantized) -> None:
+        """The format's quantization config in ``folder`` (each format defines it)."""
+        raise NotImplementedError

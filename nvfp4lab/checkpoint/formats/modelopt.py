@@ -56,16 +56,11 @@ from torch import nn
 from nvfp4lab.checkpoint.files import (
     CONFIG_NAME,
     CheckpointError,
-    Contents,
     LayerNames,
-    StoredWeights,
-    TaskRunner,
+    SafetensorsContainer,
     Unquantized,
     quantization_block,
     read_json,
-    safetensors_config,
-    safetensors_weights,
-    write_safetensors_checkpoint,
 )
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.vocab import CheckpointFormat, Scheme
@@ -242,7 +237,7 @@ def config_quantization(scheme: str, exclude: Iterable[str]) -> dict[str, Any]:
     }
 
 
-class ModelOpt:
+class ModelOpt(SafetensorsContainer):
     """The ModelOpt NVFP4 format (see the module docstring)."""
 
     format = CheckpointFormat.MODELOPT
@@ -273,20 +268,6 @@ class ModelOpt:
 
     def read_config(self, directory: Path) -> ModelOptConfig:
         return read_modelopt_config(directory)
-
-    def read_weights(self, path: Path) -> StoredWeights:
-        """The folder's safetensors tensors (``files.safetensors_weights``)."""
-        return safetensors_weights(path)
-
-    def model_config(self, path: Path) -> dict[str, Any]:
-        """The folder's ``config.json``."""
-        return safetensors_config(path)
-
-    def write_checkpoint(self, folder: Path, contents: Contents,
-                         run: TaskRunner | None = None) -> list[str]:
-        """``config.json``, safetensors shards (and index), then :meth:`write_config`
-        (:func:`~nvfp4lab.checkpoint.files.write_safetensors_checkpoint`)."""
-        return write_safetensors_checkpoint(folder, contents, self.write_config, run)
 
     def write_config(self, folder: Path, scheme: Scheme, unquantized: Unquantized) -> None:
         """Add the ``quantization_config`` to ``folder/config.json`` and write
