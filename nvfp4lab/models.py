@@ -27,7 +27,7 @@ import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nvfp4lab.settings import cache_root, tqdm_class
+from nvfp4lab.settings import cache_dir, tqdm_class
 from nvfp4lab.vocab import check_dtype
 
 __all__ = [
@@ -86,12 +86,6 @@ class ModelPackageMissing(ImportError):
 # ---------------------------------------------------------------------------------------------
 # Cache and extraction
 # ---------------------------------------------------------------------------------------------
-
-
-def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    """nvfp4lab's cache directory (:func:`nvfp4lab.settings.cache_root`): ``$NVFP4LAB_CACHE``,
-    else ``$XDG_CACHE_HOME/nvfp4lab``, else ``~/.cache/nvfp4lab`` (nothing is created)."""
-    return cache_root(env)
 
 
 def _packaged_file(package: str, distribution: str, name: str, model: str, hint: str

@@ -14,8 +14,19 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
 * ``GGML_CUDA_MMQ_PREC`` — llama.cpp's q4 | q8 | auto: the activation precision of its CUDA
   MMQ (read by ``select_backend(engine="llama.cpp")``,
   :mod:`nvfp4lab.execution.llama_cpp_rules`).
-* ``NVFP4LAB_CACHE`` / ``XDG_CACHE_HOME`` — nvfp4lab's cache directory (:func:`cache_root`):
-  packaged models extracted, the C++ decode kernel built (read at every call).
+* ``NVFP4LAB_CACHE`` / ``XDG_CACHE_HOME`` — nvfp4lab's cache directory (:func:`cache_dir`:
+  ``$NVFP4LAB_CACHE``, else ``$XDG_CACHE_HOME/nvfp4lab``, else ``~/.cache/nvfp4lab``): where
+  packaged models are extracted, the C++ decode kernel built, and the compiled fused kernels'
+  default home (next item).
+* ``TORCHINDUCTOR_CACHE_DIR`` — torch's own variable, where inductor keeps what it compiles (read
+  by :func:`kernel_cache_dir`). When the user set it, it wins: nvfp4lab uses that directory and
+  never changes it. Otherwise nvfp4lab's first fused call (:func:`use_kernel_cache`, before it
+  compiles anything) sets it, in this process's ``os.environ``, to ``<cache_dir>/inductor``, so
+  compiled kernels outlive ``/tmp`` and a machine pays each compilation once, not once per
+  process. torch writes its own default, ``<tmp>/torchinductor_<user>``, into the variable the
+  first time anything touches its cache (loading a transformers model does): that value counts
+  as unset (to keep torch's directory, set ``TORCHINDUCTOR_CACHE_DIR`` to any other path).
+  ``import nvfp4lab`` changes nothing.
 * ``NVFP4LAB_FUSED`` — auto | on | off: when quantize / fake_quantize / dequantize / linear run
   the fused compiled kernels of :mod:`nvfp4lab.kernels` (read by :func:`fused_mode` at every
   call; unset = auto).
@@ -32,8 +43,11 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
 
 from __future__ import annotations
 
+import getpass
 import os
-from collections.abc import Mapping
+import re
+import tempfile
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +63,21 @@ __all__ = [
     "FBGEMM_ENV",
     "FUSED_ENV",
     "GEMM_BACKEND_ENV",
+    "INDUCTOR_CACHE_ENV",
+    "KERNEL_CACHE_SUBDIR",
     "LLAMA_MMQ_PREC_ENV",
     "TEXT_PROGRESS_ENV",
     "THREADS_ENV",
     "VLLM_ENV_VARS",
-    "cache_root",
+    "cache_dir",
     "environ",
     "fused_mode",
+    "kernel_cache_dir",
     "text_progress",
+    "torch_default_kernel_cache",
     "torch_threads",
     "tqdm_class",
+    "use_kernel_cache",
     "use_torch_threads",
 ]
 
@@ -73,6 +92,10 @@ FUSED_ENV = "NVFP4LAB_FUSED"
 TEXT_PROGRESS_ENV = "NVFP4LAB_TEXT_PROGRESS"
 THREADS_ENV = "NVFP4LAB_THREADS"
 LLAMA_MMQ_PREC_ENV = "GGML_CUDA_MMQ_PREC"
+#: torch's variable for inductor's cache directory (see the module docstring for what wins).
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+#: The compiled kernels' folder under :func:`cache_dir` when ``TORCHINDUCTOR_CACHE_DIR`` is unset.
+KERNEL_CACHE_SUBDIR = "inductor"
 
 #: Torch CPU threads per process when ``NVFP4LAB_THREADS`` is unset. One, measured (notebook
 #: 04's ``error_table``, 2048², on this project's 2-core machine while other work ran): 1 thread
@@ -96,7 +119,7 @@ def environ(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
     return os.environ if env is None else env
 
 
-def cache_root(env: Mapping[str, str] | None = None) -> Path:
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """nvfp4lab's cache directory: ``$NVFP4LAB_CACHE``, else ``$XDG_CACHE_HOME/nvfp4lab``,
     else ``~/.cache/nvfp4lab`` (``env`` defaults to ``os.environ``; nothing is created)."""
     env = environ(env)
@@ -104,6 +127,43 @@ def cache_root(env: Mapping[str, str] | None = None) -> Path:
         return Path(env[CACHE_ENV]).expanduser()
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "nvfp4lab"
+
+
+def torch_default_kernel_cache() -> Path:
+    """torch's own default for ``TORCHINDUCTOR_CACHE_DIR``: ``torchinductor_<user>`` in the
+    temporary directory, the characters ``\\/:*?"<>|`` of the user name replaced by ``_``
+    (torch 2.13, ``torch/_inductor/runtime/cache_dir_utils.py``, ``default_cache_dir``; computed
+    here without importing inductor, which would import dynamo)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError, ModuleNotFoundError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return Path(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def kernel_cache_dir(env: Mapping[str, str] | None = None) -> tuple[Path, bool]:
+    """(inductor's cache directory for the fused kernels, whether ``TORCHINDUCTOR_CACHE_DIR`` of
+    ``env`` chose it): that variable when set to anything but torch's own default (it wins),
+    else ``<cache_dir>/inductor``. torch writes its default into the variable itself the first
+    time anything touches its cache (loading a transformers model does), so that value counts
+    as unset. Nothing is created or set."""
+    env = environ(env)
+    own = env.get(INDUCTOR_CACHE_ENV, "").strip()
+    if own and Path(own).expanduser().absolute() != torch_default_kernel_cache().absolute():
+        return Path(own).expanduser().absolute(), True
+    return (cache_dir(env) / KERNEL_CACHE_SUBDIR).absolute(), False
+
+
+def use_kernel_cache(env: MutableMapping[str, str] | None = None) -> Path:
+    """Point inductor at :func:`kernel_cache_dir` of ``env`` (default: this process's
+    ``os.environ``) and return the directory: sets ``TORCHINDUCTOR_CACHE_DIR`` when it is unset,
+    leaves it as it is otherwise. Called by the fused kernels before their first compilation
+    (inductor reads the variable when it first touches its cache); nothing is created here."""
+    target: MutableMapping[str, str] = os.environ if env is None else env
+    path, chosen = kernel_cache_dir(target)
+    if not chosen:  # unset, or torch's own default written by torch itself
+        target[INDUCTOR_CACHE_ENV] = str(path)
+    return path
 
 
 def fused_mode(env: Mapping[str, str] | None = None) -> FusedMode:

@@ -111,8 +111,6 @@ def test_every_report_notebook_takes_its_threads_from_settings() -> None:
     """Thread counts are chosen in one place: each notebook's setup cell calls
     ``settings.use_torch_threads()``; none sets torch's threads itself."""
     import json
-    from pathlib import Path
-
     notebooks = sorted((Path(__file__).parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     assert notebooks
     for path in notebooks:
@@ -122,11 +120,43 @@ def test_every_report_notebook_takes_its_threads_from_settings() -> None:
         assert not any("set_num_threads" in c for c in code), path.name
 
 
-def test_cache_root_resolution(tmp_path: Path) -> None:
-    """``NVFP4LAB_CACHE``, else ``XDG_CACHE_HOME``/nvfp4lab, else ~/.cache/nvfp4lab (models and
-    the C++ decode kernel share it)."""
-    assert settings.cache_root({"NVFP4LAB_CACHE": str(tmp_path / "a")}) == tmp_path / "a"
-    xdg = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
-    assert settings.cache_root(xdg) == tmp_path / "xdg" / "nvfp4lab"
-    assert settings.cache_root({"NVFP4LAB_CACHE": "", **xdg}) == tmp_path / "xdg" / "nvfp4lab"
-    assert settings.cache_root({}) == Path.home() / ".cache" / "nvfp4lab"
+def test_cache_dir_precedence(tmp_path: Path) -> None:
+    home = Path.home() / ".cache" / "nvfp4lab"
+    assert settings.cache_dir({}) == home
+    assert settings.cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "nvfp4lab"
+    both = {"XDG_CACHE_HOME": str(tmp_path), settings.CACHE_ENV: str(tmp_path / "own")}
+    assert settings.cache_dir(both) == tmp_path / "own"  # NVFP4LAB_CACHE wins
+
+
+def test_kernel_cache_dir_is_ours_unless_torchs_variable_is_set(
+    tmp_path: Path,
+) -> None:
+    ours = {settings.CACHE_ENV: str(tmp_path)}
+    assert settings.kernel_cache_dir(ours) == (tmp_path / "inductor", False)
+    home = Path.home() / ".cache" / "nvfp4lab" / "inductor"
+    assert settings.kernel_cache_dir({}) == (home, False)
+    users = {**ours, settings.INDUCTOR_CACHE_ENV: str(tmp_path / "mine")}
+    assert settings.kernel_cache_dir(users) == (tmp_path / "mine", True)  # the user's wins
+    blank = {**ours, settings.INDUCTOR_CACHE_ENV: "  "}
+    assert settings.kernel_cache_dir(blank) == (tmp_path / "inductor", False)
+    # torch writes its own default into the variable when anything touches its cache: unset
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    default = settings.torch_default_kernel_cache()
+    assert default == Path(default_cache_dir())  # torch's own function as the oracle
+    by_torch = {**ours, settings.INDUCTOR_CACHE_ENV: str(default)}
+    assert settings.kernel_cache_dir(by_torch) == (tmp_path / "inductor", False)
+
+
+def test_use_kernel_cache_sets_the_variable_only_when_unset(tmp_path: Path) -> None:
+    env = {settings.CACHE_ENV: str(tmp_path)}
+    assert settings.use_kernel_cache(env) == tmp_path / "inductor"
+    assert env[settings.INDUCTOR_CACHE_ENV] == str(tmp_path / "inductor")
+    mine = {settings.CACHE_ENV: str(tmp_path), settings.INDUCTOR_CACHE_ENV: "/elsewhere"}
+    assert settings.use_kernel_cache(mine) == Path("/elsewhere")
+    assert mine[settings.INDUCTOR_CACHE_ENV] == "/elsewhere"  # never overridden
+    by_torch = {settings.CACHE_ENV: str(tmp_path),
+                settings.INDUCTOR_CACHE_ENV: str(settings.torch_default_kernel_cache())}
+    assert settings.use_kernel_cache(by_torch) == tmp_path / "inductor"
+    assert by_torch[settings.INDUCTOR_CACHE_ENV] == str(tmp_path / "inductor")
+    assert not (tmp_path / "inductor").exists()  # nothing is created

@@ -25,14 +25,18 @@ from nvfp4lab.bench.llama_cpp import (
 from nvfp4lab.bench.model import FLOAT_IMPL, MODEL_NAME, forward_rows, run_forward
 from nvfp4lab.bench.peers import PeerResult, peer_rows, run_peers
 from nvfp4lab.bench.runner import (
+    AMAX_FIRST_OPS,
+    ELEMENTWISE_OPS,
     LINEAR_BACKENDS,
     OPS,
     PATHS,
     BenchConfig,
     bench_dtype,
+    bound_ratio,
     check_memory,
     check_timing,
     default_shapes,
+    logical_bytes,
     parse_shapes,
     run_bench,
 )
@@ -229,6 +233,37 @@ def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
             f"{r['op']:<14} {r['shape']:<18} {r['dtype']:<9} {r['backend']:<10} "
             f"{r['convention']:<19} {r['path']:<6} {_fmt_time(float(r['median_s']))} "
             f"{float(r['spread_s']) * 1e3:7.3f}ms  {derived:<18} {_relative(r, matmul_s)}"
+        )
+
+
+def _print_bounds(rows: Sequence[dict[str, Any]]) -> None:
+    """One line per elementwise row measured against copy_: the bytes it moves and how close it
+    comes to its bandwidth bound (those bytes at copy_'s rate)."""
+    rows = [r for r in rows if r["op"] in ELEMENTWISE_OPS and r["copy_fraction"]]
+    if not rows:
+        return
+    print(
+        "\nbandwidth bound: bytes = what the op must read + write once; bound = those bytes at "
+        "copy_'s rate (x copy_); fraction = bound / measured. quantize and fake_quantize that "
+        "compute their global scale read x twice (amax first): 2-read bound"
+    )
+    print(
+        f"{'op':<14} {'shape':<18} {'dtype':<9} {'conv':<19} {'path':<6} {'MB moved':>9} "
+        f"{'bound':>7} {'measured':>9} {'fraction':>8} {'2-read bound':>12} {'fraction':>8}"
+    )
+    for r in rows:
+        itemsize = bench_dtype(r["dtype"]).itemsize
+        moved = logical_bytes(r["op"], int(r["N"]) * int(r["K"]), itemsize)
+        bound = bound_ratio(r["op"], itemsize)
+        measured = 1 / float(r["copy_fraction"])
+        two = ""
+        if r["op"] in AMAX_FIRST_OPS:
+            b2 = bound_ratio(r["op"], itemsize, amax_pass=True)
+            two = f"{b2:11.2f}x {b2 / measured:8.3f}"
+        print(
+            f"{r['op']:<14} {r['shape']:<18} {r['dtype']:<9} {r['convention']:<19} "
+            f"{r['path']:<6} {moved / 1e6:9.1f} {bound:6.2f}x {measured:8.2f}x "
+            f"{bound / measured:8.3f} {two}"
         )
 
 
@@ -498,6 +533,7 @@ def run_cli(args: argparse.Namespace) -> int:
         )
         return 1
     _print_rows(rows)
+    _print_bounds(rows)
     for msg in skipped:
         print(f"note: {msg}")
     if path is not None:

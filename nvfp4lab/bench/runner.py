@@ -47,9 +47,11 @@ __all__ = [
     "PATHS",
     "BenchConfig",
     "bench_dtype",
+    "bound_ratio",
     "check_memory",
     "check_timing",
     "default_shapes",
+    "logical_bytes",
     "parse_shapes",
     "run_bench",
     "seeded_randn",
@@ -66,6 +68,37 @@ LINEAR_BACKENDS: tuple[str, ...] = (Backend.EMULATION, Backend.W4A16, Backend.NA
 PATHS: tuple[str, ...] = ("eager", "fused", "default")
 #: The ``fused=`` argument of each path.
 _FUSED_ARG: dict[str, bool | None] = {"eager": False, "fused": True, "default": None}
+
+#: Ops that compute their own global scale from amax(|x|) before any code: x is read twice.
+AMAX_FIRST_OPS: tuple[str, ...] = ("quantize", "fake_quantize")
+
+
+def logical_bytes(op: str, nk: int, itemsize: int, *, amax_pass: bool = False) -> float:
+    """Bytes an elementwise ``op`` must move over an ``nk``-element weight of ``itemsize``-byte
+    elements: what it reads plus what it writes, each once (the packed form is 0.5 byte of codes
+    + 1/16 byte of E4M3 scale per element). ``copy``: read + write the tensor (2·itemsize);
+    ``quantize``: read x, write the packed form; ``dequantize``: the reverse; ``fake_quantize``:
+    read x, write x_hat. ``amax_pass``: add the second read of x that quantize and
+    fake_quantize need when they compute the global scale themselves (amax first)."""
+    packed = nk / 2 + nk / 16
+    tensor = float(nk * itemsize)
+    moved = {
+        "copy": 2 * tensor,
+        "quantize": tensor + packed,
+        "dequantize": packed + tensor,
+        "fake_quantize": 2 * tensor,
+    }[op]
+    return moved + (tensor if amax_pass and op in AMAX_FIRST_OPS else 0.0)
+
+
+def bound_ratio(op: str, itemsize: int, *, amax_pass: bool = False) -> float:
+    """The bandwidth bound of ``op`` as a multiple of ``y.copy_(x)`` on the same tensor: its
+    :func:`logical_bytes` over copy's (bf16: quantize 0.64, dequantize 0.64, fake_quantize 1.0;
+    with the amax pass 1.14 and 1.5)."""
+    return logical_bytes(op, 1 << 20, itemsize, amax_pass=amax_pass) / logical_bytes(
+        "copy", 1 << 20, itemsize
+    )
+
 
 _SHAPE_RE = re.compile(r"^\s*(\d+)\s*[xX*,]\s*(\d+)\s*[xX*,]\s*(\d+)\s*$")
 
@@ -252,21 +285,20 @@ def _prepare(case: _Case, cfg: BenchConfig, seed: int) -> tuple[Callable[[], Any
     itemsize = torch.empty((), dtype=dt).element_size()
     w = seeded_randn((case.N, case.K), dt, seed, dev)
     nk = case.N * case.K
-    packed_bytes = nk / 2 + nk / 16  # 4-bit codes + one E4M3 scale per 16
     fused = _FUSED_ARG.get(case.path, False)
     if case.op == "copy":
         y = torch.empty_like(w)
         fn = (lambda: y.copy_(w)) if case.backend == "copy_" else w.clone
-        return fn, 2.0 * nk * itemsize, 0.0
+        return fn, logical_bytes(case.op, nk, itemsize), 0.0
     if case.op == "quantize":
         conv = case.convention
         fn = lambda: quantize(w, convention=conv, fused=fused)  # noqa: E731
-        return fn, nk * itemsize + packed_bytes, 0.0
+        return fn, logical_bytes(case.op, nk, itemsize), 0.0
     if case.op == "dequantize":
         q = quantize(w)
-        return (lambda: q.dequantize(dt, fused=fused)), packed_bytes + nk * itemsize, 0.0
+        return (lambda: q.dequantize(dt, fused=fused)), logical_bytes(case.op, nk, itemsize), 0.0
     if case.op == "fake_quantize":
-        return (lambda: fake_quantize(w, fused=fused)), 2.0 * nk * itemsize, 0.0
+        return (lambda: fake_quantize(w, fused=fused)), logical_bytes(case.op, nk, itemsize), 0.0
     x = seeded_randn((case.M, case.K), dt, seed + 1, dev)
     flops = 2.0 * case.M * case.N * case.K
     if case.op == "matmul":

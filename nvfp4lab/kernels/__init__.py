@@ -27,15 +27,22 @@ CPU or CUDA tensor, a compiler must work here (:func:`compiler_available`), and 
 ``off`` / ``fused=False``
     never.
 ``auto`` (default)
-    tensors of at least :data:`AUTO_MIN_ELEMENTS`, once this process has already done
-    :data:`AUTO_WORK_ELEMENTS` of such work eagerly on that device type. Per call the fused path
-    wins from ~16 K elements (2.7-5x at 64 K, 6-22x from 256 K on the 2-core CPU), but compiling
-    costs seconds: the first fused call of a process 4.0 s with inductor's disk cache warm (3.4 s
-    of inductor start-up, 0.6 s for quantize's three graphs) and 15 s cold; each further graph
-    set (new kind, convention or dtype) 0.2 s warm, 1.3-2.5 s cold; a new shape 0 s. One call
-    never pays that back, so a process first spends about that much time in eager work (the
-    ski-rental rule: it never spends much more than twice the best choice made in hindsight);
-    short scripts and the notebooks never compile at all.
+    tensors of at least :data:`AUTO_MIN_ELEMENTS`, as :func:`auto_decision` decides from what this
+    process and this machine have already paid for (the measured costs are README's "Fused
+    kernels"; per call the fused path wins from ~16 K elements, 6-22x from 256 K, but the first
+    fused call of a process costs seconds):
+
+    * once a fused call has run on the device type in this process (:func:`cache.started`), every
+      large call: the start-up is paid, a further graph set costs 0.2-0.5 s warm;
+    * when the kernel cache holds this dtype's graphs (:func:`cache.warm`: a marker written by a
+      process that ran them), at once for a call of :data:`AUTO_WARM_CALL_ELEMENTS` or more, else
+      once the process's eager work reaches :data:`AUTO_WARM_WORK_ELEMENTS`;
+    * with a cold cache, once the process has done :data:`AUTO_WORK_ELEMENTS` of such work
+      eagerly (the ski-rental rule: it never spends much more than twice the best choice made in
+      hindsight), so short scripts and the notebooks never compile cold.
+
+    The kernel cache is inductor's, kept at ``~/.cache/nvfp4lab/inductor`` (a
+    ``TORCHINDUCTOR_CACHE_DIR`` of the user's wins; :mod:`nvfp4lab.kernels.cache`).
 
 Without a working compiler (no C++ compiler for inductor's CPU backend, no Triton on CUDA, ...)
 every call stays eager; the first fused attempt says so ONCE, as one WARNING line on the
@@ -51,11 +58,12 @@ import functools
 import logging
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from nvfp4lab.constants import BLOCK_SIZE
-from nvfp4lab.kernels import lut_decode
+from nvfp4lab.kernels import cache, lut_decode
 from nvfp4lab.kernels.graphs import supports
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.settings import fused_mode
@@ -63,8 +71,13 @@ from nvfp4lab.vocab import SUPPORTED_DTYPES, FusedMode
 
 __all__ = [
     "AUTO_MIN_ELEMENTS",
+    "AUTO_WARM_CALL_ELEMENTS",
+    "AUTO_WARM_WORK_ELEMENTS",
     "AUTO_WORK_ELEMENTS",
     "FUSED_DEVICE_TYPES",
+    "AutoState",
+    "auto_decision",
+    "auto_state",
     "compiler_available",
     "eager_work",
     "fused_route",
@@ -77,14 +90,47 @@ FUSED_DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 #: ``auto``: smaller tensors always stay eager (their fused call's fixed ~0.2 ms of graph calls,
 #: scalar glue and one host sync leaves less than a 3x gain).
 AUTO_MIN_ELEMENTS: int = 1 << 16
-#: ``auto``: elements of eligible work a process does eagerly on a device type before it
-#: compiles: 2**30, about 10 s of eager bf16 quantize on the 2-core CPU (~110 M elements/s),
-#: between the warm (4 s) and cold (15 s) cost of a process's first fused calls. The heaviest
-#: report, notebook 05 (MiniLM), does 0.40 G elements in a full run: it never compiles.
+#: ``auto``, cold kernel cache: eligible elements a process does eagerly on a device type before
+#: it compiles: 2**30, ~20 s of eager quantize at 1 thread (55 M elements/s) or ~10 s at 2,
+#: about what a process's first fused calls cost with a cold cache (15-20 s: inductor's start-up
+#: and vector-ISA checks, then 2-6 s per graph set). The notebooks never get there cold.
 AUTO_WORK_ELEMENTS: int = 1 << 30
+#: ``auto``, warm kernel cache: eager work after which a process compiles: 2**28, ~5 s of eager
+#: quantize at 1 thread, about one warm start-up (3.5-4 s: importing dynamo and inductor, the
+#: ISA checks, 0.2-0.7 s per graph set loaded from the cache).
+AUTO_WARM_WORK_ELEMENTS: int = 1 << 28
+#: ``auto``, warm kernel cache: a single call this large compiles at once: 2**26 = 8192², ~1.2 s
+#: of eager bf16 quantize at 1 thread (0.7 s at 2). A process making only that one call pays
+#: the warm start-up instead (3-6x its eager time); from the second such call on it runs ~10x
+#: faster than eager.
+AUTO_WARM_CALL_ELEMENTS: int = 1 << 26
 
 _LOG = logging.getLogger(__name__)
 _EAGER_WORK: dict[str, int] = {}
+
+
+@dataclass(frozen=True)
+class AutoState:
+    """What the ``auto`` rule knows about a device type when a call arrives."""
+
+    eager_elements: int  #: eligible elements this process has already run eagerly (the ledger)
+    started: bool  #: a fused call has run here in this process (start-up paid)
+    warm: bool  #: the kernel cache holds the call's graphs (compiling costs the warm price)
+
+
+def auto_decision(numel: int, state: AutoState) -> bool:
+    """Whether an ``auto`` call over ``numel`` elements runs fused, given ``state`` (a pure
+    function; see the module docstring for the rule and its costs)."""
+    if numel < AUTO_MIN_ELEMENTS:
+        return False
+    if state.started:
+        return True
+    if state.warm:
+        return (
+            numel >= AUTO_WARM_CALL_ELEMENTS
+            or state.eager_elements + numel >= AUTO_WARM_WORK_ELEMENTS
+        )
+    return state.eager_elements >= AUTO_WORK_ELEMENTS
 
 
 def eager_work(device_type: str) -> int:
@@ -93,13 +139,22 @@ def eager_work(device_type: str) -> int:
     return _EAGER_WORK.get(device_type, 0)
 
 
-def _auto_allows(numel: int, device_type: str) -> bool:
+def auto_state(device_type: str, dtype: torch.dtype | None = None) -> AutoState:
+    """This process's :class:`AutoState` for ``device_type`` (``dtype``: the call's tensor dtype;
+    None: any graphs of that device type count as warm)."""
+    return AutoState(
+        eager_elements=_EAGER_WORK.get(device_type, 0),
+        started=cache.started(device_type),
+        warm=cache.warm(device_type, dtype),
+    )
+
+
+def _auto_allows(numel: int, device_type: str, dtype: torch.dtype | None) -> bool:
     if numel < AUTO_MIN_ELEMENTS:
         return False
-    done = _EAGER_WORK.get(device_type, 0)
-    if done >= AUTO_WORK_ELEMENTS:
+    if auto_decision(numel, auto_state(device_type, dtype)):
         return True
-    _EAGER_WORK[device_type] = done + numel  # this call runs eagerly: it counts
+    _EAGER_WORK[device_type] = _EAGER_WORK.get(device_type, 0) + numel  # runs eagerly: it counts
     return False
 
 
@@ -108,8 +163,11 @@ def use_fused(
     device: torch.device,
     fused: bool | None = None,
     env: Mapping[str, str] | None = None,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> bool:
-    """Whether an eligible call over ``numel`` elements on ``device`` runs the fused kernels.
+    """Whether an eligible call over ``numel`` elements of ``dtype`` on ``device`` runs the fused
+    kernels.
 
     ``fused``: the call's own choice (True: when a compiler works; False: never); None follows
     ``NVFP4LAB_FUSED`` of ``env`` (default: the live environment) as described above.
@@ -119,7 +177,7 @@ def use_fused(
     if fused is None:
         mode = fused_mode(env)
         if mode == FusedMode.OFF or (
-            mode == FusedMode.AUTO and not _auto_allows(numel, device.type)
+            mode == FusedMode.AUTO and not _auto_allows(numel, device.type, dtype)
         ):
             return False
     return compiler_available(device.type)
@@ -161,7 +219,7 @@ def fused_route(
         return False
     if lut and lut_allows(device, fused):
         return True
-    return use_fused(numel, device, fused)
+    return use_fused(numel, device, fused, dtype=dtype)
 
 
 def lut_allows(device: torch.device, fused: bool | None = None) -> bool:
@@ -182,6 +240,7 @@ def _probe_graph(x: torch.Tensor) -> torch.Tensor:
 def _probe(device_type: str) -> str | None:
     """Why a tiny graph does not compile and run on ``device_type`` (None: it does)."""
     try:
+        cache.prepare()  # inductor's cache directory, before anything compiles
         if device_type == "cpu":
             from torch._inductor.cpp_builder import get_cpp_compiler
 

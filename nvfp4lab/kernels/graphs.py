@@ -10,7 +10,7 @@ graph     inputs                                   outputs (``*``: written into 
 ========  =======================================  =========================================
 stats     x [NB, 16], divisor 6 [1] (x.dtype)      block statistic [NB] (x.dtype), amax 0-d
 codes     x, statistic, gs [1], 1/gs [1]           codes* [NB, 16] u8, scale bytes* [NB] u8
-pack      codes [NB, 16]                           packed* [NB, 8] u8
+pack      codes [NB, 16]                           packed* [NB, 2] int32 (8 bytes a block)
 fake      x, statistic, gs, 1/gs                   x_hat* [NB, 16] (x.dtype)
 decode    packed [NB, 8], scale bytes [NB], t [1]  x_hat* [NB, 16] (any float dtype)
 ========  =======================================  =========================================
@@ -153,12 +153,13 @@ def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _pack(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes [NB, 16] -> packed bytes [NB, 8] (element 2i in the low nibble)."""
+    """uint8 codes [NB, 16] -> packed words int32 [NB, 2], whose little-endian bytes are the
+    packed bytes [NB, 8] (element 2i in the low nibble)."""
     w = codes.view(torch.int64)  # [NB, 2]: eight codes per word, byte k = code k
     w = (w | (w >> 4)) & 0x00FF00FF00FF00FF
     w = (w | (w >> 8)) & 0x0000FFFF0000FFFF
     w = (w | (w >> 16)) & 0x00000000FFFFFFFF
-    return w.to(torch.int32).view(torch.uint8)
+    return w.to(torch.int32)
 
 
 def _unpack(packed: torch.Tensor) -> torch.Tensor:
@@ -247,9 +248,11 @@ def codes_graph(
 
 
 def pack_graph(codes: torch.Tensor, packed_out: torch.Tensor) -> None:
-    """codes [NB, 16] -> ``packed_out`` [NB, 8]. A graph of its own: on the CPU the integer folding
-    vectorizes best at 512 bits, the float code computation at 256 (see ``fused.CPU_OPTIONS``)."""
-    pin_widths((codes, 16), (packed_out, 8))
+    """codes [NB, 16] -> ``packed_out`` int32 [NB, 2] (the packed bytes [NB, 8] viewed as words:
+    a uint8 result would be a dtype view of the words, which inductor does not fuse: an extra
+    buffer and copy pass). A graph of its own: on the CPU the integer folding vectorizes best at
+    512 bits, the float code computation at 256 (see ``compiled.CPU_OPTIONS``)."""
+    pin_widths((codes, 16), (packed_out, 2))
     packed_out.copy_(_pack(codes))
 
 

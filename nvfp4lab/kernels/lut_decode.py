@@ -13,7 +13,7 @@ this module (package data).
 
 Build. The first use on a machine builds it with :func:`torch.utils.cpp_extension.load` (the C++
 compiler inductor needs too, and ninja) into ``<cache>/cpp/lut_decode-<source hash>`` under
-:func:`nvfp4lab.settings.cache_root` (0.9 s on the 2-core CPU; other processes wait on
+:func:`nvfp4lab.settings.cache_dir` (0.9 s on the 2-core CPU; other processes wait on
 cpp_extension's lock file); a later process finds the library there and loads it with
 :mod:`ctypes` in under a millisecond. The kernel includes no torch header: it is plain C ABI
 (pointers, sizes, the float32 tensor scale).
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from nvfp4lab.orders import DecodeRule
-from nvfp4lab.settings import cache_root
+from nvfp4lab.settings import cache_dir
 
 __all__ = [
     "ISAS",
@@ -69,11 +69,11 @@ _LOG = logging.getLogger("nvfp4lab.kernels")
 
 
 def build_dir() -> Path:
-    """Where the library is built: ``<cache_root>/cpp/lut_decode-<hash>``, the hash of the
+    """Where the library is built: ``<cache_dir>/cpp/lut_decode-<hash>``, the hash of the
     source, the flags and torch's version (a changed source builds anew, never in place)."""
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update(" ".join([*_FLAGS, torch.__version__]).encode())
-    return cache_root() / "cpp" / f"lut_decode-{digest.hexdigest()[:16]}"
+    return cache_dir() / "cpp" / f"lut_decode-{digest.hexdigest()[:16]}"
 
 
 def _build(folder: Path) -> Path:

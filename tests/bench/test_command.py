@@ -118,6 +118,8 @@ def test_one_path_and_the_relative_column(
     text = capsys.readouterr().out
     assert re.search(r"^dequantize .* fused .*x copy_$", text, re.M)
     assert re.search(r"^linear .* fused .*x matmul$", text, re.M)
+    # the bound section: bytes moved (256x256 bf16: 2.5625 B an element) and the 0.64x bound
+    assert re.search(r"^dequantize +256x256 +bfloat16 .* fused +0\.2 +0\.64x +\d", text, re.M)
 
 
 def test_run_cli_accepts_a_minimal_namespace(tmp_path: Path) -> None:

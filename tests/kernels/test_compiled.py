@@ -247,6 +247,8 @@ def test_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert kernels.use_fused(64, cpu, fused=True, env={FUSED_ENV: "off"})
     assert not kernels.use_fused(1 << 30, meta, fused=True)
     monkeypatch.setattr(kernels, "_EAGER_WORK", {})
+    monkeypatch.setattr(kernels.cache, "_STARTED", set())  # a process that has not compiled
+    monkeypatch.setattr(kernels.cache, "warm", lambda device_type, dtype=None: False)  # cold
     auto = {FUSED_ENV: "auto"}
     assert not kernels.use_fused(kernels.AUTO_MIN_ELEMENTS - 1, cpu, env=auto)
     assert kernels.eager_work("cpu") == 0  # too small to count

@@ -134,7 +134,7 @@ def test_other_cpus_say_why(
         lut_decode._library.cache_clear()
 
 
-def test_build_dir_is_under_the_cache_root(
+def test_build_dir_is_under_the_cache_dir(
     monkeypatch: pytest.MonkeyPatch, tmp_path: object
 ) -> None:
     monkeypatch.setenv("NVFP4LAB_CACHE", str(tmp_path))
@@ -150,7 +150,7 @@ def broken_build(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def fail(folder: object) -> object:
         raise RuntimeError("Error building extension 'nvfp4lab_lut_decode'\nc++: not found")
 
-    monkeypatch.setattr(lut_decode, "build_dir", lambda: lut_decode.cache_root() / "nowhere")
+    monkeypatch.setattr(lut_decode, "build_dir", lambda: lut_decode.cache_dir() / "nowhere")
     monkeypatch.setattr(lut_decode, "_build", fail)
     lut_decode._library.cache_clear()
     yield
