@@ -157,6 +157,17 @@ def broken_build(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     lut_decode._library.cache_clear()  # the next use loads the real library again
 
 
+def _cold_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``auto`` rule as in a fresh process with a cold kernel cache (no fused call has run,
+    nothing cached), whatever the tests before this one compiled in this process."""
+    monkeypatch.setattr(kernels, "_EAGER_WORK", {})
+    monkeypatch.setattr(
+        kernels, "auto_state",
+        lambda device_type, dtype=None: kernels.AutoState(
+            kernels.eager_work(device_type), started=False, warm=False),
+    )
+
+
 @pytest.mark.usefixtures("broken_build")
 def test_without_the_library_one_warning_and_the_fallback(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: object
@@ -167,7 +178,8 @@ def test_without_the_library_one_warning_and_the_fallback(
     from nvfp4lab.execution.gemm import linear
 
     monkeypatch.setenv("NVFP4LAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(kernels, "_EAGER_WORK", {})
+    monkeypatch.setenv("NVFP4LAB_FUSED", "auto")
+    _cold_process(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="nvfp4lab.kernels"):
         assert not lut_decode.available()
         assert not lut_decode.available()
@@ -191,7 +203,7 @@ def test_route_takes_the_lut_from_the_first_call(monkeypatch: pytest.MonkeyPatch
     """``auto`` runs the LUT decode at once (no eager work to pay back first), ``on`` and
     ``fused=True`` too; ``off``, ``fused=False`` and non-CPU tensors never; without ``lut`` the
     compiled graphs' rule is unchanged."""
-    monkeypatch.setattr(kernels, "_EAGER_WORK", {})
+    _cold_process(monkeypatch)
     cpu = torch.device("cpu")
     for mode in ("auto", "on"):
         monkeypatch.setenv("NVFP4LAB_FUSED", mode)
