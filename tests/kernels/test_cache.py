@@ -76,7 +76,8 @@ def test_the_marker_records_what_ran(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert cache.started("cpu") and not cache.started("cuda")
     assert cache.warm("cpu", torch.bfloat16) and not cache.warm("cpu", torch.float32)
     assert json.loads(path.read_text())["ran"] == [
-        ["cpu", "bfloat16", "codes"], ["cpu", "bfloat16", "stats"]
+        ["cpu", "bfloat16", "codes"],
+        ["cpu", "bfloat16", "stats"],
     ]
     # another process's entries are kept when this one adds its own
     path.write_text(json.dumps({"ran": [["cuda", "float16", "decode"]]}))
