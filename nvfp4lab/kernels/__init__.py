@@ -39,7 +39,7 @@ CPU or CUDA tensor, a compiler must work here (:func:`compiler_available`), and 
       once the process's eager work reaches :data:`AUTO_WARM_WORK_ELEMENTS`;
     * with a cold cache, once the process has done :data:`AUTO_WORK_ELEMENTS` of such work
       eagerly (the ski-rental rule: it never spends much more than twice the best choice made in
-      hindsight), so short scripts and the notebooks never compile cold.
+      hindsight), so short scripts never compile cold.
 
     The kernel cache is inductor's, kept at ``~/.cache/nvfp4lab/inductor`` (a
     ``TORCHINDUCTOR_CACHE_DIR`` of the user's wins; :mod:`nvfp4lab.kernels.cache`).
@@ -92,16 +92,17 @@ FUSED_DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 AUTO_MIN_ELEMENTS: int = 1 << 16
 #: ``auto``, cold kernel cache: eligible elements a process does eagerly on a device type before
 #: it compiles: 2**30, ~20 s of eager quantize at 1 thread (55 M elements/s) or ~10 s at 2,
-#: about what a process's first fused calls cost with a cold cache (15-20 s: inductor's start-up
-#: and vector-ISA checks, then 2-6 s per graph set). The notebooks never get there cold.
+#: about what a process's first fused calls cost with a cold cache (19 s for quantize: inductor's
+#: start-up, vector-ISA checks and a probe graph, then 5 s for its graphs; 1.6-3 s per further
+#: graph set). Of the notebooks only 07 (SmolLM2, 1.07 G elements) gets there cold.
 AUTO_WORK_ELEMENTS: int = 1 << 30
 #: ``auto``, warm kernel cache: eager work after which a process compiles: 2**28, ~5 s of eager
-#: quantize at 1 thread, about one warm start-up (3.5-4 s: importing dynamo and inductor, the
-#: ISA checks, 0.2-0.7 s per graph set loaded from the cache).
+#: quantize at 1 thread, about one warm start-up (4.6 s for quantize: 4 s importing dynamo and
+#: inductor, the ISA checks and the probe, 0.7 s loading its graphs; 0.2-0.3 s per further set).
 AUTO_WARM_WORK_ELEMENTS: int = 1 << 28
 #: ``auto``, warm kernel cache: a single call this large compiles at once: 2**26 = 8192², ~1.2 s
 #: of eager bf16 quantize at 1 thread (0.7 s at 2). A process making only that one call pays
-#: the warm start-up instead (3-6x its eager time); from the second such call on it runs ~10x
+#: the warm start-up instead (4-7x its eager time); from the second such call on it runs ~10x
 #: faster than eager.
 AUTO_WARM_CALL_ELEMENTS: int = 1 << 26
 

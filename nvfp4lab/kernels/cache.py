@@ -59,8 +59,13 @@ _NOTED: set[tuple[str, str, str]] = set()
 @functools.cache
 def prepare() -> Path:
     """Point inductor at the kernel cache (once per process, before anything compiles) and
-    return its directory; see :func:`nvfp4lab.settings.use_kernel_cache`."""
-    return use_kernel_cache()
+    return its directory; see :func:`nvfp4lab.settings.use_kernel_cache`. Says which directory
+    and why in one INFO line on the ``nvfp4lab.kernels.cache`` logger."""
+    chosen = kernel_cache_dir()[1]
+    path = use_kernel_cache()
+    why = "TORCHINDUCTOR_CACHE_DIR, which wins" if chosen else "nvfp4lab's default"
+    _LOG.info("nvfp4lab: compiled kernels are cached in %s (%s)", path, why)
+    return path
 
 
 @functools.cache

@@ -158,3 +158,20 @@ def test_a_fresh_process_with_a_warm_cache_goes_fused_at_once(tmp_path: Path) ->
     cold = _child({**os.environ, settings.INDUCTOR_CACHE_ENV: str(tmp_path)})
     assert cold == {"fused": 0, "eager": 256 * 256, "cache": str(tmp_path)}
     assert not any(tmp_path.iterdir())
+
+
+def test_prepare_says_which_directory_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(settings.INDUCTOR_CACHE_ENV, str(tmp_path / "mine"))
+    cache.prepare.cache_clear()
+    try:
+        with caplog.at_level("INFO", logger="nvfp4lab.kernels.cache"):
+            assert cache.prepare() == tmp_path / "mine"
+        assert os.environ[settings.INDUCTOR_CACHE_ENV] == str(tmp_path / "mine")  # untouched
+        assert [r.getMessage() for r in caplog.records] == [
+            f"nvfp4lab: compiled kernels are cached in {tmp_path / 'mine'} "
+            "(TORCHINDUCTOR_CACHE_DIR, which wins)"
+        ]
+    finally:
+        cache.prepare.cache_clear()
