@@ -21,6 +21,7 @@ function                  computes
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -43,22 +44,50 @@ __all__ = [
 ]
 
 
+#: The midpoints of consecutive E2M1 magnitudes (0.25, 0.75, ..., 5), each exact in float32.
+_E2M1_MIDPOINTS: tuple[float, ...] = tuple(
+    (lo + hi) / 2 for lo, hi in itertools.pairwise(E2M1_VALUES))
+
+
+def _first_smallest_error(magnitudes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """uint8 index 0..7 of the first E2M1 magnitude ``m`` minimizing float32 ``|m * s - a|`` for
+    float32 ``magnitudes`` ``a`` and ``scales`` ``s`` of the same shape: ggml's loop itself, one
+    pass per magnitude with its strict ``<`` (the slow, literal form)."""
+    best = magnitudes.clone()  # magnitude 0: |0 * s - a| = a
+    index = torch.zeros(magnitudes.shape, dtype=torch.uint8, device=magnitudes.device)
+    for j, m in enumerate(E2M1_VALUES[1:], start=1):
+        error = (scales * m - magnitudes).abs_()
+        index.masked_fill_(error < best, j)
+        torch.minimum(best, error, out=best)
+    return index
+
+
 def _nearest_scaled_table(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """uint8 codes of float32 ``values [..., nb, B]`` (the block's domain) at float32 ``scales
-    [..., nb]``: the first code ``i`` in 0..15 minimizing float32 ``|E2M1(i) * s - v|``, as
-    ggml's ``best_index_mxfp4`` loops with a strict ``<`` (ggml/src/ggml-quants.c
+    """uint8 codes of float32 ``values [..., nb, B]`` (the block's domain) at float32 E4M3
+    ``scales [..., nb]``: the first code ``i`` in 0..15 minimizing float32 ``|E2M1(i) * s - v|``,
+    as ggml's ``best_index_mxfp4`` loops with a strict ``<`` (ggml/src/ggml-quants.c
     @0c1e57098bba). For ``v >= 0`` (and NaN) no code of 8..15 can win (their errors are never
     smaller than code 0's), for ``v < 0`` no code of 1..7, and code 8's error equals code 0's: so
-    the first minimum over the 8 magnitudes ``|E2M1(j) * s - |v||`` (the same float32 numbers)
-    gives the index, with the sign bit where ``v < 0`` and the index is not 0. ``torch.argmin``
-    returns the first minimum, as the strict ``<`` keeps it.
+    the first minimum over the 8 magnitudes ``|E2M1(j) * s - |v||`` gives the index, with the
+    sign bit where ``v < 0`` and the index is not 0.
+
+    Where ``a = |v| <= 6 s`` that first minimum is the count of midpoints ``mid * s`` below
+    ``a``, exactly: ``E2M1(j) * s`` and ``mid * s`` are exact in float32 (at most 7 significant
+    bits), and for ``a`` between two neighbours both differences are exact (Sterbenz: each
+    neighbour is at least half the next), so float32 compares as the reals do, and a tie at a
+    midpoint keeps the smaller magnitude as the strict ``<`` does. Beyond ``6 s`` (a scale that
+    rounded down, saturated at 448 or flushed to 0; infinities) the rounded differences can
+    coincide, and :func:`_first_smallest_error` runs the loop itself on those elements.
     """
-    magnitudes = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=values.device)
-    table = scales.to(torch.float32)[..., None, None] * magnitudes  # exact products
-    errors = (table - values.abs().unsqueeze(-1)).abs_()
-    index = errors.argmin(dim=-1).to(torch.uint8)
-    del errors
-    index = torch.where(torch.isnan(values), 0, index).to(torch.uint8)
+    s = scales.to(torch.float32)[..., None]
+    a = values.abs()
+    index = (a > s * _E2M1_MIDPOINTS[0]).to(torch.uint8)
+    for midpoint in _E2M1_MIDPOINTS[1:]:
+        index += a > s * midpoint
+    beyond = a > s * E2M1_VALUES[-1]
+    if beyond.any():
+        index[beyond] = _first_smallest_error(a[beyond], s.expand_as(a)[beyond])
+    index.masked_fill_(torch.isnan(values), 0)
     return index | ((values < 0) & (index > 0)).to(torch.uint8) * E2M1_SIGN_BIT
 
 

@@ -716,3 +716,35 @@ def test_llama_cpp_vanishing_blocks_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", ScaleUnderflowWarning)
         quantize(x, 2688.0 / float(x.abs().max()), convention="llama.cpp")  # pre-scaled: none
+
+
+def test_llama_cpp_code_choice_at_every_scale_and_edge() -> None:
+    """The fast code choice (midpoint counts, ggml's loop only beyond 6 s) against ggml's loop in
+    Python, at all 127 E4M3 scales, on every table value and midpoint and one float32 ulp either
+    side, and beyond 6 s where float32 absorbs (1e10, 3e38, inf), NaN and both signs."""
+    from nvfp4lab.blocks import _nearest_scaled_table
+
+    scales = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    points = [reference.GGML_KVALUES[i] / 2 for i in range(8)]  # kvalues are doubled E2M1
+    points += [(a + b) / 2 for a, b in itertools.pairwise(points)] + [6.5, 7.0]
+    unit = torch.tensor(points, dtype=torch.float32)[None, :] * scales[:, None]
+    near = torch.cat([torch.nextafter(unit, torch.tensor(-math.inf)), unit,
+                      torch.nextafter(unit, torch.tensor(math.inf))], dim=1)
+    extra = torch.tensor([1e-30, 1e10, 3e38, math.inf, math.nan]).expand(127, 5)
+    values = torch.cat([near, -near, extra, -extra], dim=1)  # [127, 106]
+    width = values.shape[1]
+    values = torch.nn.functional.pad(values, (0, -width % 16))
+    blocks = values.reshape(127, -1, 16)
+    got = _nearest_scaled_table(blocks, scales[:, None].expand(127, blocks.shape[1]))
+
+    def ggml_best(v: float, d: float) -> int:  # best_index_mxfp4, literally
+        best, best_err = 0, abs(reference.round_f32(reference.round_f32(0.0 * d) - v))
+        for i in range(1, 16):
+            err = abs(reference.round_f32(reference.round_f32(reference.GGML_KVALUES[i] * d) - v))
+            if err < best_err:
+                best, best_err = i, err
+        return best
+
+    want = [[ggml_best(float(v), reference.ggml_ue4m3_to_fp32(r)) for v in blocks[r].flatten()]
+            for r in range(127)]  # byte r decodes to half of scales[r]
+    assert torch.equal(got.reshape(127, -1), torch.tensor(want, dtype=torch.uint8))

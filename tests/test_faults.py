@@ -51,6 +51,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -246,26 +247,35 @@ def test_a_torn_last_line_is_completed_or_refused(tmp_path: Path) -> None:
     assert shard.read_text().endswith("matmul,1x1x16,1,1")  # left as it was
 
 
+def _append_when_told(shard: Path, go: Path, m: int) -> None:
+    """One writer process: wait for ``go``, then append five rows of size ``m``."""
+    while not go.exists():
+        time.sleep(0.001)
+    row = dict.fromkeys(store.COLUMNS, "")
+    row.update(op="matmul", M=str(m))
+    store.append_rows(shard, [row] * 5)
+
+
 @pytest.mark.slow
 def test_sixteen_processes_appending_at_once(tmp_path: Path) -> None:
+    """Sixteen OS processes (forked: each has the store imported already, so the test spends no
+    16 interpreter start-ups) append to one new shard at the same moment."""
+    import multiprocessing
+
     shard, go = tmp_path / "s.csv", tmp_path / "go"
-    code = (
-        "import sys, time, pathlib\n"
-        "from nvfp4lab.bench.store import COLUMNS, append_rows\n"
-        "go = pathlib.Path(sys.argv[2])\n"
-        "while not go.exists(): time.sleep(0.001)\n"
-        "row = dict.fromkeys(COLUMNS, ''); row.update(op='matmul', M=sys.argv[3])\n"
-        "append_rows(sys.argv[1], [row] * 5)\n"
-    )
-    procs = [
-        subprocess.Popen([sys.executable, "-c", code, str(shard), str(go), str(i)], cwd=ROOT)
-        for i in range(16)
-    ]
+    fork = multiprocessing.get_context("fork")
+    procs = [fork.Process(target=_append_when_told, args=(shard, go, i)) for i in range(16)]
+    for p in procs:
+        p.start()
     go.touch()
-    assert all(p.wait(timeout=120) == 0 for p in procs)
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * 16
     lines = list(csv.reader(shard.open()))
     assert lines[0] == list(store.COLUMNS) and lines.count(list(store.COLUMNS)) == 1
     assert len(lines) == 1 + 16 * 5 and all(len(line) == len(store.COLUMNS) for line in lines)
+    assert sorted(int(line[store.COLUMNS.index("M")]) for line in lines[1:]) == sorted(
+        list(range(16)) * 5)
 
 
 def test_reader_names_bad_lines_instead_of_crashing(tmp_path: Path) -> None:

@@ -286,16 +286,25 @@ def test_ctrl_c_keeps_the_previous_page_and_the_index_says_interrupted(tmp_path:
 # Issue 20: notebooks side by side (`--jobs`, default one per core), each kernel with the
 # settings' torch threads; the index keeps the notebooks' order; one Ctrl-C stops them all.
 
-TIMED_PARAMS = "SEED = 0\nSMOKE = False\nINTERACTIVE = False\nWAIT = 0.0\nSTAMPS = ''"
+TIMED_PARAMS = ("SEED = 0\nSMOKE = False\nINTERACTIVE = False\nWAIT = 0.0\nSTAMPS = ''\n"
+                "PARTNERS = 0")
 TIMED_BODY = """
 import os, pathlib, time, torch
 from nvfp4lab.reports import headline
-start = time.time()
-if STAMPS:
-    pathlib.Path(STAMPS, f"{os.getpid()}.start").write_text(str(start))
+start, ended = time.time(), 0
+if STAMPS:  # <pid>.start now; wait until PARTNERS notebooks have started; <pid>.end at the end
+    stamps = pathlib.Path(STAMPS)
+    ended = len(list(stamps.glob("*.end")))
+    (stamps / f"{os.getpid()}.start").write_text(str(start))
+    deadline = start + 60
+    while len(list(stamps.glob("*.start"))) < PARTNERS and time.time() < deadline:
+        time.sleep(0.01)
 time.sleep(WAIT)
 headline("threads", torch.get_num_threads())
 headline("window", f"{start} {time.time()}")
+headline("ended_before", ended)
+if STAMPS:
+    (stamps / f"{os.getpid()}.end").touch()
 """
 
 
@@ -311,16 +320,22 @@ def _timed_notebooks(folder: Path, count: int) -> Path:
 def test_jobs_run_notebooks_side_by_side_in_order(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NVFP4LAB_THREADS", "1")
-    nbs = _timed_notebooks(tmp_path / "nbs", 3)
+    nbs, stamps = _timed_notebooks(tmp_path / "nbs", 3), tmp_path / "stamps"
+    stamps.mkdir()
+    # 01 and 02 each wait (up to 60 s) until two notebooks have started: only side by side do
+    # they see each other at once; 03 counts the notebooks that had ended when it started
     results = reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "out", jobs=2,
-                                  parameters={"WAIT": 6.0})
+                                  parameters={"WAIT": 0.2, "STAMPS": str(stamps), "PARTNERS": 2})
     assert [r.name for r in results] == ["01_timed", "02_timed", "03_timed"]
     assert all(r.ok for r in results), [r.error for r in results]
     assert {r.headlines["threads"].value for r in results} == {1}
     windows = [tuple(map(float, r.headlines["window"].value.split())) for r in results]
     (s1, e1), (s2, e2), (s3, _) = windows
     assert s2 < e1 and s1 < e2  # 01 and 02 ran at the same time
-    assert s3 >= min(e1, e2) - 0.5  # 03 waited for a free job (2 at most)
+    assert e1 - s1 < 30 and e2 - s2 < 30  # and found each other, not the 60 s deadline
+    ended = [r.headlines["ended_before"].value for r in results]
+    assert ended[:2] == [0, 0] and ended[2] >= 1  # 03 waited for a free job (2 at most)
+    assert s3 >= min(e1, e2) - 0.5
     index = (tmp_path / "out" / "index.html").read_text()
     assert index.index("01_timed") < index.index("02_timed") < index.index("03_timed")
 
