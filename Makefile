@@ -123,7 +123,8 @@ install: $(VENV)/.installed
 # __pycache__ (gitignored) even where the environment turns that off, so the workers and the
 # CLI subprocesses do not recompile ~230 modules on every run (about 4 s per worker).
 test: $(VENV)/.installed
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile --no-loadscope-reorder \
+		$(PYTEST_ARGS)
 	$(VENV)/bin/ruff check .
 
 $(VLLM_PEER)/.installed: | $(VENV)/.installed

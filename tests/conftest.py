@@ -39,6 +39,31 @@ needs_smollm2 = pytest.mark.skipif(
 )
 
 
+#: The test files that take longest (notebook kernels and subprocesses), in that order, run first:
+#: with ``--no-loadscope-reorder`` (the Makefile) pytest-xdist hands out files in collection
+#: order, so the two workers start on the long ones and end together instead of one waiting on
+#: a two-minute file handed out last. Every other file keeps its place; a stale entry costs only
+#: balance, never a test.
+LONGEST_FIRST: tuple[str, ...] = (
+    "tests/test_notebooks.py",
+    "tests/checkpoint/test_stream.py",
+    "tests/checkpoint/test_conversion.py",
+    "tests/test_reports.py",
+    "tests/checkpoint/formats/test_gguf.py",
+    "tests/execution/test_attention.py",
+    "tests/test_faults.py",
+    "tests/test_cli.py",
+    "tests/checkpoint/test_validation.py",
+    "tests/execution/test_gptq.py",
+    "tests/studies/test_model_gptq.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Every test process (each pytest-xdist worker too) runs torch with the settings' thread
     count (``NVFP4LAB_THREADS``, default 1), as notebooks and pool workers do: two workers with
