@@ -4,6 +4,7 @@ once; the eager/fused switch that runs a test module against both quantization p
 from __future__ import annotations
 
 import copy
+import gc
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -62,6 +63,10 @@ LONGEST_FIRST: tuple[str, ...] = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    # Everything imported so far (torch, transformers, the test modules: millions of objects)
+    # lives as long as the process: out of the cyclic collector's sight, full collections during
+    # the tests no longer walk it.
+    gc.freeze()
 
 
 def pytest_configure(config: pytest.Config) -> None:
