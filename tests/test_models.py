@@ -240,3 +240,24 @@ def test_smollm2_is_built_once_into_the_cache(
     monkeypatch.setenv("NVFP4LAB_CACHE", str(cache))
     assert models.smollm2_path() == path
     assert models.smollm2_tokenizer().get_vocab() == tokenizer.get_vocab()
+
+
+@needs_smollm2
+def test_the_gguf_build_parses_the_file_once_and_puts_gguf_back() -> None:
+    """Inside the build, transformers' repeated GGUFReader(path) calls get one shared reader and
+    the tensor-name table is made once; afterwards (and after an error) gguf is as it was."""
+    import gguf
+
+    path, _ = models._smollm2_gguf()
+    before = (gguf.GGUFReader, gguf.get_tensor_name_map)
+    with models._gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and isinstance(first, before[0])
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+        assert gguf.get_tensor_name_map(arch, 30).get_name("model.layers.3.mlp.down_proj") == (
+            before[1](arch, 30).get_name("model.layers.3.mlp.down_proj"))
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
+    with pytest.raises(RuntimeError, match="boom"), models._gguf_parsed_once():
+        raise RuntimeError("boom")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == before
