@@ -443,6 +443,25 @@ def _check_jobs(jobs: object, notebooks: int) -> int:
     return jobs
 
 
+def _closing_its_loop(run: Any, path: Path) -> Any:
+    """``run(path)`` on a worker thread, then close the asyncio loop that jupyter's ``run_sync``
+    made for this thread (it would otherwise be left to the garbage collector, unclosed, with
+    its two sockets: a ResourceWarning at some later, unrelated moment)."""
+    import asyncio
+
+    try:
+        return run(path)
+    finally:
+        policy = asyncio.get_event_loop_policy()
+        try:
+            loop = policy.get_event_loop()
+        except RuntimeError:  # this thread never made one
+            loop = None
+        if loop is not None and not loop.is_running():
+            loop.close()
+            policy.set_event_loop(None)
+
+
 def _side_by_side(run: Any, paths: Sequence[Path], jobs: int, running: Running) -> None:
     """``run(path)`` for every path on ``jobs`` threads (each drives one kernel). Ctrl-C stops
     ``running`` (every kernel), waits for the threads to clean up, and raises
@@ -450,7 +469,7 @@ def _side_by_side(run: Any, paths: Sequence[Path], jobs: int, running: Running) 
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="nvfp4lab-report") as pool:
-        futures = [pool.submit(run, path) for path in paths]
+        futures = [pool.submit(_closing_its_loop, run, path) for path in paths]
         try:
             finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
         except KeyboardInterrupt:

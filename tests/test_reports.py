@@ -5,7 +5,9 @@ Executing a notebook costs a kernel start (seconds), so the tiny notebooks run o
 
 from __future__ import annotations
 
+import gc
 import sys
+import warnings
 from pathlib import Path
 
 import nbformat
@@ -306,8 +308,13 @@ def test_jobs_run_notebooks_side_by_side_in_order(tmp_path: Path,
     stamps.mkdir()
     # 01 and 02 each wait (up to 60 s) until two notebooks have started: only side by side do
     # they see each other at once; 03 counts the notebooks that had ended when it started
-    results = reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "out", jobs=2,
-                                  parameters={"WAIT": 0.2, "STAMPS": str(stamps), "PARTNERS": 2})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        results = reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "out", jobs=2,
+                                      parameters={"WAIT": 0.2, "STAMPS": str(stamps),
+                                                  "PARTNERS": 2})
+        gc.collect()  # each job thread's asyncio loop is closed, not left to the collector
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], caught
     assert [r.name for r in results] == ["01_timed", "02_timed", "03_timed"]
     assert all(r.ok for r in results), [r.error for r in results]
     assert {r.headlines["threads"].value for r in results} == {1}
