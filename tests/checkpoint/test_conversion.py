@@ -166,6 +166,19 @@ def _convert_cli(*args: object, patch: str = "", prefix: tuple[str, ...] = ()
                           capture_output=True, text=True, timeout=300)
 
 
+def _convert_here(capfd: pytest.CaptureFixture[str], *args: object
+                  ) -> subprocess.CompletedProcess[str]:
+    """``nvfp4lab convert ARGS`` through ``cli.main`` in this process, file descriptors 1 and 2
+    captured: the same code as the subprocess without its ~4 s start (compressed-tensors'
+    import), for a test's follow-up calls once one call has gone through ``python -m``."""
+    from nvfp4lab import cli
+
+    capfd.readouterr()
+    code = cli.main(["convert", *map(str, args)])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["nvfp4lab", "convert"], code, out, err)
+
+
 def _one_line(done: subprocess.CompletedProcess[str], *needles: str) -> str:
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -263,8 +276,9 @@ def test_issue19_case3_two_converts_to_one_folder(nvfp4lab_checkpoint: Path,
 
 
 def test_issue19_case7_convert_copies_everything_that_is_not_a_weight(
-        nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
-    """issue 19 case 7: README, auto_map code, processor config, sub-folders come along."""
+        nvfp4lab_checkpoint: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """issue 19 case 7: README, auto_map code, processor config, sub-folders come along (the
+    first convert as a command, the others through cli.main in this process)."""
     src = tmp_path / "src"
     shutil.copytree(nvfp4lab_checkpoint, src)
     config = json.loads((src / "config.json").read_text())
@@ -292,20 +306,22 @@ def test_issue19_case7_convert_copies_everything_that_is_not_a_weight(
     assert not (mo / ".git").exists()
     assert json.loads((mo / "config.json").read_text())["auto_map"] == config["auto_map"]
     back = tmp_path / "ct"  # the way back leaves ModelOpt's own config behind
-    assert _convert_cli(mo, back, "--format", "compressed-tensors").returncode == 0
+    assert _convert_here(capfd, mo, back, "--format", "compressed-tensors").returncode == 0
     assert not (back / "hf_quant_config.json").exists() and (back / "README.md").is_file()
-    again = _convert_cli(mo, back, "--format", "compressed-tensors", "--overwrite")
+    again = _convert_here(capfd, mo, back, "--format", "compressed-tensors", "--overwrite")
     assert again.returncode == 0, again.stderr  # what convert copied is part of the checkpoint
     (src / "linked").symlink_to(tmp_path)
-    _one_line(_convert_cli(src, tmp_path / "x", "--format", "modelopt"),
+    _one_line(_convert_here(capfd, src, tmp_path / "x", "--format", "modelopt"),
               "linked is a symlink to a folder")
 
 
-def test_issue19_write_path_messages(nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
+def test_issue19_write_path_messages(nvfp4lab_checkpoint: Path, tmp_path: Path,
+                                     capfd: pytest.CaptureFixture[str]) -> None:
     """issue 19, write path: a parent that is a file is named, no '[Errno 17]'."""
     (tmp_path / "afile").write_text("data")
-    line = _one_line(_convert_cli(nvfp4lab_checkpoint, tmp_path / "afile" / "dst", "--format",
-                                  "modelopt"), f"{tmp_path / 'afile'} is a file")
+    done = _convert_here(capfd, nvfp4lab_checkpoint, tmp_path / "afile" / "dst", "--format",
+                         "modelopt")
+    line = _one_line(done, f"{tmp_path / 'afile'} is a file")
     assert "Errno" not in line and (tmp_path / "afile").read_text() == "data"
 
 
