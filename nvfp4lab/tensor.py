@@ -24,8 +24,8 @@ import torch
 from nvfp4lab.constants import BLOCK_SIZE, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 from nvfp4lab.hadamard import hadamard_transform
-from nvfp4lab.kernels import compiled as fused_kernels
 from nvfp4lab.kernels import fused_route
+from nvfp4lab.kernels.linear import decode as kernel_decode
 from nvfp4lab.layout import swizzle_scales
 from nvfp4lab.orders import DecodeRule
 from nvfp4lab.scales import as_global_scale
@@ -244,6 +244,9 @@ class NVFP4Tensor:
 
         ``fused``: True/False forces the fused kernel on or off for this call (when it applies:
         16-element blocks, fp32/bf16/fp16 output, CPU or CUDA); None follows ``NVFP4LAB_FUSED``.
+        On a CPU where the C++ LUT decode is built (:mod:`nvfp4lab.kernels.lut_decode`) the fused
+        kernel is that one, from the first call under ``auto``; elsewhere the compiled graph.
+        All three paths give the same bits.
         """
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dequantize needs a floating dtype, got {dtype}")
@@ -252,9 +255,9 @@ class NVFP4Tensor:
         out_dtype = dtype or self.dtype
         numel = 2 * self.packed.numel()
         if fused_route(numel, 2 * self.packed.shape[-1], out_dtype, self.device, fused,
-                       block_size=self.block_size):
+                       block_size=self.block_size, lut=True):
             over = self.decode_scale is None
-            out = fused_kernels.decode(
+            out = kernel_decode(  # the C++ LUT kernel on a CPU that has it, else the graph
                 self.packed, self.scales, self.global_scale if over else self.decode_scale,
                 out_dtype,
                 rule=DecodeRule.SCALE_OVER_ENCODE if over else DecodeRule.SCALE_TIMES_DECODE,

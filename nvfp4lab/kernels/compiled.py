@@ -129,7 +129,11 @@ def compiled(kind: str, static: tuple[Any, ...], device_type: str) -> Callable[.
     """Graph ``kind`` compiled for ``device_type``, its static trailing arguments ``static``.
 
     Each (kind, static, device type) gets its own function *and code object*: dynamo's
-    recompile limit (8 per code object) then only counts the dtypes of one configuration.
+    recompile limit (8 per code object) then only counts the dtypes of one configuration. Every
+    call runs under ``torch.no_grad()`` (the graphs compute codes, scales and decoded values, never
+    gradients): dynamo guards on the grad mode, and the three dtypes called with grad on, under
+    ``no_grad`` and under ``inference_mode`` were nine variants, past the limit (the ninth call
+    raised ``FailOnRecompileLimitHit``); now they are at most six.
     """
     base = GRAPHS[kind]
 
@@ -140,7 +144,14 @@ def compiled(kind: str, static: tuple[Any, ...], device_type: str) -> Callable[.
     graph.__code__ = graph.__code__.replace(co_name=f"nvfp4_{name}")
     cache.prepare()  # inductor's cache directory, before anything compiles
     options = dict(CPU_OPTIONS[kind]) if device_type == "cpu" else dict(GPU_OPTIONS)
-    return torch.compile(graph, dynamic=True, fullgraph=True, options=options or None)
+    compiled_graph = torch.compile(graph, dynamic=True, fullgraph=True, options=options or None)
+
+    @functools.wraps(graph)
+    def run(*tensors: torch.Tensor) -> Any:
+        with torch.no_grad():
+            return compiled_graph(*tensors)
+
+    return run
 
 
 def balanced(total: int, most: int) -> Iterator[slice]:

@@ -84,6 +84,9 @@ def decode(
     (:func:`nvfp4lab.kernels.compiled.decode`; CUDA, or a CPU without the LUT kernel). Either is
     bit for bit the eager decode."""
     if lut_decode.usable(packed.device):
+        if out is None:  # a large result in huge pages (compiled.fresh), as the graphs do
+            out = compiled.fresh((*packed.shape[:-1], 2 * packed.shape[-1]), dtype,
+                                 packed.device)
         return lut_decode.decode(packed, scales, tensor_scale, dtype, rule=rule, out=out)
     return compiled.decode(packed, scales, tensor_scale, dtype, rule=rule, out=out)
 

@@ -290,3 +290,20 @@ def test_the_probe_reports_a_failing_compiler_without_raising(
 
     monkeypatch.setattr(builder, "get_cpp_compiler", no_compiler)
     assert kernels._probe("cpu") == "RuntimeError: Failed to find a working C++ compiler"
+
+
+def test_grad_modes_do_not_exhaust_the_recompile_limit() -> None:
+    """The three dtypes, each with grad on, under no_grad and under inference_mode: nine calls
+    that used to be nine dynamo variants of one graph, the ninth raising FailOnRecompileLimitHit;
+    each result equals the eager bits."""
+    import contextlib
+
+    modes = (contextlib.nullcontext, torch.no_grad, torch.inference_mode)
+    for mode in modes:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            with mode():
+                x = torch.randn(8, 64, generator=torch.Generator().manual_seed(7)).to(dtype)
+                q = quantize(x, fused=True)
+                e = quantize(x, fused=False)
+                assert torch.equal(q.packed, e.packed), (mode, dtype)
+                assert torch.equal(q.scales.view(torch.uint8), e.scales.view(torch.uint8))
