@@ -18,6 +18,7 @@ from nvfp4lab.codec import dequantize, fake_quantize, quantize
 from nvfp4lab.e2m1 import round_to_e2m1_codes
 from nvfp4lab.kernels import compiled as fused
 from nvfp4lab.kernels import graphs
+from nvfp4lab.orders import DecodeRule
 from nvfp4lab.settings import FUSED_ENV, fused_mode
 from nvfp4lab.tensor import NVFP4Tensor
 from nvfp4lab.vocab import FusedMode
@@ -41,6 +42,16 @@ def randn(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Te
     return torch.randn(shape, generator=g, dtype=torch.float32).to(dtype)
 
 
+def graph_decode(q: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``q`` decoded by the compiled decode graph itself: on a CPU with the C++ LUT decode,
+    ``dequantize(fused=True)`` runs that kernel instead, and the graph (CUDA's, and a CPU's
+    without the library) would go untested here."""
+    over = q.decode_scale is None
+    rule = DecodeRule.SCALE_OVER_ENCODE if over else DecodeRule.SCALE_TIMES_DECODE
+    return fused.decode(q.packed, q.scales, q.global_scale if over else q.decode_scale, dtype,
+                        rule=rule)
+
+
 def assert_same(x: torch.Tensor, gs: torch.Tensor | float | None, convention: str) -> None:
     """quantize, fake_quantize and dequantize (both decode orders, every dtype) agree."""
     want = quantize(x, gs, convention=convention, fused=False)
@@ -57,6 +68,7 @@ def assert_same(x: torch.Tensor, gs: torch.Tensor | float | None, convention: st
         for dtype in DTYPES:
             expected = dequantize(q, dtype, fused=False)
             assert torch.equal(bits(dequantize(q, dtype, fused=True)), bits(expected)), dtype
+            assert torch.equal(bits(graph_decode(q, dtype)), bits(expected)), dtype
 
 
 @pytest.mark.parametrize("convention", CONVENTIONS)
@@ -127,10 +139,11 @@ class TestEqualsEager:
         for decode_scale in (None, torch.tensor([0.37])):  # divide and multiply orders
             q = NVFP4Tensor(packed, scales.view(torch.float8_e4m3fn), torch.tensor([2.7]),
                             check_scales=False, decode_scale=decode_scale)
-            got, want = q.dequantize(dtype, fused=True), q.dequantize(dtype, fused=False)
+            want = q.dequantize(dtype, fused=False)
             nan = torch.isnan(want)  # 0x7F/0xFF: NaN payload bits are not compared
-            assert torch.equal(torch.isnan(got), nan)
-            assert torch.equal(bits(got[~nan]), bits(want[~nan]))
+            for got in (q.dequantize(dtype, fused=True), graph_decode(q, dtype)):
+                assert torch.equal(torch.isnan(got), nan)
+                assert torch.equal(bits(got[~nan]), bits(want[~nan]))
 
 
 def test_non_contiguous_offset_and_grad_inputs() -> None:
