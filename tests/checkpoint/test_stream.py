@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,17 @@ def test_run_tasks_keeps_order_and_checks_workers() -> None:
 
 
 @pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A ``dask scheduler`` and a ``dask worker --nworkers 2`` for the module (the address),
+    shared by its Dask tests: a cluster start costs seconds of CPU, and nothing a test sends
+    depends on the worker's own environment (the thread count travels with each task)."""
+    from tests import processes
+
+    with processes.dask_cluster(tmp_path_factory.mktemp("dask")) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.checkpoint.builders import saved_checkpoint
 
@@ -111,7 +123,7 @@ def _files(folder: Path) -> dict[str, bytes]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_audit_and_convert_commands_on_dask_scheduler_and_worker_processes(
-    small_checkpoint: Path, tmp_path: Path
+    small_checkpoint: Path, cluster: str, tmp_path: Path
 ) -> None:
     from nvfp4lab.checkpoint.auditing import audit_rows, write_csv
     from nvfp4lab.checkpoint.conversion import convert
@@ -121,18 +133,16 @@ def test_audit_and_convert_commands_on_dask_scheduler_and_worker_processes(
     convert(small_checkpoint, tmp_path / "inline-mo", format="modelopt", workers=0)
     runs = tmp_path / "runs"
     runs.mkdir()
-    with processes.dask_cluster(tmp_path / "dask") as address:
-        relative = os.path.relpath(small_checkpoint, runs)  # tasks get absolute paths
-        audit = processes.cli(["audit", relative, "--out", "report", "--dask",
-                               address], runs)
-        conv = processes.cli(["convert", relative, "mo", "--format", "modelopt",
-                              "--dask", address], runs)
-        try:
-            audit_out, audit_err = audit.communicate(timeout=180)
-            _, conv_err = conv.communicate(timeout=60)
-        finally:
-            processes.stop(audit)
-            processes.stop(conv)
+    relative = os.path.relpath(small_checkpoint, runs)  # tasks get absolute paths
+    audit = processes.cli(["audit", relative, "--out", "report", "--dask", cluster], runs)
+    conv = processes.cli(["convert", relative, "mo", "--format", "modelopt", "--dask", cluster],
+                         runs)
+    try:
+        audit_out, audit_err = audit.communicate(timeout=180)
+        _, conv_err = conv.communicate(timeout=60)
+    finally:
+        processes.stop(audit)
+        processes.stop(conv)
     assert audit.returncode == 1, audit_err  # 1: flagged layers (unshared tensor scales)
     assert "14 quantized layers, 6 flagged" in audit_out
     assert conv.returncode == 0, conv_err
@@ -195,12 +205,11 @@ def test_sigkill_of_the_command_ends_its_pool_workers(command: str, busy_checkpo
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("threads", [None, "2"])
 def test_pool_workers_and_dask_tasks_run_the_settings_thread_count(
-    threads: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    threads: str | None, cluster: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import operator
 
     from nvfp4lab import settings
-    from tests import processes
 
     if threads is None:
         monkeypatch.delenv(settings.THREADS_ENV, raising=False)
@@ -210,5 +219,4 @@ def test_pool_workers_and_dask_tasks_run_the_settings_thread_count(
     assert expected == [1, 1] if threads is None else [2, 2]
     tasks = [torch.get_num_threads] * 2  # each task reports its process's torch threads
     assert run_tasks(operator.call, tasks, workers=2) == expected
-    with processes.dask_cluster(tmp_path / "dask", workers=1) as address:
-        assert run_tasks(operator.call, tasks, dask=address) == expected
+    assert run_tasks(operator.call, tasks, dask=cluster) == expected
