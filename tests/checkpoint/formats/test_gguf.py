@@ -323,9 +323,11 @@ def test_modelopt_and_gguf_convert_losslessly(tmp_path: Path) -> None:
         (tmp_path / "g" / WEIGHTS_FILE).read_bytes()
 
 
-def test_the_cli_converts_and_audits(naive: tuple[nn.Module, Path], tmp_path: Path) -> None:
+def test_the_cli_converts_and_audits(naive: tuple[nn.Module, Path], tmp_path: Path,
+                                     capfd: pytest.CaptureFixture[str]) -> None:
     """``python -m nvfp4lab convert ... --format gguf`` writes the file; ``audit`` of a naive
-    GGUF exits 1 and names the missing tensor scale on every layer."""
+    GGUF (through ``cli.main`` in this process, fd-captured: the command's start was paid once
+    above) exits 1 and names the missing tensor scale on every layer."""
     model = _quantized(seed=5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", checkpoint.TransformersDtypeWarning)
@@ -342,10 +344,14 @@ def test_the_cli_converts_and_audits(naive: tuple[nn.Module, Path], tmp_path: Pa
     assert f"{ct} (compressed-tensors) -> {tmp_path / 'g'} (gguf)" in done.stdout
     assert torch.equal(checkpoint.load(tmp_path / "g").model.layers[1].mlp.up_proj.weight_packed,
                        model.model.layers[1].mlp.up_proj.weight_packed)
-    done = cli("audit", str(naive[1]))
-    assert done.returncode == 1, (done.stdout, done.stderr)
-    assert f"{naive[1]}: 14 quantized layers, 14 flagged" in done.stdout
-    assert done.stdout.count("llama.cpp #22858") == 14
+    from nvfp4lab import cli as nvfp4lab_cli
+
+    capfd.readouterr()
+    code = nvfp4lab_cli.main(["audit", str(naive[1])])
+    out, err = capfd.readouterr()
+    assert code == 1, (out, err)
+    assert f"{naive[1]}: 14 quantized layers, 14 flagged" in out
+    assert out.count("llama.cpp #22858") == 14
 
 
 # -- the naive case and the audit --------------------------------------------------------------
