@@ -42,6 +42,19 @@ def cli(argv: list[str], cwd: Path, **kwargs: object) -> subprocess.Popen[str]:
                             **kwargs)  # type: ignore[call-overload]
 
 
+def cli_here(argv: list[str], capfd: pytest.CaptureFixture[str]
+             ) -> subprocess.CompletedProcess[str]:
+    """``nvfp4lab ARGV`` through ``cli.main`` in this process, file descriptors 1 and 2 captured
+    by ``capfd``: the command's code without a ~4 s interpreter start (compressed-tensors'
+    import), for a test's further calls once one call has gone through ``python -m nvfp4lab``."""
+    from nvfp4lab import cli as nvfp4lab_cli
+
+    capfd.readouterr()
+    code = nvfp4lab_cli.main(list(argv))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["nvfp4lab", *argv], code, out, err)
+
+
 def wait_for(check: Callable[[], T], what: str, timeout: float = 60.0) -> T:
     """Poll ``check`` every 20 ms until it returns something true; fail naming ``what``."""
     deadline = time.monotonic() + timeout

@@ -168,15 +168,10 @@ def _convert_cli(*args: object, patch: str = "", prefix: tuple[str, ...] = ()
 
 def _convert_here(capfd: pytest.CaptureFixture[str], *args: object
                   ) -> subprocess.CompletedProcess[str]:
-    """``nvfp4lab convert ARGS`` through ``cli.main`` in this process, file descriptors 1 and 2
-    captured: the same code as the subprocess without its ~4 s start (compressed-tensors'
-    import), for a test's follow-up calls once one call has gone through ``python -m``."""
-    from nvfp4lab import cli
+    """``nvfp4lab convert ARGS`` in this process (:func:`tests.processes.cli_here`)."""
+    from tests import processes
 
-    capfd.readouterr()
-    code = cli.main(["convert", *map(str, args)])
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(["nvfp4lab", "convert"], code, out, err)
+    return processes.cli_here(["convert", *map(str, args)], capfd)
 
 
 def _one_line(done: subprocess.CompletedProcess[str], *needles: str) -> str:

@@ -31,8 +31,9 @@ import torch
 from safetensors.torch import save_file
 
 import nvfp4lab
-from nvfp4lab import checkpoint, cli
+from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError
+from tests import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = "model.safetensors"
@@ -99,10 +100,7 @@ def _cli(*argv: str, capfd: Capture = None) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         return subprocess.run([sys.executable, "-m", "nvfp4lab", *argv], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=300, check=False)
-    capfd.readouterr()
-    code = cli.main(list(argv))
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(["nvfp4lab", *argv], code, out, err)
+    return processes.cli_here(list(argv), capfd)
 
 
 def _first(case: str, cases: dict[str, Any], capfd: pytest.CaptureFixture[str]) -> Capture:

@@ -24,6 +24,7 @@ from nvfp4lab.constants import GGML_Q8_0_BLOCK
 from nvfp4lab.execution import ggml_cpu
 from nvfp4lab.layout import to_ggml_nvfp4
 from tests.execution.test_ggml_cpu import ties_row
+from tests.peers.ggml_ctypes import declare_quantize_chunk
 from tests.sample_data import KINDS, make
 
 GGML_TYPE_Q8_0 = 8
@@ -75,16 +76,7 @@ def ggml() -> dict[str, object]:
     cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(TypeTraitsCpu)
     nvfp4 = cpu.ggml_get_type_traits_cpu(GGML_TYPE_NVFP4).contents
     q8_0 = cpu.ggml_get_type_traits_cpu(GGML_TYPE_Q8_0).contents
-    base.ggml_quantize_chunk.restype = ctypes.c_size_t
-    base.ggml_quantize_chunk.argtypes = [
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-    ]
+    declare_quantize_chunk(base)
     return {
         "nvfp4": nvfp4,
         "from_float": FromFloat(q8_0.from_float),

@@ -30,6 +30,7 @@ import torch
 import nvfp4lab
 from nvfp4lab.codec import ScaleUnderflowWarning
 from nvfp4lab.layout import from_ggml_nvfp4, to_ggml_nvfp4
+from tests.peers.ggml_ctypes import declare_quantize_chunk
 from tests.sample_data import make
 
 pytestmark = pytest.mark.peers
@@ -52,16 +53,7 @@ def _load_ggml() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.ggml_quantize_init.argtypes = [ctypes.c_int]
     lib.ggml_quantize_init.restype = None
-    lib.ggml_quantize_chunk.argtypes = [
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-    ]
-    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    declare_quantize_chunk(lib)
     lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
     lib.ggml_row_size.restype = ctypes.c_size_t
     lib.ggml_type_name.argtypes = [ctypes.c_int]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -344,14 +345,12 @@ def test_the_cli_converts_and_audits(naive: tuple[nn.Module, Path], tmp_path: Pa
     assert f"{ct} (compressed-tensors) -> {tmp_path / 'g'} (gguf)" in done.stdout
     assert torch.equal(checkpoint.load(tmp_path / "g").model.layers[1].mlp.up_proj.weight_packed,
                        model.model.layers[1].mlp.up_proj.weight_packed)
-    from nvfp4lab import cli as nvfp4lab_cli
+    from tests import processes
 
-    capfd.readouterr()
-    code = nvfp4lab_cli.main(["audit", str(naive[1])])
-    out, err = capfd.readouterr()
-    assert code == 1, (out, err)
-    assert f"{naive[1]}: 14 quantized layers, 14 flagged" in out
-    assert out.count("llama.cpp #22858") == 14
+    done = processes.cli_here(["audit", str(naive[1])], capfd)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"{naive[1]}: 14 quantized layers, 14 flagged" in done.stdout
+    assert done.stdout.count("llama.cpp #22858") == 14
 
 
 # -- the naive case and the audit --------------------------------------------------------------
@@ -368,9 +367,13 @@ def _without_sidecars(src: Path, dst: Path) -> Path:
         main = field.types[0]
         sub = field.types[-1] if main == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), main, sub)
-    for t in reader.tensors:
-        if not t.name.endswith(".scale"):
-            writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    return _write(writer, [t for t in reader.tensors if not t.name.endswith(".scale")], dst)
+
+
+def _write(writer: gguf.GGUFWriter, tensors: list[Any], dst: Path) -> Path:
+    """Add ``tensors`` (a GGUFReader's, bytes as stored) to ``writer``, write the file, ``dst``."""
+    for t in tensors:
+        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -493,14 +496,8 @@ def _float_only(src: Path, dst: Path) -> Path:
     reader = gguf.GGUFReader(src)
     writer = gguf.GGUFWriter(dst, arch="llama")
     writer.add_string(CONFIG_KEY, reader.fields[CONFIG_KEY].contents())
-    for t in reader.tensors:
-        if t.tensor_type != NVFP4 and math.prod(t.data.shape) > 1:
-            writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
+    return _write(writer, [t for t in reader.tensors
+                           if t.tensor_type != NVFP4 and math.prod(t.data.shape) > 1], dst)
 
 
 # -- SmolLM2: the source GGUF's metadata and tokenizer are kept ------------------------------
