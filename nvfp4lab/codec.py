@@ -46,8 +46,10 @@ Research options (defaults reproduce plain NVFP4 bit for bit)
 Fused kernels (``fused=``, default None = the ``NVFP4LAB_FUSED`` setting): plain options (16-element
 blocks, ``rounding="rne"``, ``scale_selection="amax"``, no ``hadamard``, ``nonfinite="raise"``,
 no ``decode_scale``) in the kernel or compressed-tensors order on a CPU/CUDA tensor with K a
-multiple of 16 run the compiled kernels of :mod:`nvfp4lab.kernels` when it allows (bit for bit the
-same results; see there for the ``auto`` rule); everything else runs the eager pipeline.
+multiple of 16 run the fused kernels of :mod:`nvfp4lab.kernels` when it allows (bit for bit the
+same results; see there for the ``auto`` rule): on a CPU the C++ block encode, from the first call
+(:mod:`nvfp4lab.kernels.block_encode`), elsewhere the compiled graphs; everything else runs the
+eager pipeline.
 
 Input policy: fp32/bf16/fp16 tensors ``[..., K]`` (any strides, any device; meta gives shapes).
 NaN/Inf raise by default (``nonfinite="raise"``, naming the count and first index);
@@ -88,7 +90,7 @@ from nvfp4lab.blocks import block_scales_of, decode_codes, encode_blocks, quanti
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import pack_fp4
 from nvfp4lab.hadamard import check_seed, hadamard_transform
-from nvfp4lab.kernels import compiled as fused_kernels
+from nvfp4lab.kernels import quantize as fused_kernels
 from nvfp4lab.options import NVFP4Options, block_shape, nvfp4_options
 from nvfp4lab.orders import KERNEL_MAX_GLOBAL_SCALE, ArithmeticOrder, TensorScaleRule
 from nvfp4lab.orders import get as get_order
@@ -364,22 +366,22 @@ def _fused_route(
     return kernels.fused_route(
         x.numel(), x.shape[-1], x.dtype, x.device, fused,
         block_size=opts.block_shape[1], order=opts.order,
-        plain=opts.plain and decode_scale is None,
+        plain=opts.plain and decode_scale is None, native=True,
     )
 
 
 def _fused_prepare(
     x: torch.Tensor, global_scale: torch.Tensor | float | None, opts: NVFP4Options
-) -> tuple[fused_kernels.BlockStats, TensorScale]:
-    """:func:`_prepare` for the fused path: the block statistics pass, then the same NaN/Inf
+) -> tuple[fused_kernels.FirstPass, TensorScale]:
+    """:func:`_prepare` for the fused path: the first pass (``max |x|``), then the same NaN/Inf
     error and tensor-scale rules as eager (from the amax that pass returns)."""
-    stats = fused_kernels.block_stats(x.detach(), opts.order)
-    if not bool(torch.isfinite(stats.amax)):
+    first = fused_kernels.first_pass(x, opts.order)
+    if not bool(torch.isfinite(first.amax)):
         finite_amax(x.detach(), opts.nonfinite)  # raises, naming the count and first index
-    scale = _tensor_scale(stats.amax, global_scale, None, opts, x.device)
+    scale = _tensor_scale(first.amax, global_scale, None, opts, x.device)
     if global_scale is None:
-        _warn_if_blocks_vanish(stats.blocks, stats.amax, scale, opts)
-    return stats, scale
+        _warn_if_blocks_vanish(first.x.reshape(-1, BLOCK_SIZE), first.amax, scale, opts)
+    return first, scale
 
 
 def _generator(opts: NVFP4Options, device: torch.device) -> torch.Generator | None:
@@ -464,8 +466,8 @@ def quantize(
         block_size=block_size, convention=convention, pad=pad, nonfinite=nonfinite, **options
     )
     if _fused_route(x, opts, decode_scale, fused):
-        stats, scale = _fused_prepare(x, global_scale, opts)
-        packed, scales = fused_kernels.encode(stats, scale.encode, opts.order)
+        first, scale = _fused_prepare(x, global_scale, opts)
+        packed, scales = fused_kernels.encode(first, scale.encode, opts.order)
         return NVFP4Tensor(
             packed, scales, scale.encode, shape=x.shape, dtype=x.dtype, check_scales=False
         )
@@ -566,8 +568,8 @@ def _fake_quantize(
 ) -> torch.Tensor:
     """:func:`fake_quantize` without autograd."""
     if _fused_route(x, opts, decode_scale, fused):
-        stats, scale = _fused_prepare(x, global_scale, opts)
-        return fused_kernels.fake_quantize(stats, scale.encode, opts.order)
+        first, scale = _fused_prepare(x, global_scale, opts)
+        return fused_kernels.fake_quantize(first, scale.encode, opts.order)
     xp, scale = _prepare(x, global_scale, opts, decode_scale)
     if xp.is_meta:
         return torch.empty_like(x)

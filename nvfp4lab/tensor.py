@@ -255,7 +255,7 @@ class NVFP4Tensor:
         out_dtype = dtype or self.dtype
         numel = 2 * self.packed.numel()
         if fused_route(numel, 2 * self.packed.shape[-1], out_dtype, self.device, fused,
-                       block_size=self.block_size, lut=True):
+                       block_size=self.block_size, native=True):
             over = self.decode_scale is None
             out = kernel_decode(  # the C++ LUT kernel on a CPU that has it, else the graph
                 self.packed, self.scales, self.global_scale if over else self.decode_scale,

@@ -225,7 +225,7 @@ def _weight_operand(
     :func:`nvfp4lab.kernels.fused_route`), encoded for a tiled decode in the same order."""
     n, k = weight.shape
     if kernels.fused_route(
-        n * k, k, x.dtype, x.device, fused, block_size=weight.block_size, lut=True
+        n * k, k, x.dtype, x.device, fused, block_size=weight.block_size, native=True
     ):
         return EncodedWeight(
             weight.packed, weight.scales, vllm_decode_scale(weight), DecodeRule.SCALE_TIMES_DECODE

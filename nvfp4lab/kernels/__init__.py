@@ -4,8 +4,11 @@ The same source lowers to C++/OpenMP (``at::vec``) on the CPU and to Triton on C
 :mod:`~nvfp4lab.kernels.graphs` holds the graphs, :mod:`~nvfp4lab.kernels.compiled` compiles them
 (one compiled function per graph kind and static configuration, dynamic in the number of blocks)
 and :mod:`~nvfp4lab.kernels.linear` runs a linear layer with the weight decoded tile by tile, on
-the CPU by a hand-written C++ table-lookup kernel (:mod:`~nvfp4lab.kernels.lut_decode`, built
-once per machine into nvfp4lab's cache) where it can be built.
+the CPU by a hand-written C++ table-lookup kernel (:mod:`~nvfp4lab.kernels.lut_decode`) where it
+can be built. On the CPU, quantize and fake_quantize run a hand-written C++ block encode
+(:mod:`~nvfp4lab.kernels.block_encode`); :mod:`~nvfp4lab.kernels.quantize` picks it or the
+graphs. Both C++ kernels are nvfp4lab's native library (:mod:`~nvfp4lab.kernels.native`, built
+once per machine into nvfp4lab's cache).
 They are bit for bit the eager pipeline of :mod:`nvfp4lab.codec` and :mod:`nvfp4lab.tensor`;
 :mod:`nvfp4lab.codec`, :meth:`nvfp4lab.tensor.NVFP4Tensor.dequantize` and
 :func:`nvfp4lab.execution.gemm.linear` route eligible calls here (this package imports only
@@ -13,9 +16,9 @@ They are bit for bit the eager pipeline of :mod:`nvfp4lab.codec` and :mod:`nvfp4
 and inductor are imported on the first fused call, never by ``import nvfp4lab``).
 
 When a call runs fused: :func:`fused_route` is the one rule every caller asks (the codec's
-quantize and fake_quantize, ``NVFP4Tensor.dequantize``, the linear's weight; the linear's weight
-asks with ``lut=True``: on a CPU where the LUT decode is built it runs from the first call under
-``auto`` and ``on``, see :func:`lut_allows`). The call must be
+quantize and fake_quantize, ``NVFP4Tensor.dequantize``, the linear's weight; each asks with
+``native=True``: on a CPU where the native library is built its C++ kernel runs from the first
+call under ``auto`` and ``on``, see :func:`native_allows`). The call must be
 eligible (plain options, 16-element blocks, K % 16 == 0, two blocks or more, an fp32/bf16/fp16
 tensor, an arithmetic order the graphs implement: :func:`nvfp4lab.kernels.graphs.supports`) on a
 CPU or CUDA tensor, a compiler must work here (:func:`compiler_available`), and the setting
@@ -47,9 +50,9 @@ CPU or CUDA tensor, a compiler must work here (:func:`compiler_available`), and 
 Without a working compiler (no C++ compiler for inductor's CPU backend, no Triton on CUDA, ...)
 every call stays eager; the first fused attempt says so ONCE, as one WARNING line on the
 ``nvfp4lab.kernels`` logger (no traceback; Python's last-resort handler prints it on stderr
-when logging is not configured). Where the LUT decode cannot be built (no compiler, no ninja, a
-build error) its first use says so in one such line too, and the linear's weight is decoded by
-the compiled graph or eagerly, as the rule above decides.
+when logging is not configured). Where the native library cannot be built (no compiler, no ninja,
+a build error) its first use says so in one such line too, and calls run the compiled graphs or
+eagerly, as the rule above decides.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lab.constants import BLOCK_SIZE
-from nvfp4lab.kernels import cache, lut_decode
+from nvfp4lab.kernels import cache, native
 from nvfp4lab.kernels.graphs import supports
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.settings import fused_mode
@@ -81,7 +84,7 @@ __all__ = [
     "compiler_available",
     "eager_work",
     "fused_route",
-    "lut_allows",
+    "native_allows",
     "use_fused",
 ]
 
@@ -194,7 +197,7 @@ def fused_route(
     block_size: int = BLOCK_SIZE,
     order: ArithmeticOrder | None = None,
     plain: bool = True,
-    lut: bool = False,
+    native: bool = False,
 ) -> bool:
     """THE fused-eligibility rule: whether a call over ``numel`` elements (K = ``k``) of
     ``dtype`` on ``device`` runs the fused kernels.
@@ -206,10 +209,10 @@ def fused_route(
     call, an ``order`` the graphs implement (``None``: a decode, whose rule every graph covers).
     Then :func:`use_fused` decides (device, ``fused`` / ``NVFP4LAB_FUSED``, a working compiler).
 
-    ``lut``: the call is a decode the C++ LUT kernel can serve (the linear's weight tiles,
-    :mod:`nvfp4lab.kernels.lut_decode`). That kernel is built once per machine and loads in
+    ``native``: a C++ kernel of the native library can serve the call (the LUT decode, the block
+    encode: :mod:`nvfp4lab.kernels.native`). The library is built once per machine and loads in
     milliseconds: no per-process compilation to pay back, so on a CPU where it is available
-    (:func:`lut_allows`) ``auto`` runs it from the first call, as ``on`` / ``fused=True`` do
+    (:func:`native_allows`) ``auto`` runs it from the first call, as ``on`` / ``fused=True`` do
     (``off`` / ``fused=False``: never). Where it is not, the rule above applies.
     """
     if not plain or block_size != BLOCK_SIZE or dtype not in SUPPORTED_DTYPES:
@@ -218,20 +221,21 @@ def fused_route(
         return False
     if numel < 2 * BLOCK_SIZE or k % BLOCK_SIZE:
         return False
-    if lut and lut_allows(device, fused):
+    if native and native_allows(device, fused):
         return True
     return use_fused(numel, device, fused, dtype=dtype)
 
 
-def lut_allows(device: torch.device, fused: bool | None = None) -> bool:
-    """Whether an eligible decode on ``device`` runs the C++ LUT kernel: a CPU tensor, ``fused``
-    not False and ``NVFP4LAB_FUSED`` not ``off`` (when ``fused`` is None), and the kernel built
-    here (:func:`nvfp4lab.kernels.lut_decode.available`: its first use on a machine builds it)."""
+def native_allows(device: torch.device, fused: bool | None = None) -> bool:
+    """Whether an eligible call on ``device`` runs a C++ kernel of the native library: a CPU
+    tensor, ``fused`` not False and ``NVFP4LAB_FUSED`` not ``off`` (when ``fused`` is None), and
+    the library built here (:func:`nvfp4lab.kernels.native.available`: its first use on a machine
+    builds it)."""
     if fused is False or device.type != "cpu":
         return False
     if fused is None and fused_mode() == FusedMode.OFF:
         return False
-    return lut_decode.usable(device)
+    return native.usable(device)
 
 
 def _probe_graph(x: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from nvfp4lab.kernels import compiled, lut_decode
+from nvfp4lab.kernels import compiled, lut_decode, native
 from nvfp4lab.kernels.compiled import balanced
 from nvfp4lab.orders import DecodeRule
 
@@ -80,10 +80,10 @@ def decode(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows of the weight decoded to ``dtype`` (into ``out``): by the C++ LUT kernel on a CPU
-    where it is built (:func:`nvfp4lab.kernels.lut_decode.usable`), else by the compiled graph
+    where it is built (:func:`nvfp4lab.kernels.native.usable`), else by the compiled graph
     (:func:`nvfp4lab.kernels.compiled.decode`; CUDA, or a CPU without the LUT kernel). Either is
     bit for bit the eager decode."""
-    if lut_decode.usable(packed.device):
+    if native.usable(packed.device):
         if out is None:  # a large result in huge pages (compiled.fresh), as the graphs do
             out = compiled.fresh((*packed.shape[:-1], 2 * packed.shape[-1]), dtype,
                                  packed.device)
@@ -119,7 +119,7 @@ def row_decoder(w: EncodedWeight, dtype: torch.dtype) -> Callable[[int, int, tor
     """``decoder(start, stop, out)``: rows ``start:stop`` of ``w`` decoded to ``dtype`` into
     ``out``, by the C++ LUT kernel bound to the weight once (a CPU where it is built) or by
     the compiled graph (:func:`nvfp4lab.kernels.compiled.decode`)."""
-    if lut_decode.usable(w.packed.device):
+    if native.usable(w.packed.device):
         return lut_decode.RowDecoder(w.packed, w.scales, w.tensor_scale, dtype, rule=w.rule)
 
     def rows(start: int, stop: int, out: torch.Tensor) -> None:
@@ -157,7 +157,7 @@ def tiled_matmul(
     row_bytes = max(1, k * a.element_size())
     if tile_bytes is not None:
         rows = max(3, tile_bytes // row_bytes)
-    elif lut_decode.usable(w.packed.device):
+    elif native.usable(w.packed.device):
         per_tile = LUT_TILE_BYTES * torch.get_num_threads()
         rows = max(3, LUT_MIN_ROWS, per_tile // row_bytes)
     else:

@@ -15,7 +15,7 @@ import torch
 
 from nvfp4lab import kernels, settings
 from nvfp4lab.codec import quantize
-from nvfp4lab.kernels import AutoState, auto_decision, cache
+from nvfp4lab.kernels import AutoState, auto_decision, cache, native
 from nvfp4lab.kernels import compiled as fused
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,8 +123,9 @@ def test_large_outputs_are_advised_huge_pages() -> None:
 _CHILD = """
 import json, sys, torch
 from nvfp4lab import kernels
-from nvfp4lab.kernels import cache, compiled
+from nvfp4lab.kernels import cache, compiled, native
 from nvfp4lab.codec import quantize
+native.available = lambda: False  # a CPU without the native library: the graphs' auto rule
 kernels.AUTO_WARM_CALL_ELEMENTS = kernels.AUTO_MIN_ELEMENTS  # "large" at test size
 ran = []
 stats = compiled.block_stats
@@ -148,7 +149,12 @@ def _child(env: dict[str, str]) -> dict[str, object]:
 
 
 @pytest.mark.skipif(not kernels.compiler_available("cpu"), reason="torch.compile does not work")
-def test_a_fresh_process_with_a_warm_cache_goes_fused_at_once(tmp_path: Path) -> None:
+def test_a_fresh_process_with_a_warm_cache_goes_fused_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled graphs' ``auto`` rule, in processes without the native library (where it
+    is built, the C++ block encode runs from the first call and nothing compiles)."""
+    monkeypatch.setattr(native, "available", lambda: False)
     quantize(torch.randn(64, 64).to(torch.bfloat16), fused=True)  # warms this process's cache
     here = os.environ[settings.INDUCTOR_CACHE_ENV]
     assert cache.warm("cpu", torch.bfloat16) and cache.marker_path(Path(here)).is_file()

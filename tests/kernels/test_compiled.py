@@ -1,6 +1,9 @@
-"""The fused kernels bit for bit against the eager pipeline, their arithmetic against torch's own
+"""The compiled graphs bit for bit against the eager pipeline, their arithmetic against torch's own
 float8 conversion and the eager E2M1 rounding, compilation (no recompiles, scoped options), the
 ``NVFP4LAB_FUSED`` policy and the eager fallback without a compiler.
+
+Every test here runs as on a CPU without nvfp4lab's native library (``graphs_only``): there, and
+on CUDA, the fused calls run the graphs (the C++ kernels have their own tests).
 
 ``bits`` comparisons distinguish -0.0 from 0.0; tensors come from seeded generators.
 """
@@ -17,8 +20,8 @@ from nvfp4lab import kernels
 from nvfp4lab.codec import dequantize, fake_quantize, quantize
 from nvfp4lab.e2m1 import round_to_e2m1_codes
 from nvfp4lab.kernels import compiled as fused
-from nvfp4lab.kernels import graphs
-from nvfp4lab.orders import DecodeRule
+from nvfp4lab.kernels import graphs, native
+from nvfp4lab.kernels import quantize as fused_quantize
 from nvfp4lab.settings import FUSED_ENV, fused_mode
 from nvfp4lab.tensor import NVFP4Tensor
 from nvfp4lab.vocab import FusedMode
@@ -29,6 +32,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@pytest.fixture(autouse=True)
+def graphs_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native library made unavailable: fused calls run the compiled graphs."""
+    monkeypatch.setattr(native, "available", lambda: False)
 CONVENTIONS = ("kernel", "compressed-tensors")
 TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
@@ -40,16 +49,6 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def randn(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g, dtype=torch.float32).to(dtype)
-
-
-def graph_decode(q: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``q`` decoded by the compiled decode graph itself: on a CPU with the C++ LUT decode,
-    ``dequantize(fused=True)`` runs that kernel instead, and the graph (CUDA's, and a CPU's
-    without the library) would go untested here."""
-    over = q.decode_scale is None
-    rule = DecodeRule.SCALE_OVER_ENCODE if over else DecodeRule.SCALE_TIMES_DECODE
-    return fused.decode(q.packed, q.scales, q.global_scale if over else q.decode_scale, dtype,
-                        rule=rule)
 
 
 def assert_same(x: torch.Tensor, gs: torch.Tensor | float | None, convention: str) -> None:
@@ -68,7 +67,6 @@ def assert_same(x: torch.Tensor, gs: torch.Tensor | float | None, convention: st
         for dtype in DTYPES:
             expected = dequantize(q, dtype, fused=False)
             assert torch.equal(bits(dequantize(q, dtype, fused=True)), bits(expected)), dtype
-            assert torch.equal(bits(graph_decode(q, dtype)), bits(expected)), dtype
 
 
 @pytest.mark.parametrize("convention", CONVENTIONS)
@@ -141,9 +139,9 @@ class TestEqualsEager:
                             check_scales=False, decode_scale=decode_scale)
             want = q.dequantize(dtype, fused=False)
             nan = torch.isnan(want)  # 0x7F/0xFF: NaN payload bits are not compared
-            for got in (q.dequantize(dtype, fused=True), graph_decode(q, dtype)):
-                assert torch.equal(torch.isnan(got), nan)
-                assert torch.equal(bits(got[~nan]), bits(want[~nan]))
+            got = q.dequantize(dtype, fused=True)
+            assert torch.equal(torch.isnan(got), nan)
+            assert torch.equal(bits(got[~nan]), bits(want[~nan]))
 
 
 def test_non_contiguous_offset_and_grad_inputs() -> None:
@@ -233,7 +231,7 @@ def test_inductor_options_stay_scoped() -> None:
 
 def test_one_block_and_other_options_stay_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(fused, "block_stats", lambda *a: calls.append(1))  # must not be called
+    monkeypatch.setattr(fused_quantize, "first_pass", lambda *a: calls.append(1))  # not called
     x = randn((1, 16), torch.float32)
     assert quantize(x, fused=True) == quantize(x, fused=False)
     y = randn((16, 32), torch.float32)

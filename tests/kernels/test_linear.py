@@ -13,11 +13,11 @@ from nvfp4lab import kernels
 from nvfp4lab.codec import quantize
 from nvfp4lab.execution.gemm import linear, vllm_dequantize
 from nvfp4lab.kernels import linear as klinear
-from nvfp4lab.kernels import lut_decode
+from nvfp4lab.kernels import native
 from nvfp4lab.tensor import NVFP4Tensor
 
 pytestmark = pytest.mark.skipif(
-    not kernels.compiler_available("cpu") and not lut_decode.available(),
+    not kernels.compiler_available("cpu") and not native.available(),
     reason="neither torch.compile nor the C++ LUT decode works here",
 )
 
@@ -53,12 +53,12 @@ def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
 def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The tile decoder: the C++ LUT kernel, or the compiled graph (the LUT kernel made
     unavailable, as on a machine where it cannot be built); skipped where it cannot run."""
-    if request.param == "lut" and not lut_decode.available():
+    if request.param == "lut" and not native.available():
         pytest.skip("the C++ LUT decode cannot be built here")
     if request.param == "compiled":
         if not kernels.compiler_available("cpu"):
             pytest.skip("torch.compile does not work here")
-        monkeypatch.setattr(lut_decode, "available", lambda: False)
+        monkeypatch.setattr(native, "available", lambda: False)
     return str(request.param)
 
 

@@ -13,13 +13,13 @@ import torch
 from nvfp4lab import kernels
 from nvfp4lab.codec import quantize
 from nvfp4lab.e2m1 import unpack_fp4
-from nvfp4lab.kernels import lut_decode
+from nvfp4lab.kernels import lut_decode, native
 from nvfp4lab.orders import DecodeRule
 from nvfp4lab.tensor import decode_blocks
 from nvfp4lab.vocab import SUPPORTED_DTYPES
 
 needs_lut = pytest.mark.skipif(
-    not lut_decode.available(), reason="the C++ LUT decode cannot be built here"
+    not native.available(), reason="the native C++ library cannot be built here"
 )
 
 #: Tensor scales: plain, a real weight's, tiny and huge ones (products that underflow to
@@ -55,7 +55,7 @@ def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
 
 def gather_paths() -> list[str]:
     """The gather paths this CPU runs (the library clamps a wider one to its best)."""
-    best = lut_decode.ISAS.index(lut_decode.isa()) if lut_decode.available() else 0
+    best = lut_decode.ISAS.index(lut_decode.isa()) if native.available() else 0
     return list(lut_decode.ISAS[: best + 1])
 
 
@@ -124,23 +124,23 @@ def test_row_decoder_rows_and_views() -> None:
 def test_other_cpus_say_why(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(lut_decode.platform, "machine", lambda: "aarch64")
-    lut_decode._library.cache_clear()
+    monkeypatch.setattr(native.platform, "machine", lambda: "aarch64")
+    native.library.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="nvfp4lab.kernels"):
-            assert not lut_decode.available()
-        assert "an x86-64 kernel, this CPU is aarch64" in caplog.records[0].getMessage()
+            assert not native.available()
+        assert "x86-64 kernels, this CPU is aarch64" in caplog.records[0].getMessage()
     finally:
-        lut_decode._library.cache_clear()
+        native.library.cache_clear()
 
 
 def test_build_dir_is_under_the_cache_dir(
     monkeypatch: pytest.MonkeyPatch, tmp_path: object
 ) -> None:
     monkeypatch.setenv("NVFP4LAB_CACHE", str(tmp_path))
-    folder = lut_decode.build_dir()
+    folder = native.build_dir()
     assert folder.parent == tmp_path / "cpp"  # type: ignore[operator]
-    assert folder.name.startswith("lut_decode-") and len(folder.name) == len("lut_decode-") + 16
+    assert folder.name.startswith("native-") and len(folder.name) == len("native-") + 16
 
 
 @pytest.fixture
@@ -148,13 +148,13 @@ def broken_build(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The library cannot be built or found (a fresh cache folder, a failing compiler)."""
 
     def fail(folder: object) -> object:
-        raise RuntimeError("Error building extension 'nvfp4lab_lut_decode'\nc++: not found")
+        raise RuntimeError("Error building extension 'nvfp4lab_native'\nc++: not found")
 
-    monkeypatch.setattr(lut_decode, "build_dir", lambda: lut_decode.cache_dir() / "nowhere")
-    monkeypatch.setattr(lut_decode, "_build", fail)
-    lut_decode._library.cache_clear()
+    monkeypatch.setattr(native, "build_dir", lambda: native.cache_dir() / "nowhere")
+    monkeypatch.setattr(native, "_build", fail)
+    native.library.cache_clear()
     yield
-    lut_decode._library.cache_clear()  # the next use loads the real library again
+    native.library.cache_clear()  # the next use loads the real library again
 
 
 def _cold_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,14 +181,15 @@ def test_without_the_library_one_warning_and_the_fallback(
     monkeypatch.setenv("NVFP4LAB_FUSED", "auto")
     _cold_process(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="nvfp4lab.kernels"):
-        assert not lut_decode.available()
-        assert not lut_decode.available()
+        assert not native.available()
+        assert not native.available()
         assert lut_decode.isa() == ""
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1
-    assert "LUT decode is unavailable (RuntimeError: Error building extension" in lines[0]
+    assert "(LUT decode, block encode) are unavailable (RuntimeError: Error building extension" in (
+        lines[0])
     cpu = torch.device("cpu")
-    assert not kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, lut=True)
+    assert not kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, native=True)
     with pytest.raises(RuntimeError, match="unavailable"):
         lut_decode.decode(
             torch.zeros(2, 8, dtype=torch.uint8), torch.zeros(2, 1), torch.ones(1), torch.float32
@@ -207,15 +208,15 @@ def test_route_takes_the_lut_from_the_first_call(monkeypatch: pytest.MonkeyPatch
     cpu = torch.device("cpu")
     for mode in ("auto", "on"):
         monkeypatch.setenv("NVFP4LAB_FUSED", mode)
-        assert kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, lut=True)
-        assert not kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, False, lut=True)
+        assert kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, native=True)
+        assert not kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, False, native=True)
     monkeypatch.setenv("NVFP4LAB_FUSED", "auto")
     assert not kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu)  # the ledger's rule
-    assert not kernels.fused_route(1 << 20, 1000, torch.bfloat16, cpu, lut=True)  # K % 16
-    assert not kernels.lut_allows(torch.device("meta"))
+    assert not kernels.fused_route(1 << 20, 1000, torch.bfloat16, cpu, native=True)  # K % 16
+    assert not kernels.native_allows(torch.device("meta"))
     monkeypatch.setenv("NVFP4LAB_FUSED", "off")
-    assert not kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, lut=True)
-    assert kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, True, lut=True)
+    assert not kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, native=True)
+    assert kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, True, native=True)
 
 
 def test_source_is_package_data() -> None:
@@ -225,4 +226,5 @@ def test_source_is_package_data() -> None:
     root = Path(__file__).resolve().parents[2]
     pyproject = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
     assert "kernels/*.cpp" in pyproject["tool"]["setuptools"]["package-data"]["nvfp4lab"]
-    assert lut_decode.SOURCE.is_file() and lut_decode.SOURCE.parent.name == "kernels"
+    assert [source.name for source in native.SOURCES] == ["lut_decode.cpp", "block_encode.cpp"]
+    assert all(source.is_file() and source.parent.name == "kernels" for source in native.SOURCES)

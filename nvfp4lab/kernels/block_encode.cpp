@@ -1,0 +1,502 @@
+// nvfp4lab: the NVFP4 quantize (and quantize-dequantize) of the ENCODE-form orders on the CPU.
+//
+// Built with lut_decode.cpp into one library by nvfp4lab/kernels/native.py (plain C ABI, no torch
+// headers, called through ctypes). Two passes over x (float32, bfloat16 or float16 bits, [NB, 16]
+// contiguous):
+//
+//   nvfp4lab_abs_max   max |x| over all elements, as the bits of x's dtype (integer max of the
+//                      magnitude bits: exact, and a NaN anywhere gives a NaN's bits)
+//   nvfp4lab_encode    per block b: packed codes [NB, 8] (element 2i in the low nibble of byte i)
+//                      and E4M3 scale bytes [NB]; or (fake) value * (s / gs) in x's dtype [NB, 16]
+//
+// The arithmetic is nvfp4lab.kernels.graphs' (itself bit for bit the eager pipeline of
+// nvfp4lab.scales / nvfp4lab.e2m1), one IEEE float32 operation per step (built without fast-math
+// and without FMA contraction), with gs the float32 ENCODE tensor scale and rgs = f32(1 / gs):
+//
+//   statistic   amax_b, or f32(amax_b / 6) rounded to x's dtype       (flag kDivideInInputDtype)
+//   pre         gs * stat  (divided)  or  gs * (amax_b * f32(1/6)),  then min(pre, 448)
+//   scale s     E4M3 nearest-even: the float32 bits rounded to 3 mantissa bits in the normal range,
+//               rint(p * 512) / 512 below 2**-6; a scale of 0 becomes 0.125 (kZeroToEighth)
+//   factor      1 / (s * rgs), 0 where s == 0  (kMultiplyByInverse: v = x * factor)
+//               s / gs                          (otherwise:          v = x / factor)
+//   code        a = min(|v|, 6); g2 = a >= 2, g4 = a >= 4; q = rint(a * (2 - g2 - g4/2));
+//               index = q + 2 (g2 + g4), sign bit where v < 0
+//   fake        (v < 0 ? -m : m) * (s / gs), m = q * (1/2 + g2/2 + g4), rounded to x's dtype
+//
+// Blocks go in tiles of 16: the per-block scale chain runs vectorized across a tile's blocks, then
+// each block's 16 elements vectorized. One body, compiled three times: AVX-512 (F, BW, VL), AVX2
+// (with F16C) and the x86-64 baseline; the path is chosen at run time from the CPU's flags.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <immintrin.h>
+#include <omp.h>
+
+namespace {
+
+constexpr int kScalar = 0;
+constexpr int kAvx2 = 1;
+constexpr int kAvx512 = 2;
+
+constexpr int kFloat32 = 0;
+constexpr int kBFloat16 = 1;
+constexpr int kFloat16 = 2;
+
+constexpr int kDivideInInputDtype = 1;  // BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE
+constexpr int kMultiplyByInverse = 2;   // ElementScaling.MULTIPLY_BY_INVERSE
+constexpr int kZeroToEighth = 4;        // zero_scale_replacement = 0.125
+
+constexpr int kTile = 16;  // blocks per tile
+// Below this many blocks (64 K elements) one thread works (as the LUT decode).
+constexpr int64_t kParallelBlocks = 4096;
+
+inline __attribute__((always_inline)) uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+inline __attribute__((always_inline)) float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Element i of x as float32 (exact for every dtype).
+template <int DT>
+inline __attribute__((always_inline)) float load(const void* x, int64_t i) {
+  if constexpr (DT == kFloat32) {
+    return static_cast<const float*>(x)[i];
+  } else if constexpr (DT == kBFloat16) {
+    return float_of(static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i]) << 16);
+  } else {
+    return static_cast<float>(static_cast<const _Float16*>(x)[i]);
+  }
+}
+
+// |x_i| as the float32 bits of its magnitude (integer order == float order for finite values).
+template <int DT>
+inline __attribute__((always_inline)) uint32_t magnitude_bits(const void* x, int64_t i) {
+  return bits_of(load<DT>(x, i)) & 0x7FFFFFFFu;
+}
+
+// float32 -> float32 rounded to x's dtype, nearest even (finite or infinite inputs: no NaN here).
+template <int DT>
+inline __attribute__((always_inline)) float round_to(float f) {
+  if constexpr (DT == kFloat32) {
+    return f;
+  } else if constexpr (DT == kBFloat16) {
+    const uint32_t u = bits_of(f);
+    return float_of(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
+  } else {
+    return static_cast<float>(static_cast<_Float16>(f));
+  }
+}
+
+template <int DT>
+inline __attribute__((always_inline)) void store(void* out, int64_t i, float f) {
+  if constexpr (DT == kFloat32) {
+    static_cast<float*>(out)[i] = f;
+  } else if constexpr (DT == kBFloat16) {
+    const uint32_t u = bits_of(f);
+    static_cast<uint16_t*>(out)[i] = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  } else {
+    static_cast<_Float16*>(out)[i] = static_cast<_Float16>(f);
+  }
+}
+
+// Blocks [b0, b1): codes and scale bytes, or (FAKE) the quantize-dequantize values.
+template <int DT, bool FAKE>
+inline __attribute__((always_inline)) void encode_range(const void* x, int64_t b0, int64_t b1,
+                                                        float gs, float rgs, int flags,
+                                                        uint8_t* packed, uint8_t* scale_bytes,
+                                                        void* out) {
+  const bool divided = flags & kDivideInInputDtype;
+  const bool multiplies = flags & kMultiplyByInverse;
+  const bool replace_zero = flags & kZeroToEighth;
+  const float inv6 = static_cast<float>(1.0 / 6.0);
+  alignas(64) float amax[kTile];
+  alignas(64) float factor[kTile];
+  alignas(64) float decode[kTile];
+  alignas(64) uint8_t byte[kTile];
+  alignas(64) uint8_t codes[16];
+  for (int64_t t0 = b0; t0 < b1; t0 += kTile) {
+    const int n = static_cast<int>(b1 - t0 < kTile ? b1 - t0 : kTile);
+    // 1. block amax (integer max of magnitude bits)
+    for (int j = 0; j < n; ++j) {
+      const int64_t base = 16 * (t0 + j);
+      uint32_t m = 0;
+      for (int i = 0; i < 16; ++i) {
+        const uint32_t a = magnitude_bits<DT>(x, base + i);
+        m = a > m ? a : m;
+      }
+      amax[j] = float_of(m);
+    }
+    // 2. the scale chain, across the tile's blocks
+    for (int j = 0; j < n; ++j) {
+      const float stat = divided ? round_to<DT>(amax[j] / 6.0f) : amax[j];
+      float pre = divided ? gs * stat : gs * (stat * inv6);
+      pre = pre > 448.0f ? 448.0f : pre;
+      const uint32_t pb = bits_of(pre);
+      const uint32_t rounded = (pb + 0x7FFFFu + ((pb >> 20) & 1u)) & 0xFFF00000u;
+      const int32_t normal_byte =
+          ((static_cast<int32_t>(rounded >> 23) - 120) << 3) | static_cast<int32_t>((rounded >> 20) & 7u);
+      const float q = rintf(pre * 512.0f);
+      const bool subnormal = pre < 0.015625f;
+      float s = subnormal ? q * (1.0f / 512.0f) : float_of(rounded);
+      int32_t b = subnormal ? static_cast<int32_t>(q) : normal_byte;
+      if (replace_zero) {
+        const bool zero = s == 0.0f;
+        s = zero ? 0.125f : s;
+        b = zero ? 0x20 : b;
+      }
+      byte[j] = static_cast<uint8_t>(b);
+      if (multiplies) {
+        const float inverse = 1.0f / (s * rgs);
+        factor[j] = s == 0.0f ? 0.0f : inverse;
+        decode[j] = s / gs;
+      } else {
+        factor[j] = s / gs;
+        decode[j] = factor[j];
+      }
+    }
+    // 3. the elements, block by block
+    for (int j = 0; j < n; ++j) {
+      const int64_t base = 16 * (t0 + j);
+      const float f = factor[j];
+      const float d = decode[j];
+      for (int i = 0; i < 16; ++i) {
+        const float xv = load<DT>(x, base + i);
+        const float v = multiplies ? xv * f : xv / f;
+        const bool negative = v < 0.0f;
+        float a = std::fabs(v);
+        a = a > 6.0f ? 6.0f : a;
+        const float g2 = a >= 2.0f ? 1.0f : 0.0f;
+        const float g4 = a >= 4.0f ? 1.0f : 0.0f;
+        const float q = rintf(a * (2.0f - g2 - 0.5f * g4));
+        if constexpr (FAKE) {
+          const float magnitude = q * (0.5f + 0.5f * g2 + g4);
+          store<DT>(out, base + i, (negative ? -magnitude : magnitude) * d);
+        } else {
+          codes[i] = static_cast<uint8_t>(static_cast<int32_t>(q + 2.0f * (g2 + g4)) |
+                                          (negative ? 8 : 0));
+        }
+      }
+      if constexpr (!FAKE) {
+        uint8_t* p = packed + 8 * (t0 + j);
+        for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+      }
+    }
+    if constexpr (!FAKE) std::memcpy(scale_bytes + t0, byte, static_cast<size_t>(n));
+  }
+}
+
+template <int DT>
+inline __attribute__((always_inline)) uint32_t abs_max_range(const void* x, int64_t i0,
+                                                             int64_t i1) {
+  uint32_t m = 0;
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint32_t a = magnitude_bits<DT>(x, i);
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+template <int DT>
+inline __attribute__((always_inline)) void encode_dtype(const void* x, int64_t b0, int64_t b1,
+                                                        bool fake, float gs, float rgs, int flags,
+                                                        uint8_t* packed, uint8_t* scales,
+                                                        void* out) {
+  if (fake) return encode_range<DT, true>(x, b0, b1, gs, rgs, flags, packed, scales, out);
+  return encode_range<DT, false>(x, b0, b1, gs, rgs, flags, packed, scales, out);
+}
+
+// One body per instruction set: the always-inline templates above take the caller's target.
+#define NVFP4LAB_ISA_FUNCTIONS(SUFFIX, TARGET)                                                    \
+  TARGET void encode_##SUFFIX(const void* x, int64_t b0, int64_t b1, int dtype, bool fake,        \
+                              float gs, float rgs, int flags, uint8_t* packed, uint8_t* scales,   \
+                              void* out) {                                                        \
+    if (dtype == kFloat32) return encode_dtype<kFloat32>(x, b0, b1, fake, gs, rgs, flags, packed, scales, out); \
+    if (dtype == kBFloat16) return encode_dtype<kBFloat16>(x, b0, b1, fake, gs, rgs, flags, packed, scales, out); \
+    return encode_dtype<kFloat16>(x, b0, b1, fake, gs, rgs, flags, packed, scales, out);         \
+  }                                                                                               \
+  TARGET uint32_t abs_max_##SUFFIX(const void* x, int64_t i0, int64_t i1, int dtype) {            \
+    if (dtype == kFloat32) return abs_max_range<kFloat32>(x, i0, i1);                            \
+    if (dtype == kBFloat16) return abs_max_range<kBFloat16>(x, i0, i1);                          \
+    return abs_max_range<kFloat16>(x, i0, i1);                                                    \
+  }
+
+NVFP4LAB_ISA_FUNCTIONS(avx2, __attribute__((target("avx2,f16c"))))
+NVFP4LAB_ISA_FUNCTIONS(scalar, )
+
+// ------------------------------------------------------------------------------------------
+// AVX-512 (F, BW, VL): the same arithmetic written with intrinsics (the generic body above
+// auto-vectorizes poorly: a block's 16 elements are one vector here, the tile's scale chain another)
+// ------------------------------------------------------------------------------------------
+
+#define NVFP4LAB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
+
+template <int DT>
+NVFP4LAB_AVX512 inline __m512 load16(const void* x, int64_t i) {
+  if constexpr (DT == kFloat32) {
+    return _mm512_loadu_ps(static_cast<const float*>(x) + i);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+        static_cast<const uint16_t*>(x) + i));
+    if constexpr (DT == kBFloat16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(h);
+    }
+  }
+}
+
+// bfloat16 bits (in the low half of each lane) of float32 v, nearest even (no NaN reaches here).
+NVFP4LAB_AVX512 inline __m512i bf16_bits(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
+}
+
+template <int DT>
+NVFP4LAB_AVX512 inline __m512 round_to16(__m512 v) {
+  if constexpr (DT == kFloat32) {
+    return v;
+  } else if constexpr (DT == kBFloat16) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16));
+  } else {
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
+template <int DT>
+NVFP4LAB_AVX512 inline void store16(void* out, int64_t i, __m512 v) {
+  if constexpr (DT == kFloat32) {
+    _mm512_storeu_ps(static_cast<float*>(out) + i, v);
+  } else {
+    __m256i h;
+    if constexpr (DT == kBFloat16) {
+      h = _mm512_cvtepi32_epi16(bf16_bits(v));
+    } else {
+      h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), h);
+  }
+}
+
+template <int DT, bool FAKE>
+NVFP4LAB_AVX512 void encode_range_avx512(const void* x, int64_t b0, int64_t b1, float gs,
+                                         float rgs, int flags, uint8_t* packed,
+                                         uint8_t* scale_bytes, void* out) {
+  const bool divided = flags & kDivideInInputDtype;
+  const bool multiplies = flags & kMultiplyByInverse;
+  const bool replace_zero = flags & kZeroToEighth;
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 six = _mm512_set1_ps(6.0f);
+  const __m512 two = _mm512_set1_ps(2.0f);
+  const __m512 four = _mm512_set1_ps(4.0f);
+  const __m512i magnitude_mask = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512i sign_bit = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const __m512i odd_shift = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+  const __m512 vgs = _mm512_set1_ps(gs);
+  const __m512 vrgs = _mm512_set1_ps(rgs);
+  alignas(64) float amax[kTile];
+  alignas(64) float factor[kTile];
+  alignas(64) float decode[kTile];
+  for (int64_t t0 = b0; t0 < b1; t0 += kTile) {
+    const int n = static_cast<int>(b1 - t0 < kTile ? b1 - t0 : kTile);
+    const __mmask16 live = static_cast<__mmask16>((1u << n) - 1u);
+    // 1. block amax: the integer max of the magnitude bits
+    for (int j = 0; j < n; ++j) {
+      const __m512i a = _mm512_and_si512(_mm512_castps_si512(load16<DT>(x, 16 * (t0 + j))),
+                                         magnitude_mask);
+      amax[j] = float_of(_mm512_reduce_max_epu32(a));
+    }
+    // 2. the scale chain across the tile's blocks (lanes past n hold zeros)
+    const __m512 am = _mm512_maskz_load_ps(live, amax);
+    __m512 pre;
+    if (divided) {
+      pre = _mm512_mul_ps(vgs, round_to16<DT>(_mm512_div_ps(am, six)));
+    } else {
+      pre = _mm512_mul_ps(vgs, _mm512_mul_ps(am, _mm512_set1_ps(static_cast<float>(1.0 / 6.0))));
+    }
+    pre = _mm512_min_ps(_mm512_set1_ps(448.0f), pre);  // (448 < pre) ? 448 : pre
+    const __m512i pb = _mm512_castps_si512(pre);
+    const __m512i rounded = _mm512_and_si512(
+        _mm512_add_epi32(_mm512_add_epi32(pb, _mm512_set1_epi32(0x7FFFF)),
+                         _mm512_and_si512(_mm512_srli_epi32(pb, 20), _mm512_set1_epi32(1))),
+        _mm512_set1_epi32(static_cast<int>(0xFFF00000u)));
+    const __m512i normal_byte = _mm512_or_si512(
+        _mm512_slli_epi32(_mm512_sub_epi32(_mm512_srli_epi32(rounded, 23), _mm512_set1_epi32(120)), 3),
+        _mm512_and_si512(_mm512_srli_epi32(rounded, 20), _mm512_set1_epi32(7)));
+    const __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(pre, _mm512_set1_ps(512.0f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 subnormal = _mm512_cmp_ps_mask(pre, _mm512_set1_ps(0.015625f), _CMP_LT_OQ);
+    __m512 s = _mm512_mask_blend_ps(subnormal, _mm512_castsi512_ps(rounded),
+                                    _mm512_mul_ps(q, _mm512_set1_ps(1.0f / 512.0f)));
+    __m512i byte = _mm512_mask_blend_epi32(subnormal, normal_byte, _mm512_cvttps_epi32(q));
+    const __mmask16 s_zero = _mm512_cmp_ps_mask(s, zero, _CMP_EQ_OQ);
+    if (replace_zero) {
+      s = _mm512_mask_blend_ps(s_zero, s, _mm512_set1_ps(0.125f));
+      byte = _mm512_mask_blend_epi32(s_zero, byte, _mm512_set1_epi32(0x20));
+    }
+    __m512 f, d;
+    if (multiplies) {
+      const __m512 inverse = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(s, vrgs));
+      f = replace_zero ? inverse : _mm512_mask_blend_ps(s_zero, inverse, zero);
+      d = _mm512_div_ps(s, vgs);
+    } else {
+      f = _mm512_div_ps(s, vgs);
+      d = f;
+    }
+    _mm512_store_ps(factor, f);
+    _mm512_store_ps(decode, d);
+    if constexpr (!FAKE) {
+      _mm_mask_storeu_epi8(scale_bytes + t0, live, _mm512_cvtepi32_epi8(byte));
+    }
+    // 3. the elements, one block per vector
+    for (int j = 0; j < n; ++j) {
+      const int64_t base = 16 * (t0 + j);
+      const __m512 xv = load16<DT>(x, base);
+      const __m512 v = multiplies ? _mm512_mul_ps(xv, _mm512_set1_ps(factor[j]))
+                                  : _mm512_div_ps(xv, _mm512_set1_ps(factor[j]));
+      const __mmask16 negative = _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ);
+      const __m512 a = _mm512_min_ps(
+          six, _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), magnitude_mask)));
+      const __mmask16 g2 = _mm512_cmp_ps_mask(a, two, _CMP_GE_OQ);
+      const __mmask16 g4 = _mm512_cmp_ps_mask(a, four, _CMP_GE_OQ);
+      // a * (2 - g2 - g4/2): 2 below 2, 1 on [2, 4), 1/2 from 4 on (an exact power of two)
+      const __m512 m = _mm512_mask_blend_ps(g4, _mm512_mask_blend_ps(g2, two, _mm512_set1_ps(1.0f)),
+                                            _mm512_set1_ps(0.5f));
+      const __m512 qe = _mm512_roundscale_ps(_mm512_mul_ps(a, m),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      if constexpr (FAKE) {
+        const __m512 step = _mm512_mask_blend_ps(
+            g4, _mm512_mask_blend_ps(g2, _mm512_set1_ps(0.5f), _mm512_set1_ps(1.0f)), two);
+        const __m512i mag = _mm512_castps_si512(_mm512_mul_ps(qe, step));
+        const __m512 signed_value = _mm512_castsi512_ps(_mm512_mask_xor_epi32(mag, negative, mag, sign_bit));
+        store16<DT>(out, base, _mm512_mul_ps(signed_value, _mm512_set1_ps(decode[j])));
+      } else {
+        __m512i index = _mm512_cvttps_epi32(qe);
+        const __m512i two_i = _mm512_set1_epi32(2);
+        index = _mm512_mask_add_epi32(index, g2, index, two_i);
+        index = _mm512_mask_add_epi32(index, g4, index, two_i);
+        index = _mm512_mask_or_epi32(index, negative, index, _mm512_set1_epi32(8));
+        // odd elements up by 4 bits, then each 64-bit lane's high dword folded onto its low one
+        const __m512i shifted = _mm512_sllv_epi32(index, odd_shift);
+        const __m512i pairs = _mm512_or_si512(shifted, _mm512_srli_epi64(shifted, 32));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + 8 * (t0 + j)),
+                         _mm512_cvtepi64_epi8(pairs));
+      }
+    }
+  }
+}
+
+NVFP4LAB_AVX512 void encode_avx512(const void* x, int64_t b0, int64_t b1, int dtype, bool fake,
+                                   float gs, float rgs, int flags, uint8_t* packed,
+                                   uint8_t* scales, void* out) {
+  if (dtype == kFloat32) {
+    if (fake) return encode_range_avx512<kFloat32, true>(x, b0, b1, gs, rgs, flags, packed, scales, out);
+    return encode_range_avx512<kFloat32, false>(x, b0, b1, gs, rgs, flags, packed, scales, out);
+  }
+  if (dtype == kBFloat16) {
+    if (fake) return encode_range_avx512<kBFloat16, true>(x, b0, b1, gs, rgs, flags, packed, scales, out);
+    return encode_range_avx512<kBFloat16, false>(x, b0, b1, gs, rgs, flags, packed, scales, out);
+  }
+  if (fake) return encode_range_avx512<kFloat16, true>(x, b0, b1, gs, rgs, flags, packed, scales, out);
+  return encode_range_avx512<kFloat16, false>(x, b0, b1, gs, rgs, flags, packed, scales, out);
+}
+
+NVFP4LAB_AVX512 uint32_t abs_max_avx512(const void* x, int64_t i0, int64_t i1, int dtype) {
+  if (dtype == kFloat32) return abs_max_range<kFloat32>(x, i0, i1);
+  if (dtype == kBFloat16) return abs_max_range<kBFloat16>(x, i0, i1);
+  return abs_max_range<kFloat16>(x, i0, i1);
+}
+
+int best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c")) {
+    return kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return kAvx2;
+  return kScalar;
+}
+
+int clamp_isa(int isa) {
+  const int have = best_isa();
+  if (isa > have) isa = have;
+  return isa < kScalar ? kScalar : isa;
+}
+
+// The float32 / bfloat16 / float16 bits of a float32 magnitude's bits (exact: it is an element).
+uint32_t as_dtype_bits(uint32_t magnitude, int dtype) {
+  if (dtype == kFloat32) return magnitude;
+  if (dtype == kBFloat16) return magnitude > 0x7F800000u ? 0x7FC0u : magnitude >> 16;
+  if (magnitude > 0x7F800000u) return 0x7E00u;
+  const _Float16 h = static_cast<_Float16>(float_of(magnitude));
+  uint16_t u;
+  std::memcpy(&u, &h, sizeof u);
+  return u;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The best path of this CPU for the encode: 2 = AVX-512 (F, BW, VL), 1 = AVX2, 0 = baseline.
+int nvfp4lab_encode_isa(void) { return best_isa(); }
+
+// max |x| over n elements of dtype (0 float32, 1 bfloat16, 2 float16), as bits of that dtype
+// (a NaN's bits when x holds one; +0 for n == 0).
+uint32_t nvfp4lab_abs_max(const void* x, int64_t n, int dtype, int isa, int threads) {
+  isa = clamp_isa(isa);
+  uint32_t m = 0;
+  const int workers = threads > 1 && n >= 16 * kParallelBlocks ? threads : 1;
+#pragma omp parallel num_threads(workers) reduction(max : m)
+  {
+    const int64_t k = omp_get_num_threads();
+    const int64_t i = omp_get_thread_num();
+    const int64_t i0 = n * i / k;
+    const int64_t i1 = n * (i + 1) / k;
+    if (isa == kAvx512) {
+      m = abs_max_avx512(x, i0, i1, dtype);
+    } else if (isa == kAvx2) {
+      m = abs_max_avx2(x, i0, i1, dtype);
+    } else {
+      m = abs_max_scalar(x, i0, i1, dtype);
+    }
+  }
+  return as_dtype_bits(m, dtype);
+}
+
+// Encode nblocks 16-element blocks of x (dtype as above) with the float32 ENCODE tensor scale gs
+// and rgs = f32(1 / gs); flags: 1 the statistic divides in x's dtype, 2 the elements multiply by
+// the inverse, 4 a zero scale becomes 0.125. fake == 0: packed [nblocks * 8] and scale bytes
+// [nblocks]; fake == 1: out [nblocks * 16] in x's dtype. Returns the path used.
+int nvfp4lab_encode(const void* x, int64_t nblocks, int dtype, int fake, float gs, float rgs,
+                    int flags, int isa, int threads, uint8_t* packed, uint8_t* scales, void* out) {
+  isa = clamp_isa(isa);
+  const int workers = threads > 1 && nblocks >= kParallelBlocks ? threads : 1;
+#pragma omp parallel num_threads(workers)
+  {
+    const int64_t k = omp_get_num_threads();
+    const int64_t i = omp_get_thread_num();
+    // Tile-aligned ranges: every thread but the last starts and ends on a tile boundary.
+    const int64_t tiles = (nblocks + kTile - 1) / kTile;
+    const int64_t b0 = kTile * (tiles * i / k);
+    int64_t b1 = kTile * (tiles * (i + 1) / k);
+    if (b1 > nblocks) b1 = nblocks;
+    if (isa == kAvx512) {
+      encode_avx512(x, b0, b1, dtype, fake != 0, gs, rgs, flags, packed, scales, out);
+    } else if (isa == kAvx2) {
+      encode_avx2(x, b0, b1, dtype, fake != 0, gs, rgs, flags, packed, scales, out);
+    } else {
+      encode_scalar(x, b0, b1, dtype, fake != 0, gs, rgs, flags, packed, scales, out);
+    }
+  }
+  return isa;
+}
+
+}  // extern "C"

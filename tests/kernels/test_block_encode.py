@@ -1,0 +1,172 @@
+"""The C++ block encode bit for bit against the eager codec (``fused=False``): every finite bf16
+and fp16 value as an element at block scale 1, every positive bf16 / fp16 value as a block's
+maximum (every E4M3 scale and its rounding boundaries), the float32 sample of
+tests/test_e2m1.py, both orders it implements, quantize and fake_quantize, every vector path this
+CPU has, one and two threads, partial tiles; ``abs_max`` against torch; the routing rule.
+
+``bits`` comparisons distinguish -0.0 from 0.0; tensors come from seeded generators.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nvfp4lab import kernels
+from nvfp4lab.codec import fake_quantize, quantize
+from nvfp4lab.kernels import block_encode, native
+from nvfp4lab.kernels import quantize as fused_quantize
+from nvfp4lab.orders import ORDERS
+from nvfp4lab.vocab import Convention
+from tests.test_e2m1 import _fp32_sample
+
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason="the native C++ library cannot be built here"
+)
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+CONVENTIONS = ("kernel", "compressed-tensors")
+INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def paths() -> list[str]:
+    """The vector paths this CPU runs (the library clamps a wider one to its best)."""
+    best = block_encode.ISAS.index(block_encode.isa()) if native.available() else 0
+    return list(block_encode.ISAS[: best + 1])
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(INT[t.dtype])
+
+
+def every_finite(dtype: torch.dtype) -> torch.Tensor:
+    """Every finite value of a 16-bit dtype (both zeros)."""
+    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    return values[torch.isfinite(values)]
+
+
+def assert_same(x: torch.Tensor, gs: float | None, convention: str, path: str,
+                threads: int = 1) -> None:
+    """quantize and fake_quantize of ``x`` by the kernel on ``path`` equal the eager codec's."""
+    order = ORDERS[Convention(convention)]
+    want = quantize(x, gs, convention=convention, fused=False)
+    packed, scales = block_encode.encode(x, want.global_scale, order, path=path, threads=threads)
+    assert torch.equal(packed, want.packed)
+    assert torch.equal(scales.view(torch.uint8), want.scales.view(torch.uint8))
+    fake = block_encode.fake_quantize(x, want.global_scale, order, path=path, threads=threads)
+    assert torch.equal(bits(fake), bits(fake_quantize(x, gs, convention=convention, fused=False)))
+
+
+def at_scale_one(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` (within +-6) as blocks of 15 behind a 6.0: at gs = 1 every block scale is 1 and
+    each element is rounded as itself."""
+    values = values.to(dtype)
+    pad = -values.numel() % 15
+    values = torch.cat([values, torch.zeros(pad, dtype=dtype)]).reshape(-1, 15)
+    six = torch.full((values.shape[0], 1), 6.0, dtype=dtype)
+    return torch.cat([six, values], dim=1)
+
+
+@pytest.mark.parametrize("path", paths())
+@pytest.mark.parametrize("convention", CONVENTIONS)
+class TestEqualsEager:
+    @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+    def test_every_element_value(self, dtype: torch.dtype, convention: str, path: str) -> None:
+        values = every_finite(dtype)
+        inside = values[values.float().abs() <= 6.0]
+        assert_same(at_scale_one(inside, dtype), 1.0, convention, path)
+        # every value, each block scaled by its own max (saturation, tiny blocks, zero blocks)
+        pad = -values.numel() % 16
+        x = torch.cat([values, torch.zeros(pad, dtype=dtype)]).reshape(-1, 16)
+        for gs in (None, 1.0, 2.0**-20):
+            assert_same(x, gs, convention, path, threads=2)
+
+    @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+    def test_every_block_max(self, dtype: torch.dtype, convention: str, path: str) -> None:
+        """Each positive finite value as a block's max, over a random block: every E4M3 scale and
+        every rounding boundary of the scale chain the dtype can reach, at several gs."""
+        values = every_finite(dtype)
+        top = values[values.float() > 0]
+        g = torch.Generator().manual_seed(5)
+        fill = torch.rand((top.numel(), 16), generator=g) * 2 - 1
+        x = (fill * top.float()[:, None]).to(dtype)
+        x[:, 3] = top
+        for gs in (1.0, 0.37, 2688 / 4.2, 3.1e-3, 7.0e4):
+            assert_same(x, gs, convention, path, threads=2)
+
+    def test_float32_sample(self, convention: str, path: str) -> None:
+        sample = _fp32_sample()
+        sample = sample[torch.isfinite(sample)]
+        inside = sample[sample.abs() <= 6.0]
+        assert_same(at_scale_one(inside, torch.float32), 1.0, convention, path, threads=2)
+        x = sample[: sample.numel() // 16 * 16].reshape(-1, 16)
+        for gs in (None, 1.0, 1e-30):
+            assert_same(x, gs, convention, path, threads=2)
+
+    @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+    def test_shapes_tiles_threads(self, dtype: torch.dtype, convention: str, path: str) -> None:
+        """Partial tiles (blocks not a multiple of 16), thread splits, zero blocks, -0.0."""
+        g = torch.Generator().manual_seed(2)
+        for rows, k in [(1, 32), (3, 48), (7, 80), (257, 512), (4099, 32)]:
+            spread = torch.exp(2 * torch.randn(rows, k, generator=g))
+            x = (torch.randn(rows, k, generator=g) * spread).to(dtype)
+            x[0, :16] = 0.0
+            x[-1, -16:] = -0.0
+            for threads in (1, 2):
+                assert_same(x, None, convention, path, threads=threads)
+
+
+@pytest.mark.parametrize("path", paths())
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_abs_max_equals_torch(dtype: torch.dtype, path: str) -> None:
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(70001, generator=g) * 100).to(dtype)
+    for threads in (1, 2):
+        got = block_encode.abs_max(x, path=path, threads=threads)
+        assert got.dtype == dtype and got.shape == ()
+        assert torch.equal(bits(got), bits(x.abs().max()))
+    for bad, at in ((float("nan"), 3), (float("inf"), 69999), (float("-inf"), 0)):
+        y = x.clone()
+        y[at] = bad
+        got = block_encode.abs_max(y, path=path, threads=2)
+        assert torch.isnan(got) if bad != bad else got == float("inf")
+    negative_zero = torch.full((32,), -0.0, dtype=dtype)
+    assert torch.equal(bits(block_encode.abs_max(negative_zero, path=path)),
+                       bits(torch.zeros((), dtype=dtype)))
+    assert block_encode.abs_max(torch.empty(0, dtype=dtype)) == 0
+
+
+def test_other_orders_are_refused() -> None:
+    x = torch.randn(4, 32)
+    for convention in (Convention.MODELOPT, Convention.LLAMA_CPP):
+        with pytest.raises(ValueError, match=f"not the {convention.value} order; use the eager"):
+            block_encode.encode(x, torch.ones(1), ORDERS[convention])
+    with pytest.raises(ValueError, match=r"out must be a contiguous torch\.float32 tensor"):
+        block_encode.fake_quantize(x, torch.ones(1), ORDERS[Convention.KERNEL],
+                                   out=torch.empty(4, 32, dtype=torch.bfloat16))
+
+
+def test_the_codec_runs_it_from_the_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` in a process that has compiled nothing: quantize and fake_quantize of a CPU
+    tensor run the block encode at once, results equal to eager; ``off`` never."""
+    monkeypatch.setattr(kernels, "_EAGER_WORK", {})
+    monkeypatch.setattr(
+        kernels, "auto_state",
+        lambda device_type, dtype=None: kernels.AutoState(0, started=False, warm=False),
+    )
+    calls: list[str] = []
+    for name in ("encode", "fake_quantize"):
+        real = getattr(block_encode, name)
+        monkeypatch.setattr(block_encode, name,
+                            lambda *a, _real=real, _name=name, **k: calls.append(_name)
+                            or _real(*a, **k))
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    monkeypatch.setenv("NVFP4LAB_FUSED", "auto")
+    assert quantize(x) == quantize(x, fused=False)
+    assert torch.equal(bits(fake_quantize(x)), bits(fake_quantize(x, fused=False)))
+    assert calls == ["encode", "fake_quantize"]
+    assert fused_quantize.first_pass(x, ORDERS[Convention.KERNEL]).stats is None
+    monkeypatch.setenv("NVFP4LAB_FUSED", "off")
+    quantize(x)
+    fake_quantize(x)
+    assert calls == ["encode", "fake_quantize"]
