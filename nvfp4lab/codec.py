@@ -45,11 +45,11 @@ Research options (defaults reproduce plain NVFP4 bit for bit)
 
 Fused kernels (``fused=``, default None = the ``NVFP4LAB_FUSED`` setting): plain options (16-element
 blocks, ``rounding="rne"``, ``scale_selection="amax"``, no ``hadamard``, ``nonfinite="raise"``,
-no ``decode_scale``) in the kernel or compressed-tensors order on a CPU/CUDA tensor with K a
-multiple of 16 run the fused kernels of :mod:`nvfp4lab.kernels` when it allows (bit for bit the
-same results; see there for the ``auto`` rule): on a CPU the C++ block encode, from the first call
-(:mod:`nvfp4lab.kernels.block_encode`), elsewhere the compiled graphs; everything else runs the
-eager pipeline.
+no ``decode_scale``) on a CPU/CUDA tensor with K a multiple of 16 run the fused kernels of
+:mod:`nvfp4lab.kernels` when it allows (bit for bit the same results; see there for the ``auto``
+rule): on a CPU the C++ block encode from the first call, in every order
+(:mod:`nvfp4lab.kernels.block_encode`), elsewhere the compiled graphs (the kernel and
+compressed-tensors orders); everything else runs the eager pipeline.
 
 Input policy: fp32/bf16/fp16 tensors ``[..., K]`` (any strides, any device; meta gives shapes).
 NaN/Inf raise by default (``nonfinite="raise"``, naming the count and first index);
@@ -467,9 +467,10 @@ def quantize(
     )
     if _fused_route(x, opts, decode_scale, fused):
         first, scale = _fused_prepare(x, global_scale, opts)
-        packed, scales = fused_kernels.encode(first, scale.encode, opts.order)
+        packed, scales = fused_kernels.encode(first, scale.arithmetic, opts.order)
         return NVFP4Tensor(
-            packed, scales, scale.encode, shape=x.shape, dtype=x.dtype, check_scales=False
+            packed, scales, scale.encode, shape=x.shape, dtype=x.dtype, check_scales=False,
+            decode_scale=scale.decode,
         )
     xp, scale = _prepare(x, global_scale, opts, decode_scale)
     rows, cols = opts.block_shape
@@ -569,7 +570,7 @@ def _fake_quantize(
     """:func:`fake_quantize` without autograd."""
     if _fused_route(x, opts, decode_scale, fused):
         first, scale = _fused_prepare(x, global_scale, opts)
-        return fused_kernels.fake_quantize(first, scale.encode, opts.order)
+        return fused_kernels.fake_quantize(first, scale.arithmetic, opts.order)
     xp, scale = _prepare(x, global_scale, opts, decode_scale)
     if xp.is_meta:
         return torch.empty_like(x)

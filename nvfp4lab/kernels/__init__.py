@@ -66,7 +66,7 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lab.constants import BLOCK_SIZE
-from nvfp4lab.kernels import cache, native
+from nvfp4lab.kernels import block_encode, cache, native
 from nvfp4lab.kernels.graphs import supports
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.settings import fused_mode
@@ -206,7 +206,9 @@ def fused_route(
     scales, no rotation, NaN/Inf raising, no other tensor scale), 16-element blocks, ``k`` a
     multiple of 16, two blocks or more (a single block would compile its own size-1
     specialization), ``dtype`` in :data:`~nvfp4lab.vocab.SUPPORTED_DTYPES` and, for a quantizing
-    call, an ``order`` the graphs implement (``None``: a decode, whose rule every graph covers).
+    call, an ``order`` the kernel implements (``None``: a decode, whose rule every kernel covers):
+    the C++ block encode every order of :func:`nvfp4lab.kernels.block_encode.supports`, the
+    graphs those of :func:`nvfp4lab.kernels.graphs.supports`.
     Then :func:`use_fused` decides (device, ``fused`` / ``NVFP4LAB_FUSED``, a working compiler).
 
     ``native``: a C++ kernel of the native library can serve the call (the LUT decode, the block
@@ -217,12 +219,13 @@ def fused_route(
     """
     if not plain or block_size != BLOCK_SIZE or dtype not in SUPPORTED_DTYPES:
         return False
-    if order is not None and not supports(order):
-        return False
     if numel < 2 * BLOCK_SIZE or k % BLOCK_SIZE:
         return False
-    if native and native_allows(device, fused):
+    encodable = order is None or block_encode.supports(order)
+    if native and encodable and native_allows(device, fused):
         return True
+    if order is not None and not supports(order):
+        return False
     return use_fused(numel, device, fused, dtype=dtype)
 
 

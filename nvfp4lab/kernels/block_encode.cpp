@@ -43,9 +43,27 @@ constexpr int kFloat32 = 0;
 constexpr int kBFloat16 = 1;
 constexpr int kFloat16 = 2;
 
-constexpr int kDivideInInputDtype = 1;  // BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE
-constexpr int kMultiplyByInverse = 2;   // ElementScaling.MULTIPLY_BY_INVERSE
-constexpr int kZeroToEighth = 4;        // zero_scale_replacement = 0.125
+// The order's steps as bits (nvfp4lab/kernels/block_encode.py: order_flags). Block rule, bits 0-1:
+constexpr int kBlockRuleMask = 3;
+constexpr int kEncodeTimesAmaxTimesInverse = 0;  // gs * (amax_b * f32(1/6))
+constexpr int kDivideInInputDtype = 1;           // gs * f32(amax_b / 6 rounded to x's dtype)
+constexpr int kAmaxOverTargetTimesDecode = 2;    // amax_b / f32(6 * d)
+constexpr int kPrescaledAmaxOverTarget = 3;      // f32(f32(gs * amax_b) / 6)
+// Element rule, bits 2-3:
+constexpr int kElementShift = 2;
+constexpr int kMultiplyByInverse = 0;      // x * (1 / (s * (1/gs))), 0 where s == 0
+constexpr int kDivideByScaleOverEncode = 1;  // x / (s / gs)
+constexpr int kDivideByScaleTimesDecode = 2;  // x / f32(s * d)
+constexpr int kPrescaleOnly = 3;           // f32(x * gs), the table scaled by s instead
+// Single steps:
+constexpr int kHalfUpUE4M3 = 1 << 4;        // E4M3 rounding: ggml's ggml_fp32_to_ue4m3
+constexpr int kFirstNearestScaled = 1 << 5;  // E2M1 ties: first nearest of E2M1(i) * s
+constexpr int kDecodeTimes = 1 << 6;        // decode value * f32(s * d) (else s / gs)
+constexpr int kZeroBlockOne = 1 << 7;       // a block rule giving 0 gives 1 before rounding
+constexpr int kMinSubnormal = 1 << 8;       // block scales clamped to at least 2**-9
+constexpr int kZeroToEighth = 1 << 9;       // an E4M3 scale of 0 becomes 0.125
+// What the AVX-512 intrinsics implement (the graphs' orders); other flags run the generic body.
+constexpr int kIntrinsicFlags = 1 | (1 << kElementShift) | kZeroToEighth;
 
 constexpr int kTile = 16;  // blocks per tile
 // Below this many blocks (64 K elements) one thread works (as the LUT decode).
@@ -106,17 +124,86 @@ inline __attribute__((always_inline)) void store(void* out, int64_t i, float f) 
   }
 }
 
-// Blocks [b0, b1): codes and scale bytes, or (FAKE) the quantize-dequantize values.
+// E2M1 values by code (bit 3 the sign; code 8 is -0.0).
+constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+// The midpoints of consecutive E2M1 magnitudes.
+constexpr float kMidpoints[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+
+// E4M3 nearest-even of p in [0, 448] (or NaN): the byte (the float8 cast's), value in *value.
+inline __attribute__((always_inline)) int32_t e4m3_nearest_even(float p, float* value) {
+  const uint32_t pb = bits_of(p);
+  const uint32_t rounded = (pb + 0x7FFFFu + ((pb >> 20) & 1u)) & 0xFFF00000u;
+  const int32_t normal_byte = ((static_cast<int32_t>(rounded >> 23) - 120) << 3) |
+                              static_cast<int32_t>((rounded >> 20) & 7u);
+  const float q = rintf(p * 512.0f);
+  const bool subnormal = p < 0.015625f;
+  *value = subnormal ? q * (1.0f / 512.0f) : float_of(rounded);
+  return subnormal ? static_cast<int32_t>(q) : normal_byte;
+}
+
+// ggml's ggml_fp32_to_ue4m3 of p (clamped to 448 first): the byte, value in *value. 0 for p <= 0
+// or NaN; below 2**-6 (int)(p * 512 + 0.5) capped at 7; else the mantissa's top 3 bits plus the
+// 4th (half up, a carry raising the exponent), an exponent field of 15 giving 0x7E (448).
+inline __attribute__((always_inline)) int32_t ue4m3_half_up(float p, float* value) {
+  const float x = p > 448.0f ? 448.0f : p;
+  const uint32_t xb = bits_of(x);
+  const int32_t field = static_cast<int32_t>((xb >> 23) & 0xFFu) - 120;
+  int32_t mantissa = static_cast<int32_t>(((xb >> 20) & 7u) + ((xb >> 19) & 1u));
+  const int32_t exponent = field + (mantissa > 7 ? 1 : 0);
+  mantissa = mantissa > 7 ? 0 : mantissa;
+  int32_t code = exponent >= 15 ? 0x7E : ((exponent << 3) | mantissa);
+  if (field <= 0) {
+    const int32_t sub = static_cast<int32_t>(x * 512.0f + 0.5f);
+    code = sub > 7 ? 7 : sub;
+  }
+  code = x > 0.0f ? code : 0;  // also NaN
+  *value = code < 8 ? static_cast<float>(code) * (1.0f / 512.0f)
+                    : float_of(static_cast<uint32_t>((code >> 3) + 120) << 23 |
+                               static_cast<uint32_t>(code & 7) << 20);
+  return code;
+}
+
+// llama.cpp's code of v (the block's domain) at scale s: the first i in 0..15 minimizing float32
+// |E2M1(i) * s - v|. Where |v| <= 6 s the count of midpoints below |v| (exact, see
+// nvfp4lab.blocks._nearest_scaled_table); beyond, ggml's loop over the 8 magnitudes (strict <).
+inline __attribute__((always_inline)) int32_t first_nearest_scaled(float v, float s) {
+  const float a = std::fabs(v);
+  int32_t index = 0;
+  if (a > 6.0f * s) {
+    float best = a;
+    for (int j = 1; j < 8; ++j) {
+      const float error = std::fabs(s * kE2M1[j] - a);
+      if (error < best) {
+        index = j;
+        best = error;
+      }
+    }
+  } else {
+    for (int j = 0; j < 7; ++j) index += a > s * kMidpoints[j] ? 1 : 0;
+  }
+  return (v < 0.0f && index > 0) ? (index | 8) : index;  // NaN: index 0
+}
+
+// Blocks [b0, b1): codes and scale bytes, or (FAKE) the quantize-dequantize values, in any order
+// the flags describe; gs is the tensor scale in the order's form (d for kDecodeTimes orders).
 template <int DT, bool FAKE>
 inline __attribute__((always_inline)) void encode_range(const void* x, int64_t b0, int64_t b1,
                                                         float gs, float rgs, int flags,
                                                         uint8_t* packed, uint8_t* scale_bytes,
                                                         void* out) {
-  const bool divided = flags & kDivideInInputDtype;
-  const bool multiplies = flags & kMultiplyByInverse;
+  const int block_rule = flags & kBlockRuleMask;
+  const int element_rule = (flags >> kElementShift) & 3;
+  const bool half_up = flags & kHalfUpUE4M3;
+  const bool first_nearest = flags & kFirstNearestScaled;
+  const bool decode_times = flags & kDecodeTimes;
+  const bool zero_block_one = flags & kZeroBlockOne;
+  const float low = (flags & kMinSubnormal) ? 1.0f / 512.0f : -448.0f;
   const bool replace_zero = flags & kZeroToEighth;
   const float inv6 = static_cast<float>(1.0 / 6.0);
+  const float six_d = 6.0f * gs;
   alignas(64) float amax[kTile];
+  alignas(64) float scale[kTile];
   alignas(64) float factor[kTile];
   alignas(64) float decode[kTile];
   alignas(64) uint8_t byte[kTile];
@@ -135,52 +222,64 @@ inline __attribute__((always_inline)) void encode_range(const void* x, int64_t b
     }
     // 2. the scale chain, across the tile's blocks
     for (int j = 0; j < n; ++j) {
-      const float stat = divided ? round_to<DT>(amax[j] / 6.0f) : amax[j];
-      float pre = divided ? gs * stat : gs * (stat * inv6);
+      float pre;
+      if (block_rule == kEncodeTimesAmaxTimesInverse) {
+        pre = gs * (amax[j] * inv6);
+      } else if (block_rule == kDivideInInputDtype) {
+        pre = gs * round_to<DT>(amax[j] / 6.0f);
+      } else if (block_rule == kAmaxOverTargetTimesDecode) {
+        pre = amax[j] / six_d;
+      } else {
+        pre = (gs * amax[j]) / 6.0f;
+      }
+      if (zero_block_one) pre = pre == 0.0f ? 1.0f : pre;
+      pre = pre < low ? low : pre;  // NaN passes, as torch.clamp
       pre = pre > 448.0f ? 448.0f : pre;
-      const uint32_t pb = bits_of(pre);
-      const uint32_t rounded = (pb + 0x7FFFFu + ((pb >> 20) & 1u)) & 0xFFF00000u;
-      const int32_t normal_byte =
-          ((static_cast<int32_t>(rounded >> 23) - 120) << 3) | static_cast<int32_t>((rounded >> 20) & 7u);
-      const float q = rintf(pre * 512.0f);
-      const bool subnormal = pre < 0.015625f;
-      float s = subnormal ? q * (1.0f / 512.0f) : float_of(rounded);
-      int32_t b = subnormal ? static_cast<int32_t>(q) : normal_byte;
+      float s;
+      int32_t b = half_up ? ue4m3_half_up(pre, &s) : e4m3_nearest_even(pre, &s);
       if (replace_zero) {
         const bool zero = s == 0.0f;
         s = zero ? 0.125f : s;
         b = zero ? 0x20 : b;
       }
       byte[j] = static_cast<uint8_t>(b);
-      if (multiplies) {
+      scale[j] = s;
+      if (element_rule == kMultiplyByInverse) {
         const float inverse = 1.0f / (s * rgs);
         factor[j] = s == 0.0f ? 0.0f : inverse;
-        decode[j] = s / gs;
-      } else {
+      } else if (element_rule == kDivideByScaleOverEncode) {
         factor[j] = s / gs;
-        decode[j] = factor[j];
+      } else if (element_rule == kDivideByScaleTimesDecode) {
+        factor[j] = s * gs;
+      } else {
+        factor[j] = gs;
       }
+      decode[j] = decode_times ? s * gs : s / gs;
     }
     // 3. the elements, block by block
     for (int j = 0; j < n; ++j) {
       const int64_t base = 16 * (t0 + j);
       const float f = factor[j];
       const float d = decode[j];
+      const float s = scale[j];
       for (int i = 0; i < 16; ++i) {
         const float xv = load<DT>(x, base + i);
-        const float v = multiplies ? xv * f : xv / f;
-        const bool negative = v < 0.0f;
-        float a = std::fabs(v);
-        a = a > 6.0f ? 6.0f : a;
-        const float g2 = a >= 2.0f ? 1.0f : 0.0f;
-        const float g4 = a >= 4.0f ? 1.0f : 0.0f;
-        const float q = rintf(a * (2.0f - g2 - 0.5f * g4));
-        if constexpr (FAKE) {
-          const float magnitude = q * (0.5f + 0.5f * g2 + g4);
-          store<DT>(out, base + i, (negative ? -magnitude : magnitude) * d);
+        int32_t code;
+        if (first_nearest) {
+          code = first_nearest_scaled(xv * f, s);
         } else {
-          codes[i] = static_cast<uint8_t>(static_cast<int32_t>(q + 2.0f * (g2 + g4)) |
-                                          (negative ? 8 : 0));
+          const float v = element_rule == kMultiplyByInverse ? xv * f : xv / f;
+          float a = std::fabs(v);
+          a = a > 6.0f ? 6.0f : a;
+          const float g2 = a >= 2.0f ? 1.0f : 0.0f;
+          const float g4 = a >= 4.0f ? 1.0f : 0.0f;
+          const float q = rintf(a * (2.0f - g2 - 0.5f * g4));
+          code = static_cast<int32_t>(q + 2.0f * (g2 + g4)) | (v < 0.0f ? 8 : 0);
+        }
+        if constexpr (FAKE) {
+          store<DT>(out, base + i, kE2M1[code] * d);
+        } else {
+          codes[i] = static_cast<uint8_t>(code);
         }
       }
       if constexpr (!FAKE) {
@@ -227,6 +326,7 @@ inline __attribute__((always_inline)) void encode_dtype(const void* x, int64_t b
     return abs_max_range<kFloat16>(x, i0, i1);                                                    \
   }
 
+NVFP4LAB_ISA_FUNCTIONS(avx512_generic, __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))))
 NVFP4LAB_ISA_FUNCTIONS(avx2, __attribute__((target("avx2,f16c"))))
 NVFP4LAB_ISA_FUNCTIONS(scalar, )
 
@@ -289,8 +389,8 @@ template <int DT, bool FAKE>
 NVFP4LAB_AVX512 void encode_range_avx512(const void* x, int64_t b0, int64_t b1, float gs,
                                          float rgs, int flags, uint8_t* packed,
                                          uint8_t* scale_bytes, void* out) {
-  const bool divided = flags & kDivideInInputDtype;
-  const bool multiplies = flags & kMultiplyByInverse;
+  const bool divided = (flags & kBlockRuleMask) == kDivideInInputDtype;
+  const bool multiplies = ((flags >> kElementShift) & 3) == kMultiplyByInverse;
   const bool replace_zero = flags & kZeroToEighth;
   const __m512 zero = _mm512_setzero_ps();
   const __m512 six = _mm512_set1_ps(6.0f);
@@ -396,6 +496,9 @@ NVFP4LAB_AVX512 void encode_range_avx512(const void* x, int64_t b0, int64_t b1, 
 NVFP4LAB_AVX512 void encode_avx512(const void* x, int64_t b0, int64_t b1, int dtype, bool fake,
                                    float gs, float rgs, int flags, uint8_t* packed,
                                    uint8_t* scales, void* out) {
+  if (flags & ~kIntrinsicFlags) {  // an order the intrinsics do not implement
+    return encode_avx512_generic(x, b0, b1, dtype, fake, gs, rgs, flags, packed, scales, out);
+  }
   if (dtype == kFloat32) {
     if (fake) return encode_range_avx512<kFloat32, true>(x, b0, b1, gs, rgs, flags, packed, scales, out);
     return encode_range_avx512<kFloat32, false>(x, b0, b1, gs, rgs, flags, packed, scales, out);

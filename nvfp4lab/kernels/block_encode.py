@@ -1,35 +1,45 @@
 """The block encode: a C++ kernel that quantizes (and quantize-dequantizes) on the CPU.
 
-Bit for bit the eager codec (:mod:`nvfp4lab.scales`, :mod:`nvfp4lab.e2m1`) for the orders the
-fused graphs implement (:func:`nvfp4lab.kernels.graphs.supports`: ``kernel`` and
-``compressed-tensors``), in the graphs' arithmetic (``block_encode.cpp`` states it step by step),
-in two passes over ``x`` (fp32 / bf16 / fp16, ``[..., K]``, K a multiple of 16):
+Bit for bit the eager codec (:mod:`nvfp4lab.scales`, :mod:`nvfp4lab.e2m1`,
+:mod:`nvfp4lab.blocks`) in every arithmetic order whose steps it implements (:func:`supports`:
+``kernel``, ``compressed-tensors``, ``modelopt`` and ``llama.cpp`` today; ``block_encode.cpp``
+states each step), in two passes over ``x`` (fp32 / bf16 / fp16, ``[..., K]``, K a multiple of
+16):
 
 1. :func:`abs_max`: ``max |x|`` as a 0-d tensor in x.dtype (exact: an integer max of magnitude
    bits; NaN when x holds one). The caller checks it and computes the tensor scale, as eager does.
-2. :func:`encode` (packed codes and E4M3 scales) or :func:`fake_quantize` (``value·(s/gs)`` in
-   x.dtype): per tile of 16 blocks, the scale chain vectorized across the blocks, then each
-   block's 16 elements as one vector (AVX-512 intrinsics; AVX2 and a scalar loop from the same
-   portable body; the path is picked at run time).
+2. :func:`encode` (packed codes and E4M3 scales) or :func:`fake_quantize` (the decoded values in
+   x.dtype) with the tensor scale in the order's form (:attr:`nvfp4lab.scales.TensorScale.
+   arithmetic`: the ENCODE ``gs`` for ``kernel``, ``compressed-tensors`` and ``llama.cpp``, the
+   DECODE ``d`` for ``modelopt``): per tile of 16 blocks the scale chain across the blocks, then
+   each block's 16 elements. The orders of the compiled graphs (ENCODE form, nearest-even) run
+   AVX-512 intrinsics, one block per vector; the others, and CPUs without AVX-512, a portable
+   body compiled for AVX-512, AVX2 and the x86-64 baseline (the path is picked at run time).
 
 It reads 2 bytes (bf16) and writes 0.56 per element in pass 2, after pass 1's 2: on the 2-core
-Xeon, 8192² bf16 quantize measured about 3x ``copy_`` of the same tensor, against 9.5x for the
-compiled graphs and 110x eagerly. Part of nvfp4lab's native library
-(:mod:`nvfp4lab.kernels.native`); without it, callers run the compiled graphs
-(:mod:`nvfp4lab.kernels.quantize` decides).
+Xeon, 8192² bf16 quantize measured 2.9-3.5x ``copy_`` of the same tensor, against 9.5x for the
+compiled graphs and 85-110x eagerly. Part of nvfp4lab's native library
+(:mod:`nvfp4lab.kernels.native`); without it, callers run the compiled graphs or the eager
+codec (:mod:`nvfp4lab.kernels.quantize` and :func:`nvfp4lab.kernels.fused_route` decide).
 """
 
 from __future__ import annotations
 
 import torch
 
-from nvfp4lab.constants import BLOCK_SIZE, CT_ZERO_SCALE_REPLACEMENT
+from nvfp4lab.constants import BLOCK_SIZE, CT_ZERO_SCALE_REPLACEMENT, E4M3_MIN_SUBNORMAL
 from nvfp4lab.kernels.compiled import fresh
-from nvfp4lab.kernels.graphs import supports
 from nvfp4lab.kernels.native import library
-from nvfp4lab.orders import ArithmeticOrder, BlockScaleRule, ElementScaling
+from nvfp4lab.orders import (
+    ArithmeticOrder,
+    BlockScaleRule,
+    DecodeRule,
+    E2M1Ties,
+    E4M3Rounding,
+    ElementScaling,
+)
 
-__all__ = ["ISAS", "abs_max", "encode", "fake_quantize", "isa", "order_flags"]
+__all__ = ["ISAS", "abs_max", "encode", "fake_quantize", "isa", "order_flags", "supports"]
 
 #: The vector paths by the number the library uses: 0 scalar, 1 AVX2 (+F16C), 2 AVX-512 (F, BW,
 #: VL, +F16C).
@@ -37,8 +47,6 @@ ISAS: tuple[str, ...] = ("scalar", "avx2", "avx512")
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
-#: ``block_encode.cpp``'s order flags.
-_DIVIDE_IN_INPUT_DTYPE, _MULTIPLY_BY_INVERSE, _ZERO_TO_EIGHTH = 1, 2, 4
 
 
 def isa() -> str:
@@ -47,20 +55,59 @@ def isa() -> str:
     return "" if lib is None else ISAS[lib.nvfp4lab_encode_isa()]
 
 
+_BLOCK_RULES = {
+    BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET: 0,
+    BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE: 1,
+    BlockScaleRule.AMAX_OVER_TARGET_TIMES_DECODE: 2,
+    BlockScaleRule.PRESCALED_AMAX_OVER_TARGET: 3,
+}
+_ELEMENT_RULES = {
+    ElementScaling.MULTIPLY_BY_INVERSE: 0,
+    ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE: 1,
+    ElementScaling.DIVIDE_BY_SCALE_TIMES_DECODE: 2,
+    ElementScaling.PRESCALE_ONLY: 3,
+}
+_HALF_UP, _FIRST_NEAREST, _DECODE_TIMES = 1 << 4, 1 << 5, 1 << 6
+_ZERO_BLOCK_ONE, _MIN_SUBNORMAL, _ZERO_TO_EIGHTH = 1 << 7, 1 << 8, 1 << 9
+
+
+def _flags(order: ArithmeticOrder) -> int | None:
+    """``block_encode.cpp``'s bits for ``order``'s steps; None where a step has none there."""
+    if order.block_scale not in _BLOCK_RULES or order.element_scaling not in _ELEMENT_RULES:
+        return None
+    if order.zero_block_scale not in (None, 1.0):
+        return None
+    if order.min_block_scale not in (0.0, E4M3_MIN_SUBNORMAL):
+        return None
+    if order.zero_scale_replacement not in (None, CT_ZERO_SCALE_REPLACEMENT):
+        return None
+    prescaled = order.element_scaling is ElementScaling.PRESCALE_ONLY
+    if prescaled != (order.e2m1_ties is E2M1Ties.FIRST_NEAREST_SCALED_TABLE):
+        return None  # codes in the block's domain need the pre-scaled elements, and only they
+    flags = _BLOCK_RULES[order.block_scale] | _ELEMENT_RULES[order.element_scaling] << 2
+    flags |= _HALF_UP if order.e4m3_rounding is E4M3Rounding.HALF_UP_UE4M3 else 0
+    flags |= _FIRST_NEAREST if prescaled else 0
+    flags |= _DECODE_TIMES if order.decode is DecodeRule.SCALE_TIMES_DECODE else 0
+    flags |= _ZERO_BLOCK_ONE if order.zero_block_scale == 1.0 else 0
+    flags |= _MIN_SUBNORMAL if order.min_block_scale == E4M3_MIN_SUBNORMAL else 0
+    flags |= _ZERO_TO_EIGHTH if order.zero_scale_replacement is not None else 0
+    return flags
+
+
+def supports(order: ArithmeticOrder) -> bool:
+    """Whether the block encode implements every step of ``order`` (today all four orders:
+    kernel, compressed-tensors, modelopt and llama.cpp)."""
+    return _flags(order) is not None
+
+
 def order_flags(order: ArithmeticOrder) -> int:
-    """The kernel's flags for ``order``: ValueError unless the graphs' arithmetic covers it."""
-    if not supports(order):
+    """The kernel's flags for ``order``; ValueError where it lacks one of its steps."""
+    flags = _flags(order)
+    if flags is None:
         raise ValueError(
-            f"the block encode implements the ENCODE-form nearest-even orders (kernel, "
-            f"compressed-tensors), not the {order.name} order; use the eager codec"
+            f"the block encode does not implement every step of the {order.name} order; use "
+            "the eager codec"
         )
-    flags = 0
-    if order.block_scale is BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE:
-        flags |= _DIVIDE_IN_INPUT_DTYPE
-    if order.element_scaling is ElementScaling.MULTIPLY_BY_INVERSE:
-        flags |= _MULTIPLY_BY_INVERSE
-    if order.zero_scale_replacement == CT_ZERO_SCALE_REPLACEMENT:
-        flags |= _ZERO_TO_EIGHTH
     return flags
 
 
@@ -100,7 +147,7 @@ def _call(
     path: str | None, threads: int | None,
 ) -> None:
     g = gs.detach().to(torch.float32).reshape(1)
-    rgs = torch.reciprocal(g)  # the graphs' 1/gs: torch's float32 reciprocal
+    rgs = torch.reciprocal(g)  # the multiply-by-inverse rule's 1/gs: torch's float32 reciprocal
     _lib().nvfp4lab_encode(
         x.data_ptr(), x.numel() // BLOCK_SIZE, _DTYPES[x.dtype], int(fake), g.item(), rgs.item(),
         order_flags(order), _path(path), _threads(threads),
@@ -115,7 +162,8 @@ def encode(
     path: str | None = None, threads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 [..., K/2], float8_e4m3fn scales [..., K/16]) of CPU ``x`` [..., K] with the
-    float32 [1] ENCODE ``global_scale``, bit for bit the eager codec's. ``path``, ``threads``: as
+    float32 [1] tensor scale ``global_scale`` in ``order``'s form (ENCODE ``gs``, or DECODE ``d``
+    for a DECODE-form order), bit for bit the eager codec's. ``path``, ``threads``: as
     in :func:`abs_max`."""
     x = x.detach().contiguous()
     lead, k = x.shape[:-1], x.shape[-1]
@@ -133,7 +181,8 @@ def fake_quantize(
     out: torch.Tensor | None = None, path: str | None = None, threads: int | None = None,
 ) -> torch.Tensor:
     """``dequantize(quantize(x))`` of CPU ``x`` [..., K] in x.dtype (into ``out``, a contiguous
-    tensor of x's shape and dtype, when given), bit for bit the eager codec's."""
+    tensor of x's shape and dtype, when given), bit for bit the eager codec's; ``global_scale``
+    as in :func:`encode`."""
     x = x.detach().contiguous()
     if out is None:
         out = fresh(tuple(x.shape), x.dtype, x.device)

