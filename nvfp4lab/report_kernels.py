@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from nvfp4lab.notebook_imports import skip_iri_format_backend
 from nvfp4lab.report_pages import kernel_env
 from nvfp4lab.settings import environ
 
@@ -183,6 +184,7 @@ def execute_notebook(
     """
     import logging
 
+    skip_iri_format_backend()
     import papermill
 
     # papermill's logger would print nbclient's "Kernel died while waiting for execute reply."

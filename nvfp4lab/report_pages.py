@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from nvfp4lab.notebook_imports import skip_iri_format_backend
 from nvfp4lab.settings import TEXT_PROGRESS_ENV, THREADS_ENV, torch_threads
 
 __all__ = [
@@ -93,6 +94,8 @@ def strip_widgets(nb: Any) -> Any:
 def render_html(nb: Any, out_path: str | Path, title: str) -> Path:
     """Write ``nb`` as one self-contained HTML page (see the module docstring)."""
     import jinja2
+
+    skip_iri_format_backend()
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(

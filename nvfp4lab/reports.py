@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from nvfp4lab.bench.timing import stopwatch
+from nvfp4lab.notebook_imports import skip_iri_format_backend
 from nvfp4lab.report_kernels import DEFAULT_TIMEOUT_S, Running, error_text, execute_notebook
 from nvfp4lab.report_pages import render_html
 
@@ -214,6 +215,7 @@ def _resolve(selection: Sequence[str | Path], notebook_dir: str | Path | None) -
 
 
 def _read_notebook(path: Path) -> Any:
+    skip_iri_format_backend()
     import nbformat
 
     return nbformat.read(path, as_version=4)
