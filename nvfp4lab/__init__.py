@@ -69,6 +69,7 @@ _SUBMODULES = (
     "layout",
     "metrics",
     "models",
+    "notebook_imports",
     "options",
     "orders",
     "plots",
