@@ -27,21 +27,11 @@
 // each block's 16 elements vectorized. One body, compiled three times: AVX-512 (F, BW, VL), AVX2
 // (with F16C) and the x86-64 baseline; the path is chosen at run time from the CPU's flags.
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <immintrin.h>
-#include <omp.h>
+#include "native.h"
+
+using namespace nvfp4lab_native;
 
 namespace {
-
-constexpr int kScalar = 0;
-constexpr int kAvx2 = 1;
-constexpr int kAvx512 = 2;
-
-constexpr int kFloat32 = 0;
-constexpr int kBFloat16 = 1;
-constexpr int kFloat16 = 2;
 
 // The order's steps as bits (nvfp4lab/kernels/block_encode.py: order_flags). Block rule, bits 0-1:
 constexpr int kBlockRuleMask = 3;
@@ -68,18 +58,6 @@ constexpr int kIntrinsicFlags = 1 | (1 << kElementShift) | kZeroToEighth;
 constexpr int kTile = 16;  // blocks per tile
 // Below this many blocks (64 K elements) one thread works (as the LUT decode).
 constexpr int64_t kParallelBlocks = 4096;
-
-inline __attribute__((always_inline)) uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-inline __attribute__((always_inline)) float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 // Element i of x as float32 (exact for every dtype).
 template <int DT>
@@ -124,9 +102,6 @@ inline __attribute__((always_inline)) void store(void* out, int64_t i, float f) 
   }
 }
 
-// E2M1 values by code (bit 3 the sign; code 8 is -0.0).
-constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 // The midpoints of consecutive E2M1 magnitudes.
 constexpr float kMidpoints[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
 

@@ -15,37 +15,17 @@
 // row of its scale byte indexed by the 16 codes. AVX-512 (vpermw / vpermps), AVX2 (pshufb /
 // vpermps) and a scalar loop do the gather; the path is chosen at run time (CPU flags).
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <immintrin.h>
-#include <omp.h>
+#include "native.h"
+
+using namespace nvfp4lab_native;
 
 namespace {
-
-constexpr int kScalar = 0;
-constexpr int kAvx2 = 1;
-constexpr int kAvx512 = 2;
-
-constexpr int kFloat32 = 0;
-constexpr int kBFloat16 = 1;
-constexpr int kFloat16 = 2;
 
 // Codes are prefetched this many bytes ahead (128 blocks; their scale bytes 128 ahead): the
 // hardware's stream prefetch alone left the gather waiting on memory (measured on one core: a
 // 4096 x 4096 weight's 16.8 M elements decoded right after a GEMM in 1.73 ms without, 1.33-1.51
 // ms with 1-2 KiB; 3-4 KiB no better).
 constexpr int64_t kPrefetchBytes = 1024;
-
-// E2M1 values by code: index 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign (code 8: -0.0).
-const float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
 
 // float8_e4m3fn byte -> float32 (exact): 1 sign, 4 exponent bits (bias 7), 3 mantissa bits;
 // exponent 0 is subnormal (m * 2^-9); S.1111.111 is NaN; there are no infinities.

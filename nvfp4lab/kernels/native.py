@@ -1,7 +1,8 @@
 """nvfp4lab's native CPU library: hand-written C++ kernels, built once per machine, called with
 :mod:`ctypes`.
 
-Two sources beside this module (package data) make one library:
+Two sources beside this module (package data, with the header ``native.h`` they share) make one
+library:
 
 * ``lut_decode.cpp``: the table-lookup decode of packed NVFP4 weights
   (:mod:`nvfp4lab.kernels.lut_decode`);
@@ -38,13 +39,15 @@ import torch
 
 from nvfp4lab.settings import cache_dir
 
-__all__ = ["SOURCES", "available", "build_dir", "library", "usable"]
+__all__ = ["HEADERS", "SOURCES", "available", "build_dir", "library", "usable"]
 
 #: The C++ sources (package data), compiled into one library.
 SOURCES: tuple[Path, ...] = (
     Path(__file__).with_name("lut_decode.cpp"),
     Path(__file__).with_name("block_encode.cpp"),
 )
+#: The header they share (its ISA and dtype numbers, the E2M1 table, bit casts).
+HEADERS: tuple[Path, ...] = (Path(__file__).with_name("native.h"),)
 
 _NAME = "nvfp4lab_native"
 _FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
@@ -71,7 +74,7 @@ def build_dir() -> Path:
     """Where the library is built: ``<cache_dir>/cpp/native-<hash>``, the hash of the sources,
     the flags and torch's version (a changed source builds anew, never in place)."""
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     digest.update(" ".join([*_FLAGS, torch.__version__]).encode())
     return cache_dir() / "cpp" / f"native-{digest.hexdigest()[:16]}"
@@ -81,11 +84,12 @@ def _build(folder: Path) -> Path:
     """Build (or find) the library in ``folder`` with cpp_extension; its path."""
     folder.mkdir(parents=True, exist_ok=True)
     copies = []
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         copy = folder / source.name
         if not copy.exists():
             copy.write_bytes(source.read_bytes())
-        copies.append(str(copy))
+        if source in SOURCES:
+            copies.append(str(copy))
     lock = folder / "lock"
     if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
         lock.unlink(missing_ok=True)

@@ -225,6 +225,9 @@ def test_source_is_package_data() -> None:
 
     root = Path(__file__).resolve().parents[2]
     pyproject = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
-    assert "kernels/*.cpp" in pyproject["tool"]["setuptools"]["package-data"]["nvfp4lab"]
+    data = pyproject["tool"]["setuptools"]["package-data"]["nvfp4lab"]
+    assert "kernels/*.cpp" in data and "kernels/*.h" in data
+    assert [header.name for header in native.HEADERS] == ["native.h"]
+    assert native.HEADERS[0].is_file()
     assert [source.name for source in native.SOURCES] == ["lut_decode.cpp", "block_encode.cpp"]
     assert all(source.is_file() and source.parent.name == "kernels" for source in native.SOURCES)
