@@ -148,7 +148,7 @@ def _child(env: dict[str, str]) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-@pytest.mark.skipif(not kernels.compiler_available("cpu"), reason="torch.compile does not work")
+@pytest.mark.skipif('not kernels.compiler_available("cpu")', reason="torch.compile does not work")
 def test_a_fresh_process_with_a_warm_cache_goes_fused_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
