@@ -25,6 +25,8 @@ codec (:mod:`nvfp4lab.kernels.quantize` and :func:`nvfp4lab.kernels.fused_route`
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from nvfp4lab.constants import BLOCK_SIZE, CT_ZERO_SCALE_REPLACEMENT, E4M3_MIN_SUBNORMAL
@@ -111,11 +113,27 @@ def order_flags(order: ArithmeticOrder) -> int:
     return flags
 
 
-def _lib():  # type: ignore[no-untyped-def]
+def _lib() -> ctypes.CDLL:
     lib = library()
     if lib is None:
         raise RuntimeError("the C++ CPU kernels are unavailable here (see the logged warning)")
     return lib
+
+
+def _checked(x: torch.Tensor, *, blocks: bool) -> torch.Tensor:
+    """``x`` detached and contiguous; ValueError for what the kernel cannot read (a non-CPU
+    tensor, another dtype, K not a multiple of 16 where it encodes blocks)."""
+    if x.device.type != "cpu" or x.dtype not in _DTYPES:
+        raise ValueError(
+            f"the block encode reads CPU float32 / bfloat16 / float16 tensors, got a {x.dtype} "
+            f"tensor on {x.device}; move it to the CPU or use nvfp4lab.quantize"
+        )
+    if blocks and (x.ndim == 0 or x.shape[-1] % BLOCK_SIZE):
+        raise ValueError(
+            f"the block encode needs a last dimension that is a multiple of {BLOCK_SIZE}, got "
+            f"shape {tuple(x.shape)}; use nvfp4lab.quantize(..., pad=True)"
+        )
+    return x.detach().contiguous()
 
 
 def _path(path: str | None) -> int:
@@ -133,7 +151,7 @@ def abs_max(
     (+0.0 for zeros and for an empty tensor), a NaN when x holds one. ``path``: force a vector
     path of :data:`ISAS` (tests; clamped to what the CPU has). ``threads``: OpenMP threads
     (default: torch's intra-op threads)."""
-    x = x.contiguous()
+    x = _checked(x, blocks=False)
     bits = _lib().nvfp4lab_abs_max(
         x.data_ptr(), x.numel(), _DTYPES[x.dtype], _path(path), _threads(threads))
     as_int = _BITS[x.dtype]
@@ -164,8 +182,8 @@ def encode(
     """(packed uint8 [..., K/2], float8_e4m3fn scales [..., K/16]) of CPU ``x`` [..., K] with the
     float32 [1] tensor scale ``global_scale`` in ``order``'s form (ENCODE ``gs``, or DECODE ``d``
     for a DECODE-form order), bit for bit the eager codec's. ``path``, ``threads``: as
-    in :func:`abs_max`."""
-    x = x.detach().contiguous()
+    in :func:`abs_max`. ValueError for a non-CPU tensor, another dtype, or K % 16 != 0."""
+    x = _checked(x, blocks=True)
     lead, k = x.shape[:-1], x.shape[-1]
     # Plain allocations: with the huge-page hint (compiled.fresh) the 32 MiB packed output of
     # 8192² took 6-7x copy_ from the second call on at two threads (2.6-3.1x without it).
@@ -183,7 +201,7 @@ def fake_quantize(
     """``dequantize(quantize(x))`` of CPU ``x`` [..., K] in x.dtype (into ``out``, a contiguous
     tensor of x's shape and dtype, when given), bit for bit the eager codec's; ``global_scale``
     as in :func:`encode`."""
-    x = x.detach().contiguous()
+    x = _checked(x, blocks=True)
     if out is None:
         out = fresh(tuple(x.shape), x.dtype, x.device)
     elif out.dtype != x.dtype or not out.is_contiguous() or out.shape != x.shape:

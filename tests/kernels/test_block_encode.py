@@ -154,6 +154,13 @@ def test_every_order_is_supported_and_an_unknown_step_refused() -> None:
         block_encode.encode(x, torch.ones(1), odd)
     assert not kernels.fused_route(x.numel(), 32, x.dtype, x.device, True, order=odd,
                                    native=True)
+    kernel = ORDERS[Convention.KERNEL]
+    with pytest.raises(ValueError, match=r"multiple of 16, got shape \(4, 24\); use nvfp4lab"):
+        block_encode.encode(torch.randn(4, 24), torch.ones(1), kernel)
+    with pytest.raises(ValueError, match=r"got a torch\.float64 tensor on cpu; move it"):
+        block_encode.fake_quantize(x.double(), torch.ones(1), kernel)
+    with pytest.raises(ValueError, match=r"got a torch\.float32 tensor on meta"):
+        block_encode.abs_max(x.to("meta"))
     with pytest.raises(ValueError, match=r"out must be a contiguous torch\.float32 tensor"):
         block_encode.fake_quantize(x, torch.ones(1), ORDERS[Convention.KERNEL],
                                    out=torch.empty(4, 32, dtype=torch.bfloat16))
