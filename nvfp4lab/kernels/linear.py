@@ -4,8 +4,8 @@
 ``W = decode(w)`` [N, K] (in ``a.dtype``), without ever holding W whole: ``tile_rows`` rows of W at
 a time are decoded into one reused buffer and multiplied by torch, ``out[:, n0:n1] = a @
 W_tile.T``. The decode (:func:`decode`, :func:`row_decoder`) is the C++ LUT kernel on a CPU where
-it is built (:mod:`nvfp4lab.kernels.lut_decode`: tiles of :data:`LUT_TILE_BYTES` per thread,
-half an L2 cache, and at least :data:`LUT_MIN_ROWS` rows), else the compiled graph
+it is built (:mod:`nvfp4lab.kernels.lut_decode`: tiles of :data:`LUT_TILE_BYTES` per thread
+and at least :data:`LUT_MIN_ROWS` rows), else the compiled graph
 (:func:`nvfp4lab.kernels.compiled.decode`, CUDA or a CPU without the LUT kernel: tiles of
 :data:`TILE_BYTES`). ``fp32=True`` multiplies float32 copies of ``a`` and of the decoded tile, as
 the linear's ``bias_mode="fp32"`` does.
@@ -49,13 +49,14 @@ __all__ = [
 #: GEMM reads it. 16 MiB (2048 rows of bf16 at K=4096) measured fastest on the 2-core CPU at M=16.
 TILE_BYTES: int = 16 << 20
 #: Bytes of decoded weight per tile and thread with the C++ LUT decode (the CPU), and its fewest
-#: rows: half a core's L2 (2 MiB here) per thread, so each thread's share of the tile stays in its
-#: cache between the decode that writes it and the GEMM that reads it, but never under 128 rows
-#: (each tile costs a library call and a GEMM call, ~10-30 us together). Measured on the 2-core
-#: CPU (bf16, one thread, M = 1 and 16, interleaved with F.linear, this thread's CPU time): 1 MiB
-#: 5-10 % faster than 2 MiB at K = 4096, 64-row tiles slower at K = 14336, 1024 rows 5-40 %
-#: slower.
-LUT_TILE_BYTES: int = 1 << 20
+#: rows (each tile costs a library call and a GEMM call, ~10-30 us together). Measured on the
+#: 2-core CPU (bf16, W4A16, M = 1 and 16, interleaved with F.linear, best of 11, one thread's CPU
+#: time and two threads' wall time), as a multiple of F.linear at K = N = 4096: 4 MiB 1.8-2.1x
+#: against 1 MiB's 2.2-2.7x (in either order of the two, so not a cache left warm by the other);
+#: at N = 4096, K = 14336 the two are within noise (0.8-1.2x at M = 1, 1.8-2.2x at M = 16);
+#: 8 MiB scattered around 4 MiB's figures and 16 MiB was slower (up to 3.8x). (An earlier build,
+#: without the decode's prefetch, measured 1 MiB ahead of 2 MiB.)
+LUT_TILE_BYTES: int = 4 << 20
 LUT_MIN_ROWS: int = 128
 
 _VERDICTS: dict[tuple[object, ...], int] = {}

@@ -90,8 +90,8 @@ def test_decode_orders_follow_the_backend() -> None:
 
 
 def test_large_layer_equals_eager() -> None:
-    """M = 16, K = N = 4096 in bf16 with the default tiles (the LUT decode's 1 MiB per thread:
-    sixteen or more tiles; the compiled decode's 16 MiB: two)."""
+    """M = 16, K = N = 4096 in bf16 with the default tiles (the LUT decode's 4 MiB per thread:
+    eight tiles at one thread, four at two; the compiled decode's 16 MiB: two)."""
     w = quantize(randn((4096, 4096), torch.bfloat16, 6))
     x = randn((16, 4096), torch.bfloat16, 7)
     assert_linear_equal(x, w, randn((4096,), torch.bfloat16, 8), backend="w4a16")
