@@ -20,8 +20,10 @@ quantize and fake_quantize, ``NVFP4Tensor.dequantize``, the linear's weight; eac
 ``native=True``: on a CPU where the native library is built its C++ kernel runs from the first
 call under ``auto`` and ``on``, see :func:`native_allows`). The call must be
 eligible (plain options, 16-element blocks, K % 16 == 0, two blocks or more, an fp32/bf16/fp16
-tensor, an arithmetic order the graphs implement: :func:`nvfp4lab.kernels.graphs.supports`) on a
-CPU or CUDA tensor, a compiler must work here (:func:`compiler_available`), and the setting
+tensor, an arithmetic order the kernel implements: every order for the C++ block encode,
+:func:`nvfp4lab.kernels.block_encode.supports`; the kernel and compressed-tensors orders for the
+graphs, :func:`nvfp4lab.kernels.graphs.supports`) on a CPU or CUDA tensor; for the compiled
+graphs a compiler must work here (:func:`compiler_available`), and the setting
 ``NVFP4LAB_FUSED`` (:func:`nvfp4lab.settings.fused_mode`) or the call's ``fused=`` must allow it
 (:func:`use_fused`):
 
