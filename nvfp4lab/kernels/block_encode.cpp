@@ -1,4 +1,5 @@
-// nvfp4lab: the NVFP4 quantize (and quantize-dequantize) of the ENCODE-form orders on the CPU.
+// nvfp4lab: the NVFP4 quantize (and quantize-dequantize) on the CPU, in every arithmetic order
+// whose steps the flags below describe (kernel, compressed-tensors, modelopt, llama.cpp).
 //
 // Built with lut_decode.cpp into one library by nvfp4lab/kernels/native.py (plain C ABI, no torch
 // headers, called through ctypes). Two passes over x (float32, bfloat16 or float16 bits, [NB, 16]
@@ -7,13 +8,14 @@
 //   nvfp4lab_abs_max   max |x| over all elements, as the bits of x's dtype (integer max of the
 //                      magnitude bits: exact, and a NaN anywhere gives a NaN's bits)
 //   nvfp4lab_encode    per block b: packed codes [NB, 8] (element 2i in the low nibble of byte i)
-//                      and E4M3 scale bytes [NB]; or (fake) value * (s / gs) in x's dtype [NB, 16]
+//                      and E4M3 scale bytes [NB]; or (fake) the decoded values in x's dtype [NB, 16]
 //
-// The arithmetic is nvfp4lab.kernels.graphs' (itself bit for bit the eager pipeline of
-// nvfp4lab.scales / nvfp4lab.e2m1), one IEEE float32 operation per step (built without fast-math
-// and without FMA contraction), with gs the float32 ENCODE tensor scale and rgs = f32(1 / gs):
+// The arithmetic is the eager pipeline's (nvfp4lab.scales, nvfp4lab.e2m1, nvfp4lab.blocks), one
+// IEEE float32 operation per step (built without fast-math and without FMA contraction), with t
+// the tensor scale in the order's form (ENCODE gs, or DECODE d) and rgs = f32(1 / gs). Each step's
+// variants are the flag constants below; for the kernel and compressed-tensors orders:
 //
-//   statistic   amax_b, or f32(amax_b / 6) rounded to x's dtype       (flag kDivideInInputDtype)
+//   statistic   amax_b, or f32(amax_b / 6) rounded to x's dtype       (kDivideInInputDtype)
 //   pre         gs * stat  (divided)  or  gs * (amax_b * f32(1/6)),  then min(pre, 448)
 //   scale s     E4M3 nearest-even: the float32 bits rounded to 3 mantissa bits in the normal range,
 //               rint(p * 512) / 512 below 2**-6; a scale of 0 becomes 0.125 (kZeroToEighth)
@@ -23,9 +25,10 @@
 //               index = q + 2 (g2 + g4), sign bit where v < 0
 //   fake        (v < 0 ? -m : m) * (s / gs), m = q * (1/2 + g2/2 + g4), rounded to x's dtype
 //
-// Blocks go in tiles of 16: the per-block scale chain runs vectorized across a tile's blocks, then
-// each block's 16 elements vectorized. One body, compiled three times: AVX-512 (F, BW, VL), AVX2
-// (with F16C) and the x86-64 baseline; the path is chosen at run time from the CPU's flags.
+// Blocks go in tiles of 16: the per-block scale chain runs across a tile's blocks, then each
+// block's 16 elements. Those two orders run AVX-512 intrinsics (one block per vector); every order
+// runs the portable body (encode_range), compiled three times: AVX-512 (F, BW, VL), AVX2 (with
+// F16C) and the x86-64 baseline; the path is chosen at run time from the CPU's flags.
 
 #include "native.h"
 
@@ -486,12 +489,6 @@ NVFP4LAB_AVX512 void encode_avx512(const void* x, int64_t b0, int64_t b1, int dt
   return encode_range_avx512<kFloat16, false>(x, b0, b1, gs, rgs, flags, packed, scales, out);
 }
 
-NVFP4LAB_AVX512 uint32_t abs_max_avx512(const void* x, int64_t i0, int64_t i1, int dtype) {
-  if (dtype == kFloat32) return abs_max_range<kFloat32>(x, i0, i1);
-  if (dtype == kBFloat16) return abs_max_range<kBFloat16>(x, i0, i1);
-  return abs_max_range<kFloat16>(x, i0, i1);
-}
-
 int best_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -539,7 +536,7 @@ uint32_t nvfp4lab_abs_max(const void* x, int64_t n, int dtype, int isa, int thre
     const int64_t i0 = n * i / k;
     const int64_t i1 = n * (i + 1) / k;
     if (isa == kAvx512) {
-      m = abs_max_avx512(x, i0, i1, dtype);
+      m = abs_max_avx512_generic(x, i0, i1, dtype);
     } else if (isa == kAvx2) {
       m = abs_max_avx2(x, i0, i1, dtype);
     } else {

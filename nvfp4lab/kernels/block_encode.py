@@ -25,13 +25,11 @@ codec (:mod:`nvfp4lab.kernels.quantize` and :func:`nvfp4lab.kernels.fused_route`
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from nvfp4lab.constants import BLOCK_SIZE, CT_ZERO_SCALE_REPLACEMENT, E4M3_MIN_SUBNORMAL
 from nvfp4lab.kernels.compiled import fresh
-from nvfp4lab.kernels.native import library
+from nvfp4lab.kernels.native import DTYPE_CODES, ISAS, library, required
 from nvfp4lab.orders import (
     ArithmeticOrder,
     BlockScaleRule,
@@ -43,16 +41,12 @@ from nvfp4lab.orders import (
 
 __all__ = ["ISAS", "abs_max", "encode", "fake_quantize", "isa", "order_flags", "supports"]
 
-#: The vector paths by the number the library uses: 0 scalar, 1 AVX2 (+F16C), 2 AVX-512 (F, BW,
-#: VL, +F16C).
-ISAS: tuple[str, ...] = ("scalar", "avx2", "avx512")
-
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
 def isa() -> str:
-    """The vector path this CPU runs (an entry of :data:`ISAS`); "" when unavailable."""
+    """The vector path this CPU runs (an entry of :data:`nvfp4lab.kernels.native.ISAS`: AVX2
+    needs F16C here, AVX-512 F, BW, VL and F16C); "" when unavailable."""
     lib = library()
     return "" if lib is None else ISAS[lib.nvfp4lab_encode_isa()]
 
@@ -113,17 +107,10 @@ def order_flags(order: ArithmeticOrder) -> int:
     return flags
 
 
-def _lib() -> ctypes.CDLL:
-    lib = library()
-    if lib is None:
-        raise RuntimeError("the C++ CPU kernels are unavailable here (see the logged warning)")
-    return lib
-
-
 def _checked(x: torch.Tensor, *, blocks: bool) -> torch.Tensor:
     """``x`` detached and contiguous; ValueError for what the kernel cannot read (a non-CPU
     tensor, another dtype, K not a multiple of 16 where it encodes blocks)."""
-    if x.device.type != "cpu" or x.dtype not in _DTYPES:
+    if x.device.type != "cpu" or x.dtype not in DTYPE_CODES:
         raise ValueError(
             f"the block encode reads CPU float32 / bfloat16 / float16 tensors, got a {x.dtype} "
             f"tensor on {x.device}; move it to the CPU or use nvfp4lab.quantize"
@@ -152,8 +139,8 @@ def abs_max(
     path of :data:`ISAS` (tests; clamped to what the CPU has). ``threads``: OpenMP threads
     (default: torch's intra-op threads)."""
     x = _checked(x, blocks=False)
-    bits = _lib().nvfp4lab_abs_max(
-        x.data_ptr(), x.numel(), _DTYPES[x.dtype], _path(path), _threads(threads))
+    bits = required().nvfp4lab_abs_max(
+        x.data_ptr(), x.numel(), DTYPE_CODES[x.dtype], _path(path), _threads(threads))
     as_int = _BITS[x.dtype]
     signed = bits - (1 << 32) if as_int is torch.int32 and bits >= 1 << 31 else bits
     return torch.tensor(signed, dtype=as_int).view(x.dtype)
@@ -166,9 +153,9 @@ def _call(
 ) -> None:
     g = gs.detach().to(torch.float32).reshape(1)
     rgs = torch.reciprocal(g)  # the multiply-by-inverse rule's 1/gs: torch's float32 reciprocal
-    _lib().nvfp4lab_encode(
-        x.data_ptr(), x.numel() // BLOCK_SIZE, _DTYPES[x.dtype], int(fake), g.item(), rgs.item(),
-        order_flags(order), _path(path), _threads(threads),
+    required().nvfp4lab_encode(
+        x.data_ptr(), x.numel() // BLOCK_SIZE, DTYPE_CODES[x.dtype], int(fake), g.item(),
+        rgs.item(), order_flags(order), _path(path), _threads(threads),
         None if packed is None else packed.data_ptr(),
         None if scales is None else scales.data_ptr(),
         None if out is None else out.data_ptr(),

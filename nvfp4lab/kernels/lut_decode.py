@@ -18,28 +18,21 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4lab.kernels.native import library
+from nvfp4lab.kernels.native import DTYPE_CODES, ISAS, library, required
 from nvfp4lab.orders import DecodeRule
 
 __all__ = ["ISAS", "RowDecoder", "decode", "isa"]
 
-#: The gather paths by the number the library uses: 0 scalar, 1 AVX2, 2 AVX-512 (F + BW).
-ISAS: tuple[str, ...] = ("scalar", "avx2", "avx512")
-
 _RULES = {DecodeRule.SCALE_OVER_ENCODE: 0, DecodeRule.SCALE_TIMES_DECODE: 1}
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 #: Below this many blocks (64 K elements) one thread decodes (the library's own threshold too).
 _PARALLEL_BLOCKS = 4096
 
 
 def isa() -> str:
-    """The gather path this CPU runs (an entry of :data:`ISAS`); "" when unavailable."""
+    """The gather path this CPU runs (an entry of :data:`nvfp4lab.kernels.native.ISAS`: AVX-512
+    needs F + BW here); "" when unavailable."""
     lib = library()
     return "" if lib is None else ISAS[lib.nvfp4lab_lut_isa()]
-
-
-def _unavailable() -> RuntimeError:
-    return RuntimeError("the C++ CPU kernels are unavailable here (see the logged warning)")
 
 
 class RowDecoder:
@@ -58,9 +51,7 @@ class RowDecoder:
         rule: DecodeRule = DecodeRule.SCALE_OVER_ENCODE,
         threads: int | None = None,
     ) -> None:
-        lib = library()
-        if lib is None:
-            raise _unavailable()
+        lib = required()
         self._packed = packed.reshape(-1, packed.shape[-1]).contiguous()
         self._scales = scales.view(torch.uint8).reshape(self._packed.shape[0], -1).contiguous()
         self._call = lib.nvfp4lab_lut_decode
@@ -72,7 +63,7 @@ class RowDecoder:
             tensor_scale.item() if tensor_scale.dtype == torch.float32 else float(tensor_scale)
         )
         self._rule = _RULES[rule]
-        self._dtype = _DTYPES[dtype]
+        self._dtype = DTYPE_CODES[dtype]
         self._threads = torch.get_num_threads() if threads is None else threads
         self._best = len(ISAS) - 1
 
@@ -110,9 +101,7 @@ def decode(
     the best). ``threads``: OpenMP threads (default: torch's intra-op threads). Raises
     RuntimeError when the library is unavailable (ask
     :func:`nvfp4lab.kernels.native.available` first)."""
-    lib = library()
-    if lib is None:
-        raise _unavailable()
+    lib = required()
     packed = packed.contiguous()
     raw = scales.view(torch.uint8).contiguous()
     nblocks = raw.numel()
@@ -135,7 +124,7 @@ def decode(
         nblocks,
         t,
         _RULES[rule],
-        _DTYPES[dtype],
+        DTYPE_CODES[dtype],
         wanted,
         workers if nblocks >= _PARALLEL_BLOCKS else 1,
         out.data_ptr(),

@@ -39,7 +39,17 @@ import torch
 
 from nvfp4lab.settings import cache_dir
 
-__all__ = ["HEADERS", "SOURCES", "available", "build_dir", "library", "usable"]
+__all__ = [
+    "DTYPE_CODES",
+    "HEADERS",
+    "ISAS",
+    "SOURCES",
+    "available",
+    "build_dir",
+    "library",
+    "required",
+    "usable",
+]
 
 #: The C++ sources (package data), compiled into one library.
 SOURCES: tuple[Path, ...] = (
@@ -48,6 +58,12 @@ SOURCES: tuple[Path, ...] = (
 )
 #: The header they share (its ISA and dtype numbers, the E2M1 table, bit casts).
 HEADERS: tuple[Path, ...] = (Path(__file__).with_name("native.h"),)
+
+#: The vector paths by the number the library uses (``native.h``): 0 the scalar / x86-64 baseline
+#: loop, 1 AVX2, 2 AVX-512; each kernel reports the best this CPU has for it.
+ISAS: tuple[str, ...] = ("scalar", "avx2", "avx512")
+#: The element dtypes by the number the library uses (``native.h``).
+DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 _NAME = "nvfp4lab_native"
 _FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
@@ -139,6 +155,15 @@ def library() -> ctypes.CDLL | None:
             first,
         )
         return None
+
+
+def required() -> ctypes.CDLL:
+    """The loaded library; RuntimeError when it cannot be built here (ask :func:`available`
+    first: its one WARNING line says why)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the C++ CPU kernels are unavailable here (see the logged warning)")
+    return lib
 
 
 def available() -> bool:
