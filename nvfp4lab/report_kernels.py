@@ -209,7 +209,11 @@ def execute_notebook(
                 language="python",  # parameters are injected as Python, whatever the metadata
                 kernel_manager_class=_kernel_manager_class(kernel_name, watch),
                 execution_timeout=timeout_s,
-                cwd=str(path.parent),
+                # The kernel starts in the notebook's folder (nbclient's resources path), never
+                # through papermill's cwd=, an os.chdir of the whole process for the run: with
+                # --jobs the threads raced on it, a kernel could start in another folder and the
+                # process could end in the notebooks' folder.
+                resources={"metadata": {"path": str(path.parent)}},
                 progress_bar=False,
                 log_output=False,
             )

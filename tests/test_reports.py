@@ -6,6 +6,7 @@ Executing a notebook costs a kernel start (seconds), so the tiny notebooks run o
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -63,12 +64,21 @@ def notebook_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+#: os.chdir calls to another folder than the process's own, made while the ``run`` fixture's
+#: notebooks ran (jobs side by side, threads); papermill's file I/O re-enters the current one.
+CHDIRS: list[object] = []
+
+
 @pytest.fixture(scope="module")
 def run(notebook_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("reports")
-    results = reports.run_reports(
-        out_dir=out, parameters={"SEED": 3}, smoke=True, notebook_dir=notebook_dir
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        real, here = os.chdir, Path.cwd()
+        patch.setattr(os, "chdir", lambda path: (Path(path).resolve() != here.resolve()
+                                                 and CHDIRS.append(path)) or real(path))
+        results = reports.run_reports(
+            out_dir=out, parameters={"SEED": 3}, smoke=True, notebook_dir=notebook_dir, jobs=2
+        )
     return out, {r.name: r for r in results}
 
 
@@ -125,7 +135,9 @@ def test_parameters_reach_the_kernel_and_it_runs_this_python(run, notebook_dir: 
     assert heads["seed"].value == 3
     assert heads["smoke"].value == 1  # SMOKE=True injected by smoke=True (bools stored as int)
     assert Path(heads["python"].value).resolve() == Path(sys.executable).resolve()
-    assert heads["cwd"].value == notebook_dir.name  # papermill runs in the notebook's folder
+    assert heads["cwd"].value == notebook_dir.name  # the kernel runs in the notebook's folder
+    # ... without moving the process: two jobs' threads raced on papermill's cwd= (an os.chdir)
+    assert CHDIRS == []
     assert results["01_good"].parameters == {"SEED": 3, "SMOKE": True, "INTERACTIVE": False}
 
 
