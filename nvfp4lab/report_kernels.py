@@ -142,6 +142,15 @@ def _kernel_manager_class(kernel_name: str | None, watch: KernelWatch) -> type:
         def _default_ksm(self) -> KernelSpecManager:
             return ThisPythonKernelSpecManager()
 
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client sends SIGINT before every shutdown. nbclient shuts a kernel down
+            # once its notebook is done (the cells ran, one raised, or the watchdog killed it),
+            # so the signal stops nothing; it only made an idle ipykernel log "ERROR |
+            # KeyboardInterrupt caught in kernel." on the runner's stderr. An interrupt asked
+            # for outside a shutdown is sent as before.
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
         if not named:
 
             @default("transport_encryption")
