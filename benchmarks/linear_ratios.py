@@ -37,7 +37,6 @@ from nvfp4lab.execution.gemm import linear, vllm_decode_scale, vllm_dequantize
 from nvfp4lab.kernels import linear as kernel_linear
 from nvfp4lab.kernels import lut_decode
 from nvfp4lab.kernels.compiled import balanced
-from nvfp4lab.kernels.linear import EncodedWeight
 from nvfp4lab.orders import DecodeRule
 from nvfp4lab.tensor import NVFP4Tensor
 
@@ -51,7 +50,9 @@ def floor_parts(x: torch.Tensor, q: NVFP4Tensor) -> dict[str, Callable[[], objec
     per thread), and the two parts it is made of at the default tile: torch's GEMM calls alone
     on one tile decoded beforehand (hot in cache, as if decoding were free and left its tile
     there), and the LUT decode calls alone into one tile buffer."""
-    w = EncodedWeight(q.packed, q.scales, vllm_decode_scale(q), DecodeRule.SCALE_TIMES_DECODE)
+    w = kernel_linear.EncodedWeight(
+        q.packed, q.scales, vllm_decode_scale(q), DecodeRule.SCALE_TIMES_DECODE
+    )
     n, k = q.shape
     rows = max(kernel_linear.LUT_MIN_ROWS,
                kernel_linear.LUT_TILE_BYTES * torch.get_num_threads() // (k * x.element_size()))
@@ -95,7 +96,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--cpu-time", action="store_true")
     parser.add_argument("--floor", action="store_true",
-                        help="also time the path's GEMMs alone and its decode alone")
+                        help="also run W4A16 at other tile sizes, and time its GEMM calls alone "
+                        "(on a hot tile) and its decode alone")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.cpu_time and args.threads != 1:
@@ -137,7 +139,6 @@ def main() -> None:
                 f"(median {med[name] / med['F.linear']:.2f}x)"
                 for name in fns if name != "F.linear"
             )
-
             print(
                 f"M={m:>2} N={n} K={k}: F.linear {best['F.linear'] * 1e3:.2f} ms | {ratios} "
                 f"| load {os.getloadavg()[0]:.2f}",
