@@ -11,7 +11,8 @@
 #  1. tests/test_cuda.py: CUDA bits equal the CPU's, for the eager pipeline AND the fused kernels
 #     compiled to Triton (quantize, fake_quantize, dequantize in both decode orders, every dtype,
 #     both conventions; the fused linear equals the eager linear on the GPU); the timing helper;
-#     the CPU's C++ LUT decode on that machine's CPU (it builds there, or skips saying why).
+#     the CPU's C++ kernels, the LUT decode and the block encode, on that machine's CPU (they
+#     build there, or skip saying why).
 #  2. nvfp4lab bench: every op eager and fused with a y.copy_(x) row per weight shape, so each
 #     row's copy_fraction is its share of the GPU's copy bandwidth (Llama-3-8B layer shapes, then
 #     4096^2 and 8192^2 weights in bf16 and fp32); rows go to $OUT/<machine>.csv.
@@ -73,7 +74,7 @@ fi
 
 decode_shapes="1x4096x4096 16x4096x4096 1x4096x14336 16x4096x14336"
 step tests 300 gpu_tests.txt $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py \
-    tests/bench/test_timing.py tests/kernels/test_lut_decode.py
+    tests/bench/test_timing.py tests/kernels/test_lut_decode.py tests/kernels/test_block_encode.py
 step bench 300 gpu_bench.txt $PY -m nvfp4lab bench --device cuda --out "$out"
 step elementwise 120 gpu_bench_elementwise.txt $PY -m nvfp4lab bench --device cuda \
     --out "$out" --shapes 16x4096x4096 16x8192x8192 \
