@@ -106,6 +106,11 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
         help="run only this notebook (name, stem or number prefix like 01; repeatable)",
     )
     parser.add_argument("--out", default="reports", help="output folder (default: reports)")
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace files in --out that an earlier report run did not write (its own pages "
+        "are always replaced)",
+    )
     parser.add_argument("--notebook-dir", default=None, help="folder of NN_*.ipynb notebooks")
     parser.add_argument("--kernel", default=None,
                         help="Jupyter kernel name (default: this Python interpreter)")
@@ -135,6 +140,7 @@ def _run_report(args: argparse.Namespace) -> int:
             kernel_name=args.kernel,
             notebook_dir=args.notebook_dir,
             jobs=args.jobs,
+            overwrite=args.overwrite,
             **({} if args.timeout is None else {"timeout_s": args.timeout}),
         )
     except (ValueError, FileNotFoundError) as exc:

@@ -203,6 +203,63 @@ def test_cli_report_unknown_parameter_exits_2(
     assert "NOPE" in capsys.readouterr().err
 
 
+# --------------------------------------------------------------------------------------------
+# The output folder: a run never replaces a file it did not write (a probe of the CLI found
+# `--out` = the notebooks' folder overwriting the notebooks, and a user's index.html replaced).
+
+
+def test_the_notebooks_own_folder_is_refused(notebook_dir: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    source = _write_notebook(folder / "01_good.ipynb", GOOD_BODY)
+    before = source.read_bytes()
+    for argv in ([], ["--overwrite"]):
+        code = cli.main(["report", "--notebook-dir", str(folder), "--out", str(folder), *argv])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert "holds the notebooks being run" in err and "01_good.ipynb" in err
+    assert source.read_bytes() == before and sorted(folder.iterdir()) == [source]
+
+
+def test_a_users_files_are_refused_unless_overwrite(notebook_dir: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "site"
+    out.mkdir()
+    (out / "index.html").write_text("<h1>my site</h1>")
+    (out / "02_bad.ipynb").write_text("my notes")
+    code = cli.main(["report", "--notebook-dir", str(notebook_dir), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "02_bad.ipynb, index.html" in err and "--overwrite" in err
+    assert (out / "index.html").read_text() == "<h1>my site</h1>"
+    assert sorted(p.name for p in out.iterdir()) == ["02_bad.ipynb", "index.html"]
+    paths = reports.discover_notebooks(notebook_dir)
+    reports.check_outputs(out, paths, index=True, overwrite=True)  # the flag lets it through
+    (out / "01_good.html").mkdir()  # a folder in the way: never replaced
+    with pytest.raises(ValueError, match=r"01_good\.html is a folder"):
+        reports.check_outputs(out, paths, index=True, overwrite=True)
+
+
+def test_an_earlier_runs_pages_are_replaced(run, notebook_dir: Path, tmp_path: Path) -> None:
+    out, _ = run
+    paths = reports.discover_notebooks(notebook_dir)
+    names = ["01_good.html", "01_good.ipynb", "02_bad.html", "02_bad.ipynb", "index.html"]
+    assert (out / reports.MANIFEST_NAME).read_text().split() == names
+    reports.check_outputs(out, paths, index=True, overwrite=False)
+    # a folder of pages written before the list existed: recognised by their content
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in names:
+        (old / name).write_bytes((out / name).read_bytes())
+    reports.check_outputs(old, paths, index=True, overwrite=False)
+    (old / "02_bad.html").write_text("<title>02_bad</title> kept by hand")  # still a page
+    reports.check_outputs(old, paths, index=True, overwrite=False)
+    (old / "01_good.ipynb").write_text('{"metadata": {}}')  # not an executed 01_good
+    with pytest.raises(ValueError, match=r"already holds 01_good\.ipynb, not written"):
+        reports.check_outputs(old, paths, index=True, overwrite=False)
+
+
 def test_cli_report_names_failed_notebooks(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -255,7 +312,8 @@ def test_ctrl_c_keeps_the_previous_page_and_the_index_says_interrupted(tmp_path:
     _write_notebook(nbs / "01_slow.ipynb", SLOW_BODY, SLOW_PARAMS)
     (first,) = reports.run_reports(notebook_dir=nbs, out_dir=out)
     assert first.ok, first.error
-    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "index.html"}
+    pages = ("index.html", reports.MANIFEST_NAME)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in pages}
     assert sorted(before) == ["01_slow.html", "01_slow.ipynb"]
     marker = tmp_path / "kernel.pid"
     proc = processes.cli(["report", "--notebook-dir", str(nbs), "--out", str(out), "-p",
@@ -270,7 +328,7 @@ def test_ctrl_c_keeps_the_previous_page_and_the_index_says_interrupted(tmp_path:
     assert proc.returncode == 130, err
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("nvfp4lab report: interrupted"), err
-    after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "index.html"}
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in pages}
     assert after == before  # the previous pages, untouched; no partial file
     index = (out / "index.html").read_text()
     assert '<td class="interrupted">interrupted</td>' in index and ">ok<" not in index
@@ -376,7 +434,8 @@ def test_ctrl_c_stops_every_notebook_running_side_by_side(tmp_path: Path) -> Non
     index = (out / "index.html").read_text()
     assert index.count('<td class="interrupted">interrupted</td>') == 2
     assert index.count("not run") >= 1 and ">ok<" not in index
-    assert sorted(p.name for p in out.iterdir()) == ["index.html"]  # no partial file left
+    # no partial file left; the folder's list of the runner's files stays
+    assert sorted(p.name for p in out.iterdir()) == [reports.MANIFEST_NAME, "index.html"]
     for pid in kernels:
         processes.wait_for(lambda pid=pid: not psutil.pid_exists(pid), "a kernel to end",
                            timeout=20)
