@@ -367,6 +367,10 @@ def _llama_plan(args: argparse.Namespace) -> _LlamaPlan:
         gguf = Path(args.gguf)
         if not gguf.is_file():
             raise ValueError(f"--gguf {args.gguf!r} is not a file; pass an NVFP4 .gguf file")
+        with gguf.open("rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ValueError(f"--gguf {args.gguf!r} is not a GGUF file (no 'GGUF' magic at "
+                                 "its start); pass an NVFP4 .gguf file")
     short = args.quick or args.tiny
     new_tokens = 2 if args.tiny else (4 if args.quick else 16)
     repeats = args.repeats if args.repeats is not None else (2 if short else 3)
@@ -381,9 +385,14 @@ def _llama_plan(args: argparse.Namespace) -> _LlamaPlan:
 def _run_llama_cli(plan: _LlamaPlan, seed: int) -> int:
     import torch
 
-    results, notes = run_generation(
-        plan.gguf, new_tokens=plan.new_tokens, warmup=plan.warmup, repeats=plan.repeats
-    )
+    try:
+        results, notes = run_generation(
+            plan.gguf, new_tokens=plan.new_tokens, warmup=plan.warmup, repeats=plan.repeats
+        )
+    except ValueError as exc:  # CheckpointError included: a file nvfp4lab cannot read
+        if plan.gguf is None:
+            raise
+        return _fail(f"--gguf {str(plan.gguf)!r} cannot be benchmarked: {exc}")
     prompt = results[0].prompt_tokens
     print(
         f"greedy generation of {plan.new_tokens} tokens after a {prompt}-token prompt on cpu "

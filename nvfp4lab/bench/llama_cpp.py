@@ -119,6 +119,13 @@ def run_generation(
             text = corpus.pydoc_text(CorpusPart.EVALUATION)
             prompt = corpus.token_ids(models.smollm2_tokenizer(), text)[:prompt_tokens].tolist()
         prompt = list(prompt)
+        vocabulary = model.get_input_embeddings().num_embeddings
+        if not prompt or min(prompt) < 0 or max(prompt) >= vocabulary:
+            raise ValueError(
+                f"{path.name}: its vocabulary has {vocabulary} tokens and the prompt's token ids "
+                f"run from {min(prompt, default=0)} to {max(prompt, default=0)} (the default "
+                "prompt is SmolLM2's); pass a SmolLM2-135M GGUF, or prompt ids of its vocabulary"
+            )
         made: dict[str, tuple[int, ...]] = {}
 
         def ours() -> None:

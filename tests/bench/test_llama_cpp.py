@@ -76,3 +76,34 @@ def test_bad_llama_cpp_arguments_exit_2(
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("nvfp4lab bench: ") and re.search(expected, err), err
     assert not out.exists()
+
+
+def test_a_file_that_is_not_a_smollm2_gguf_is_one_line(
+    tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A probe of the CLI found tracebacks here: a file that is no GGUF, a truncated GGUF, and an
+    NVFP4 GGUF of another model, whose vocabulary SmolLM2's prompt ids overrun (IndexError)."""
+    from nvfp4lab import corpus, models
+
+    monkeypatch.setattr(lb, "llama_cpp_missing", lambda: "llama-cpp-python is not importable")
+    # the default prompt's ids, as SmolLM2's tokenizer gives them (not built here: the user's cache)
+    monkeypatch.setattr(models, "smollm2_tokenizer", lambda cache=None: None)
+    monkeypatch.setattr(corpus, "token_ids", lambda tokenizer, text: torch.arange(16525, 16541))
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model")
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(tiny_gguf[0].read_bytes()[:300])
+    cases = [
+        (text, "is not a GGUF file (no 'GGUF' magic"),
+        (truncated, "cannot be benchmarked: "),
+        (tiny_gguf[0], "its vocabulary has 128 tokens and the prompt's token ids run from 16525 "
+                       "to 16540"),
+    ]
+    for path, expected in cases:
+        code = bench.main(["--llama-cpp", "--tiny", "--no-save", "--gguf", str(path)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and expected in err, err
+        assert err.startswith(f"nvfp4lab bench: --gguf {str(path)!r}"), err
+    with pytest.raises(ValueError, match="vocabulary has 128 tokens"):  # the library call too
+        lb.run_generation(tiny_gguf[0], prompt=[1, 128], new_tokens=1)
