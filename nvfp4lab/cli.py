@@ -99,7 +99,8 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-p", "--parameter", dest="parameters", action="append", type=parse_assignment,
         default=[], metavar="NAME=VALUE",
-        help="set a notebook parameter (repeatable); the name must exist in the notebook",
+        help="set a notebook parameter (repeatable); the name must exist in the notebook and "
+        "the value be of its default's kind (True/False, a number, 'a string')",
     )
     parser.add_argument(
         "--only", action="append", default=None, metavar="NAME",

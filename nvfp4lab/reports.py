@@ -270,6 +270,32 @@ def check_parameters(notebook: str | Path, parameters: Mapping[str, Any]) -> Non
             f"{path.name}: unknown parameter(s) {', '.join(sorted(unknown))}; its parameters "
             f"cell defines: {', '.join(sorted(known))}"
         )
+    for name, value in parameters.items():
+        _check_kind(path, name, known[name], value)
+
+
+def _check_kind(path: Path, name: str, default_source: str, value: Any) -> None:
+    """ValueError when ``value`` is not of the kind of the parameter's literal default (a bool
+    for a bool, a number for a number, a string for a string): ``-p SMOKE=false`` used to pass
+    the string 'false', which is true."""
+    try:
+        default = ast.literal_eval(default_source)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return  # not a literal (an expression): nothing to compare with
+    kinds: tuple[tuple[type, type | tuple[type, ...], str, str], ...] = (
+        (bool, bool, "True or False", "True"),  # first: a bool is an int too
+        (int, int, "an integer", default_source),
+        (float, (int, float), "a number", default_source),
+        (str, str, "a string", "'text'"),
+    )
+    for kind, accepted, what, example in kinds:
+        if isinstance(default, kind):
+            if isinstance(value, accepted) and (kind is bool or not isinstance(value, bool)):
+                return
+            raise ValueError(
+                f"{path.name}: parameter {name} is {what} (default {default_source}), got "
+                f"{value!r}; pass e.g. -p {name}={example}"
+            )
 
 
 # --------------------------------------------------------------------------------------------

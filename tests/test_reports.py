@@ -260,6 +260,39 @@ def test_an_earlier_runs_pages_are_replaced(run, notebook_dir: Path, tmp_path: P
         reports.check_outputs(old, paths, index=True, overwrite=False)
 
 
+@pytest.mark.parametrize(
+    ("assignment", "expected"),
+    [
+        ("SMOKE=false", "parameter SMOKE is True or False (default False), got 'false'; "
+                        "pass e.g. -p SMOKE=True"),
+        ("SEED=abc", "parameter SEED is an integer (default 0), got 'abc'"),
+        ("SEED=2.5", "parameter SEED is an integer (default 0), got 2.5"),
+        ("SEED=True", "parameter SEED is an integer (default 0), got True"),
+        ("LABEL=5", "parameter LABEL is a string (default \"demo\"), got 5; pass e.g. "
+                    "-p LABEL='text'"),
+    ],
+)
+def test_a_parameter_of_another_kind_is_one_line(
+    notebook_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], assignment: str,
+    expected: str,
+) -> None:
+    """A probe found `-p SMOKE=false` running smoke mode (the string 'false' is true) and
+    `-p ROWS=abc` failing inside the notebook; the kind of the notebook's default decides."""
+    out = tmp_path / "out"
+    code = cli.main(["report", "--notebook-dir", str(notebook_dir), "--out", str(out),
+                     "-p", assignment])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and expected in err and "01_good.ipynb" in err, err
+    assert not out.exists()
+
+
+def test_a_parameter_of_the_defaults_kind_passes(notebook_dir: Path, tmp_path: Path) -> None:
+    path = notebook_dir / "01_good.ipynb"
+    reports.check_parameters(path, {"SMOKE": True, "SEED": 7, "LABEL": "x", "INTERACTIVE": False})
+    timed = _write_notebook(tmp_path / "03_timed.ipynb", "pass", TIMED_PARAMS)
+    reports.check_parameters(timed, {"WAIT": 2})  # an int where the default is a float
+
+
 def test_cli_report_names_failed_notebooks(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
