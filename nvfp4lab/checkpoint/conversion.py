@@ -66,7 +66,13 @@ from nvfp4lab.checkpoint.files import (
     read_json,
 )
 from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, format_spec
-from nvfp4lab.checkpoint.stream import Inventory, inventory, read_scalar, run_tasks
+from nvfp4lab.checkpoint.stream import (
+    Inventory,
+    check_workers,
+    inventory,
+    read_scalar,
+    run_tasks,
+)
 from nvfp4lab.checkpoint.validation import input_problems, weight_problems
 from nvfp4lab.checkpoint.writer import CHECKPOINT_FILES, write_atomically
 from nvfp4lab.vocab import Scheme
@@ -301,6 +307,12 @@ def convert(
     """
     dst_spec = format_spec(format)
     target_format = dst_spec.format
+    check_workers(workers)
+    if not dst_spec.writes_in_tasks and (dask is not None or workers):
+        raise ValueError(
+            f"{dst_spec.title} is written in this process: workers and dask (--workers, --dask) "
+            "apply to the safetensors formats only; leave them out"
+        )
     source, target = Path(src), Path(dst)
     _check_overlap(source, target)
     inv = inventory(source)

@@ -34,6 +34,7 @@ __all__ = [
     "Inventory",
     "RowReader",
     "TensorInfo",
+    "check_workers",
     "inventory",
     "read_scalar",
     "run_tasks",
@@ -222,6 +223,14 @@ def _stop_pool(pool: Any) -> None:
         process.join(timeout=10)
 
 
+def check_workers(workers: object) -> None:
+    """ValueError unless ``workers`` is None or an int >= 0 (the local pool's size; 0 = in this
+    process)."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 0):
+        raise ValueError(f"workers must be an int >= 0 (0 = in this process), got {workers!r}")
+
+
 def run_tasks(
     fn: Callable[[T], R],
     tasks: Sequence[T],
@@ -238,9 +247,7 @@ def run_tasks(
     ``fn`` must be a module-level function and the tasks picklable. ``progress``: a tqdm bar on
     stderr (hidden when stderr is not a terminal).
     """
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 0):
-        raise ValueError(f"workers must be an int >= 0 (0 = in this process), got {workers!r}")
+    check_workers(workers)
     count = DEFAULT_WORKERS if workers is None else workers
     with _bar(len(tasks), desc, progress) as bar:
         if dask is not None:

@@ -136,6 +136,34 @@ def test_a_failure_leaves_nothing(nvfp4lab_checkpoint: Path, tmp_path: Path,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("fmt", "options", "expected"),
+    [
+        ("modelopt", {"workers": -3}, "workers must be an int >= 0 (0 = in this process), got -3"),
+        ("gguf", {"workers": -3}, "workers must be an int >= 0"),
+        ("gguf", {"workers": 2}, "GGUF is written in this process: workers and dask"),
+        ("gguf", {"dask": "nohost:9"}, "GGUF is written in this process: workers and dask"),
+    ],
+)
+def test_workers_and_dask_are_checked_before_anything_is_read(
+    nvfp4lab_checkpoint: Path, tmp_path: Path, fmt: str, options: dict, expected: str
+) -> None:
+    """A probe found `convert --format gguf --workers -3` (or `--dask nohost:9`) exiting 0: the
+    values were only checked by the task runner, which GGUF output never uses."""
+    with pytest.raises(ValueError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        conversion.convert(nvfp4lab_checkpoint, tmp_path / "out", format=fmt, **options)
+    assert not (tmp_path / "out").exists()
+    conversion.convert(nvfp4lab_checkpoint, tmp_path / "ok", format="gguf", workers=0)
+
+
+def test_every_format_says_whether_it_writes_in_tasks() -> None:
+    from nvfp4lab.checkpoint.formats import FORMATS
+
+    assert {spec.format.value: spec.writes_in_tasks for spec in FORMATS.values()} == {
+        "compressed-tensors": True, "modelopt": True, "gguf": False
+    }
+
+
 def test_reciprocal_round_trip_rate() -> None:
     """The fraction the reports quote: about 14% of float32 values (log-uniform over many
     binades) do not survive 1/(1/x); the counter agrees with numpy's float32 arithmetic."""

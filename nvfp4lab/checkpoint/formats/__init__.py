@@ -94,7 +94,9 @@ class CheckpointFormatSpec(Protocol):
     else the one-line note ``audit`` gives a layer that has none (it decodes with tensor scale
     1); ``shares_fused_scales``: whether the engine that runs the format decodes a fused group
     (q/k/v, gate/up) with ONE tensor scale (vLLM), so that ``save_pretrained`` checks the group
-    shares it and ``audit`` measures the merge.
+    shares it and ``audit`` measures the merge; ``writes_in_tasks``: whether ``write_checkpoint``
+    hands its files to the task runner (local pool workers or Dask), else it writes in this
+    process and ``convert``'s ``workers`` / ``dask`` do not apply.
 
     ``path`` arguments are what the user passed: a checkpoint folder, or the file of a format
     kept in one file (``detect`` says which).
@@ -109,6 +111,7 @@ class CheckpointFormatSpec(Protocol):
     transformers_needs_bfloat16: bool
     optional_tensor_scale: str | None
     shares_fused_scales: bool
+    writes_in_tasks: bool
 
     def detect(self, path: Path) -> bool:
         """Whether the folder's configuration files (or the file itself) say it is this format

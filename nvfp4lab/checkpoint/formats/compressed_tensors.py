@@ -277,6 +277,7 @@ class CompressedTensors(SafetensorsContainer):
     weight_files: tuple[str, ...] = ()
     optional_tensor_scale: str | None = None
     shares_fused_scales = True
+    writes_in_tasks = True
     config_files: tuple[str, ...] = ()
     #: compressed-tensors 0.20 decompresses NVFP4 weights to bfloat16 in transformers.
     transformers_needs_bfloat16 = True

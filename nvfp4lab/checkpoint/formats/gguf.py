@@ -750,6 +750,7 @@ class Gguf:
     optional_tensor_scale: str | None = NAIVE_NOTE
     #: llama.cpp keeps one tensor scale per tensor: q/k/v and gate/up are never merged
     shares_fused_scales = False
+    writes_in_tasks = False
 
     def detect(self, path: Path) -> bool:
         """A ``.gguf`` file, or a folder holding ``.gguf`` files (CheckpointError for several, or

@@ -247,6 +247,7 @@ class ModelOpt(SafetensorsContainer):
     weight_files: tuple[str, ...] = ()
     optional_tensor_scale: str | None = None
     shares_fused_scales = True
+    writes_in_tasks = True
     config_files: tuple[str, ...] = (HF_QUANT_CONFIG_NAME,)
     transformers_needs_bfloat16 = False
 
