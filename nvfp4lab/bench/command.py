@@ -279,12 +279,12 @@ class _PeersPlan:
 
 def _peers_plan(args: argparse.Namespace) -> _PeersPlan:
     """Validated ``--peers`` settings (ValueError naming a bad value and the fix)."""
-    if args.tiny:
+    if args.shapes:  # as in the grid, given shapes win over --quick / --tiny's
+        shapes = [(n, k) for _, n, k in parse_shapes(_split(args.shapes))]
+    elif args.tiny:
         shapes = [(256, 256)]
     elif args.quick:
         shapes = [(1024, 1024)]
-    elif args.shapes:
-        shapes = [(n, k) for _, n, k in parse_shapes(_split(args.shapes))]
     else:  # sizes where the gap between implementations shows (1024² hides it in overheads)
         shapes = [(4096, 4096), (8192, 8192)]
     dtypes = _split(args.dtypes) or ["bfloat16"]
@@ -461,6 +461,25 @@ def _run_model_cli(plan: _ModelPlan, seed: int) -> int:
     return 0
 
 
+#: The options each kind of run has no use for: given, they are an error, not ignored.
+_NOT_FOR: dict[str, tuple[str, ...]] = {
+    "--peers": ("backends", "ops", "paths", "gguf"),  # it times quantize only
+    "--llama-cpp": ("shapes", "backends", "ops", "dtypes", "paths"),
+    "--model": ("shapes", "backends", "ops", "paths", "gguf"),
+    "": ("gguf",),  # the grid
+}
+
+
+def _unused_option(args: argparse.Namespace, run: str) -> str | None:
+    """The error for the first option given that ``run`` ("" = the grid) does not use."""
+    for name in _NOT_FOR[run]:
+        if getattr(args, name, None) is not None:
+            flag = f"--{name.replace('_', '-')}"
+            what = f"to {run} runs" if run else "without --llama-cpp"
+            return f"{flag} does not apply {what}; leave it out"
+    return None
+
+
 def _fail(message: object) -> int:
     print(f"nvfp4lab bench: {message}", file=sys.stderr)
     return 2
@@ -487,6 +506,9 @@ def run_cli(args: argparse.Namespace) -> int:
     if len(chosen) > 1:
         count = "two" if len(chosen) == 2 else "three"
         return _fail(f"{' and '.join(chosen)} are {count} different runs; pass one of them")
+    unused = _unused_option(args, chosen[0] if chosen else "")
+    if unused:
+        return _fail(unused)
     try:
         if args.llama_cpp:
             llama = _llama_plan(args)

@@ -171,9 +171,32 @@ def test_bad_values_are_reported_not_raised(
     expected: str,
 ) -> None:
     out = tmp_path / "x.csv"
-    argv = ["--tiny", "--out", str(out), "--ops", "matmul", *extra] + (["--peers"] if peers else [])
+    argv = ["--tiny", "--out", str(out), *extra] + (["--peers"] if peers else ["--ops", "matmul"])
     assert re.search(expected, _cli_error(capsys, argv))
     assert not out.exists()  # nothing measured, nothing written
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--gguf", "x.gguf"], "--gguf does not apply without --llama-cpp; leave it out"),
+        (["--peers", "--ops", "linear"], "--ops does not apply to --peers runs"),
+        (["--peers", "--backends", "w4a16"], "--backends does not apply to --peers runs"),
+        (["--model", "--shapes", "1x16x16"], "--shapes does not apply to --model runs"),
+        (["--model", "--gguf", "x.gguf"], "--gguf does not apply to --model runs"),
+        (["--llama-cpp", "--dtypes", "float32"], "--dtypes does not apply to --llama-cpp runs"),
+        (["--llama-cpp", "--paths", "eager"], "--paths does not apply to --llama-cpp runs"),
+    ],
+)
+def test_an_option_the_run_does_not_use_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    """A probe found these ignored with exit 0 (`--peers --shapes 16x16x16 --ops linear` timed
+    1024² quantize)."""
+    out = tmp_path / "x.csv"
+    err = _cli_error(capsys, ["--tiny", "--out", str(out), *argv])
+    assert expected in err and err.count("\n") == 1, err
+    assert not out.exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
@@ -199,7 +222,7 @@ def test_out_with_another_header_is_reported_and_left_alone(
 ) -> None:
     other = tmp_path / "other.csv"
     other.write_text("name,value\na,1\n")
-    argv = ["--tiny", "--out", str(other), "--ops", "matmul"] + (["--peers"] if peers else [])
+    argv = ["--tiny", "--out", str(other)] + (["--peers"] if peers else ["--ops", "matmul"])
     err = _cli_error(capsys, argv)
     assert str(other) in err and "another header" in err and "name, value" in err
     assert "new file" in err
