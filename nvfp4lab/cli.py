@@ -220,6 +220,10 @@ def _audit_out(args: argparse.Namespace) -> Path | None:
         raise ValueError(f"--out {args.out!r} lies inside the checkpoint folder; pick a folder "
                          "outside it")
     out = check_out_dir(out)
+    folders = [n for n in ("audit.csv", "audit.html") if (out / n).is_dir()]
+    if folders:  # never replaced, even with --overwrite
+        raise ValueError(f"--out {args.out!r}: {', '.join(folders)} is a folder where audit "
+                         "writes a file; move it or pass another folder")
     taken = [n for n in ("audit.csv", "audit.html") if (out / n).exists()]
     if taken and not args.overwrite:
         raise FileExistsError(f"--out {args.out!r} already holds {', '.join(taken)}; pass "

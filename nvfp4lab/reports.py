@@ -186,7 +186,9 @@ def discover_notebooks(notebook_dir: str | Path | None = None) -> list[Path]:
     """The report notebooks ``NN_*.ipynb`` of ``notebook_dir``, sorted by name."""
     folder = Path(notebook_dir) if notebook_dir is not None else default_notebook_dir()
     if not folder.is_dir():
-        raise FileNotFoundError(f"notebook folder {folder} does not exist")
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise FileNotFoundError(f"notebook folder {folder} {what}; pass the folder of the "
+                                "NN_*.ipynb notebooks")
     return sorted(p for p in folder.iterdir() if _NOTEBOOK_NAME.match(p.name))
 
 

@@ -74,8 +74,12 @@ def test_audit_clean_checkpoint_exits_0(nvfp4lab_like: Path,
         (["audit", "{ckpt}", "--out", "{tmp}/file.txt"], "is a file"),
         (["audit", "{ckpt}", "--out", "{ckpt}/report"], "inside the checkpoint folder"),
         (["audit", "{ckpt}", "--gpu", "X100"], "unknown GPU 'X100'"),
+        (["audit", "{ckpt}", "--out", "{tmp}", "--overwrite"],
+         "audit.csv is a folder where audit writes a file"),
         (["audit", "{ckpt}", "--vllm", "9.9.9"], "9.9.9"),
         (["audit", "{ckpt}", "--reference", "{tmp}/nope"], "reference folder"),
+        (["audit", "{ckpt}", "--reference", "{tmp}/file.txt"], "file.txt is a file, not a folder"),
+        (["report", "--notebook-dir", "{tmp}/file.txt"], "file.txt is a file, not a folder"),
         (["audit", "{ckpt}", "--workers", "-1"], "workers must be"),
         (["convert", "{ckpt}", "{ckpt}", "--format", "modelopt"], "overlaps the source"),
         (["convert", "{ckpt}", "{tmp}/x", "--format", "compressed-tensors"], "already a"),
@@ -86,6 +90,7 @@ def test_bad_input_is_one_line_exit_2(nvfp4lab_like: Path, tmp_path: Path, argv:
                                       message: str, capsys: pytest.CaptureFixture[str]) -> None:
     tiny_llama().save_pretrained(tmp_path / "float")
     (tmp_path / "file.txt").write_text("mine")
+    (tmp_path / "audit.csv").mkdir()  # a folder where audit --out would write its table
     args = [a.format(tmp=tmp_path, ckpt=nvfp4lab_like) for a in argv]
     capsys.readouterr()  # transformers' own progress output while saving the float model
     code, _, err = _run(args, capsys)

@@ -399,8 +399,9 @@ def _reference_inventory(reference: str | os.PathLike[str] | None) -> Inventory 
         return None
     path = Path(reference)
     if not path.is_dir():
-        raise FileNotFoundError(f"reference folder {path} does not exist (pass the float "
-                                "checkpoint folder)")
+        what = "is a file, not a folder" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"reference folder {path} {what} (pass the float checkpoint "
+                                "folder)")
     return inventory(path, CheckpointFormat.COMPRESSED_TENSORS)
 
 
