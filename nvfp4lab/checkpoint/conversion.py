@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shutil
 import struct
@@ -173,7 +174,14 @@ def _convert_shard(inv: Inventory, file: Path, src: CheckpointFormatSpec,
             continue
         new, role = _rename(key, layers, src, dst)
         if role in ("global", "input"):
-            out.append(scales.stored(new, read_scalar(info), src, dst))
+            value = read_scalar(info)
+            if not (math.isfinite(value) and value > 0):  # what load refuses, convert does too
+                what = "DECODE, amax/2688" if src.names.decode else "ENCODE, 2688/amax"
+                raise CheckpointError(
+                    f"{info.file}: tensor {key!r} must be finite and > 0 ({what}), got {value}; "
+                    "nothing was converted (nvfp4lab audit lists every such layer)"
+                )
+            out.append(scales.stored(new, value, src, dst))
             continue
         out.append(StoredTensor(new, info.dtype, info.shape, info.nbytes, info))
         prefix = key.rpartition(".")[0]

@@ -274,6 +274,23 @@ def test_invalid_layer_tensors_are_flagged_by_audit_and_refused_by_convert(
     assert not dst.exists()
 
 
+@pytest.mark.parametrize("value", [0.0, float("nan"), float("inf"), -5.0])
+def test_a_tensor_scale_load_refuses_is_refused_by_convert(
+    tmp_path: Path, value: float, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A probe found convert copying a tensor scale of 0 / NaN / inf / -5 through with exit 0
+    (load refuses each, in the same words: checkpoint/reader.py; audit flags each)."""
+    folder = _ct_folder(tmp_path / "bad", _restored(
+        **{"layer.weight_global_scale": torch.tensor([value], dtype=torch.float32)}))
+    audited = _cli("audit", str(folder), "--gpu", "B200", capfd=capfd)
+    assert audited.returncode == 1 and "1 quantized layers, 1 flagged" in audited.stdout
+    dst = tmp_path / "out"
+    _one_line_error(_cli("convert", str(folder), str(dst), "--format", "modelopt", capfd=capfd),
+                    "convert", str(folder / WEIGHTS), "'layer.weight_global_scale' must be "
+                    f"finite and > 0 (ENCODE, 2688/amax), got {value}", "nothing was converted")
+    assert not dst.exists()
+
+
 def _modelopt_algo(folder: Path, config_json: str, hf_json: str) -> None:
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"]["quant_algo"] = config_json
