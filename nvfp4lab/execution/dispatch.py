@@ -345,8 +345,12 @@ def _reason(target: _Target, outcome: vllm_select.Outcome, rel: str, era: str,
     if outcome.kernel is not None:
         said = f"vLLM {rel} ({era}) picks {outcome.kernel} ({outcome.numerics})"
     else:
-        said = f"vLLM {rel} ({era}) selects no kernel; its load fails: {outcome.error.strip()}"  # type: ignore[union-attr]
-    parts = [f"{target.subject}: {target.why}", said + (f", {note}" if note else "")]
+        said = (f"vLLM {rel} ({era}) selects no kernel; its load fails: "
+                f"{vllm_select.no_kernel_text(outcome.error or '', target.platform)}")
+    # the status names the device itself when it has no CUDA ("cuda:0: CUDA is not available")
+    head = target.why if target.why.startswith(target.subject) else (
+        f"{target.subject}: {target.why}")
+    parts = [head, said + (f", {note}" if note else "")]
     if outcome.steps:
         parts.append("rules: " + " → ".join(outcome.steps))
     if outcome.bias == BiasMode.DROPPED:

@@ -27,6 +27,7 @@ __all__ = [
     "decide",
     "ignored_variables",
     "linear_backends",
+    "no_kernel_text",
 ]
 
 _FIC, _CUT, _MAR = "FlashInferCutlass", "Cutlass", "Marlin"
@@ -113,6 +114,16 @@ _ENV_KERNEL = {"flashinfer-b12x": _FIB, "flashinfer-cutlass": _FIC, "cutlass": _
                "marlin": _MAR, "flashinfer-trtllm": _TRT, "flashinfer-cudnn": _CUDNN,
                "emulation": _EMU}  # fmt: skip
 _NO_KERNEL = "Failed to find a kernel that can implement the NVFP4 linear layer. Reasons: \n"
+
+
+def no_kernel_text(error: str, platform: str) -> str:
+    """vLLM's "no kernel" error (:attr:`Outcome.error`, kept as vLLM words it) on one line; an
+    empty reason list, as on a platform with no NVFP4 kernel registered, is said, not left
+    blank after "Reasons:"."""
+    text = " ".join(line.strip() for line in error.strip().splitlines())
+    if text.endswith("Reasons:"):
+        text += f" (none listed: no NVFP4 kernel is registered for {platform})"
+    return text
 
 
 def linear_backends(rel: str) -> tuple[str, ...]:

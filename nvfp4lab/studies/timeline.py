@@ -26,7 +26,7 @@ from nvfp4lab.codec import quantize
 from nvfp4lab.execution import llama_cpp_rules, vllm_rules
 from nvfp4lab.execution.dispatch import select_backend
 from nvfp4lab.execution.shared_scales import MERGED_FORMATS, merge_error
-from nvfp4lab.execution.vllm_select import LINEAR_BACKEND_EMULATION
+from nvfp4lab.execution.vllm_select import LINEAR_BACKEND_EMULATION, no_kernel_text
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import BATCH_INVARIANT_ENV, EMULATION_ENV
 from nvfp4lab.studies.explorer import Outputs, explorer, stream_output, table_output
@@ -297,14 +297,6 @@ def plot_merge_error(rows: Sequence[Mapping[str, Any]]) -> Figure:
     return fig
 
 
-def _no_kernel_error(error: str, platform: str) -> str:
-    """vLLM's "no kernel" error on one line; an empty reason list is said, not left blank."""
-    text = " ".join(line.strip() for line in error.strip().splitlines())
-    if text.endswith("Reasons:"):
-        text += f" (none listed: no NVFP4 kernel is registered for {platform})"
-    return text
-
-
 def choice_text(release: str, target: str, scenario: str, width: int = 100) -> str:
     """The full reason of one decision: ``target`` is a catalogue GPU name or a platform.
     Lines are wrapped at ``width`` characters, one rule step or clause per line."""
@@ -319,10 +311,8 @@ def choice_text(release: str, target: str, scenario: str, width: int = 100) -> s
     choice = select_backend(env=dict(sc.env), vllm=release, linear_backend=sc.flag_for(release),
                             scheme=sc.scheme, **where)
     kernel = choice.kernel or (
-        f"no kernel — {_no_kernel_error(choice.error or '', choice.platform)}")
-    reason = choice.reason.replace(
-        (choice.error or "").strip(), _no_kernel_error(choice.error or "", choice.platform)
-    ) if choice.error else choice.reason
+        f"no kernel — {no_kernel_text(choice.error or '', choice.platform)}")
+    reason = choice.reason
     lines = [f"vLLM {choice.vllm} ({choice.era}) on {target}, {scenario}:"]
     lines += textwrap.wrap(f"kernel: {kernel}", width, initial_indent="  ",
                            subsequent_indent="      ")

@@ -118,6 +118,20 @@ def test_reasons_are_specific() -> None:
     assert "Min capability: 80" in turing.error  # type: ignore[operator]
 
 
+def test_reasons_read_whole_off_cuda() -> None:
+    """A probe of `nvfp4lab info` found "Reasons:," (vLLM's empty list on a platform without an
+    NVFP4 kernel) and, for a CUDA device on a CPU-only torch, "cuda:0: cuda:0: ..."."""
+    cpu = select_backend("cpu", env={})
+    assert cpu.kernel is None and cpu.error is not None and cpu.error.rstrip().endswith(
+        "Reasons:")  # vLLM's own words are kept as they are
+    assert "Reasons: (none listed: no NVFP4 kernel is registered for cpu)" in cpu.reason
+    assert "Reasons:," not in cpu.reason and "\n" not in cpu.reason
+    if not torch.cuda.is_available():
+        cuda = select_backend("cuda:0", env={})
+        assert cuda.reason.startswith("cuda:0: CUDA is not available"), cuda.reason
+        assert "cuda:0: cuda:0" not in cuda.reason
+
+
 @pytest.mark.parametrize("value", ["true", "True", "yes", "on", "", "1.0", "0x1", "enabled"])
 def test_bad_emulation_switch_values(value: str) -> None:
     with pytest.raises(ValueError) as err:
