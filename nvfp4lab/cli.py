@@ -34,6 +34,14 @@ class Command:
 INTERRUPTED_EXIT = 130
 
 
+def path_text(text: str) -> str:
+    """A path argument as given; an empty one is an error (``Path("")`` is the current folder,
+    which ``audit ""`` used to audit)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; pass a folder or file")
+    return text
+
+
 def parse_assignment(text: str) -> tuple[str, Any]:
     """``NAME=VALUE`` -> ``(NAME, value)``; VALUE is a Python literal when it parses as one
     (``64``, ``True``, ``1e-3``, ``'x'``, ``[1, 2]``), else the raw string."""
@@ -106,13 +114,15 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
         "--only", action="append", default=None, metavar="NAME",
         help="run only this notebook (name, stem or number prefix like 01; repeatable)",
     )
-    parser.add_argument("--out", default="reports", help="output folder (default: reports)")
+    parser.add_argument("--out", default="reports", type=path_text,
+                        help="output folder (default: reports)")
     parser.add_argument(
         "--overwrite", action="store_true",
         help="replace files in --out that an earlier report run did not write (its own pages "
         "are always replaced)",
     )
-    parser.add_argument("--notebook-dir", default=None, help="folder of NN_*.ipynb notebooks")
+    parser.add_argument("--notebook-dir", default=None, type=path_text,
+                        help="folder of NN_*.ipynb notebooks")
     parser.add_argument("--kernel", default=None,
                         help="Jupyter kernel name (default: this Python interpreter)")
     parser.add_argument(
@@ -193,11 +203,11 @@ def _format_titles() -> str:
 
 
 def _add_audit(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help=f"checkpoint folder, or the file of a one-file format "
-                        f"({_format_titles()})")
-    parser.add_argument("--reference", default=None, metavar="FLOAT_DIR",
+    parser.add_argument("path", type=path_text, help=f"checkpoint folder, or the file of a "
+                        f"one-file format ({_format_titles()})")
+    parser.add_argument("--reference", default=None, metavar="FLOAT_DIR", type=path_text,
                         help="float checkpoint folder: adds each layer's weight SQNR")
-    parser.add_argument("--out", default=None, metavar="DIR",
+    parser.add_argument("--out", default=None, metavar="DIR", type=path_text,
                         help="write DIR/audit.csv and DIR/audit.html (the rendered report)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace audit.csv / audit.html already in --out")
@@ -287,9 +297,9 @@ def _run_audit(args: argparse.Namespace) -> int:
 def _add_convert(parser: argparse.ArgumentParser) -> None:
     from nvfp4lab.checkpoint.formats import FORMATS
 
-    parser.add_argument("src", help="NVFP4 checkpoint folder (or one-file checkpoint) to "
-                        "convert")
-    parser.add_argument("dst", help="new checkpoint folder")
+    parser.add_argument("src", type=path_text, help="NVFP4 checkpoint folder (or one-file "
+                        "checkpoint) to convert")
+    parser.add_argument("dst", type=path_text, help="new checkpoint folder")
     parser.add_argument("--format", required=True, choices=[fmt.value for fmt in FORMATS],
                         help="format of DST")
     parser.add_argument("--overwrite", action="store_true",

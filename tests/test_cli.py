@@ -166,3 +166,17 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing(command: str, busy: Path
     assert err.splitlines() == [f"nvfp4lab {command}: interrupted; nothing was written"], err
     assert list(tmp_path.iterdir()) == []  # no report folder, no output or temporary folder
     processes.wait_for(lambda: not processes.alive(family), "its processes to end", timeout=10)
+
+
+@pytest.mark.parametrize("argv", [["audit", ""], ["convert", "x", " ", "--format", "gguf"],
+                                  ["report", "--out", ""], ["audit", "x", "--reference", ""]])
+def test_an_empty_path_is_refused(argv: list[str], tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`audit ""` used to audit the current folder (Path("") is ".")."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "an empty path; pass a folder or file" in err, err
+    assert list(tmp_path.iterdir()) == []
