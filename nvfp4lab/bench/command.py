@@ -463,18 +463,17 @@ def _run_model_cli(plan: _ModelPlan, seed: int) -> int:
 
 #: The options each kind of run has no use for: given, they are an error, not ignored.
 _NOT_FOR: dict[str, tuple[str, ...]] = {
-    "--peers": ("backends", "ops", "paths", "gguf"),  # it times quantize only
-    "--llama-cpp": ("shapes", "backends", "ops", "dtypes", "paths"),
-    "--model": ("shapes", "backends", "ops", "paths", "gguf"),
-    "": ("gguf",),  # the grid
+    "--peers": ("--backends", "--ops", "--paths", "--gguf"),  # it times quantize only
+    "--llama-cpp": ("--shapes", "--backends", "--ops", "--dtypes", "--paths"),
+    "--model": ("--shapes", "--backends", "--ops", "--paths", "--gguf"),
+    "": ("--gguf",),  # the grid
 }
 
 
 def _unused_option(args: argparse.Namespace, run: str) -> str | None:
     """The error for the first option given that ``run`` ("" = the grid) does not use."""
-    for name in _NOT_FOR[run]:
-        if getattr(args, name, None) is not None:
-            flag = f"--{name.replace('_', '-')}"
+    for flag in _NOT_FOR[run]:
+        if getattr(args, flag[2:].replace("-", "_"), None) is not None:
             what = f"to {run} runs" if run else "without --llama-cpp"
             return f"{flag} does not apply {what}; leave it out"
     return None
