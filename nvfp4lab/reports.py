@@ -33,6 +33,7 @@ import ast
 import html
 import json
 import math
+import numbers
 import os
 import re
 import sys
@@ -286,9 +287,9 @@ def _check_kind(path: Path, name: str, default_source: str, value: Any) -> None:
         return  # not a literal (an expression): nothing to compare with
     kinds: tuple[tuple[type, type | tuple[type, ...], str, str], ...] = (
         (bool, bool, "True or False", "True"),  # first: a bool is an int too
-        (int, int, "an integer", default_source),
-        (float, (int, float), "a number", default_source),
-        (str, str, "a string", "'text'"),
+        (int, numbers.Integral, "an integer", default_source),  # numpy's integers too
+        (float, numbers.Real, "a number", default_source),
+        (str, (str, os.PathLike), "a string", "'text'"),  # a Path is written as its text
     )
     for kind, accepted, what, example in kinds:
         if isinstance(default, kind):
