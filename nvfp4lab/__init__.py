@@ -76,6 +76,7 @@ _SUBMODULES = (
     "reference",
     "reference_ggml",
     "report_kernels",
+    "report_outputs",
     "report_pages",
     "reports",
     "roofline",

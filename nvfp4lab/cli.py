@@ -221,7 +221,7 @@ def _add_audit(parser: argparse.ArgumentParser) -> None:
 
 def _audit_out(args: argparse.Namespace) -> Path | None:
     """The checked --out folder (created), or None; raises ValueError / FileExistsError."""
-    from nvfp4lab.reports import check_out_dir
+    from nvfp4lab.report_outputs import check_out_dir
 
     if args.out is None:
         return None

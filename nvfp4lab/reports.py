@@ -46,6 +46,7 @@ from typing import Any
 from nvfp4lab.bench.timing import stopwatch
 from nvfp4lab.notebook_imports import skip_iri_format_backend
 from nvfp4lab.report_kernels import DEFAULT_TIMEOUT_S, Running, error_text, execute_notebook
+from nvfp4lab.report_outputs import check_out_dir, check_outputs, record_outputs
 from nvfp4lab.report_pages import render_html
 
 __all__ = [
@@ -53,7 +54,6 @@ __all__ = [
     "HEADLINE_MIME",
     "Headline",
     "ReportResult",
-    "check_out_dir",
     "check_parameters",
     "default_notebook_dir",
     "discover_notebooks",
@@ -352,99 +352,6 @@ def _run_one(
     )
 
 
-def check_out_dir(out_dir: str | Path) -> Path:
-    """``out_dir`` as a writable folder (created if missing), or ValueError naming the problem:
-    an existing file, a path under a file, or a folder this user cannot write to."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a file, not a folder; pass a folder for the HTML")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(
-                    f"--out {str(out)!r}: {str(parent)!r} is a file, so no folder can be made "
-                    "under it; pass another folder"
-                )
-            break
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"--out {str(out)!r} cannot be created ({exc.strerror})") from None
-    import os
-
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {str(out)!r} is not writable by this user; pass another folder")
-    return out
-
-
-#: The list, in a report folder, of the files ``nvfp4lab report`` wrote there (one name per
-#: line): a later run replaces those; any other file it would replace needs ``overwrite=True``.
-MANIFEST_NAME = ".nvfp4lab-report"
-
-
-def _manifest(out: Path) -> set[str]:
-    try:
-        return set((out / MANIFEST_NAME).read_text(encoding="utf-8").split())
-    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
-        return set()
-
-
-def _looks_like_ours(file: Path, stems: set[str]) -> bool:
-    """A page of a report folder written before :data:`MANIFEST_NAME` existed: the index's
-    title, a notebook page's title, or papermill's record of the notebook it executed."""
-    try:
-        if file.suffix == ".ipynb":
-            data = json.loads(file.read_text(encoding="utf-8"))
-            executed = data.get("metadata", {}).get("papermill", {}).get("input_path")
-            return isinstance(executed, str) and Path(executed).name == file.name
-        head = file.read_bytes()[:4096].decode("utf-8", errors="replace")
-    except (OSError, ValueError, AttributeError):
-        return False
-    title = "nvfp4lab reports" if file.name == "index.html" else file.stem
-    return (file.name == "index.html" or file.stem in stems) and f"<title>{title}</title>" in head
-
-
-def check_outputs(out: Path, paths: Sequence[Path], *, index: bool, overwrite: bool) -> None:
-    """ValueError, before anything runs, when the run would replace a file it did not write:
-    a notebook being run (``out`` is its folder: never, even with ``overwrite``), a folder in
-    the way, or a user's file under an output's name (unless ``overwrite``). A report folder's
-    own pages are recognised by :data:`MANIFEST_NAME`, or by their content when the folder
-    predates it."""
-    sources = {p.resolve() for p in paths}
-    targets = [out / f"{p.stem}{ext}" for p in paths for ext in (".ipynb", ".html")]
-    targets += [out / "index.html"] if index else []
-    for target in targets:
-        if target.resolve() in sources:
-            raise ValueError(
-                f"--out {str(out)!r} holds the notebooks being run: the executed copy would "
-                f"replace {target.name} itself; pass another folder (default: reports)"
-            )
-        if target.is_dir():
-            raise ValueError(
-                f"--out {str(out)!r}: {target.name} is a folder where the report writes a file; "
-                "move it or pass another folder"
-            )
-    if overwrite:
-        return
-    ours, stems = _manifest(out), {p.stem for p in paths}
-    foreign = [t.name for t in targets if (t.exists() or t.is_symlink())
-               and t.name not in ours and not _looks_like_ours(t, stems)]
-    if foreign:
-        raise ValueError(
-            f"--out {str(out)!r} already holds {', '.join(foreign)}, not written by nvfp4lab "
-            "report; pass --overwrite to replace them, or pass another folder"
-        )
-
-
-def _record_outputs(out: Path, paths: Sequence[Path], *, index: bool) -> None:
-    """Add the run's output names to the folder's :data:`MANIFEST_NAME` (written atomically)."""
-    names = _manifest(out) | {f"{p.stem}{ext}" for p in paths for ext in (".ipynb", ".html")}
-    names |= {"index.html"} if index else set()
-    tmp = out / f"{MANIFEST_NAME}.partial"
-    tmp.write_text("".join(f"{n}\n" for n in sorted(names)), encoding="utf-8")
-    os.replace(tmp, out / MANIFEST_NAME)
-
-
 def run_reports(
     notebooks: Sequence[str | Path] | None = None,
     out_dir: str | Path = "reports",
@@ -475,7 +382,8 @@ def run_reports(
     core, at most one per notebook); results and index keep the notebooks' order either way.
     ``out_dir`` may hold an earlier run's pages, which are replaced; a file of the same name that
     the runner did not write is refused before anything runs unless ``overwrite``
-    (:func:`check_outputs`; the notebooks' own folder is always refused).
+    (:func:`nvfp4lab.report_outputs.check_outputs`; the notebooks' own folder is always
+    refused).
     """
     if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
         raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s!r}")
@@ -495,7 +403,7 @@ def run_reports(
     jobs = _check_jobs(jobs, len(paths))
     out = check_out_dir(out_dir)
     check_outputs(out, paths, index=index, overwrite=overwrite)
-    _record_outputs(out, paths, index=index)
+    record_outputs(out, paths, index=index)
     running = Running()
     done: dict[Path, ReportResult] = {}
     started: set[Path] = set()

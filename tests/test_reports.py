@@ -16,7 +16,7 @@ import psutil
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from nvfp4lab import cli, reports
+from nvfp4lab import cli, report_outputs, reports
 from nvfp4lab.reports import Headline, ReportResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,29 +235,29 @@ def test_a_users_files_are_refused_unless_overwrite(notebook_dir: Path, tmp_path
     assert (out / "index.html").read_text() == "<h1>my site</h1>"
     assert sorted(p.name for p in out.iterdir()) == ["02_bad.ipynb", "index.html"]
     paths = reports.discover_notebooks(notebook_dir)
-    reports.check_outputs(out, paths, index=True, overwrite=True)  # the flag lets it through
+    report_outputs.check_outputs(out, paths, index=True, overwrite=True)  # the flag lets it through
     (out / "01_good.html").mkdir()  # a folder in the way: never replaced
     with pytest.raises(ValueError, match=r"01_good\.html is a folder"):
-        reports.check_outputs(out, paths, index=True, overwrite=True)
+        report_outputs.check_outputs(out, paths, index=True, overwrite=True)
 
 
 def test_an_earlier_runs_pages_are_replaced(run, notebook_dir: Path, tmp_path: Path) -> None:
     out, _ = run
     paths = reports.discover_notebooks(notebook_dir)
     names = ["01_good.html", "01_good.ipynb", "02_bad.html", "02_bad.ipynb", "index.html"]
-    assert (out / reports.MANIFEST_NAME).read_text().split() == names
-    reports.check_outputs(out, paths, index=True, overwrite=False)
+    assert (out / report_outputs.MANIFEST_NAME).read_text().split() == names
+    report_outputs.check_outputs(out, paths, index=True, overwrite=False)
     # a folder of pages written before the list existed: recognised by their content
     old = tmp_path / "old"
     old.mkdir()
     for name in names:
         (old / name).write_bytes((out / name).read_bytes())
-    reports.check_outputs(old, paths, index=True, overwrite=False)
+    report_outputs.check_outputs(old, paths, index=True, overwrite=False)
     (old / "02_bad.html").write_text("<title>02_bad</title> kept by hand")  # still a page
-    reports.check_outputs(old, paths, index=True, overwrite=False)
+    report_outputs.check_outputs(old, paths, index=True, overwrite=False)
     (old / "01_good.ipynb").write_text('{"metadata": {}}')  # not an executed 01_good
     with pytest.raises(ValueError, match=r"already holds 01_good\.ipynb, not written"):
-        reports.check_outputs(old, paths, index=True, overwrite=False)
+        report_outputs.check_outputs(old, paths, index=True, overwrite=False)
 
 
 @pytest.mark.parametrize(
@@ -345,7 +345,7 @@ def test_ctrl_c_keeps_the_previous_page_and_the_index_says_interrupted(tmp_path:
     _write_notebook(nbs / "01_slow.ipynb", SLOW_BODY, SLOW_PARAMS)
     (first,) = reports.run_reports(notebook_dir=nbs, out_dir=out)
     assert first.ok, first.error
-    pages = ("index.html", reports.MANIFEST_NAME)
+    pages = ("index.html", report_outputs.MANIFEST_NAME)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in pages}
     assert sorted(before) == ["01_slow.html", "01_slow.ipynb"]
     marker = tmp_path / "kernel.pid"
@@ -468,7 +468,7 @@ def test_ctrl_c_stops_every_notebook_running_side_by_side(tmp_path: Path) -> Non
     assert index.count('<td class="interrupted">interrupted</td>') == 2
     assert index.count("not run") >= 1 and ">ok<" not in index
     # no partial file left; the folder's list of the runner's files stays
-    assert sorted(p.name for p in out.iterdir()) == [reports.MANIFEST_NAME, "index.html"]
+    assert sorted(p.name for p in out.iterdir()) == [report_outputs.MANIFEST_NAME, "index.html"]
     for pid in kernels:
         processes.wait_for(lambda pid=pid: not psutil.pid_exists(pid), "a kernel to end",
                            timeout=20)

@@ -312,13 +312,12 @@ def choice_text(release: str, target: str, scenario: str, width: int = 100) -> s
                             scheme=sc.scheme, **where)
     kernel = choice.kernel or (
         f"no kernel — {no_kernel_text(choice.error or '', choice.platform)}")
-    reason = choice.reason
     lines = [f"vLLM {choice.vllm} ({choice.era}) on {target}, {scenario}:"]
     lines += textwrap.wrap(f"kernel: {kernel}", width, initial_indent="  ",
                            subsequent_indent="      ")
     lines.append(f"  numerics: {choice.numerics}, bias: {choice.bias}, "
                  f"nvfp4lab runs: {choice.name}")
-    clauses = reason.split("; ")
+    clauses = choice.reason.split("; ")
     for i, clause in enumerate(clauses):
         first = "  reason: " if i == 0 else "    "
         lines += textwrap.wrap(clause + (";" if i < len(clauses) - 1 else ""), width,
