@@ -96,6 +96,7 @@ __all__ = [
     "GgufView",
     "gguf_file",
     "gguf_order",
+    "gguf_reader",
 ]
 
 SUFFIX = ".gguf"
@@ -128,6 +129,34 @@ def _ggml() -> Any:
         raise CheckpointError("the GGUF format needs the gguf package, not installed: pip "
                               "install 'nvfp4lab[llm]' (or pip install gguf==0.19.0)") from None
     return gguf
+
+
+@functools.cache
+def _plain_reader_class() -> type:
+    _ggml()
+    from gguf.gguf_reader import GGUFReader  # the class itself, even while models patches gguf
+
+    class PlainArrayReader(GGUFReader):  # type: ignore[misc]
+        """gguf's reader with the file's mapping held as a plain ``ndarray`` view of the same
+        bytes: numpy's ``memmap`` subclass runs Python code on every slice, and the reader
+        slices the file once per field part (one per vocabulary entry)."""
+
+        @property  # type: ignore[override]
+        def data(self) -> Any:
+            return self._plain
+
+        @data.setter
+        def data(self, mapped: Any) -> None:
+            self._plain = mapped.view(np.ndarray)  # keeps the mapping alive as its base
+
+    return PlainArrayReader
+
+
+def gguf_reader(path: str | os.PathLike[str]) -> Any:
+    """gguf's ``GGUFReader`` of ``path``, read-only, with the fields and tensors gguf parses
+    (byte for byte the same), parsed about 2.5x faster: 1.0 s instead of 2.5 s for SmolLM2's
+    49,152-token vocabulary. Raises what ``GGUFReader`` raises."""
+    return _plain_reader_class()(path, "r")
 
 
 def gguf_file(path: str | os.PathLike[str]) -> Path:
@@ -210,7 +239,7 @@ def _parse_cached(file: str, mtime_ns: int, size: int) -> _Parsed:
     gguf = _ggml()
     path = Path(file)
     try:
-        reader = gguf.GGUFReader(path)
+        reader = gguf_reader(path)
         tensors = tuple(
             _Tensor(t.name, int(t.tensor_type), tuple(int(d) for d in reversed(t.shape)),
                     int(t.data_offset), int(t.n_bytes))
@@ -655,7 +684,7 @@ def _copy_metadata(writer: Any, source: Path, arch: str) -> None:
     gguf = _ggml()
     kind = gguf.GGUFValueType
     try:
-        reader = gguf.GGUFReader(source)
+        reader = gguf_reader(source)
     except Exception as exc:
         raise CheckpointError(f"{source}: cannot read it as GGUF ({_one_line(exc)})") from None
     found = reader.fields.get(gguf.Keys.General.ARCHITECTURE)

@@ -72,6 +72,28 @@ def _f32(x: float) -> float:
 # -- the file, as the gguf package reads it --------------------------------------------------
 
 
+def test_gguf_reader_parses_what_the_gguf_package_parses(saved: tuple[nn.Module, Path]) -> None:
+    """``gguf_reader`` (the file as a plain array) against ``gguf.GGUFReader`` (a memmap):
+    every field and tensor, part by part and byte for byte."""
+    from nvfp4lab.checkpoint.formats.gguf import gguf_reader
+
+    file = saved[1] / WEIGHTS_FILE
+    plain, mapped = gguf_reader(file), gguf.GGUFReader(file)
+    assert type(plain.data) is np.ndarray and isinstance(mapped.data, np.memmap)
+    assert list(plain.fields) == list(mapped.fields) and len(plain.fields) > 10
+    for name, field in mapped.fields.items():
+        got = plain.fields[name]
+        assert (got.offset, got.types, got.data) == (field.offset, field.types, field.data), name
+        assert [(p.dtype, p.tobytes()) for p in got.parts] == [
+            (p.dtype, p.tobytes()) for p in field.parts], name
+    assert len(plain.tensors) == len(mapped.tensors) > 0
+    for got, tensor in zip(plain.tensors, mapped.tensors, strict=True):
+        assert (got.name, got.tensor_type, got.data_offset, got.n_bytes) == (
+            tensor.name, tensor.tensor_type, tensor.data_offset, tensor.n_bytes)
+        assert got.shape.tolist() == tensor.shape.tolist()
+        assert got.data.dtype == tensor.data.dtype and got.data.tobytes() == tensor.data.tobytes()
+
+
 def test_names_types_and_the_scale_convention(saved: tuple[nn.Module, Path]) -> None:
     """Every NVFP4Linear is a type-40 tensor under gguf's own name for it, with an F32 [1]
     ``.scale`` = its DECODE scale fl32(1/weight_global_scale) and an ``.input_scale`` = its exact
