@@ -534,8 +534,10 @@ def test_smollm2_keeps_the_source_metadata_and_tokenizer(smollm2: tuple[nn.Modul
     model = copy.deepcopy(model)
     quantize_model(model, backend="w4a16", ignore=r"re:^(?!model\.layers\.0\.).*")
     path = checkpoint.save_pretrained(model, tmp_path / "smol", format="gguf")
-    source = gguf.GGUFReader(models._smollm2_gguf()[0])
-    ours = gguf.GGUFReader(path / WEIGHTS_FILE)
+    from nvfp4lab.checkpoint.formats.gguf import gguf_reader
+
+    source = gguf.GGUFReader(models._smollm2_gguf()[0])  # gguf's own reader, as the writer's
+    ours = gguf_reader(path / WEIGHTS_FILE)  # gguf's parse, 1.5 s sooner (the test above)
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
                 "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.chat_template",
                 "tokenizer.ggml.eos_token_id", "llama.block_count", "llama.embedding_length",
