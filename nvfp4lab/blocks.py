@@ -28,9 +28,15 @@ import torch
 
 from nvfp4lab.constants import E2M1_MAX, E2M1_SIGN_BIT, E2M1_VALUES
 from nvfp4lab.e2m1 import e2m1_table, round_to_e2m1_codes, stochastic_round_to_e2m1_codes
-from nvfp4lab.orders import ArithmeticOrder, DecodeRule, E2M1Ties
+from nvfp4lab.orders import ArithmeticOrder, DecodeRule, E2M1Ties, ElementScaling
 from nvfp4lab.orders import get as get_order
-from nvfp4lab.scales import abs_max, block_scales, element_scaler, scale_elements
+from nvfp4lab.scales import (
+    abs_max,
+    block_scales,
+    element_multiplier,
+    element_scaler,
+    scale_elements,
+)
 from nvfp4lab.tensor import block_decode_factor, decode_blocks
 from nvfp4lab.vocab import Convention, Rounding
 
@@ -40,6 +46,7 @@ __all__ = [
     "decode_codes",
     "encode_blocks",
     "fixed_scale_codec",
+    "multiply_factors",
     "quantize_blocks",
 ]
 
@@ -191,6 +198,25 @@ def fixed_scale_codec(
         return values
 
     return encode, decode
+
+
+def multiply_factors(
+    scales: torch.Tensor,
+    scale: torch.Tensor,
+    convention: str | ArithmeticOrder = Convention.KERNEL,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What :func:`fixed_scale_codec` computes once per block, as numbers, for an order that
+    scales its elements by a multiply (``ElementScaling.MULTIPLY_BY_INVERSE``) and rounds them
+    ties-to-even: ``(multiplier, factor)``, float32 of ``scales``' shape ``[..., nb]`` (the
+    element multiplier, :func:`nvfp4lab.scales.element_multiplier`, and the decode factor). The
+    block's codes are the E2M1 codes of ``clamp(f32(x) * multiplier, -6, 6)`` and its values
+    ``E2M1(code) * factor`` (GPTQ's native column loop). None for any other order."""
+    order = get_order(convention)
+    if (order.element_scaling is not ElementScaling.MULTIPLY_BY_INVERSE
+            or order.e2m1_ties is not E2M1Ties.EVEN):
+        return None
+    exact = scale if order.decode is DecodeRule.SCALE_TIMES_DECODE else None
+    return element_multiplier(scales, scale), block_decode_factor(scales, scale, exact)
 
 
 def quantize_blocks(

@@ -49,6 +49,7 @@ __all__ = [
     "block_scales",
     "decode_scale_from_amax",
     "decode_to_encode_scale",
+    "element_multiplier",
     "element_scaler",
     "encode_to_decode_scale",
     "global_scale_from_amax",
@@ -284,6 +285,14 @@ def block_scales(
     return scales
 
 
+def element_multiplier(scales: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """The multiply-by-inverse rule's per-block multiplier ``m = 1 / (s * (1/gs))``, float32 of
+    ``scales``' shape (0 where ``s == 0``), for float32 block ``scales`` and the ENCODE tensor
+    scale ``gs`` (float32 ``[1]``): the elements scale as ``x * m`` (:func:`element_scaler`)."""
+    multiplier = torch.reciprocal(scales * torch.reciprocal(global_scale))
+    return torch.where(scales == 0, 0.0, multiplier)
+
+
 def element_scaler(
     scales: torch.Tensor,
     global_scale: torch.Tensor,
@@ -303,8 +312,7 @@ def element_scaler(
     order = get_order(convention)
     rule = order.element_scaling
     if rule is ElementScaling.MULTIPLY_BY_INVERSE:
-        multiplier = torch.reciprocal(scales * torch.reciprocal(global_scale))
-        multiplier = torch.where(scales == 0, 0.0, multiplier).unsqueeze(-1)
+        multiplier = element_multiplier(scales, global_scale).unsqueeze(-1)
 
         def scaled(blocks: torch.Tensor) -> torch.Tensor:
             return (blocks.to(torch.float32) * multiplier).clamp_(-E2M1_MAX, E2M1_MAX)

@@ -105,7 +105,7 @@ import torch
 from torch import nn
 
 from nvfp4lab import formats
-from nvfp4lab.blocks import block_scales_of, fixed_scale_codec
+from nvfp4lab.blocks import block_scales_of, fixed_scale_codec, multiply_factors
 from nvfp4lab.codec import finite_amax
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.e2m1 import pack_fp4
@@ -113,6 +113,8 @@ from nvfp4lab.execution.calibrate import calibration_batches, run_batch
 from nvfp4lab.execution.sequential import BlockRunner, Blocks, capture_block_inputs, find_blocks
 from nvfp4lab.formats.base import BlockFormat, BlockFormatInfo
 from nvfp4lab.hadamard import check_seed, hadamard_transform, rotation_matrix
+from nvfp4lab.kernels import native as native_lib
+from nvfp4lab.kernels.gptq_columns import run_group
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import TensorScale, abs_max, as_global_scale, tensor_scale_from_amax
@@ -237,6 +239,11 @@ class _Columns(Protocol):
         """The rounding of one column ``col [N]`` at the group scales ``scale [N]`` (float32):
         ``rounder(scale)(col)`` is (dequantized float32 ``[N]``, uint8 codes ``[N]``)."""
 
+    def native_factors(self, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The same rounding as numbers for the C++ column loop
+        (:func:`nvfp4lab.kernels.gptq_columns.run_group`): (element multiplier, decode factor),
+        float32 ``[N]``; None where that loop does not implement it."""
+
 
 #: one column ``[N]`` -> (dequantized float32 ``[N]``, uint8 codes ``[N]``)
 _Rounder = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -254,6 +261,9 @@ class _NVFP4Columns:
     def scales(self, w: torch.Tensor) -> torch.Tensor:
         blocks = w.reshape(w.shape[0], -1, self.group)
         return block_scales_of(blocks, self.scale.arithmetic, self.order)
+
+    def native_factors(self, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return multiply_factors(scale, self.scale.arithmetic, self.order)
 
     def rounder(self, scale: torch.Tensor) -> _Rounder:
         n = scale.shape[0]
@@ -286,6 +296,9 @@ class _BlockColumns:
     def scales(self, w: torch.Tensor) -> torch.Tensor:
         amax = abs_max(w.to(torch.float32).reshape(w.shape[0], -1, self.group), -1)
         return self.info.scale.value(self.info.scale.encode(amax, self.info.element))
+
+    def native_factors(self, scale: torch.Tensor) -> None:
+        return None  # a comparator's rounding runs eagerly
 
     def rounder(self, scale: torch.Tensor) -> _Rounder:
         def round_column(col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -335,6 +348,10 @@ def _gptq_loop(
     codes = torch.empty(k, n, dtype=torch.uint8, device=wt.device)
     step = cols.group
     rounders: dict[int, _Rounder] = {}  # per group, built at its first column
+    # The C++ loop where it runs the columns' rounding (a group's factors, at its first column).
+    native = (native_lib.usable(wt.device) and wt.dtype == _WORK
+              and cols.native_factors(scales[:1, 0]) is not None)
+    factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for b0 in range(0, k, options.block_size):
         b1 = min(b0 + options.block_size, k)
         block = wt[b0:b1].clone()
@@ -346,6 +363,10 @@ def _gptq_loop(
             if options.scales == ScaleTiming.UPDATED:  # no act order: step s0 is one group
                 fresh = cols.scales(block[s0:s1].T.to(torch.float32))
                 scales[:, groups[b0 + s0]] = fresh[:, 0]
+            if native and _native_step(block, ub, cols, groups, scales, factors, q, codes,
+                                       errors, b0, s0, s1):
+                block[s1:].addmm_(ub[s0:s1, s1:].T, errors[s0:s1], alpha=-1.0)
+                continue
             for i in range(s0, s1):
                 j = b0 + i
                 group = groups[j]
@@ -358,6 +379,34 @@ def _gptq_loop(
             block[s1:].addmm_(ub[s0:s1, s1:].T, errors[s0:s1], alpha=-1.0)
         wt[b1:].addmm_(u[b0:b1, b1:].T, errors, alpha=-1.0)
     return q.T, codes.T
+
+
+def _native_step(
+    block: torch.Tensor, ub: torch.Tensor, cols: _Columns, groups: list[int],
+    scales: torch.Tensor, factors: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    q: torch.Tensor, codes: torch.Tensor, errors: torch.Tensor, b0: int, s0: int, s1: int,
+) -> bool:
+    """Columns ``s0:s1`` of the block at ``b0`` in one C++ call, as the eager loop below runs
+    them; False (the block's rows restored) when a scaled element was NaN: the eager loop then
+    runs the step."""
+    ids = groups[b0 + s0 : b0 + s1]
+    for group in ids:
+        if group not in factors:
+            found = cols.native_factors(scales[:, group])
+            assert found is not None
+            factors[group] = found
+    if len(set(ids)) == 1:
+        multipliers, decode = factors[ids[0]]
+    else:  # act order: each column its own group
+        multipliers = torch.stack([factors[g][0] for g in ids])
+        decode = torch.stack([factors[g][1] for g in ids])
+    saved = block[s0:s1].clone()
+    j0, j1 = b0 + s0, b0 + s1
+    if run_group(block[s0:s1], ub[s0:s1, s0:s1], multipliers, decode, q[j0:j1], codes[j0:j1],
+                 errors[s0:s1]):
+        return True
+    block[s0:s1] = saved
+    return False
 
 
 def _run(

@@ -1,15 +1,16 @@
 """nvfp4lab's native CPU library: hand-written C++ kernels, built once per machine, called with
 :mod:`ctypes`.
 
-Two sources beside this module (package data, with the header ``native.h`` they share) make one
+Three sources beside this module (package data, with the header ``native.h`` they share) make one
 library:
 
 * ``lut_decode.cpp``: the table-lookup decode of packed NVFP4 weights
   (:mod:`nvfp4lab.kernels.lut_decode`);
 * ``block_encode.cpp``: the quantize and quantize-dequantize of the ENCODE-form orders
-  (:mod:`nvfp4lab.kernels.block_encode`).
+  (:mod:`nvfp4lab.kernels.block_encode`);
+* ``gptq_columns.cpp``: GPTQ's column loop within one group (:mod:`nvfp4lab.kernels.gptq_columns`).
 
-Both are plain C ABI (pointers, sizes, float32 scalars; no torch header), compiled without
+All are plain C ABI (pointers, sizes, float32 scalars; no torch header), compiled without
 fast-math and without FMA contraction (each float32 step one IEEE operation, as in the eager
 pipeline) and pick their vector path (AVX-512, AVX2, a scalar loop) at run time from the CPU's
 flags.
@@ -55,6 +56,7 @@ __all__ = [
 SOURCES: tuple[Path, ...] = (
     Path(__file__).with_name("lut_decode.cpp"),
     Path(__file__).with_name("block_encode.cpp"),
+    Path(__file__).with_name("gptq_columns.cpp"),
 )
 #: The header they share (its ISA and dtype numbers, the E2M1 table, bit casts).
 HEADERS: tuple[Path, ...] = (Path(__file__).with_name("native.h"),)
@@ -83,6 +85,8 @@ _SIGNATURES: dict[str, tuple[list[type], type]] = {
     "nvfp4lab_abs_max": ([_ptr, _i64, _int, _int, _int], ctypes.c_uint32),
     "nvfp4lab_encode": (
         [_ptr, _i64, _int, _int, _f32, _f32, _int, _int, _int, _ptr, _ptr, _ptr], _int),
+    "nvfp4lab_gptq_columns": (
+        [_ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr], _int),
 }
 
 

@@ -229,5 +229,6 @@ def test_source_is_package_data() -> None:
     assert "kernels/*.cpp" in data and "kernels/*.h" in data
     assert [header.name for header in native.HEADERS] == ["native.h"]
     assert native.HEADERS[0].is_file()
-    assert [source.name for source in native.SOURCES] == ["lut_decode.cpp", "block_encode.cpp"]
+    assert [source.name for source in native.SOURCES] == [
+        "lut_decode.cpp", "block_encode.cpp", "gptq_columns.cpp"]
     assert all(source.is_file() and source.parent.name == "kernels" for source in native.SOURCES)

@@ -1,0 +1,73 @@
+"""GPTQ's column loop within one group, in C++: the same arithmetic as the eager loop, bit for bit.
+
+GPTQ (:mod:`nvfp4lab.execution.gptq`) quantizes a weight one column at a time and spreads each
+column's error over the columns after it. Within a group of 16 columns, the eager loop makes about
+thirty small torch calls per column; MiniLM's 21,120 columns take about 5 s that way, nearly all
+of it call overhead. :func:`run_group` runs one group's columns in one call of
+``gptq_columns.cpp`` (part of nvfp4lab's native library, :mod:`nvfp4lab.kernels.native`), for the
+kernel order's element scaling (a multiply by ``1 / (s * (1/gs))`` per block, E2M1 ties to even).
+Each step is the IEEE operation the eager loop's torch call makes, in the same order (no
+fast-math, no FMA contraction); the tests compare codes, scales and weights with ``torch.equal``.
+
+Where a scaled element is NaN the call stops and says so (``False``): the caller restores the
+group's rows and runs the eager loop, which gives that case its own (unspecified) code.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nvfp4lab.kernels.native import required
+
+__all__ = ["run_group"]
+
+
+def _check(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    if t.dtype != dtype or t.device.type != "cpu" or tuple(t.shape) != shape or not (
+        t.is_contiguous()
+    ):
+        raise ValueError(
+            f"{name} must be a contiguous CPU {dtype} tensor of shape {shape}, got {t.dtype} "
+            f"{tuple(t.shape)} on {t.device}"
+        )
+
+
+def run_group(
+    block: torch.Tensor,
+    u: torch.Tensor,
+    multipliers: torch.Tensor,
+    factors: torch.Tensor,
+    q: torch.Tensor,
+    codes: torch.Tensor,
+    errors: torch.Tensor,
+) -> bool:
+    """Quantize the ``m`` columns of one group, rows of ``block`` (float64 ``[m, N]``, the
+    transposed weight's rows in processing order, updated in place as the eager loop updates them).
+
+    ``u``: float64 ``[m, m]`` (any strides), the upper inverse Cholesky factor's square at the
+    group (``u[i, i]`` divides column i's error, ``u[i, r]`` carries it to column ``r > i``).
+    ``multipliers`` / ``factors``: float32 ``[m, N]`` or ``[N]`` (one row for every column): each
+    output row's element multiplier ``1 / (s * (1/gs))`` (0 where ``s == 0``) and decode factor
+    at column i's block. Writes the dequantized columns into ``q`` (float32 ``[m, N]``), their
+    E2M1 codes into ``codes`` (uint8 ``[m, N]``) and the scaled errors ``(w - q) / u[i, i]`` into
+    ``errors`` (float64 ``[m, N]``). True when done; False when a scaled element was NaN
+    (``block`` then partly updated: the caller restores it).
+    """
+    m, n = block.shape
+    _check("block", block, torch.float64, (m, n))
+    if u.dtype != torch.float64 or u.device.type != "cpu" or tuple(u.shape) != (m, m):
+        raise ValueError(f"u must be a CPU float64 [{m}, {m}] tensor, got {u.dtype} "
+                         f"{tuple(u.shape)} on {u.device}")
+    per_column = multipliers.dim() == 2
+    rows = (m, n) if per_column else (n,)
+    _check("multipliers", multipliers, torch.float32, rows)
+    _check("factors", factors, torch.float32, rows)
+    _check("q", q, torch.float32, (m, n))
+    _check("codes", codes, torch.uint8, (m, n))
+    _check("errors", errors, torch.float64, (m, n))
+    status = required().nvfp4lab_gptq_columns(
+        block.data_ptr(), u.data_ptr(), u.stride(0), u.stride(1), m, n,
+        multipliers.data_ptr(), factors.data_ptr(), n if per_column else 0,
+        q.data_ptr(), codes.data_ptr(), errors.data_ptr(),
+    )
+    return status == 0
