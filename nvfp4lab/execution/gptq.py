@@ -342,6 +342,9 @@ def _gptq_loop(
     updates stay single-threaded). ``groups[j]``: the group of processed column ``j``;
     ``scales [N, K/group]`` float32 (refilled at each group's first column when
     ``options.scales == "updated"``). Returns (float32 Ŵ, uint8 codes), ``[N, K]``.
+
+    On the CPU, with the native library and the kernel order's rounding, each 16-column step
+    runs in one C++ call (:func:`_native_step`), bit for bit the per-column torch loop below.
     """
     k, n = wt.shape
     q = torch.empty(k, n, dtype=torch.float32, device=wt.device)
@@ -363,8 +366,9 @@ def _gptq_loop(
             if options.scales == ScaleTiming.UPDATED:  # no act order: step s0 is one group
                 fresh = cols.scales(block[s0:s1].T.to(torch.float32))
                 scales[:, groups[b0 + s0]] = fresh[:, 0]
-            if native and _native_step(block, ub, cols, groups, scales, factors, q, codes,
-                                       errors, b0, s0, s1):
+            if native:
+                _native_step(block, ub, cols, groups, scales, factors, q, codes, errors, b0,
+                             s0, s1)
                 block[s1:].addmm_(ub[s0:s1, s1:].T, errors[s0:s1], alpha=-1.0)
                 continue
             for i in range(s0, s1):
@@ -385,28 +389,24 @@ def _native_step(
     block: torch.Tensor, ub: torch.Tensor, cols: _Columns, groups: list[int],
     scales: torch.Tensor, factors: dict[int, tuple[torch.Tensor, torch.Tensor]],
     q: torch.Tensor, codes: torch.Tensor, errors: torch.Tensor, b0: int, s0: int, s1: int,
-) -> bool:
-    """Columns ``s0:s1`` of the block at ``b0`` in one C++ call, as the eager loop below runs
-    them; False (the block's rows restored) when a scaled element was NaN: the eager loop then
-    runs the step."""
+) -> None:
+    """Columns ``s0:s1`` of the block at ``b0`` in one C++ call, bit for bit the eager loop's
+    steps (:func:`nvfp4lab.kernels.gptq_columns.run_group`); each group's factors are made at
+    its first column, as the eager loop makes its rounder."""
     ids = groups[b0 + s0 : b0 + s1]
     for group in ids:
         if group not in factors:
             found = cols.native_factors(scales[:, group])
-            assert found is not None
+            assert found is not None  # _gptq_loop asked before choosing this path
             factors[group] = found
     if len(set(ids)) == 1:
         multipliers, decode = factors[ids[0]]
-    else:  # act order: each column its own group
+    else:  # act order: the step's columns belong to several groups
         multipliers = torch.stack([factors[g][0] for g in ids])
         decode = torch.stack([factors[g][1] for g in ids])
-    saved = block[s0:s1].clone()
     j0, j1 = b0 + s0, b0 + s1
-    if run_group(block[s0:s1], ub[s0:s1, s0:s1], multipliers, decode, q[j0:j1], codes[j0:j1],
-                 errors[s0:s1]):
-        return True
-    block[s0:s1] = saved
-    return False
+    run_group(block[s0:s1], ub[s0:s1, s0:s1], multipliers, decode, q[j0:j1], codes[j0:j1],
+              errors[s0:s1])
 
 
 def _run(

@@ -86,7 +86,7 @@ _SIGNATURES: dict[str, tuple[list[type], type]] = {
     "nvfp4lab_encode": (
         [_ptr, _i64, _int, _int, _f32, _f32, _int, _int, _int, _ptr, _ptr, _ptr], _int),
     "nvfp4lab_gptq_columns": (
-        [_ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr], _int),
+        [_ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr], None),
 }
 
 
