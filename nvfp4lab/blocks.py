@@ -21,13 +21,17 @@ function                  computes
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 
 import torch
 
 from nvfp4lab.constants import E2M1_MAX, E2M1_SIGN_BIT, E2M1_VALUES
-from nvfp4lab.e2m1 import e2m1_table, round_to_e2m1_codes, stochastic_round_to_e2m1_codes
+from nvfp4lab.e2m1 import (
+    E2M1_MIDPOINTS,
+    e2m1_table,
+    round_to_e2m1_codes,
+    stochastic_round_to_e2m1_codes,
+)
 from nvfp4lab.orders import ArithmeticOrder, DecodeRule, E2M1Ties, ElementScaling
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import (
@@ -51,9 +55,6 @@ __all__ = [
 ]
 
 
-#: The midpoints of consecutive E2M1 magnitudes (0.25, 0.75, ..., 5), each exact in float32.
-_E2M1_MIDPOINTS: tuple[float, ...] = tuple(
-    (lo + hi) / 2 for lo, hi in itertools.pairwise(E2M1_VALUES))
 
 
 def _first_smallest_error(magnitudes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -88,8 +89,8 @@ def _nearest_scaled_table(values: torch.Tensor, scales: torch.Tensor) -> torch.T
     """
     s = scales.to(torch.float32)[..., None]
     a = values.abs()
-    index = (a > s * _E2M1_MIDPOINTS[0]).to(torch.uint8)
-    for midpoint in _E2M1_MIDPOINTS[1:]:
+    index = (a > s * E2M1_MIDPOINTS[0]).to(torch.uint8)
+    for midpoint in E2M1_MIDPOINTS[1:]:
         index += a > s * midpoint
     beyond = a > s * E2M1_VALUES[-1]
     if beyond.any():

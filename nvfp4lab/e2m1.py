@@ -9,12 +9,15 @@ is what compressed-tensors writes into checkpoints.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from nvfp4lab.constants import E2M1_MAX, E2M1_SIGN_BIT, E2M1_VALUES
 from nvfp4lab.vocab import SUPPORTED_DTYPES
 
 __all__ = [
+    "E2M1_MIDPOINTS",
     "decode_e2m1",
     "e2m1_table",
     "encode_e2m1",
@@ -28,14 +31,19 @@ __all__ = [
 _FLOAT_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
 
 
+#: The midpoints of neighbouring E2M1 magnitudes (0.25, 0.75, ..., 5), each exact in float32.
+E2M1_MIDPOINTS: tuple[float, ...] = tuple(
+    (lo + hi) / 2 for lo, hi in itertools.pairwise(E2M1_VALUES))
+
+
 def _round_down_limits() -> tuple[float, ...]:
     """For each pair of neighbouring E2M1 magnitudes (indices k-1, k): the largest float32 that
     rounds to index k-1 under round-to-nearest, ties-to-even. That is the midpoint where its tie
     goes down (k odd: 0.25, 1.25, 2.5, 5) and the float32 just below it where the tie goes up to
     the even index k (0.75, 1.75, 3.5)."""
     limits = []
-    for k in range(1, len(E2M1_VALUES)):
-        midpoint = torch.tensor((E2M1_VALUES[k - 1] + E2M1_VALUES[k]) / 2, dtype=torch.float32)
+    for k, value in enumerate(E2M1_MIDPOINTS, start=1):
+        midpoint = torch.tensor(value, dtype=torch.float32)
         if k % 2 == 0:
             midpoint = torch.nextafter(midpoint, torch.zeros((), dtype=torch.float32))
         limits.append(float(midpoint))

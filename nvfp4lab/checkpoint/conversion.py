@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import shutil
 import struct
@@ -65,6 +64,7 @@ from nvfp4lab.checkpoint.files import (
     check_target,
     folder_entries,
     read_json,
+    tensor_scale_error,
 )
 from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, format_spec
 from nvfp4lab.checkpoint.stream import (
@@ -175,12 +175,10 @@ def _convert_shard(inv: Inventory, file: Path, src: CheckpointFormatSpec,
         new, role = _rename(key, layers, src, dst)
         if role in ("global", "input"):
             value = read_scalar(info)
-            if not (math.isfinite(value) and value > 0):  # what load refuses, convert does too
-                what = "DECODE, amax/2688" if src.names.decode else "ENCODE, 2688/amax"
-                raise CheckpointError(
-                    f"{info.file}: tensor {key!r} must be finite and > 0 ({what}), got {value}; "
-                    "nothing was converted (nvfp4lab audit lists every such layer)"
-                )
+            problem = tensor_scale_error(info.file, key, value, src.names)  # load's refusal
+            if problem is not None:
+                raise CheckpointError(f"{problem}; nothing was converted (nvfp4lab audit lists "
+                                      "every such layer)")
             out.append(scales.stored(new, value, src, dst))
             continue
         out.append(StoredTensor(new, info.dtype, info.shape, info.nbytes, info))

@@ -83,6 +83,7 @@ __all__ = [
     "safetensors_weights",
     "stored_tensor",
     "tensor_bytes",
+    "tensor_scale_error",
     "weight_files",
     "write_safetensors",
     "write_safetensors_checkpoint",
@@ -429,6 +430,17 @@ class LayerNames:
     def keys(self, prefix: str) -> dict[str, str]:
         """role -> full tensor name of the layer ``prefix`` (``<prefix>.<leaf>``)."""
         return {role: f"{prefix}.{leaf}" for role, leaf in self.roles().items()}
+
+
+def tensor_scale_error(file: Path | None, key: str, value: float,
+                       names: LayerNames) -> CheckpointError | None:
+    """The one refusal of a stored tensor scale ``value`` of tensor ``key`` that is not finite
+    and > 0 (``load`` raises it, ``convert`` too, before writing anything), naming the format's
+    convention; None for a valid one."""
+    if math.isfinite(value) and value > 0:
+        return None
+    what = "DECODE convention, amax/2688" if names.decode else "ENCODE convention, 2688/amax"
+    return CheckpointError(f"{file}: tensor {key!r} must be finite and > 0 ({what}), got {value}")
 
 
 @dataclass(frozen=True)

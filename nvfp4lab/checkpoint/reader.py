@@ -12,7 +12,6 @@ transformers is imported inside the functions that need it.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -32,6 +31,7 @@ from nvfp4lab.checkpoint.files import (
     read_like,
     refuse_pickle,
     stored_meta,
+    tensor_scale_error,
 )
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.constants import BLOCK_SIZE
@@ -115,13 +115,9 @@ def _read_scale(source: TensorSource, key: str, names: LayerNames,
     if found in names.scalar_shapes:
         shape = found
     value = read_exact(source, key, torch.float32, shape)
-    flat = value.reshape(-1).to(torch.float64)
-    if not (math.isfinite(float(flat)) and float(flat) > 0):
-        what = "DECODE convention, amax/2688" if names.decode else "ENCODE convention, 2688/amax"
-        raise CheckpointError(
-            f"{source.file_of(key)}: tensor {key!r} must be finite and > 0 ({what}), got "
-            f"{float(flat)}"
-        )
+    problem = tensor_scale_error(source.file_of(key), key, float(value.reshape(-1)), names)
+    if problem is not None:
+        raise problem
     return value.reshape(1)
 
 

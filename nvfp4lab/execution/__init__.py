@@ -17,8 +17,10 @@ module              holds
 ``layers``          :class:`NVFP4Linear` (compressed-tensors buffer names; optionally
                     Hadamard-rotated, MR-GPTQ)
 ``whole_model``     :func:`quantize_model` and its report; the fused groups
-``gptq``            GPTQ for NVFP4 (``quantize_model(method="gptq" | "mr-gptq")``), and for
-                    the other block formats as a study function
+``gptq``            GPTQ of one weight for NVFP4 (MR-GPTQ with ``hadamard``), and for the
+                    other block formats as a study function
+``gptq_model``      GPTQ of whole models, stage by stage (``quantize_model(method="gptq" |
+                    "mr-gptq")``): Hessians from calibration passes, fused groups stacked
 ``sequential``      a model's repeated blocks run one at a time over calibration batches
                     (block 0's inputs captured, a block's stage passes ended early)
 ``calibrate``       activation-scale calibration

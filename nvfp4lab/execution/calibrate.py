@@ -1,6 +1,6 @@
 """Activation-scale calibration: record each NVFP4Linear's input amax, set its
 ``input_global_scale`` (ENCODE convention, 2688/amax); the calibration batches GPTQ runs
-(:func:`calibration_batches`, :func:`run_batch`, re-exported by :mod:`nvfp4lab.execution.gptq`)."""
+(:func:`calibration_batches`, :func:`run_batch`; :mod:`nvfp4lab.execution.gptq_model` runs them)."""
 
 from __future__ import annotations
 

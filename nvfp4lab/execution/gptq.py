@@ -53,25 +53,9 @@ With ``H = I`` no error is fed forward and GPTQ is exactly RTN (the tests check 
 for the same scales, so the result is an ordinary :class:`~nvfp4lab.execution.layers.NVFP4Linear`
 that saves into compressed-tensors checkpoints.
 
-Whole models (:func:`sequential_gptq`, used by ``quantize_model(method="gptq")``) are quantized
-SEQUENTIALLY, as llm-compressor does: each layer's Hessian is collected with forward pre-hooks
-while the calibration batches run through the model whose earlier layers are already quantized
-(and run on their backend), so a layer corrects for the errors it actually receives. Only the
-Hessians of one stage (a fused group such as q/k/v, which shares its input, or a single layer)
-are held at once. Padding tokens (``attention_mask == 0`` in a mapping batch, for inputs
-``[B, T, K]``) are left out of the Hessian.
-
-Where the layers sit in repeated blocks (a decoder's ``model.layers``, a BERT's
-``encoder.layer``) the model does not run once per stage: :mod:`nvfp4lab.execution.sequential`
-captures block 0's inputs once per batch and each stage runs only its own block (ended right
-after the stage's last layer; layers already final answer from memory), each block once more to
-feed the next. The bits are those of the whole-model passes (tests/execution/test_gptq.py
-compares them on MiniLM and a Llama), four stages a block cost about two block passes instead of
-four model passes. Layers outside the blocks, and models whose blocks are not a plain chain, run
-the whole model per stage. Layers fed the very same input tensor (q/k/v, gate/up) share one
-Hessian (the same additions in the same order), and a fused group that also shares its global
-scale runs as ONE weight stacked along N (GPTQ treats each row on its own): the same codes in one
-column loop.
+Whole models: :mod:`nvfp4lab.execution.gptq_model` (``sequential_gptq``, used by
+``quantize_model(method="gptq")``) collects each layer's Hessian and calls this module's
+per-weight algorithm stage by stage.
 
 MR-GPTQ (``quantize_model(method="mr-gptq")``, :func:`gptq_quantize` ``hadamard=seed``): GPTQ of
 ``W Q`` with ``Qᵀ H Q``, Q the seeded 16-point block Hadamard of :mod:`nvfp4lab.hadamard`
@@ -96,21 +80,17 @@ rotated in float32 here; the layer path rotates in the weight's dtype, as the co
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
-from torch import nn
 
 from nvfp4lab import formats
 from nvfp4lab.blocks import block_scales_of, fixed_scale_codec, multiply_factors
 from nvfp4lab.codec import finite_amax
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.e2m1 import pack_fp4
-from nvfp4lab.execution.calibrate import calibration_batches, run_batch
-from nvfp4lab.execution.sequential import BlockRunner, Blocks, capture_block_inputs, find_blocks
 from nvfp4lab.formats.base import BlockFormat, BlockFormatInfo
 from nvfp4lab.hadamard import check_seed, hadamard_transform, rotation_matrix
 from nvfp4lab.kernels import native as native_lib
@@ -126,15 +106,11 @@ __all__ = [
     "GPTQOptions",
     "GPTQResult",
     "Hessian",
-    "calibration_batches",
-    "collect_hessians",
     "gptq_fake_quantize",
     "gptq_quantize",
-    "run_batch",
-    "sequential_gptq",
 ]
 
-_WORK = torch.float64  # dtype of H, W and the Cholesky factors
+WORK_DTYPE = torch.float64  # dtype of H, W and the Cholesky factors
 
 
 class GPTQFallbackWarning(UserWarning):
@@ -201,13 +177,13 @@ class Hessian:
     """Running ``H = (2/n) Σ x xᵀ`` over ``n`` tokens, float64 ``[K, K]`` on ``device``."""
 
     def __init__(self, k: int, device: torch.device | str | None = None) -> None:
-        self.sum = torch.zeros(k, k, dtype=_WORK, device=device)
+        self.sum = torch.zeros(k, k, dtype=WORK_DTYPE, device=device)
         self.tokens = 0
 
     def add(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Accumulate the rows of ``x [..., K]``; ``mask`` (bool, ``x.shape[:-1]``) keeps rows."""
         rows = x.detach()[mask] if mask is not None else x.detach().reshape(-1, x.shape[-1])
-        rows = rows.to(device=self.sum.device, dtype=_WORK)
+        rows = rows.to(device=self.sum.device, dtype=WORK_DTYPE)
         self.sum.addmm_(rows.T, rows)
         self.tokens += rows.shape[0]
 
@@ -352,7 +328,7 @@ def _gptq_loop(
     step = cols.group
     rounders: dict[int, _Rounder] = {}  # per group, built at its first column
     # The C++ loop where it runs the columns' rounding (a group's factors, at its first column).
-    native = (native_lib.usable(wt.device) and wt.dtype == _WORK
+    native = (native_lib.usable(wt.device) and wt.dtype == WORK_DTYPE
               and cols.native_factors(scales[:1, 0]) is not None)
     factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for b0 in range(0, k, options.block_size):
@@ -378,7 +354,7 @@ def _gptq_loop(
                 if rounder is None:
                     rounder = rounders[group] = cols.rounder(scales[:, group])
                 q[j], codes[j] = rounder(block[i])
-                errors[i] = (block[i] - q[j].to(_WORK)) / diagonal[i]
+                errors[i] = (block[i] - q[j].to(WORK_DTYPE)) / diagonal[i]
                 block[i + 1 : s1].sub_(ub[i, i + 1 : s1, None] * errors[i])
             block[s1:].addmm_(ub[s0:s1, s1:].T, errors[s0:s1], alpha=-1.0)
         wt[b1:].addmm_(u[b0:b1, b1:].T, errors, alpha=-1.0)
@@ -414,11 +390,11 @@ def _run(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, str]:
     """GPTQ of ``weight [N, K]``: (float32 Ŵ, uint8 codes, float32 scales, dead, fallback why)."""
     k = weight.shape[1]
-    h = hessian.to(device=weight.device, dtype=_WORK).clone()
+    h = hessian.to(device=weight.device, dtype=WORK_DTYPE).clone()
     dead = h.diagonal() == 0
     if bool(dead.all()):  # zero trace: no input ever fired, GPTQ would zero the whole weight
-        return (*_run(weight, torch.eye(k, dtype=_WORK, device=weight.device), cols, options)[:3],
-                0, _DEGENERATE)
+        identity = torch.eye(k, dtype=WORK_DTYPE, device=weight.device)
+        return (*_run(weight, identity, cols, options)[:3], 0, _DEGENERATE)
     h.diagonal()[dead] = 1.0
     w_orig = weight.detach().clone()
     w_orig[:, dead] = 0
@@ -432,8 +408,8 @@ def _run(
         f"the damped Hessian is not positive definite (damp={options.damp}); raise damp"
     )
     if u is None:
-        u = torch.eye(k, dtype=_WORK, device=weight.device)
-    wt = w_orig.to(_WORK).T[order].contiguous()
+        u = torch.eye(k, dtype=WORK_DTYPE, device=weight.device)
+    wt = w_orig.to(WORK_DTYPE).T[order].contiguous()
     q, codes = _gptq_loop(wt, u, cols, (order // cols.group).tolist(), scales, options)
     inverse = torch.argsort(order)
     return q[:, inverse], codes[:, inverse], scales, int(dead.sum()), reason
@@ -446,7 +422,7 @@ _DEGENERATE = (
 )
 
 
-def _check_pair(weight: torch.Tensor, hessian: torch.Tensor, group: int) -> None:
+def check_pair(weight: torch.Tensor, hessian: torch.Tensor, group: int) -> None:
     if not isinstance(weight, torch.Tensor) or not isinstance(hessian, torch.Tensor):
         raise TypeError(
             f"weight and hessian must be torch.Tensors, got {type(weight).__name__} and "
@@ -489,7 +465,7 @@ def gptq_quantize(
     ``W Q``. The ``weight`` is a :class:`~nvfp4lab.tensor.RotatedNVFP4Tensor` and
     ``dequantized`` is rotated back (``≈ W``).
     """
-    result = _gptq_nvfp4(weight, hessian, global_scale, convention, options or GPTQOptions(),
+    result = gptq_nvfp4(weight, hessian, global_scale, convention, options or GPTQOptions(),
                          hadamard)
     if result.fallback:
         warnings.warn(f"GPTQ fell back to RTN: {result.reason}", GPTQFallbackWarning,
@@ -497,13 +473,13 @@ def gptq_quantize(
     return result
 
 
-def _rotated_hessian(h: torch.Tensor, seed: int, block: int = BLOCK_SIZE) -> torch.Tensor:
+def rotated_hessian(h: torch.Tensor, seed: int, block: int = BLOCK_SIZE) -> torch.Tensor:
     """``Qᵀ H Q`` in float64 ``[K, K]`` (Q: :func:`~nvfp4lab.hadamard.rotation_matrix`)."""
-    rot = rotation_matrix(h.shape[0], seed, block=block, dtype=_WORK).to(h.device)
-    return rot.T @ h.to(dtype=_WORK) @ rot
+    rot = rotation_matrix(h.shape[0], seed, block=block, dtype=WORK_DTYPE).to(h.device)
+    return rot.T @ h.to(dtype=WORK_DTYPE) @ rot
 
 
-def _as_rotated(result: GPTQResult, seed: int) -> GPTQResult:
+def as_rotated(result: GPTQResult, seed: int) -> GPTQResult:
     """The result of GPTQ on ``W Q`` as a rotated one: a RotatedNVFP4Tensor, and the
     dequantized weight rotated back."""
     assert result.weight is not None
@@ -512,7 +488,7 @@ def _as_rotated(result: GPTQResult, seed: int) -> GPTQResult:
     return GPTQResult(weight, back, result.dead_columns, result.fallback, result.reason)
 
 
-def _gptq_nvfp4(
+def gptq_nvfp4(
     weight: torch.Tensor,
     hessian: torch.Tensor,
     global_scale: torch.Tensor | float | None,
@@ -521,11 +497,11 @@ def _gptq_nvfp4(
     hadamard: int | None = None,
 ) -> GPTQResult:
     """:func:`gptq_quantize` without the fallback warning (its callers word it)."""
-    _check_pair(weight, hessian, BLOCK_SIZE)
+    check_pair(weight, hessian, BLOCK_SIZE)
     w = weight.detach()
     if hadamard is not None:
         check_seed(hadamard)
-        w, hessian = hadamard_transform(w, hadamard), _rotated_hessian(hessian, hadamard)
+        w, hessian = hadamard_transform(w, hadamard), rotated_hessian(hessian, hadamard)
     order = get_order(convention)
     scale = _tensor_scale(w, global_scale, order)
     q, codes, scales, dead, reason = _run(w, hessian, _NVFP4Columns(scale, order), options)
@@ -534,7 +510,7 @@ def _gptq_nvfp4(
         dtype=w.dtype, decode_scale=scale.decode,
     )
     result = GPTQResult(tensor, q, dead, bool(reason), reason)
-    return result if hadamard is None else _as_rotated(result, hadamard)
+    return result if hadamard is None else as_rotated(result, hadamard)
 
 
 def gptq_fake_quantize(
@@ -564,12 +540,12 @@ def gptq_fake_quantize(
             "'int4_g128'"
         )
     group = BLOCK_SIZE if cols is None else cols.group
-    _check_pair(weight, hessian, group)
+    check_pair(weight, hessian, group)
     w, h = weight.detach(), hessian
     if hadamard is not None:
         check_seed(hadamard)
         w = hadamard_transform(w.to(torch.float32), hadamard, block=group)
-        h = _rotated_hessian(h.to(device=w.device), hadamard, block=group)
+        h = rotated_hessian(h.to(device=w.device), hadamard, block=group)
     if cols is None:
         order = get_order(Convention.KERNEL)
         cols = _NVFP4Columns(_tensor_scale(w, None, order), order)
@@ -579,334 +555,3 @@ def gptq_fake_quantize(
     if hadamard is not None:
         q = hadamard_transform(q, hadamard, inverse=True, block=group)
     return q.to(weight.dtype)
-
-
-# --------------------------------------------------------------------------------------------
-# calibration data and whole models
-# --------------------------------------------------------------------------------------------
-
-
-def _token_mask(batch: Any, x: torch.Tensor) -> torch.Tensor | None:
-    """The batch's ``attention_mask != 0`` when it lines up with ``x [B, T, K]``, else None."""
-    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-    if isinstance(mask, torch.Tensor) and x.ndim == 3 and tuple(mask.shape) == x.shape[:2]:
-        return mask.to(x.device) != 0
-    return None
-
-
-def _accumulate(
-    hessians: dict[str, Hessian], seen: Mapping[str, list[torch.Tensor]], batch: Any,
-    mask_padding: bool,
-) -> None:
-    """Add one forward pass's inputs (``seen``: name -> the tensors the module received, in call
-    order) to ``hessians`` (name -> Hessian, one object possibly shared by several names).
-
-    Names that share a Hessian object and received the very same tensor objects keep sharing it
-    (one set of additions serves all: exactly what separate Hessians would hold, as each would
-    get the same additions in the same order); a name whose inputs differ from its sharers'
-    gets a copy of the state before this pass. ``seen`` holds the tensors, so their ids are
-    unique here."""
-    signature = {name: tuple(map(id, xs)) for name, xs in seen.items()}
-    groups: dict[tuple[int, tuple[int, ...]], list[str]] = {}
-    for name in (*hessians, *(n for n in seen if n not in hessians)):
-        owner = id(hessians[name]) if name in hessians else 0
-        groups.setdefault((owner, signature.get(name, ())), []).append(name)
-    kept: set[int] = set()
-    plan: list[tuple[list[str], Hessian | None]] = []
-    for (owner, _), names in groups.items():
-        hessian = hessians.get(names[0]) if owner else None
-        if hessian is not None:
-            if id(hessian) in kept:
-                hessian = hessian.clone()  # before any addition of this pass
-            kept.add(owner)
-        plan.append((names, hessian))
-    for names, hessian in plan:
-        xs = seen.get(names[0], [])
-        for x in xs:
-            if hessian is None:
-                hessian = Hessian(x.shape[-1], x.device)
-            hessian.add(x, _token_mask(batch, x) if mask_padding else None)
-        if hessian is not None:
-            for name in names:
-                hessians[name] = hessian
-
-
-def _hessians(
-    modules: Mapping[str, nn.Module],
-    passes: Iterable[tuple[Any, Callable[[], bool]]],
-    mask_padding: bool,
-) -> dict[str, Hessian]:
-    """One :class:`Hessian` per module of ``modules`` (name -> module, called as
-    ``module(x [..., K])``) from forward pre-hooks while each ``run()`` of ``passes``
-    (``(batch, run)``, the batch giving the padding mask; ``run()`` returns False to have its
-    pass dropped and run again) executes. Modules fed the same
-    tensors in every pass (q/k/v, gate/up) share one Hessian object (:func:`_accumulate`).
-    The hooks are registered before ``passes`` is first iterated (a generator that adds its own
-    pre-hooks to these modules when it starts gets them called after these)."""
-    seen: dict[str, list[torch.Tensor]] = {}
-
-    def hook_for(name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            x = args[0] if args else None
-            if isinstance(x, torch.Tensor) and x.numel():
-                seen.setdefault(name, []).append(x)  # the object itself: its id is compared
-
-        return hook
-
-    hessians: dict[str, Hessian] = {}
-    handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in modules.items()]
-    try:
-        for batch, run in passes:
-            seen.clear()
-            while not run():  # the pass asks to be repeated: drop what it recorded
-                seen.clear()
-            _accumulate(hessians, seen, batch, mask_padding)
-    finally:
-        seen.clear()
-        for handle in handles:
-            handle.remove()
-    return hessians
-
-
-def _model_passes(
-    model: nn.Module, batches: Sequence[Any]
-) -> Iterator[tuple[Any, Callable[[], bool]]]:
-    """``(batch, run)``: each batch through the whole model (no grad)."""
-    for batch in batches:
-        def run(batch: Any = batch) -> bool:
-            with torch.no_grad():
-                run_batch(model, batch)
-            return True
-
-        yield batch, run
-
-
-@torch.no_grad()
-def collect_hessians(
-    model: nn.Module, names: Sequence[str], batches: Sequence[Any], *, mask_padding: bool = True
-) -> dict[str, Hessian]:
-    """One :class:`Hessian` per module in ``names`` (each called as ``module(x [..., K])``),
-    from forward pre-hooks while ``batches`` run through ``model`` (padding tokens left out
-    when ``mask_padding``). Modules fed the same tensors (q/k/v) may share one Hessian object:
-    treat the values as read-only."""
-    modules = {n: model.get_submodule(n) for n in names}
-    return _hessians(modules, _model_passes(model, batches), mask_padding)
-
-
-def _stages(names: Sequence[str], groups: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """Layers in module order; a fused group (same input) is one stage at its first member."""
-    group_of = {m: g for g in groups for m in g}
-    stages: list[tuple[str, ...]] = []
-    for name in names:
-        stage = group_of.get(name, (name,))
-        if stage not in stages:
-            stages.append(stage)
-    return stages
-
-
-def _split(result: GPTQResult, rows: Sequence[int]) -> list[GPTQResult]:
-    """The results of layers stacked along N (``rows``: each layer's N), cut back apart."""
-    weight = result.weight
-    assert weight is not None
-    out, start = [], 0
-    for n in rows:
-        part = slice(start, start + n)
-        start += n
-        tensor = NVFP4Tensor(
-            weight.packed[part].clone(), weight.scales[part].clone(), weight.global_scale,
-            shape=torch.Size((n, weight.shape[1])), dtype=weight.dtype, check_scales=False,
-            decode_scale=weight.decode_scale,
-        )
-        out.append(GPTQResult(tensor, result.dequantized[part].clone(), result.dead_columns,
-                              result.fallback, result.reason))
-    return out
-
-
-def _quantize_stage(
-    stage: Sequence[str],
-    hessians: Mapping[str, Hessian],
-    layers: Mapping[str, nn.Linear],
-    global_scales: Mapping[str, torch.Tensor],
-    convention: str,
-    options: GPTQOptions,
-    hadamard: int | None = None,
-) -> list[tuple[str, GPTQResult]]:
-    """GPTQ of the layers of one stage, in order, from their Hessians (``hadamard``: each
-    weight rotated on its own, the shared Hessian once, as :func:`gptq_quantize` does).
-
-    Layers that share one Hessian object AND one global-scale tensor (a fused group: q/k/v,
-    gate/up) are quantized as one weight stacked along N: GPTQ treats every row of W on its own
-    (each row's errors only move that row's later columns), so the stack gives each layer's
-    codes and scales unchanged, in one column loop instead of one per layer."""
-    matrices: dict[str, torch.Tensor | None] = {}
-    by_hessian: dict[int, torch.Tensor] = {}
-    for name in stage:
-        weight = layers[name].weight.detach()
-        hessian = hessians.get(name)
-        if hessian is None:
-            warnings.warn(
-                f"GPTQ: no calibration input reached layer {name!r}; it is rounded with RTN",
-                GPTQFallbackWarning,
-                stacklevel=3,
-            )
-            matrices[name] = None
-            continue
-        h = by_hessian.get(id(hessian))
-        if h is None:
-            h = by_hessian[id(hessian)] = hessian.matrix()
-        if not bool(torch.isfinite(h).all()):
-            raise ValueError(
-                f"GPTQ: the Hessian of layer {name!r} holds NaN/Inf: its calibration inputs "
-                f"overflow or hold NaN (layer weight dtype {weight.dtype}; an fp16 model "
-                "overflows easily: calibrate it in bfloat16 or float32) or the calibration "
-                "batches hold NaN/Inf"
-            )
-        matrices[name] = h
-    runs: dict[tuple[Any, ...], list[str]] = {}
-    for name in stage:
-        weight, h, gs = layers[name].weight, matrices[name], global_scales.get(name)
-        key: tuple[Any, ...] = (name,)
-        if h is not None and gs is not None:
-            key = (id(h), id(gs), weight.dtype, weight.device, weight.shape[1])
-        runs.setdefault(key, []).append(name)
-    results: dict[str, GPTQResult] = {}
-    rotated: dict[int, torch.Tensor] = {}
-    for names in runs.values():
-        weights = [layers[n].weight.detach() for n in names]
-        h = matrices[names[0]]
-        if h is None:
-            h = torch.eye(weights[0].shape[1], dtype=_WORK, device=weights[0].device)
-        if hadamard is not None:
-            check_seed(hadamard)
-            _check_pair(weights[0], h, BLOCK_SIZE)
-            weights = [hadamard_transform(w, hadamard) for w in weights]
-            if id(h) not in rotated:
-                rotated[id(h)] = _rotated_hessian(h, hadamard)
-            h = rotated[id(h)]
-        stacked = weights[0] if len(weights) == 1 else torch.cat(weights)
-        result = _gptq_nvfp4(stacked, h, global_scales.get(names[0]), convention, options)
-        parts = [result] if len(names) == 1 else _split(result, [w.shape[0] for w in weights])
-        if hadamard is not None:
-            parts = [_as_rotated(part, hadamard) for part in parts]
-        results.update(zip(names, parts, strict=True))
-    out = []
-    for name in stage:
-        result = results[name]
-        if matrices[name] is None:
-            result.fallback, result.reason = True, "no calibration input reached the layer"
-        elif result.fallback:
-            warnings.warn(
-                f"GPTQ: layer {name!r} is rounded with RTN: {result.reason}",
-                GPTQFallbackWarning,
-                stacklevel=3,
-            )
-        out.append((name, result))
-    return out
-
-
-@dataclass
-class _Plan:
-    """Where each stage runs: ``before`` / ``after`` the blocks (whole-model passes) or in a
-    block (``inside[i]``: the stages of block i, in order)."""
-
-    blocks: Blocks
-    before: list[tuple[str, ...]]
-    inside: list[list[tuple[str, ...]]]
-    after: list[tuple[str, ...]]
-
-
-def _plan(model: nn.Module, stages: Sequence[tuple[str, ...]]) -> _Plan | None:
-    """The block plan, or None (no blocks; a stage spread over several blocks, or over a block
-    and the rest of the model; a stage outside the blocks between two inside)."""
-    blocks = find_blocks(model, [n for stage in stages for n in stage])
-    if blocks is None:
-        return None
-    plan = _Plan(blocks, [], [[] for _ in blocks.modules], [])
-    for stage in stages:
-        where = {blocks.index(n) for n in stage}
-        if len(where) != 1:
-            return None
-        (index,) = where
-        if index is not None:
-            if plan.after:
-                return None
-            plan.inside[index].append(stage)
-        elif any(plan.inside):
-            plan.after.append(stage)
-        else:
-            plan.before.append(stage)
-    return plan
-
-
-def _release_caches(modules: Iterable[nn.Module]) -> None:
-    """Free what finished layers cache for repeated runs (``clear_dequantized_cache``)."""
-    for module in modules:
-        clear = getattr(module, "clear_dequantized_cache", None)
-        if callable(clear):
-            clear()
-
-
-def sequential_gptq(
-    model: nn.Module,
-    layers: Mapping[str, nn.Linear],
-    batches: Sequence[Any],
-    *,
-    groups: Sequence[tuple[str, ...]] = (),
-    global_scales: Mapping[str, torch.Tensor] | None = None,
-    convention: str = Convention.KERNEL,
-    options: GPTQOptions | None = None,
-    hadamard: int | None = None,
-) -> Iterator[tuple[str, GPTQResult]]:
-    """Yield ``(name, GPTQResult)`` for each Linear of ``layers`` (in their order), stage by stage.
-
-    The caller must put each yielded layer into ``model`` before asking for the next one: the
-    next stage's Hessians are collected by running ``batches`` through ``model`` as it is then.
-    ``groups``: fused groups (one stage each); ``global_scales``: name -> shared ENCODE scale
-    (of the rotated weights with ``hadamard``). ``hadamard=seed``: MR-GPTQ, each layer as
-    :func:`gptq_quantize` with ``hadamard`` (the caller installs layers that rotate their
-    inputs). A layer no batch reaches is rounded with RTN (:class:`GPTQFallbackWarning`).
-
-    Where the layers live in repeated blocks (:mod:`nvfp4lab.execution.sequential`), each stage
-    runs only its block over the block's captured inputs, and each block once more, quantized,
-    to give the next block its inputs; stages outside the blocks, and models whose blocks do not
-    form a chain, run the whole model per stage. Both give the same bits (the block inputs ARE
-    what the whole model feeds the block). Memory: the hidden states of every batch at one
-    block (twice while a block's outputs are built) and, per layer already quantized in the
-    current block, its inputs and outputs for every batch.
-    """
-    options = options or GPTQOptions()
-    global_scales = global_scales or {}
-    stages = _stages(list(layers), groups)
-    quantize = partial(_quantize_stage, layers=layers, global_scales=global_scales,
-                       convention=convention, options=options, hadamard=hadamard)
-
-    def whole_model(todo: Sequence[tuple[str, ...]]) -> Iterator[tuple[str, GPTQResult]]:
-        for stage in todo:
-            hessians = collect_hessians(model, stage, batches, mask_padding=options.mask_padding)
-            yield from quantize(stage, hessians)
-
-    plan = _plan(model, stages)
-    if plan is None:
-        yield from whole_model(stages)
-        return
-    yield from whole_model(plan.before)
-    with torch.no_grad():
-        calls = capture_block_inputs(model, plan.blocks, batches)
-    if calls is None:
-        yield from whole_model([s for stages_i in plan.inside for s in stages_i] + plan.after)
-        return
-    last = max(i for i, stages_i in enumerate(plan.inside) if stages_i)
-    for index, block in enumerate(plan.blocks.modules[: last + 1]):
-        names = [n for stage in plan.inside[index] for n in stage]
-        with BlockRunner(block, calls, {n: model.get_submodule(n) for n in names}) as runner:
-            for stage in plan.inside[index]:
-                modules = {n: model.get_submodule(n) for n in stage}
-                hessians = _hessians(modules, runner.collect(stage), options.mask_padding)
-                yield from quantize(stage, hessians)
-                for name in stage:  # installed by the caller by now
-                    runner.freeze(name, model.get_submodule(name))
-            if index < last:
-                calls = runner.outputs()
-        _release_caches(model.get_submodule(n) for n in names)
-    del calls
-    yield from whole_model(plan.after)

@@ -27,7 +27,9 @@ from nvfp4lab.execution.attention import (
     quantize_kv_cache,
     remove_kv_cache_quantization,
 )
-from nvfp4lab.execution.gptq import GPTQOptions, calibration_batches, sequential_gptq
+from nvfp4lab.execution.calibrate import calibration_batches
+from nvfp4lab.execution.gptq import GPTQOptions
+from nvfp4lab.execution.gptq_model import sequential_gptq
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.orders import ArithmeticOrder
@@ -415,7 +417,7 @@ def quantize_model(
     start dynamic (None); use :func:`~nvfp4lab.execution.calibrate.calibration` to set them.
 
     ``method``: "rtn" (default; round to nearest, no data), "gptq"
-    (:mod:`nvfp4lab.execution.gptq`: sequential GPTQ, layer by layer in module order, each
+    (:mod:`nvfp4lab.execution.gptq_model`: sequential GPTQ, layer by layer in module order, each
     layer's Hessian collected while ``calibration`` runs through the model whose earlier layers
     are already quantized; block by block where the layers sit in repeated blocks,
     :mod:`nvfp4lab.execution.sequential`) or "mr-gptq" (GPTQ on rotated weights, see

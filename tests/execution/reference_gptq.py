@@ -17,7 +17,9 @@ from torch import nn
 
 from nvfp4lab.execution import NVFP4Linear
 from nvfp4lab.execution import whole_model as wm
-from nvfp4lab.execution.gptq import GPTQOptions, Hessian, _stages, gptq_quantize, run_batch
+from nvfp4lab.execution.calibrate import run_batch
+from nvfp4lab.execution.gptq import GPTQOptions, Hessian, gptq_quantize
+from nvfp4lab.execution.gptq_model import _stages
 
 
 def _mask(batch: Any, x: torch.Tensor) -> torch.Tensor | None:

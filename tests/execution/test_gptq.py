@@ -16,15 +16,15 @@ from nvfp4lab import formats, models, quantize, reference
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.execution import NVFP4Linear, quantize_model
+from nvfp4lab.execution.calibrate import calibration_batches
 from nvfp4lab.execution.gptq import (
     GPTQFallbackWarning,
     GPTQOptions,
     Hessian,
-    calibration_batches,
-    collect_hessians,
     gptq_fake_quantize,
     gptq_quantize,
 )
+from nvfp4lab.execution.gptq_model import collect_hessians
 from nvfp4lab.hadamard import hadamard_transform, rotation_matrix
 from nvfp4lab.tensor import RotatedNVFP4Tensor
 from nvfp4lab.vocab import Convention
