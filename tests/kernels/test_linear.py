@@ -109,10 +109,8 @@ def test_shape_classes_whose_tiles_differ_run_one_gemm(monkeypatch: pytest.Monke
     assert list(klinear.tiled_verdicts().values()) == [0]
 
 
-@pytest.mark.usefixtures("small_tiles")
-@pytest.mark.usefixtures("decoder")
-def test_no_full_size_weight_after_the_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(klinear, "_VERDICTS", {})
+def _spy_decoded_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The row count of every decode the linear asks for (whole weights and tiles), in order."""
     decoded_rows: list[int] = []
     real, real_rows = klinear.decode, klinear.row_decoder
 
@@ -131,6 +129,18 @@ def test_no_full_size_weight_after_the_first_call(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(klinear, "decode", spy)
     monkeypatch.setattr(klinear, "row_decoder", spy_rows)
+    return decoded_rows
+
+
+@pytest.mark.usefixtures("small_tiles")
+@pytest.mark.usefixtures("decoder")
+def test_no_full_size_weight_after_the_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the tiles declared exact (which tile height reproduces one GEMM bit for bit is this
+    CPU's BLAS's business: the next test takes whatever it finds), the first call decodes the
+    whole weight once and checks 3-row tiles; later calls decode 3 rows at a time, nothing more."""
+    monkeypatch.setattr(klinear, "_VERDICTS", {})
+    monkeypatch.setattr(klinear, "_same_bits", lambda a, b: True)
+    decoded_rows = _spy_decoded_rows(monkeypatch)
     w = quantize(randn((200, 96), torch.float32, 11))
     x = randn((4, 96), torch.float32, 12)
     linear(x, w, backend="w4a16", fused=True)  # verifies: one whole decode, then the tiles
@@ -143,14 +153,41 @@ def test_no_full_size_weight_after_the_first_call(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.usefixtures("small_tiles")
-def test_taller_tiles_are_tried_when_the_first_differ(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tiles of 3 rows 'differ' here, 6 rows reproduce the single GEMM: 6 is kept."""
+@pytest.mark.usefixtures("decoder")
+def test_later_calls_decode_at_most_the_verdicts_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On this CPU's own BLAS: whatever tile height the exactness check settles on (3, 6, 12, ...
+    rows, or 0 = none reproduces the single GEMM), later calls decode tiles of at most that
+    height, or the whole weight once when it is 0, and the result is the eager linear's bits."""
     monkeypatch.setattr(klinear, "_VERDICTS", {})
-    real_tiled = klinear._tiled
+    decoded_rows = _spy_decoded_rows(monkeypatch)
+    w = quantize(randn((200, 96), torch.float32, 11))
+    x = randn((4, 96), torch.float32, 12)
+    want = linear(x, w, backend="w4a16", fused=False)
+    decoded_rows.clear()
+    first = linear(x, w, backend="w4a16", fused=True)
+    (verdict,) = klinear.tiled_verdicts().values()
+    tried = [3 * 2**i for i in range(7) if 3 * 2**i < 200]
+    assert verdict == 0 or verdict in tried
+    assert decoded_rows[0] == 200 and max(decoded_rows[1:]) <= (verdict or tried[-1])
+    decoded_rows.clear()
+    second = linear(x, w, backend="w4a16", fused=True)
+    assert sum(decoded_rows) == 200
+    assert max(decoded_rows) <= verdict if verdict else decoded_rows == [200]
+    assert torch.equal(bits(first), bits(want)) and torch.equal(bits(second), bits(want))
+
+
+@pytest.mark.usefixtures("small_tiles")
+def test_taller_tiles_are_tried_when_the_first_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of 3 rows 'differ' here and 6 rows reproduce the single GEMM (made so: a tile
+    product of 6 rows or more IS the single GEMM here, whatever this CPU's BLAS does): 6 is
+    kept."""
+    monkeypatch.setattr(klinear, "_VERDICTS", {})
+    real_tiled, real_whole = klinear._tiled, klinear._whole
 
     def tiled(a: torch.Tensor, w: klinear.EncodedWeight, fp32: bool, rows: int) -> torch.Tensor:
-        out = real_tiled(a, w, fp32, rows)
-        return out + 1 if rows == 3 else out  # a BLAS that splits 3-row problems differently
+        if rows == 3:  # a BLAS that splits 3-row problems differently
+            return real_tiled(a, w, fp32, rows) + 1
+        return real_whole(a, w, fp32)
 
     monkeypatch.setattr(klinear, "_tiled", tiled)
     w = quantize(randn((200, 96), torch.float32, 15))
