@@ -30,11 +30,15 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
 * ``NVFP4LAB_FUSED`` — auto | on | off: when quantize / fake_quantize / dequantize / linear run
   the fused compiled kernels of :mod:`nvfp4lab.kernels` (read by :func:`fused_mode` at every
   call; unset = auto).
+* ``NVFP4LAB_NATIVE_ISA`` — scalar | avx2 | avx512: the widest vector path nvfp4lab's C++
+  kernels (:mod:`nvfp4lab.kernels.native`: the LUT decode, the block encode and its ``max |x|``)
+  may run, to check results on a narrower CPU than this one (read by :func:`native_isa` at every
+  kernel call; unset = the best this CPU has; a cap above it runs the CPU's best).
 * ``NVFP4LAB_TEXT_PROGRESS`` — an integer: nonzero makes progress bars plain text (``tqdm.std``
   on stderr) even in a Jupyter kernel, where ``tqdm.auto`` would draw an ipywidget that a static
   HTML page cannot show; the report runner sets it in its kernels (read by :func:`tqdm_class`
   and :func:`text_progress` at every call; unset = widgets where Jupyter offers them).
-* ``NVFP4LAB_THREADS`` — a positive integer: torch's intra-op CPU threads in each process that
+* ``NVFP4LAB_THREADS`` — a whole number from 1 to the machine's logical CPUs: torch's intra-op CPU threads in each process that
   runs nvfp4lab work: a notebook kernel (its setup cell calls :func:`use_torch_threads`), a
   local worker process of ``convert``/``audit``, a Dask task (read by :func:`torch_threads`;
   unset = :data:`DEFAULT_THREADS`). nvfp4lab runs in parallel across processes (notebooks side
@@ -51,7 +55,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from nvfp4lab.vocab import FusedMode, check_choice
+from nvfp4lab.vocab import FusedMode, NativeIsa, check_choice
 
 __all__ = [
     "BACKEND_ENV",
@@ -66,6 +70,7 @@ __all__ = [
     "INDUCTOR_CACHE_ENV",
     "KERNEL_CACHE_SUBDIR",
     "LLAMA_MMQ_PREC_ENV",
+    "NATIVE_ISA_ENV",
     "TEXT_PROGRESS_ENV",
     "THREADS_ENV",
     "VLLM_ENV_VARS",
@@ -73,7 +78,9 @@ __all__ = [
     "environ",
     "fused_mode",
     "kernel_cache_dir",
+    "native_isa",
     "text_progress",
+    "thread_limit",
     "torch_default_kernel_cache",
     "torch_threads",
     "tqdm_class",
@@ -89,6 +96,7 @@ BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 DISABLED_KERNELS_ENV = "VLLM_DISABLED_KERNELS"
 CACHE_ENV = "NVFP4LAB_CACHE"
 FUSED_ENV = "NVFP4LAB_FUSED"
+NATIVE_ISA_ENV = "NVFP4LAB_NATIVE_ISA"
 TEXT_PROGRESS_ENV = "NVFP4LAB_TEXT_PROGRESS"
 THREADS_ENV = "NVFP4LAB_THREADS"
 LLAMA_MMQ_PREC_ENV = "GGML_CUDA_MMQ_PREC"
@@ -176,6 +184,20 @@ def fused_mode(env: Mapping[str, str] | None = None) -> FusedMode:
         raise ValueError(f"{err} (unset = auto)") from None
 
 
+def native_isa(env: Mapping[str, str] | None = None) -> NativeIsa | None:
+    """``NVFP4LAB_NATIVE_ISA`` of ``env`` (default: the live environment) as a
+    :class:`~nvfp4lab.vocab.NativeIsa`, the cap on the C++ kernels' vector path; None when unset
+    or empty (the best this CPU has). A bad value raises ValueError naming it and the accepted
+    ones."""
+    value = environ(env).get(NATIVE_ISA_ENV, "").strip().lower()
+    if not value:
+        return None
+    try:
+        return check_choice(f"{NATIVE_ISA_ENV} value", value, NativeIsa)  # type: ignore[return-value]
+    except ValueError as err:
+        raise ValueError(f"{err} (unset = the best this CPU has)") from None
+
+
 def text_progress(env: Mapping[str, str] | None = None) -> bool:
     """Whether ``NVFP4LAB_TEXT_PROGRESS`` of ``env`` (default: the live environment) asks for
     plain-text progress bars: an integer, nonzero = yes; unset or empty = no. Anything else
@@ -202,21 +224,32 @@ def tqdm_class(env: Mapping[str, str] | None = None) -> Any:
     return tqdm
 
 
+def thread_limit() -> int:
+    """The most torch threads ``NVFP4LAB_THREADS`` may ask for: this machine's logical CPUs
+    (``os.cpu_count()``; 1 when unknown). More threads than CPUs only wait for each other, and
+    an absurd count makes torch's OpenMP runtime abort or crash (``1000000000`` asked libgomp
+    for 216 GB; ``100000`` segfaulted a pool worker)."""
+    return max(1, os.cpu_count() or 1)
+
+
 def torch_threads(env: Mapping[str, str] | None = None) -> int:
     """Torch intra-op CPU threads for one nvfp4lab process: ``NVFP4LAB_THREADS`` of ``env``
-    (default: the live environment), a positive integer; unset or empty means
-    :data:`DEFAULT_THREADS`. Anything else raises ValueError naming the variable."""
+    (default: the live environment), a whole number from 1 to :func:`thread_limit`; unset or
+    empty means :data:`DEFAULT_THREADS`. Anything else raises ValueError naming the variable,
+    the value and the range."""
     raw = environ(env).get(THREADS_ENV, "").strip()
     if not raw:
         return DEFAULT_THREADS
+    limit = thread_limit()
     try:
         threads = int(raw)
     except ValueError:
         threads = 0
-    if threads < 1:
+    if not 1 <= threads <= limit:
         raise ValueError(
-            f"{THREADS_ENV} must be a positive integer (torch CPU threads per process), got "
-            f"{raw!r}; unset it for the default ({DEFAULT_THREADS})"
+            f"{THREADS_ENV} must be a whole number from 1 to {limit} (torch CPU threads per "
+            f"process; {limit} = this machine's logical CPUs), got {raw!r}; unset it for the "
+            f"default ({DEFAULT_THREADS})"
         )
     return threads
 

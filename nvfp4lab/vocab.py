@@ -24,6 +24,7 @@ vocabulary             values                                                   
 :class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
 :class:`CheckpointFormat`  compressed-tensors, modelopt, gguf (disk families)       checkpoint
 :class:`FusedMode`     auto, on, off (``NVFP4LAB_FUSED``: when the fused kernels run)  kernels
+:class:`NativeIsa`     scalar, avx2, avx512 (``NVFP4LAB_NATIVE_ISA``: C++ vector cap)  kernels
 :class:`KVCacheKind`   nvfp4, nvfp4_4over6, fp8 (vLLM's ``--kv-cache-dtype`` values)   execution
 :class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)         corpus
 =====================  ==============================================================  ========
@@ -67,6 +68,7 @@ __all__ = [
     "FusedMode",
     "GemmPath",
     "KVCacheKind",
+    "NativeIsa",
     "NonFinite",
     "Numerics",
     "Platform",
@@ -256,6 +258,15 @@ class FusedMode(StrEnum):
     AUTO = "auto"  #: large tensors, once this process's eager work has paid for compilation
     ON = "on"  #: every eligible call (tests, benchmarks)
     OFF = "off"  #: never: the eager pipeline only
+
+
+class NativeIsa(StrEnum):
+    """A vector path of nvfp4lab's C++ kernels (:mod:`nvfp4lab.kernels.native`), narrowest first:
+    what ``NVFP4LAB_NATIVE_ISA`` caps them at."""
+
+    SCALAR = "scalar"  #: the x86-64 baseline loops
+    AVX2 = "avx2"  #: AVX2 (with F16C where the kernel converts float16)
+    AVX512 = "avx512"  #: AVX-512 (F, BW; VL for the block encode)
 
 
 class KVCacheKind(StrEnum):

@@ -29,7 +29,7 @@ import torch
 
 from nvfp4lab.constants import BLOCK_SIZE, CT_ZERO_SCALE_REPLACEMENT, E4M3_MIN_SUBNORMAL
 from nvfp4lab.kernels.compiled import fresh
-from nvfp4lab.kernels.native import DTYPE_CODES, ISAS, library, required
+from nvfp4lab.kernels.native import DTYPE_CODES, ISAS, library, required, vector_path
 from nvfp4lab.orders import (
     ArithmeticOrder,
     BlockScaleRule,
@@ -45,10 +45,11 @@ _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16:
 
 
 def isa() -> str:
-    """The vector path this CPU runs (an entry of :data:`nvfp4lab.kernels.native.ISAS`: AVX2
-    needs F16C here, AVX-512 F, BW, VL and F16C); "" when unavailable."""
+    """The vector path encodes run here (an entry of :data:`nvfp4lab.kernels.native.ISAS`: the
+    best this CPU has, AVX2 needing F16C here, AVX-512 F, BW, VL and F16C, capped by
+    ``NVFP4LAB_NATIVE_ISA``); "" when unavailable."""
     lib = library()
-    return "" if lib is None else ISAS[lib.nvfp4lab_encode_isa()]
+    return "" if lib is None else ISAS[min(lib.nvfp4lab_encode_isa(), vector_path())]
 
 
 _BLOCK_RULES = {
@@ -123,10 +124,6 @@ def _checked(x: torch.Tensor, *, blocks: bool) -> torch.Tensor:
     return x.detach().contiguous()
 
 
-def _path(path: str | None) -> int:
-    return len(ISAS) - 1 if path is None else ISAS.index(path)
-
-
 def _threads(threads: int | None) -> int:
     return torch.get_num_threads() if threads is None else threads
 
@@ -136,11 +133,11 @@ def abs_max(
 ) -> torch.Tensor:
     """``max |x|`` of a contiguous CPU tensor (fp32/bf16/fp16) as a 0-d tensor in x.dtype: exact
     (+0.0 for zeros and for an empty tensor), a NaN when x holds one. ``path``: force a vector
-    path of :data:`ISAS` (tests; clamped to what the CPU has). ``threads``: OpenMP threads
-    (default: torch's intra-op threads)."""
+    path of :data:`ISAS` (tests; clamped to what the CPU has and to ``NVFP4LAB_NATIVE_ISA``).
+    ``threads``: OpenMP threads (default: torch's intra-op threads)."""
     x = _checked(x, blocks=False)
     bits = required().nvfp4lab_abs_max(
-        x.data_ptr(), x.numel(), DTYPE_CODES[x.dtype], _path(path), _threads(threads))
+        x.data_ptr(), x.numel(), DTYPE_CODES[x.dtype], vector_path(path), _threads(threads))
     as_int = _BITS[x.dtype]
     signed = bits - (1 << 32) if as_int is torch.int32 and bits >= 1 << 31 else bits
     return torch.tensor(signed, dtype=as_int).view(x.dtype)
@@ -155,7 +152,7 @@ def _call(
     rgs = torch.reciprocal(g)  # the multiply-by-inverse rule's 1/gs: torch's float32 reciprocal
     required().nvfp4lab_encode(
         x.data_ptr(), x.numel() // BLOCK_SIZE, DTYPE_CODES[x.dtype], int(fake), g.item(),
-        rgs.item(), order_flags(order), _path(path), _threads(threads),
+        rgs.item(), order_flags(order), vector_path(path), _threads(threads),
         None if packed is None else packed.data_ptr(),
         None if scales is None else scales.data_ptr(),
         None if out is None else out.data_ptr(),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4lab.kernels.native import DTYPE_CODES, ISAS, library, required
+from nvfp4lab.kernels.native import DTYPE_CODES, ISAS, library, required, vector_path
 from nvfp4lab.orders import DecodeRule
 
 __all__ = ["ISAS", "RowDecoder", "decode", "isa"]
@@ -29,10 +29,11 @@ _PARALLEL_BLOCKS = 4096
 
 
 def isa() -> str:
-    """The gather path this CPU runs (an entry of :data:`nvfp4lab.kernels.native.ISAS`: AVX-512
-    needs F + BW here); "" when unavailable."""
+    """The gather path decodes run here (an entry of :data:`nvfp4lab.kernels.native.ISAS`: the
+    best this CPU has, AVX-512 needing F + BW, capped by ``NVFP4LAB_NATIVE_ISA``); "" when
+    unavailable."""
     lib = library()
-    return "" if lib is None else ISAS[lib.nvfp4lab_lut_isa()]
+    return "" if lib is None else ISAS[min(lib.nvfp4lab_lut_isa(), vector_path())]
 
 
 class RowDecoder:
@@ -65,7 +66,7 @@ class RowDecoder:
         self._rule = _RULES[rule]
         self._dtype = DTYPE_CODES[dtype]
         self._threads = torch.get_num_threads() if threads is None else threads
-        self._best = len(ISAS) - 1
+        self._path = vector_path()
 
     def __call__(self, start: int, stop: int, out: torch.Tensor) -> None:
         nblocks = (stop - start) * self._row_blocks
@@ -76,7 +77,7 @@ class RowDecoder:
             self._t,
             self._rule,
             self._dtype,
-            self._best,
+            self._path,
             self._threads if nblocks >= _PARALLEL_BLOCKS else 1,
             out.data_ptr(),
         )
@@ -97,9 +98,9 @@ def decode(
     uint8 bytes) and the float32 [1] ``tensor_scale`` (ENCODE ``gs`` for ``SCALE_OVER_ENCODE``,
     DECODE ``d`` for ``SCALE_TIMES_DECODE``) to ``dtype`` (fp32/bf16/fp16) [..., K], on the CPU,
     bit for bit the eager decode. ``out``: a contiguous result buffer of that shape and dtype.
-    ``path``: force a gather path of :data:`ISAS` (tests; clamped to what the CPU has; default:
-    the best). ``threads``: OpenMP threads (default: torch's intra-op threads). Raises
-    RuntimeError when the library is unavailable (ask
+    ``path``: force a gather path of :data:`ISAS` (tests; clamped to what the CPU has and to
+    ``NVFP4LAB_NATIVE_ISA``; default: the best). ``threads``: OpenMP threads (default: torch's
+    intra-op threads). Raises RuntimeError when the library is unavailable (ask
     :func:`nvfp4lab.kernels.native.available` first)."""
     lib = required()
     packed = packed.contiguous()
@@ -116,7 +117,7 @@ def decode(
     if nblocks == 0:
         return out
     t = tensor_scale.item() if tensor_scale.dtype == torch.float32 else float(tensor_scale)
-    wanted = len(ISAS) - 1 if path is None else ISAS.index(path)
+    wanted = vector_path(path)
     workers = torch.get_num_threads() if threads is None else threads
     lib.nvfp4lab_lut_decode(
         packed.data_ptr(),

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-from nvfp4lab.settings import cache_dir
+from nvfp4lab.settings import cache_dir, native_isa
+from nvfp4lab.vocab import NativeIsa, check_choice
 
 __all__ = [
     "DTYPE_CODES",
@@ -50,6 +51,7 @@ __all__ = [
     "library",
     "required",
     "usable",
+    "vector_path",
 ]
 
 #: The C++ sources (package data), compiled into one library.
@@ -62,8 +64,9 @@ SOURCES: tuple[Path, ...] = (
 HEADERS: tuple[Path, ...] = (Path(__file__).with_name("native.h"),)
 
 #: The vector paths by the number the library uses (``native.h``): 0 the scalar / x86-64 baseline
-#: loop, 1 AVX2, 2 AVX-512; each kernel reports the best this CPU has for it.
-ISAS: tuple[str, ...] = ("scalar", "avx2", "avx512")
+#: loop, 1 AVX2, 2 AVX-512; each kernel reports the one it runs here (the best this CPU has for
+#: it, capped by ``NVFP4LAB_NATIVE_ISA``: :func:`vector_path`).
+ISAS: tuple[str, ...] = tuple(isa.value for isa in NativeIsa)
 #: The element dtypes by the number the library uses (``native.h``).
 DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -88,6 +91,17 @@ _SIGNATURES: dict[str, tuple[list[type], type]] = {
     "nvfp4lab_gptq_columns": (
         [_ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr], None),
 }
+
+
+def vector_path(path: str | None = None) -> int:
+    """The vector path (its :data:`ISAS` number) a kernel call asks the library for: ``path``
+    (tests; default: the widest), capped by ``NVFP4LAB_NATIVE_ISA``
+    (:func:`nvfp4lab.settings.native_isa`, read at every call); the library then clamps it to
+    what this CPU has. ValueError for an unknown ``path`` or setting, naming the accepted ones."""
+    wanted = len(ISAS) - 1 if path is None else ISAS.index(
+        check_choice("native vector path", path, NativeIsa))
+    cap = native_isa()
+    return wanted if cap is None else min(wanted, ISAS.index(cap))
 
 
 def build_dir() -> Path:
