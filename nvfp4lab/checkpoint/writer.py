@@ -332,12 +332,13 @@ def _source_dir(model: nn.Module, source: str | os.PathLike[str] | None) -> Path
 def _origin(model: nn.Module, source: str | os.PathLike[str] | None,
             folder: Path | None) -> Path | None:
     """What the model came from, for a format that copies metadata from it: ``source``, else
-    the file or folder its reader recorded (:data:`~nvfp4lab.checkpoint.files.SOURCE_ATTRIBUTE`),
-    else the side-file folder."""
+    the file or folder its reader recorded (:data:`~nvfp4lab.checkpoint.files.SOURCE_ATTRIBUTE`;
+    passed on even when it no longer exists, so that a format which copies from it refuses
+    rather than dropping its metadata), else the side-file folder."""
     if source is not None:
         return Path(source)
     recorded = getattr(model, SOURCE_ATTRIBUTE, None)
-    if isinstance(recorded, str | os.PathLike) and Path(recorded).exists():
+    if isinstance(recorded, str | os.PathLike):
         return Path(recorded)
     return folder
 

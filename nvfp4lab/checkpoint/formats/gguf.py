@@ -27,7 +27,9 @@ On disk, per quantized Linear whose GGUF name is ``<t>`` (``blk.0.attn_q``, from
 * ``<t>.input_scale``: F32 ``[1]``, the DECODE activation scale (scheme "NVFP4" only), written
   by the converter the same way (llama.cpp's CUDA MMQ path computes its own per-row scale).
 
-LLaMA's ``attn_q`` / ``attn_k`` rows are stored permuted, as llama.cpp's converter permutes them
+The ``attn_q`` / ``attn_k`` rows of LLaMA, SmolLM3, Granite and Arcee (llama.cpp's converter
+classes built on ``LlamaModel``; :data:`GGUF_ARCHITECTURES`, which also refuses every model type
+whose row order is not known) are stored permuted, as llama.cpp's converter permutes them
 for its rotary layout (``LlamaModel.permute``: per head, rows ``(2, hd/2)`` -> ``(hd/2, 2)``;
 the NVFP4 path permutes the weight and the block scales alike, conversion/llama.py
 ``_repack_nvfp4`` @7bca1fd9ca2a681b0182e16f24f832b7be1942af; transformers' GGUF loader reverses
@@ -86,6 +88,7 @@ from nvfp4lab.vocab import CheckpointFormat, Scheme
 
 __all__ = [
     "CONFIG_KEY",
+    "GGUF_ARCHITECTURES",
     "NAIVE_NOTE",
     "NAMES",
     "SPEC",
@@ -288,17 +291,45 @@ def _config_dict(text: str, where: Path) -> dict[str, Any]:
 # names: the model's state-dict keys <-> GGUF tensor names (gguf's own name map)
 
 
-def _arch_of(model_type: str) -> Any:
-    """gguf's ``MODEL_ARCH`` of a transformers ``model_type`` (``qwen3_moe`` -> ``qwen3moe``,
-    ``gpt_oss`` -> ``gpt-oss``)."""
+#: transformers ``model_type`` -> (GGUF architecture, whether llama.cpp's converter stores the
+#: ``attn_q`` / ``attn_k`` rows permuted), as data: ``LlamaModel`` permutes them
+#: (``undo_permute = True``, ``modify_tensors``), and so do its subclasses ``SmolLM3Model``,
+#: ``GraniteModel`` (``GraniteMoeModel`` beneath it) and ``ArceeModel``, which change only the
+#: architecture and hyper-parameters (llama.cpp conversion/llama.py, granite.py, arcee.py
+#: @7bca1fd9ca2a681b0182e16f24f832b7be1942af, smollm.py @5535795b; the same classes in
+#: convert_hf_to_gguf.py); ``Qwen2Model`` / ``Qwen3Model`` / ``Qwen2MoeModel`` /
+#: ``Qwen3MoeModel`` are plain ``TextModel`` s and write rows as they are (conversion/qwen.py
+#: @03173d5e). A model type not listed is refused: writing its rows unpermuted where llama.cpp
+#: expects them permuted (or the reverse) gives a file llama.cpp runs with wrong attention.
+GGUF_ARCHITECTURES: dict[str, tuple[str, bool]] = {
+    "llama": ("llama", True),
+    "smollm3": ("smollm3", True),
+    "granite": ("granite", True),
+    "granitemoe": ("granitemoe", True),
+    "arcee": ("arcee", True),
+    "qwen2": ("qwen2", False),
+    "qwen2_moe": ("qwen2moe", False),
+    "qwen3": ("qwen3", False),
+    "qwen3_moe": ("qwen3moe", False),
+}
+
+
+def _arch_of(model_type: str) -> tuple[Any, bool]:
+    """(gguf's ``MODEL_ARCH`` of a transformers ``model_type``, whether its q/k rows are stored
+    permuted), from :data:`GGUF_ARCHITECTURES`."""
     gguf = _ggml()
-    by_name = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
-    for candidate in (model_type, model_type.replace("_", ""), model_type.replace("_", "-")):
-        if candidate in by_name:
-            return by_name[candidate]
-    raise CheckpointError(f"model_type {model_type!r} has no GGUF architecture in gguf's "
-                          "MODEL_ARCH_NAMES; nvfp4lab writes GGUF for the architectures gguf "
-                          "names")
+    if model_type not in GGUF_ARCHITECTURES:
+        raise CheckpointError(
+            f"model_type {model_type!r} is not one nvfp4lab writes or reads as GGUF "
+            f"({', '.join(GGUF_ARCHITECTURES)}: the architectures whose q/k row order in "
+            "llama.cpp's converter it knows); save it in another format (compressed-tensors, "
+            "modelopt)")
+    name, permuted = GGUF_ARCHITECTURES[model_type]
+    by_name = {n: arch for arch, n in gguf.MODEL_ARCH_NAMES.items()}
+    if name not in by_name:
+        raise CheckpointError(f"GGUF architecture {name!r} (model_type {model_type!r}) is not in "
+                              "this gguf package's MODEL_ARCH_NAMES; pip install gguf==0.19.0")
+    return by_name[name], permuted
 
 
 @dataclass(frozen=True)
@@ -331,7 +362,7 @@ def _names(config_json: str) -> _Names:
     except Exception as exc:
         raise CheckpointError(f"transformers cannot build the model of this config "
                               f"({_one_line(exc)})") from exc
-    arch = _arch_of(str(data["model_type"]))
+    arch, permuted = _arch_of(str(data["model_type"]))
     blocks = int(getattr(config, "num_hidden_layers", 0) or 0)
     table = gguf.get_tensor_name_map(arch, blocks)
     keys: dict[str, str] = {}
@@ -344,7 +375,7 @@ def _names(config_json: str) -> _Names:
             modules.setdefault(name, module)
     linears = tuple(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
     heads: dict[str, int] = {}
-    if arch == gguf.MODEL_ARCH.LLAMA:
+    if permuted:
         n_head = int(getattr(config, "num_attention_heads", 0) or 0)
         n_kv = int(getattr(config, "num_key_value_heads", None) or n_head)
         q_key, k_key = gguf.MODEL_TENSOR.ATTN_Q, gguf.MODEL_TENSOR.ATTN_K
@@ -667,9 +698,16 @@ def _plan(contents: Contents, names: _Names) -> list[_Out]:
 
 def _source_file(source: Path | None) -> Path | None:
     """The GGUF file a model came from: ``source`` when it is a GGUF file or a folder holding
-    exactly one, else None."""
+    exactly one, else None; CheckpointError when ``source`` no longer exists (its metadata
+    would be dropped without a word)."""
     if source is None:
         return None
+    if not source.exists():
+        raise CheckpointError(
+            f"{source}: the file this model was read from is gone (moved or deleted); a GGUF "
+            "save copies its metadata (tokenizer, chat template, hyper-parameters), without "
+            "which llama.cpp cannot load the result: move it back, or pass "
+            "save_pretrained(..., source=<its new path>)")
     if source.is_file() and source.suffix.lower() == SUFFIX:
         return gguf_file(source)
     if source.is_dir():
@@ -735,6 +773,13 @@ def _hyperparameters(writer: Any, config: dict[str, Any]) -> None:
     ):
         if value is not None:
             getattr(writer, method)(value)
+    if text.get("model_type") in ("granite", "granitemoe"):  # GraniteModel.set_gguf_parameters
+        for method, key in (("add_attention_scale", "attention_multiplier"),
+                            ("add_embedding_scale", "embedding_multiplier"),
+                            ("add_residual_scale", "residual_multiplier"),
+                            ("add_logit_scale", "logits_scaling")):
+            if text.get(key):
+                getattr(writer, method)(text[key])
 
 
 def _write(folder: Path, contents: Contents) -> list[str]:
