@@ -40,6 +40,7 @@ from nvfp4lab.checkpoint.files import (
 )
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, checkpoint_files, format_spec
 from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.execution.attention import kv_cache_settings
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.whole_model import FUSED_GROUPS
 from nvfp4lab.tensor import invalid_block_scales
@@ -389,6 +390,38 @@ def _quantized_layers(model: nn.Module) -> dict[str, NVFP4Linear]:
     return quantized
 
 
+#: Why each format does not carry a quantized KV cache (kind and per-layer k_scale / v_scale).
+_KV_CACHE_REFUSALS: dict[CheckpointFormat, str] = {
+    CheckpointFormat.COMPRESSED_TENSORS: (
+        "vLLM 0.33 reads a compressed-tensors kv_cache_scheme of FP8 only (num_bits 8, type "
+        "float), so an NVFP4 KV cache cannot be declared there, and nvfp4lab does not write "
+        "kv_cache_scheme or k_scale / v_scale yet"),
+    CheckpointFormat.MODELOPT: (
+        "nvfp4lab does not write ModelOpt's kv_cache_quant_algo or the k_scale / v_scale "
+        "tensors yet"),
+    CheckpointFormat.GGUF: (
+        "GGUF has no quantized KV cache setting: llama.cpp picks its cache type at run time "
+        "(--cache-type-k / --cache-type-v) and has no NVFP4 KV cache"),
+}
+
+
+def _check_kv_cache(model: nn.Module, fmt: CheckpointFormat) -> None:
+    """Refuse a model whose attention reads K / V from a quantized KV cache: the checkpoint
+    would drop the kind and the k_scale / v_scale without a word."""
+    settings = kv_cache_settings(model)
+    if not settings:
+        return
+    kinds = sorted({kind for kind, _, _ in settings.values()})
+    first, (_, k_scale, v_scale) = next(iter(settings.items()))
+    raise ValueError(
+        f"the model's KV cache is quantized ({'/'.join(kinds)} on {len(settings)} attention "
+        f"layer(s), e.g. {first}: k_scale={k_scale:.6g} v_scale={v_scale:.6g}) and a {fmt.value} "
+        f"checkpoint would drop it: {_KV_CACHE_REFUSALS[fmt]}. Save the weights with "
+        "nvfp4lab.execution.remove_kv_cache_quantization(model) first, and give vLLM the KV "
+        "cache with --kv-cache-dtype"
+    )
+
+
 def _check_fused(
     model: nn.Module, quantized: Mapping[str, nn.Module], require: bool | None
 ) -> None:
@@ -505,6 +538,11 @@ def save_pretrained(
     FileExistsError naming what would be lost. ``max_shard_bytes``: split the weights into
     several files (with ``model.safetensors.index.json``) above this size.
 
+    A model whose KV cache is quantized (``quantize_model(..., kv_cache=...)``,
+    :func:`~nvfp4lab.execution.quantize_kv_cache`) is refused with ValueError naming the kind,
+    the scales and why the format cannot carry them (no format written here carries a KV cache
+    yet; ``remove_kv_cache_quantization(model)`` first), as Hadamard-rotated layers are.
+
     The packed bytes and scales are written exactly as the modules hold them (NaN or negative
     block scales are refused: every checkpoint nvfp4lab writes, nvfp4lab can read). The folder is
     assembled under a temporary name and renamed into place at the end. Returns ``path``.
@@ -522,6 +560,7 @@ def save_pretrained(
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     quantized = _quantized_layers(model)
+    _check_kv_cache(model, spec.format)
     resolved = _resolve_scheme(scheme, quantized)
     if spec.shares_fused_scales:
         _check_fused(model, quantized, require_shared_global_scale)

@@ -64,6 +64,7 @@ __all__ = [
     "KVCacheLayer",
     "KVScales",
     "kv_attention_name",
+    "kv_cache_settings",
     "observe_attention",
     "quantize_kv_cache",
     "remove_kv_cache_quantization",
@@ -327,6 +328,14 @@ def quantize_kv_cache(
         remove_kv_cache_quantization(model)
         raise
     return layers
+
+
+def kv_cache_settings(model: nn.Module) -> dict[str, tuple[str, float, float]]:
+    """The quantized KV cache :func:`quantize_kv_cache` set on ``model``: attention module name
+    -> (kind, k_scale, v_scale), the scales float32 DECODE values; empty when there is none."""
+    return {name: (m.__dict__[_SETTINGS].kind.value, m.__dict__[_SETTINGS].k_scale,
+                   m.__dict__[_SETTINGS].v_scale)
+            for name, m in model.named_modules() if _SETTINGS in m.__dict__}
 
 
 def remove_kv_cache_quantization(model: nn.Module) -> list[str]:

@@ -221,3 +221,31 @@ def test_require_shared_global_scale(tmp_path: Path) -> None:
     for group in checkpoint.fused_groups(shared):
         values = {float(stored[f"{m}.weight_global_scale"]) for m in group}
         assert len(values) == 1, group
+
+
+# -- a quantized KV cache is never dropped without a word (issue 32, case 13) -------------------
+
+
+@pytest.mark.parametrize("kind", ["nvfp4", "fp8"])
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "modelopt", "gguf"])
+def test_a_quantized_kv_cache_is_refused_in_every_format(kind: str, fmt: str,
+                                                          tmp_path: Path) -> None:
+    """quantize_model(kv_cache=..., kv_scales=...) then save_pretrained: no format written here
+    carries the KV cache kind and its k_scale / v_scale, so the save is refused in one line
+    naming the kind, a layer and its scales, why, and the fix; nothing is written. Without the
+    KV cache quantization the same model saves."""
+    from nvfp4lab.execution import remove_kv_cache_quantization
+
+    model = tiny_llama(seed=4)
+    quantize_model(model, backend="w4a16", kv_cache=kind, kv_scales={0: (0.5, 2.0)})
+    target = tmp_path / "ckpt"
+    with pytest.raises(ValueError) as err:
+        checkpoint.save_pretrained(model, target, format=fmt)
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"({kind} on 2 attention layer(s), e.g. model.layers.0.self_attn: k_scale=0.5 " \
+           "v_scale=2)" in message
+    assert fmt in message and "remove_kv_cache_quantization(model)" in message
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+    assert remove_kv_cache_quantization(model)
+    assert checkpoint.save_pretrained(model, target, format=fmt) == target
