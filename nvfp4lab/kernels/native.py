@@ -18,8 +18,23 @@ flags.
 Build. The first use on a machine builds the library with
 :func:`torch.utils.cpp_extension.load` (the C++ compiler inductor needs too, and ninja) into
 ``<cache>/cpp/native-<hash of the sources, flags and torch version>`` under
-:func:`nvfp4lab.settings.cache_dir` (about 4 s on the 2-core CPU; other processes wait on
-cpp_extension's lock file); a later process finds it there and loads it in under a millisecond.
+:func:`nvfp4lab.settings.cache_dir` (about 4 s on the 2-core CPU); a later process finds it there
+and loads it in about a millisecond. The cache is checked, never trusted:
+
+* its stamp ``built.ok`` records the size and SHA-256 of the ``.so`` it built; every process
+  compares them before it loads the file, and never loads one that differs (truncated,
+  overwritten, emptied, replaced: a ``dlopen`` of such a file crashed the process with SIGBUS
+  or SIGTRAP, or failed and left the slow path for good);
+* one that differs, or that matches but does not load, is rebuilt once: into a fresh sibling
+  folder (``native-<hash>.tmp-<pid>-<token>``), verified, then renamed into place (the broken
+  folder renamed aside and deleted first), so no process ever sees a half-written library and
+  none that has the old one mapped sees it change;
+* builders take an exclusive ``flock`` on ``native-<hash>.lock`` beside the folder, which the
+  kernel releases when its process dies (a builder killed with SIGKILL blocks nobody; its
+  half-built ``.tmp-`` folder is swept by the next builder); a process that finds the lock held
+  by a live builder logs ONE WARNING line naming it (pid and host, which the holder writes into
+  the lock file) and waits for it, up to :data:`BUILD_WAIT_S`.
+
 When it cannot be built (not an x86-64 CPU, no compiler, no ninja, a build error) :func:`available`
 is False, ONE WARNING line on the ``nvfp4lab.kernels`` logger says why, and every caller runs the
 compiled graphs or the eager pipeline instead (:func:`nvfp4lab.kernels.fused_route` decides).
@@ -27,13 +42,22 @@ compiled graphs or the eager pipeline instead (:func:`nvfp4lab.kernels.fused_rou
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
+import fcntl
 import functools
 import hashlib
+import json
 import logging
+import os
 import platform
+import secrets
+import shutil
+import socket
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -42,6 +66,7 @@ from nvfp4lab.settings import cache_dir, native_isa
 from nvfp4lab.vocab import NativeIsa, check_choice
 
 __all__ = [
+    "BUILD_WAIT_S",
     "DTYPE_CODES",
     "HEADERS",
     "ISAS",
@@ -74,8 +99,11 @@ _NAME = "nvfp4lab_native"
 _FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
 _STAMP = "built.ok"
 _X86_64 = ("x86_64", "amd64")
-#: A build lock older than this was left by a process that died while building: removed.
-_STALE_LOCK_S = 600.0
+#: Longest a process waits for a live builder holding the build lock (the build takes ~4 s on
+#: the 2-core CPU); then it runs without the library (one WARNING line).
+BUILD_WAIT_S = 600.0
+#: The stamp is a few dozen bytes of JSON; anything longer is not one of ours.
+_STAMP_MAX_BYTES = 4096
 
 _LOG = logging.getLogger("nvfp4lab.kernels")
 
@@ -115,18 +143,14 @@ def build_dir() -> Path:
 
 
 def _build(folder: Path) -> Path:
-    """Build (or find) the library in ``folder`` with cpp_extension; its path."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Build the library in the fresh ``folder`` with cpp_extension; the ``.so``'s path."""
+    folder.mkdir(parents=True)
     copies = []
     for source in (*SOURCES, *HEADERS):
         copy = folder / source.name
-        if not copy.exists():
-            copy.write_bytes(source.read_bytes())
+        copy.write_bytes(source.read_bytes())
         if source in SOURCES:
             copies.append(str(copy))
-    lock = folder / "lock"
-    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-        lock.unlink(missing_ok=True)
     from torch.utils.cpp_extension import load
 
     with warnings.catch_warnings():  # compiler-version notices: the build either works or not
@@ -141,6 +165,132 @@ def _build(folder: Path) -> Path:
             verbose=False,
         )
     return Path(str(path))
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    """(size in bytes, SHA-256 hex digest) of the file at ``path``."""
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _verified(folder: Path) -> Path | None:
+    """The library in ``folder`` when its size and SHA-256 are those its stamp recorded at build
+    time; None when the stamp or the file is missing, unreadable or different."""
+    try:
+        with (folder / _STAMP).open("rb") as f:
+            stamp = json.loads(f.read(_STAMP_MAX_BYTES))
+        name, size, sha256 = stamp["file"], stamp["size"], stamp["sha256"]
+        if not isinstance(name, str) or Path(name).name != name or not isinstance(size, int):
+            return None
+        built = folder / name
+        if not built.is_file() or built.is_symlink() or built.stat().st_size != size:
+            return None
+        return built if _digest(built) == (size, sha256) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _holder(lock: Path) -> str:
+    """Who holds the build lock, as its holder wrote it ("process PID on HOST")."""
+    with contextlib.suppress(OSError):
+        with lock.open("rb") as f:
+            text = f.read(200).decode(errors="replace").strip()
+        if text:
+            return text
+    return "another process"
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the exclusive ``flock`` on ``fd`` if free; False while another process holds it. True
+    also where the file system has no ``flock`` (some network file systems): the build then goes
+    on unlocked, and the rename into place still keeps every reader safe."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as err:
+        if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+    return True
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """Hold the exclusive build lock of ``folder`` (an ``flock`` on ``<folder>.lock``, released by
+    the kernel when the holder dies). A live holder is waited for, with one WARNING line naming
+    it, up to :data:`BUILD_WAIT_S` (then TimeoutError)."""
+    lock = folder.with_name(folder.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the compiler's processes
+    try:
+        if not _try_lock(fd):
+            holder = _holder(lock)
+            _LOG.warning(
+                "nvfp4lab: waiting for %s, which is building the C++ CPU kernels in %s "
+                "(up to %.0f s)", holder, folder, BUILD_WAIT_S,
+            )
+            deadline = time.monotonic() + BUILD_WAIT_S
+            while not _try_lock(fd):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{holder} has held the build lock {lock} for {BUILD_WAIT_S:.0f} s"
+                    )
+                time.sleep(0.1)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _rebuild(folder: Path) -> None:
+    """Build the library into a fresh sibling of ``folder``, stamp it with its size and SHA-256,
+    and rename it into place (the old ``folder`` renamed aside, then deleted). Called with the
+    build lock held: any ``.tmp-`` / ``.old-`` sibling is a dead builder's, removed first."""
+    for stale in (*folder.parent.glob(folder.name + ".tmp-*"),
+                  *folder.parent.glob(folder.name + ".old-*")):
+        shutil.rmtree(stale, ignore_errors=True)
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    fresh = folder.with_name(f"{folder.name}.tmp-{token}")
+    try:
+        built = _build(fresh)
+        canonical = fresh / f"{_NAME}.so"
+        if built != canonical:  # cpp_extension numbers a second build in one process (_v1)
+            os.replace(built, canonical)
+        size, sha256 = _digest(canonical)
+        stamp = {"file": canonical.name, "size": size, "sha256": sha256}
+        (fresh / _STAMP).write_text(json.dumps(stamp))
+        if folder.exists() or folder.is_symlink():
+            old = folder.with_name(f"{folder.name}.old-{token}")
+            os.rename(folder, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(fresh, folder)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)  # a failed build's leftovers
+
+
+def _load(folder: Path) -> ctypes.CDLL:
+    """The library of ``folder``, loaded only once verified against its stamp; built (or
+    rebuilt, once) where it is missing, differs from its stamp or does not load."""
+    found = _verified(folder)
+    if found is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            return _open(found)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(folder):
+        found = _verified(folder)  # another process may have built it meanwhile
+        if found is not None:
+            with contextlib.suppress(OSError, AttributeError):
+                return _open(found)
+        _rebuild(folder)
+        found = _verified(folder)
+        if found is None:
+            raise RuntimeError(f"the library built in {folder} does not match its stamp")
+        return _open(found)
 
 
 def _open(path: Path) -> ctypes.CDLL:
@@ -158,12 +308,7 @@ def library() -> ctypes.CDLL | None:
     try:
         if platform.machine().lower() not in _X86_64:
             raise RuntimeError(f"x86-64 kernels, this CPU is {platform.machine() or 'unknown'}")
-        folder = build_dir()
-        built = folder / f"{_NAME}.so"
-        if not ((folder / _STAMP).exists() and built.exists()):
-            built = _build(folder)
-            (folder / _STAMP).write_text(str(built))
-        return _open(built)
+        return _load(build_dir())
     except Exception as exc:  # any failure of the build means: no native kernels here
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         _LOG.warning(
