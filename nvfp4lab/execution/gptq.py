@@ -95,6 +95,7 @@ from nvfp4lab.formats.base import BlockFormat, BlockFormatInfo
 from nvfp4lab.hadamard import check_seed, hadamard_transform, rotation_matrix
 from nvfp4lab.kernels import native as native_lib
 from nvfp4lab.kernels.gptq_columns import run_group
+from nvfp4lab.kernels.gptq_columns import supports as native_columns_support
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import TensorScale, abs_max, as_global_scale, tensor_scale_from_amax
@@ -239,6 +240,8 @@ class _NVFP4Columns:
         return block_scales_of(blocks, self.scale.arithmetic, self.order)
 
     def native_factors(self, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not native_columns_support(self.order):  # a step the C++ loop does not implement
+            return None
         return multiply_factors(scale, self.scale.arithmetic, self.order)
 
     def rounder(self, scale: torch.Tensor) -> _Rounder:

@@ -30,6 +30,7 @@ import torch
 from nvfp4lab.constants import BLOCK_SIZE, CT_ZERO_SCALE_REPLACEMENT, E4M3_MIN_SUBNORMAL
 from nvfp4lab.kernels.compiled import fresh
 from nvfp4lab.kernels.native import DTYPE_CODES, ISAS, library, required, vector_path
+from nvfp4lab.kernels.steps import StepTable, implements
 from nvfp4lab.orders import (
     ArithmeticOrder,
     BlockScaleRule,
@@ -37,9 +38,11 @@ from nvfp4lab.orders import (
     E2M1Ties,
     E4M3Rounding,
     ElementScaling,
+    ScaleForm,
+    TensorScaleRule,
 )
 
-__all__ = ["ISAS", "abs_max", "encode", "fake_quantize", "isa", "order_flags", "supports"]
+__all__ = ["ISAS", "STEPS", "abs_max", "encode", "fake_quantize", "isa", "order_flags", "supports"]
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -52,6 +55,7 @@ def isa() -> str:
     return "" if lib is None else ISAS[min(lib.nvfp4lab_encode_isa(), vector_path())]
 
 
+# Each step's members as block_encode.cpp's bits (its flag constants).
 _BLOCK_RULES = {
     BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET: 0,
     BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE: 1,
@@ -59,18 +63,46 @@ _BLOCK_RULES = {
     BlockScaleRule.PRESCALED_AMAX_OVER_TARGET: 3,
 }
 _ELEMENT_RULES = {
-    ElementScaling.MULTIPLY_BY_INVERSE: 0,
-    ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE: 1,
-    ElementScaling.DIVIDE_BY_SCALE_TIMES_DECODE: 2,
-    ElementScaling.PRESCALE_ONLY: 3,
+    ElementScaling.MULTIPLY_BY_INVERSE: 0 << 2,
+    ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE: 1 << 2,
+    ElementScaling.DIVIDE_BY_SCALE_TIMES_DECODE: 2 << 2,
+    ElementScaling.PRESCALE_ONLY: 3 << 2,
 }
-_HALF_UP, _FIRST_NEAREST, _DECODE_TIMES = 1 << 4, 1 << 5, 1 << 6
+_E4M3_ROUNDINGS = {E4M3Rounding.NEAREST_EVEN: 0, E4M3Rounding.HALF_UP_UE4M3: 1 << 4}
+_E2M1_TIES = {E2M1Ties.EVEN: 0, E2M1Ties.FIRST_NEAREST_SCALED_TABLE: 1 << 5}
+_DECODE_RULES = {DecodeRule.SCALE_OVER_ENCODE: 0, DecodeRule.SCALE_TIMES_DECODE: 1 << 6}
 _ZERO_BLOCK_ONE, _MIN_SUBNORMAL, _ZERO_TO_EIGHTH = 1 << 7, 1 << 8, 1 << 9
+#: The element rules that divide by the block's scale: the kernel runs them where no scale is 0.
+_DIVIDING = (
+    ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE, ElementScaling.DIVIDE_BY_SCALE_TIMES_DECODE)
+#: The decode rule that reads the tensor scale in each form (``s / gs`` ENCODE, ``s * d`` DECODE).
+_FORM_DECODE = {
+    ScaleForm.ENCODE: DecodeRule.SCALE_OVER_ENCODE,
+    ScaleForm.DECODE: DecodeRule.SCALE_TIMES_DECODE,
+}
+
+#: The steps the block encode implements (:mod:`nvfp4lab.kernels.steps`: any other member
+#: declines): the members with bits above, and the tensor scale (computed by the caller, passed
+#: in the order's form) in every rule and form of the four orders.
+STEPS: StepTable = {
+    "scale_form": frozenset({ScaleForm.ENCODE, ScaleForm.DECODE}),
+    "tensor_scale": frozenset({
+        TensorScaleRule.FLOAT32_DIVISION,
+        TensorScaleRule.INPUT_DTYPE_RECIPROCAL,
+        TensorScaleRule.DECODE_FLOAT32_DIVISION,
+        TensorScaleRule.UNIT,
+    }),
+    "block_scale": frozenset(_BLOCK_RULES),
+    "e4m3_rounding": frozenset(_E4M3_ROUNDINGS),
+    "element_scaling": frozenset(_ELEMENT_RULES),
+    "e2m1_ties": frozenset(_E2M1_TIES),
+    "decode": frozenset(_DECODE_RULES),
+}
 
 
 def _flags(order: ArithmeticOrder) -> int | None:
     """``block_encode.cpp``'s bits for ``order``'s steps; None where a step has none there."""
-    if order.block_scale not in _BLOCK_RULES or order.element_scaling not in _ELEMENT_RULES:
+    if not implements(STEPS, order):
         return None
     if order.zero_block_scale not in (None, 1.0):
         return None
@@ -81,10 +113,15 @@ def _flags(order: ArithmeticOrder) -> int | None:
     prescaled = order.element_scaling is ElementScaling.PRESCALE_ONLY
     if prescaled != (order.e2m1_ties is E2M1Ties.FIRST_NEAREST_SCALED_TABLE):
         return None  # codes in the block's domain need the pre-scaled elements, and only they
-    flags = _BLOCK_RULES[order.block_scale] | _ELEMENT_RULES[order.element_scaling] << 2
-    flags |= _HALF_UP if order.e4m3_rounding is E4M3Rounding.HALF_UP_UE4M3 else 0
-    flags |= _FIRST_NEAREST if prescaled else 0
-    flags |= _DECODE_TIMES if order.decode is DecodeRule.SCALE_TIMES_DECODE else 0
+    if order.decode is not _FORM_DECODE[order.scale_form]:
+        return None  # the kernel decodes with the one tensor scale it is given, in the order's form
+    if order.element_scaling in _DIVIDING and not (
+        order.zero_scale_replacement is not None or order.min_block_scale > 0
+    ):
+        return None  # a division by a zero scale (0/0 = NaN) has no code in the kernel
+    flags = _BLOCK_RULES[order.block_scale] | _ELEMENT_RULES[order.element_scaling]
+    flags |= _E4M3_ROUNDINGS[order.e4m3_rounding] | _E2M1_TIES[order.e2m1_ties]
+    flags |= _DECODE_RULES[order.decode]
     flags |= _ZERO_BLOCK_ONE if order.zero_block_scale == 1.0 else 0
     flags |= _MIN_SUBNORMAL if order.min_block_scale == E4M3_MIN_SUBNORMAL else 0
     flags |= _ZERO_TO_EIGHTH if order.zero_scale_replacement is not None else 0
@@ -92,8 +129,9 @@ def _flags(order: ArithmeticOrder) -> int | None:
 
 
 def supports(order: ArithmeticOrder) -> bool:
-    """Whether the block encode implements every step of ``order`` (today all four orders:
-    kernel, compressed-tensors, modelopt and llama.cpp)."""
+    """Whether the block encode implements every step of ``order`` (:data:`STEPS`, and the
+    zero-block, lower-clamp and zero-scale values it has bits for): today all four orders,
+    kernel, compressed-tensors, modelopt and llama.cpp; any other member of a step declines."""
     return _flags(order) is not None
 
 

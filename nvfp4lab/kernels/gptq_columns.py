@@ -17,8 +17,50 @@ from __future__ import annotations
 import torch
 
 from nvfp4lab.kernels.native import required
+from nvfp4lab.kernels.steps import StepTable, implements
+from nvfp4lab.orders import (
+    ArithmeticOrder,
+    BlockScaleRule,
+    DecodeRule,
+    E2M1Ties,
+    E4M3Rounding,
+    ElementScaling,
+    ScaleForm,
+    TensorScaleRule,
+)
 
-__all__ = ["run_group"]
+__all__ = ["STEPS", "run_group", "supports"]
+
+#: The steps the column loop implements (:mod:`nvfp4lab.kernels.steps`: any other member
+#: declines): its own are the element scaling (a multiply by the block's multiplier) and the E2M1
+#: rounding (ties to even); the block scales, the multipliers and the decode factors it takes
+#: from the codec (``blocks.multiply_factors``, computed eagerly in the order's rules), so those
+#: steps list the members the codec computes them for.
+STEPS: StepTable = {
+    "scale_form": frozenset({ScaleForm.ENCODE, ScaleForm.DECODE}),
+    "tensor_scale": frozenset({
+        TensorScaleRule.FLOAT32_DIVISION,
+        TensorScaleRule.INPUT_DTYPE_RECIPROCAL,
+        TensorScaleRule.DECODE_FLOAT32_DIVISION,
+        TensorScaleRule.UNIT,
+    }),
+    "block_scale": frozenset({
+        BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET,
+        BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE,
+        BlockScaleRule.AMAX_OVER_TARGET_TIMES_DECODE,
+        BlockScaleRule.PRESCALED_AMAX_OVER_TARGET,
+    }),
+    "e4m3_rounding": frozenset({E4M3Rounding.NEAREST_EVEN, E4M3Rounding.HALF_UP_UE4M3}),
+    "element_scaling": frozenset({ElementScaling.MULTIPLY_BY_INVERSE}),
+    "e2m1_ties": frozenset({E2M1Ties.EVEN}),
+    "decode": frozenset({DecodeRule.SCALE_OVER_ENCODE, DecodeRule.SCALE_TIMES_DECODE}),
+}
+
+
+def supports(order: ArithmeticOrder) -> bool:
+    """Whether the column loop implements every step of ``order`` (:data:`STEPS`; today the
+    kernel order alone); GPTQ runs the eager loop for any other."""
+    return implements(STEPS, order)
 
 
 def _check(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> None:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import torch
 
+from nvfp4lab.kernels.steps import StepTable, implements
 from nvfp4lab.orders import (
     ArithmeticOrder,
     BlockScaleRule,
@@ -57,10 +58,12 @@ from nvfp4lab.orders import (
     E4M3Rounding,
     ElementScaling,
     ScaleForm,
+    TensorScaleRule,
 )
 
 __all__ = [
     "GRAPHS",
+    "STEPS",
     "codes_graph",
     "decode_e2m1",
     "decode_e4m3",
@@ -74,24 +77,32 @@ __all__ = [
     "supports",
 ]
 
-_BLOCK_RULES = (
-    BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET,
-    BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE,
-)
-_ELEMENT_RULES = (ElementScaling.MULTIPLY_BY_INVERSE, ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE)
+#: The steps the graphs implement (:mod:`nvfp4lab.kernels.steps`: any other member declines).
+#: The tensor scale is the caller's (eager, before the graphs run): its ENCODE rules of the
+#: orders the graphs serve.
+STEPS: StepTable = {
+    "scale_form": frozenset({ScaleForm.ENCODE}),
+    "tensor_scale": frozenset(
+        {TensorScaleRule.FLOAT32_DIVISION, TensorScaleRule.INPUT_DTYPE_RECIPROCAL}),
+    "block_scale": frozenset({
+        BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET,
+        BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE,
+    }),
+    "e4m3_rounding": frozenset({E4M3Rounding.NEAREST_EVEN}),
+    "element_scaling": frozenset(
+        {ElementScaling.MULTIPLY_BY_INVERSE, ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE}),
+    "e2m1_ties": frozenset({E2M1Ties.EVEN}),
+    "decode": frozenset({DecodeRule.SCALE_OVER_ENCODE}),
+}
 
 
 def supports(order: ArithmeticOrder) -> bool:
-    """Whether the graphs implement ``order`` (its steps, not its name): ENCODE form, a block
-    rule and element scaling below, E4M3 and E2M1 nearest-even, no lower clamp, no zero-block
-    scale, a zero scale kept or replaced by 0.125, decode ``value * (s / gs)``."""
+    """Whether the graphs implement ``order`` (its steps, not its name): every step in
+    :data:`STEPS` (ENCODE form, a block rule and element scaling listed there, E4M3 and E2M1
+    nearest-even, decode ``value * (s / gs)``), no lower clamp, no zero-block scale, a zero
+    scale kept or replaced by 0.125."""
     return (
-        order.scale_form is ScaleForm.ENCODE
-        and order.block_scale in _BLOCK_RULES
-        and order.element_scaling in _ELEMENT_RULES
-        and order.e4m3_rounding is E4M3Rounding.NEAREST_EVEN
-        and order.e2m1_ties is E2M1Ties.EVEN
-        and order.decode is DecodeRule.SCALE_OVER_ENCODE
+        implements(STEPS, order)
         and order.zero_block_scale is None
         and order.min_block_scale == 0
         and order.zero_scale_replacement in (None, 0.125)

@@ -19,11 +19,64 @@ from __future__ import annotations
 import torch
 
 from nvfp4lab.kernels.native import DTYPE_CODES, ISAS, library, required, vector_path
-from nvfp4lab.orders import DecodeRule
+from nvfp4lab.kernels.steps import StepTable, implements
+from nvfp4lab.orders import (
+    ArithmeticOrder,
+    BlockScaleRule,
+    DecodeRule,
+    E2M1Ties,
+    E4M3Rounding,
+    ElementScaling,
+    ScaleForm,
+    TensorScaleRule,
+)
 
-__all__ = ["ISAS", "RowDecoder", "decode", "isa"]
+__all__ = ["ISAS", "STEPS", "RowDecoder", "decode", "isa", "supports"]
 
+#: The decode rules by the number the library uses.
 _RULES = {DecodeRule.SCALE_OVER_ENCODE: 0, DecodeRule.SCALE_TIMES_DECODE: 1}
+
+#: The steps the decode implements (:mod:`nvfp4lab.kernels.steps`: any other member declines):
+#: its own is the decode rule; the others made the codes and scale bytes it reads (E2M1 codes,
+#: E4M3 bytes), listed as the members whose results it is known to read.
+STEPS: StepTable = {
+    "scale_form": frozenset({ScaleForm.ENCODE, ScaleForm.DECODE}),
+    "tensor_scale": frozenset({
+        TensorScaleRule.FLOAT32_DIVISION,
+        TensorScaleRule.INPUT_DTYPE_RECIPROCAL,
+        TensorScaleRule.DECODE_FLOAT32_DIVISION,
+        TensorScaleRule.UNIT,
+    }),
+    "block_scale": frozenset({
+        BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET,
+        BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE,
+        BlockScaleRule.AMAX_OVER_TARGET_TIMES_DECODE,
+        BlockScaleRule.PRESCALED_AMAX_OVER_TARGET,
+    }),
+    "e4m3_rounding": frozenset({E4M3Rounding.NEAREST_EVEN, E4M3Rounding.HALF_UP_UE4M3}),
+    "element_scaling": frozenset({
+        ElementScaling.MULTIPLY_BY_INVERSE,
+        ElementScaling.DIVIDE_BY_SCALE_OVER_ENCODE,
+        ElementScaling.DIVIDE_BY_SCALE_TIMES_DECODE,
+        ElementScaling.PRESCALE_ONLY,
+    }),
+    "e2m1_ties": frozenset({E2M1Ties.EVEN, E2M1Ties.FIRST_NEAREST_SCALED_TABLE}),
+    "decode": frozenset(_RULES),
+}
+
+
+def supports(order: ArithmeticOrder) -> bool:
+    """Whether the decode implements every step of ``order`` (:data:`STEPS`: today all four
+    orders); a tensor of any other decodes eagerly."""
+    return implements(STEPS, order)
+
+
+def _rule_number(rule: DecodeRule) -> int:
+    """The library's number of ``rule``; ValueError for a rule it does not implement."""
+    if rule not in _RULES:
+        raise ValueError(f"the LUT decode does not implement the decode rule {rule!r}; decode "
+                         "eagerly (nvfp4lab.tensor.decode_blocks)")
+    return _RULES[rule]
 #: Below this many blocks (64 K elements) one thread decodes (the library's own threshold too).
 _PARALLEL_BLOCKS = 4096
 
@@ -63,7 +116,7 @@ class RowDecoder:
         self._t = (
             tensor_scale.item() if tensor_scale.dtype == torch.float32 else float(tensor_scale)
         )
-        self._rule = _RULES[rule]
+        self._rule = _rule_number(rule)
         self._dtype = DTYPE_CODES[dtype]
         self._threads = torch.get_num_threads() if threads is None else threads
         self._path = vector_path()
@@ -124,7 +177,7 @@ def decode(
         raw.data_ptr(),
         nblocks,
         t,
-        _RULES[rule],
+        _rule_number(rule),
         DTYPE_CODES[dtype],
         wanted,
         workers if nblocks >= _PARALLEL_BLOCKS else 1,

@@ -1,0 +1,56 @@
+"""Which arithmetic steps a kernel implements: one table per kernel, one rule to read it.
+
+An :class:`~nvfp4lab.orders.ArithmeticOrder` is a step enum member per step (its
+:data:`STEP_FIELDS`: the scale form, the tensor-scale rule, the block-scale rule, the E4M3
+rounding, the element scaling, the E2M1 ties, the decode rule). Each kernel (the compiled graphs,
+the C++ block encode, GPTQ's C++ column loop, the C++ LUT decode) holds a :data:`StepTable`: per
+step field, the members it implements (or, for a step its caller computes before the kernel runs,
+the members whose results it is known to take), each member written out by name. Never "every
+member of the enum": a member added later (an order added by the recipe of
+``docs/architecture.md``) is declined until a kernel is taught it and its table lists it, so that
+order runs the eager pipeline instead of being mapped silently onto another order's arithmetic.
+:func:`implements` is the one reading: True only when every step of the order is in the table,
+and False for a step field the table lacks (a field added to ``ArithmeticOrder`` later).
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from dataclasses import fields
+from enum import Enum
+
+from nvfp4lab import orders
+from nvfp4lab.orders import ArithmeticOrder
+
+__all__ = ["STEP_FIELDS", "StepTable", "implements", "missing"]
+
+#: Per step field of :class:`~nvfp4lab.orders.ArithmeticOrder`, the members a kernel implements.
+StepTable = Mapping[str, frozenset[Enum]]
+
+
+def _step_fields() -> tuple[str, ...]:
+    hints = typing.get_type_hints(ArithmeticOrder)
+    return tuple(
+        f.name for f in fields(ArithmeticOrder)
+        if isinstance(hints[f.name], type) and issubclass(hints[f.name], Enum)
+        and hints[f.name].__module__ == orders.__name__
+    )
+
+
+#: The fields of :class:`~nvfp4lab.orders.ArithmeticOrder` that hold a step enum's member
+#: (read from the class: a new step field is one more entry here, which no table lists yet).
+STEP_FIELDS: tuple[str, ...] = _step_fields()
+
+
+def missing(table: StepTable, order: ArithmeticOrder) -> list[str]:
+    """The step fields of ``order`` whose member ``table`` does not list (empty: implemented)."""
+    return [
+        name for name in STEP_FIELDS
+        if getattr(order, name, None) not in table.get(name, frozenset())
+    ]
+
+
+def implements(table: StepTable, order: ArithmeticOrder) -> bool:
+    """Whether ``table`` lists every step of ``order``."""
+    return not missing(table, order)
