@@ -186,6 +186,14 @@ def _error(command: str, exc: BaseException) -> int:
 _INPUT_ERRORS = (ValueError, OSError, ImportError, KeyError)
 
 
+def _as_flag(exc: BaseException, keyword: str, flag: str) -> BaseException:
+    """``exc`` with the library's ``keyword='value'`` said as the command's ``flag value``."""
+    import re
+
+    text = re.sub(rf"\b{keyword}='([^']*)'", rf"{flag} \1", str(exc))
+    return exc if text == str(exc) else type(exc)(text)
+
+
 def _add_where(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="local worker processes, each with its share of the cores (default 0: "
@@ -216,7 +224,17 @@ def _add_audit(parser: argparse.ArgumentParser) -> None:
                         "H100, B200, RTX 5090)")
     parser.add_argument("--vllm", default=None, metavar="RELEASE",
                         help="vLLM release whose kernel rules apply (default: latest modelled)")
+    _add_source_format(parser, "--format")
     _add_where(parser)
+
+
+def _add_source_format(parser: argparse.ArgumentParser, flag: str) -> None:
+    from nvfp4lab.checkpoint.formats import FORMATS
+
+    parser.add_argument(flag, dest="source_format", default=None,
+                        choices=[fmt.value for fmt in FORMATS],
+                        help="format to read the checkpoint as (default: detected; needed for a "
+                        "folder that holds several, e.g. compressed-tensors and a .gguf file)")
 
 
 def _audit_out(args: argparse.Namespace) -> Path | None:
@@ -276,11 +294,12 @@ def _run_audit(args: argparse.Namespace) -> int:
             select_backend(gpu=gpu, vllm=args.vllm, env={})
         out = _audit_out(args)
         rows = audit_rows(args.path, reference=args.reference, gpus=gpus, vllm=args.vllm,
-                          workers=args.workers, dask=args.dask, progress=True)
+                          workers=args.workers, dask=args.dask, progress=True,
+                          format=args.source_format)
         if out is not None:
             _render_audit(rows, out, str(args.path))
     except _INPUT_ERRORS as exc:
-        return _error("audit", exc)
+        return _error("audit", _as_flag(exc, "format", "--format"))
     except KeyboardInterrupt:  # the --out folder this run made goes too when nothing is in it
         if made and out is not None and not any(out.iterdir()):
             out.rmdir()
@@ -304,6 +323,7 @@ def _add_convert(parser: argparse.ArgumentParser) -> None:
                         help="format of DST")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace DST when it holds only checkpoint files")
+    _add_source_format(parser, "--from")
     _add_where(parser)
 
 
@@ -312,11 +332,12 @@ def _run_convert(args: argparse.Namespace) -> int:
 
     try:
         report = convert(args.src, args.dst, format=args.format, overwrite=args.overwrite,
-                         workers=args.workers, dask=args.dask, progress=True)
+                         source_format=args.source_format, workers=args.workers, dask=args.dask,
+                         progress=True)
     except _INPUT_ERRORS as exc:
         if isinstance(exc, FileExistsError):  # the library's keyword, said as the flag
             exc = FileExistsError(str(exc).replace("overwrite=True", "--overwrite"))
-        return _error("convert", exc)
+        return _error("convert", _as_flag(exc, "source_format", "--from"))
     print(report.summary())
     for key in report.not_round_trip:
         print(f"  not round-tripping: {key}")

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 from nvfp4lab.checkpoint.files import CheckpointError, LayerNames
-from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, format_spec
+from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.checkpoint.stream import Inventory, RowReader, TensorInfo, inventory, read_scalar
 from nvfp4lab.checkpoint.stream import run_tasks as _run_tasks
 from nvfp4lab.checkpoint.validation import input_problems, weight_problems
@@ -425,6 +425,7 @@ def audit_rows(
     workers: int | None = None,
     dask: str | None = None,
     progress: bool = False,
+    format: str | None = None,
 ) -> list[dict[str, Any]]:
     """The audit table of the checkpoint folder ``path`` as a list of rows (dicts), one per
     quantized layer in checkpoint order (see the module docstring for the checks).
@@ -432,9 +433,10 @@ def audit_rows(
     ``reference``: a float checkpoint folder (safetensors with ``<layer>.weight``) for the weight
     SQNR. ``gpus``: catalogue names whose vLLM kernel is reported (``vllm``: the release, default
     the latest modelled). ``workers`` / ``dask`` / ``progress``: where the per-layer tasks run
-    (:func:`~nvfp4lab.checkpoint.stream.run_tasks`).
+    (:func:`~nvfp4lab.checkpoint.stream.run_tasks`). ``format``: the checkpoint format to read
+    (default: detected; :func:`~nvfp4lab.checkpoint.formats.detect_format`).
     """
-    inv = inventory(path)
+    inv = inventory(path, detect_format(path, format))
     if not inv.layers:
         raise CheckpointError(f"{path}: no quantized layer found in the weight files")
     tasks = _tasks(inv, _reference_inventory(reference), _stores_input(inv))

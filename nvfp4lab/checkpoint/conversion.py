@@ -29,12 +29,20 @@ overwrite rules of :func:`~nvfp4lab.checkpoint.writer.save_pretrained`.
 
 Everything in a source folder that is not a weight is copied byte for byte, as
 ``save_pretrained`` users expect (README, custom modelling code of ``auto_map``, processor
-configs, sub-folders such as ``2_Normalize/``): all but the top-level ``*.safetensors`` files and
-the source's weight files, their index, ``config.json`` (rewritten) and the formats'
-quantization config files (written anew). A symlink to a file is copied as the file it points to
-(a Hugging Face cache snapshot is made of them); a symlink to a folder, or a dangling one, is
-refused; hidden folders (``.git``, ``.cache``) are left out. A source that is one file (a
-``.gguf`` file) has nothing else to copy.
+configs, sub-folders such as ``2_Normalize/``): all but the top-level ``*.safetensors`` files,
+the source's weight files and every format's fixed weight file names (a ``model.gguf`` beside a
+compressed-tensors checkpoint read with ``source_format=``), their index, ``config.json``
+(rewritten) and the formats' quantization config files (written anew); hidden folders
+(``.git``, ``.cache``) are left out.
+Before anything is read or written, every entry of the source folder is checked with the one rule
+of :func:`~nvfp4lab.checkpoint.folders.unsafe_entries`: a symlink is copied as the file it points
+to only when that file lies inside the folder or, for a Hugging Face cache snapshot
+(``models--*/snapshots/<rev>``, which is made of links ``../../blobs/<hash>``), in its
+repository's ``blobs/``; a link elsewhere (``README.md -> /etc/hostname``: a local file pulled
+into a folder the user may upload), a FIFO, a device, a linked folder, a dangling link or a link
+loop is refused, all of them listed in one error. A source that is one file (a ``.gguf`` file)
+has nothing else to copy; a Hugging Face cache ``models--*`` folder is read at the snapshot its
+``refs/main`` names.
 """
 
 from __future__ import annotations
@@ -61,12 +69,14 @@ from nvfp4lab.checkpoint.files import (
     StoredTensor,
     TaskRunner,
     Unquantized,
+    check_readable,
     check_target,
     folder_entries,
     read_json,
     tensor_scale_error,
 )
-from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, format_spec
+from nvfp4lab.checkpoint.folders import hf_snapshot
+from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.checkpoint.stream import (
     Inventory,
     check_workers,
@@ -234,24 +244,32 @@ def _index_metadata(inv: Inventory) -> dict[str, Any]:
     return dict(meta) if isinstance(meta, dict) else {}
 
 
+def _hidden(rel: Path, kind: str) -> bool:
+    """An entry of a hidden folder (``.git/...``) or a hidden empty folder: never copied."""
+    return rel.parts[0].startswith(".") and (len(rel.parts) > 1 or kind == "empty folder")
+
+
+def _check_source(src: Path) -> None:
+    """Refuse a source folder holding anything convert must not read or copy, listing every
+    such entry (:func:`~nvfp4lab.checkpoint.files.check_readable`); hidden folders are not
+    read."""
+    check_readable(src, [rel for rel, kind in folder_entries(src)
+                         if kind != "empty folder" and not _hidden(rel, kind)])
+
+
 def _side_files(src: Path, weights: Sequence[Path]) -> list[tuple[Path, str]]:
     """What :func:`convert` copies from ``src`` (see the module docstring): (relative path,
-    "file" or "empty folder"), a symlink to a file as a file."""
+    "file" or "empty folder"), a symlink (checked by :func:`_check_source`) as a file."""
     skip = {WEIGHTS_INDEX_NAME, *(f for spec in FORMATS.values() for f in spec.config_files),
+            *(f for spec in FORMATS.values() for f in spec.weight_files),
             *(p.name for p in weights), CONFIG_NAME}
     out: list[tuple[Path, str]] = []
     for rel, kind in folder_entries(src):
         top = rel.parts[0]
-        if (len(rel.parts) == 1 and (top in skip or rel.suffix == ".safetensors")) or (
-                top.startswith(".") and (len(rel.parts) > 1 or kind == "empty folder")):
+        if (len(rel.parts) == 1 and (top in skip or rel.suffix == ".safetensors")) or _hidden(
+                rel, kind):
             continue
-        if kind == "symlink":
-            if (src / rel).is_dir() or not (src / rel).exists():
-                raise CheckpointError(
-                    f"{src / rel} is a symlink to a folder or to nothing; convert copies files, "
-                    "never linked folders: replace it with a copy or remove it")
-            kind = "file"
-        out.append((rel, kind))
+        out.append((rel, "file" if kind == "symlink" else kind))
     return out
 
 
@@ -290,14 +308,17 @@ def convert(
     dst: str | os.PathLike[str],
     *,
     format: str,
+    source_format: str | None = None,
     overwrite: bool = False,
     workers: int | None = None,
     dask: str | None = None,
     progress: bool = False,
 ) -> ConvertReport:
-    """Convert the NVFP4 checkpoint ``src`` (a folder, or a ``.gguf`` file) to ``format`` (a
-    :class:`~nvfp4lab.vocab.CheckpointFormat`) in the new folder ``dst``; returns a
-    :class:`ConvertReport`.
+    """Convert the NVFP4 checkpoint ``src`` (a folder, a ``.gguf`` file or a Hugging Face cache
+    ``models--*`` folder) to ``format`` (a :class:`~nvfp4lab.vocab.CheckpointFormat`) in the new
+    folder ``dst``; returns a :class:`ConvertReport`. ``source_format``: the format to read
+    ``src`` as (default: detected, :func:`~nvfp4lab.checkpoint.formats.detect_format`; needed
+    where a folder holds several, such as a compressed-tensors folder with a ``.gguf`` file).
 
     Codes and block scales keep their values and bytes (repacked where a format lays them out
     in other blocks: GGUF), every unquantized tensor is copied byte for byte (GGUF writes 1-D
@@ -319,9 +340,11 @@ def convert(
             f"{dst_spec.title} is written in this process: workers and dask (--workers, --dask) "
             "apply to the safetensors formats only; leave them out"
         )
-    source, target = Path(src), Path(dst)
+    source, target = hf_snapshot(Path(src)), Path(dst)
     _check_overlap(source, target)
-    inv = inventory(source)
+    if source.is_dir():
+        _check_source(source)  # links out of the folder, devices, FIFOs: before anything is read
+    inv = inventory(source, detect_format(source, source_format, keyword="source_format"))
     side = _side_files(source, inv.files) if source.is_dir() else []
     check_target(target, overwrite, _members(side))
     if inv.fmt == target_format:

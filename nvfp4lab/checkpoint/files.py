@@ -34,18 +34,23 @@ import numpy as np
 import torch
 
 from nvfp4lab.checkpoint.folders import (  # re-exported: files.py held them before
+    LFS_POINTER_NOTE,
     OWNER_MARKER,
     check_target,
     folder_entries,
     fresh_dir,
+    lfs_pointer,
     remove_stale_dirs,
     replace_dir,
+    unsafe_entries,
+    unsafe_message,
 )
 from nvfp4lab.checkpoint.validation import header_problem
 from nvfp4lab.vocab import Scheme
 
 __all__ = [
     "CONFIG_NAME",
+    "LFS_POINTER_NOTE",
     "OWNER_MARKER",
     "PICKLE_SUFFIXES",
     "SOURCE_ATTRIBUTE",
@@ -65,9 +70,11 @@ __all__ = [
     "TensorSource",
     "Unquantized",
     "WeightFiles",
+    "check_readable",
     "check_target",
     "folder_entries",
     "fresh_dir",
+    "lfs_pointer",
     "missing_tensor",
     "quantization_block",
     "read_exact",
@@ -148,38 +155,51 @@ class WeightFiles:
     weight_map: dict[str, Path] | None = None
 
 
+def check_readable(directory: Path, paths: Sequence[Path]) -> None:
+    """Refuse (CheckpointError listing them all) the ``paths`` of the checkpoint folder
+    ``directory`` that nvfp4lab must not read: links resolving outside it (but a Hugging Face
+    cache snapshot's links into its ``blobs/``) and anything but regular files
+    (:func:`~nvfp4lab.checkpoint.folders.unsafe_entries`, the one rule)."""
+    found = unsafe_entries(directory, paths)
+    if found:
+        raise CheckpointError(unsafe_message(directory, found))
+
+
 def _index_map(directory: Path, index: Path) -> dict[str, Path]:
-    """``weight_map`` of ``index`` with every file checked to lie inside ``directory``."""
+    """``weight_map`` of ``index`` with every file named inside ``directory`` (links are
+    checked by :func:`check_readable`, which lets a Hugging Face cache snapshot's through)."""
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index} has no weight_map")
-    root = directory.resolve()
     out: dict[str, Path] = {}
     for key, name in weight_map.items():
         rel = Path(str(name))
-        target = (directory / rel).resolve()
-        if rel.is_absolute() or not target.is_relative_to(root):
+        if rel.is_absolute() or os.path.normpath(rel).split(os.sep)[0] in ("..", ".", ""):
             raise CheckpointError(
                 f"{index}: weight_map sends {key!r} to {str(name)!r}, outside the checkpoint "
                 "folder; a checkpoint's files must lie inside its folder"
             )
         if rel.suffix in PICKLE_SUFFIXES:
             raise refuse_pickle(directory / rel)
-        out[str(key)] = directory / rel
+        out[str(key)] = directory / os.path.normpath(rel)
     return out
 
 
 def weight_files(directory: Path) -> WeightFiles:
-    """The safetensors files of a checkpoint directory (and its index's map), refusing pickles."""
+    """The safetensors files of a checkpoint directory (and its index's map), refusing pickles
+    and, with the index, any of them that is a link out of the folder or not a regular file
+    (:func:`check_readable`)."""
     index = directory / WEIGHTS_INDEX_NAME
-    if index.is_file():
+    if os.path.lexists(index):
+        check_readable(directory, [index])
         weight_map = _index_map(directory, index)
-        return WeightFiles(sorted(set(weight_map.values())), weight_map)
+        files = sorted(set(weight_map.values()))
+        check_readable(directory, [f for f in files if os.path.lexists(f)])
+        return WeightFiles(files, weight_map)
     single = directory / WEIGHTS_NAME
-    if single.is_file():
-        return WeightFiles([single])
-    found = sorted(directory.glob("*.safetensors"))
+    found = [single] if os.path.lexists(single) else sorted(directory.glob("*.safetensors"))
     if found:
+        check_readable(directory, found)
         return WeightFiles(found)
     pickles = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
@@ -474,6 +494,8 @@ def read_header(file: Path) -> tuple[int, dict[str, Any]]:
             head = handle.read(8)
             size = int.from_bytes(head, "little") if len(head) == 8 else -1
             if not 0 < size <= MAX_HEADER_BYTES:
+                if lfs_pointer(file):
+                    raise CheckpointError(f"{file} {LFS_POINTER_NOTE}")
                 raise CheckpointError(f"{file}: not a safetensors file (bad header length)")
             header = json.loads(handle.read(size))
     except FileNotFoundError:

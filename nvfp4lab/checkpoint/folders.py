@@ -6,23 +6,41 @@ and renamed into place at the end (:func:`replace_dir`). Before anything is writ
 :func:`check_target` refuses a target holding anything that is not a checkpoint file (listing
 files, symlinks and empty folders, :func:`folder_entries`); the final rename refuses a target that
 changed meanwhile, so nothing a user put there is lost.
+
+What nvfp4lab reads from a checkpoint folder obeys one rule (:func:`unsafe_entries`): regular
+files whose real path lies inside the folder, or, for a Hugging Face cache snapshot
+(``models--<org>--<name>/snapshots/<rev>``, :func:`hf_blobs`), inside its repository's ``blobs/``
+folder, where huggingface_hub's relative links ``../../blobs/<hash>`` point. A link elsewhere
+(``README.md -> /etc/hostname``) would pull a local file into a folder the user may upload; a
+FIFO, a device (``-> /dev/zero``), a folder, a dangling link or a link loop cannot be read as a
+file. :func:`hf_snapshot` turns a ``models--*`` folder into the snapshot ``refs/main`` names;
+:func:`lfs_pointer` tells an un-fetched git-LFS pointer file from the file it stands for.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import shutil
+import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = [
+    "LFS_POINTER_NOTE",
     "OWNER_MARKER",
     "check_target",
     "folder_entries",
     "fresh_dir",
+    "hf_blobs",
+    "hf_snapshot",
+    "lfs_pointer",
     "remove_stale_dirs",
     "replace_dir",
+    "unsafe_entries",
+    "unsafe_message",
 ]
 
 
@@ -197,3 +215,134 @@ def replace_dir(tmp: Path, target: Path, *, overwrite: bool = True,
             raise _changed(target, f"the folder that was there is kept as {old}") from None
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# what may be read from a checkpoint folder
+
+
+#: The first line of a git-LFS pointer file (the text git leaves where ``git lfs pull`` has not
+#: fetched the real file).
+LFS_POINTER_HEAD = b"version https://git-lfs.github.com/spec/v1"
+
+#: How an LFS pointer read as a checkpoint file is named, after its path.
+LFS_POINTER_NOTE = ("is an un-fetched git-LFS pointer (a small text file standing for the real "
+                    "one); run git lfs pull in its repository (or download the file) and try "
+                    "again")
+
+
+def lfs_pointer(file: Path) -> bool:
+    """Whether the regular file ``file`` starts as a git-LFS pointer does (False when it
+    cannot be read; never opens anything but a regular file, which could block)."""
+    try:
+        if not stat.S_ISREG(os.stat(file).st_mode):
+            return False
+        with open(file, "rb") as handle:
+            return handle.read(len(LFS_POINTER_HEAD)) == LFS_POINTER_HEAD
+    except OSError:
+        return False
+
+
+#: A Hugging Face cache repository folder: ``models--<org>--<name>`` (huggingface_hub's
+#: ``repo_folder_name``).
+HF_REPO_PREFIX = "models--"
+
+
+def hf_blobs(folder: Path) -> Path | None:
+    """The ``blobs/`` folder (resolved) of the Hugging Face cache repository whose snapshot
+    ``folder`` is or lies in (``models--*/snapshots/<rev>[/sub]``, symlinks resolved), else
+    None."""
+    real = folder.resolve()
+    for inner in (real, *real.parents):
+        snapshots = inner.parent
+        if snapshots.name == "snapshots" and snapshots.parent.name.startswith(HF_REPO_PREFIX):
+            return (snapshots.parent / "blobs").resolve()
+    return None
+
+
+_REVISION = re.compile(r"[0-9A-Za-z._-]+")
+
+
+def hf_snapshot(path: Path) -> Path:
+    """``path``, or, when it is a Hugging Face cache repository folder (``models--*`` holding
+    ``snapshots/`` and no ``config.json``), the snapshot its ``refs/main`` names; ValueError
+    naming the folders to pass when ``refs/main`` is missing, unreadable or names no
+    snapshot."""
+    if not (path.name.startswith(HF_REPO_PREFIX) and (path / "snapshots").is_dir()
+            and not (path / "config.json").exists()):
+        return path
+    snapshots = sorted(p.name for p in (path / "snapshots").iterdir() if p.is_dir())
+    choices = ", ".join(str(path / "snapshots" / name) for name in snapshots[:3]) or "none"
+    ref = path / "refs" / "main"
+    try:
+        revision = ref.read_text(encoding="ascii").strip() if ref.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        revision = ""
+    if (not _REVISION.fullmatch(revision) or revision in (".", "..")
+            or not (path / "snapshots" / revision).is_dir()):
+        raise ValueError(
+            f"{path} is a Hugging Face cache folder whose refs/main names no snapshot "
+            f"({revision[:60]!r}); pass one of its snapshot folders ({choices})")
+    return path / "snapshots" / revision
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _not_a_file(path: Path) -> str | None:
+    """What ``path`` (links followed) is when it is not a regular file, else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a dangling link, pointing to nothing"
+    except OSError as exc:
+        return "a symlink loop" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror})"
+    return next((kind for test, kind in _KINDS if test(mode)), None)
+
+
+def unsafe_entries(folder: Path, paths: Iterable[Path]) -> list[str]:
+    """Each of ``paths`` (inside ``folder``, absolute or relative to it) that nvfp4lab must not
+    read, described in a few words (``README.md -> /etc/hostname (outside the checkpoint
+    folder)``, ``zero -> /dev/zero (outside the checkpoint folder; a character device)``,
+    ``pipe (a named pipe)``): those whose real path lies outside ``folder`` (and
+    outside the ``blobs/`` folder of a Hugging Face cache snapshot, :func:`hf_blobs`), and
+    those that are not regular files. Empty when all may be read."""
+    base = folder.absolute()
+    roots = [base.resolve()]
+    blobs = hf_blobs(base)
+    out: list[str] = []
+    for given in paths:
+        path = base / given
+        rel = path.relative_to(base) if path.is_relative_to(base) else path
+        problems = []
+        real = Path(os.path.realpath(path))
+        if not (any(real.is_relative_to(root) for root in roots)
+                or (blobs is not None and real.parent == blobs)):
+            problems.append("outside the checkpoint folder")
+        kind = _not_a_file(path)
+        if kind is not None:
+            problems.append(kind)
+        if not problems:
+            continue
+        if path.is_symlink():
+            target = os.readlink(path)
+            shown = f"{rel} -> {target}"
+            if not os.path.isabs(target) and kind is None:
+                shown += f" = {real}"
+        else:
+            shown = str(rel) if real == path else f"{rel} (= {real})"
+        out.append(f"{shown} ({'; '.join(problems)})")
+    return out
+
+
+def unsafe_message(folder: Path, found: list[str]) -> str:
+    """The one-line refusal of what :func:`unsafe_entries` found in ``folder``."""
+    return (
+        f"{folder}: {len(found)} entr{'y' if len(found) == 1 else 'ies'} nvfp4lab will not read "
+        f"({', '.join(found)}); it reads and copies only regular files inside the checkpoint "
+        "folder (and a Hugging Face cache snapshot's links into its blobs/ folder), so that no "
+        "other file of this machine ends up in a checkpoint: replace each with a regular file "
+        "(a copy of what it should hold), or remove it"
+    )

@@ -33,6 +33,7 @@ from nvfp4lab.checkpoint.files import (
     stored_meta,
     tensor_scale_error,
 )
+from nvfp4lab.checkpoint.folders import hf_snapshot
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
@@ -243,12 +244,15 @@ def load(
     dtype: torch.dtype | None = None,
     model_class: type[nn.Module] | None = None,
     strict: bool = True,
+    format: str | None = None,
 ) -> nn.Module:
     """Load an NVFP4 checkpoint (any format nvfp4lab knows) into a transformers model.
 
     ``path``: the checkpoint folder, or the file of a format kept in one file (a ``.gguf`` file;
-    a folder holding exactly one ``.gguf`` file is read as that file). The format comes from the
-    configuration (:func:`~nvfp4lab.checkpoint.formats.detect_format`).
+    a folder holding exactly one ``.gguf`` file is read as that file), or a Hugging Face cache
+    ``models--*`` folder (its ``refs/main`` snapshot). The format comes from the configuration
+    (:func:`~nvfp4lab.checkpoint.formats.detect_format`); ``format`` (a
+    :class:`~nvfp4lab.vocab.CheckpointFormat`) picks one in a folder that holds several.
     Quantized Linears (as the format's config decides: compressed-tensors' target/ignore
     matching; ModelOpt: every Linear not in ``exclude_modules``, as vLLM does; GGUF: every
     NVFP4 tensor) become :class:`nvfp4lab.NVFP4Linear` (``backend`` passed on) holding the
@@ -264,13 +268,14 @@ def load(
     file. Returns the model in eval mode on ``device``, its
     :data:`~nvfp4lab.checkpoint.files.SOURCE_ATTRIBUTE` set to ``path``.
     """
-    where = Path(path)
+    where = hf_snapshot(Path(path))
     if where.is_file() and where.suffix in PICKLE_SUFFIXES:
         raise refuse_pickle(where)
     if not where.exists():
         raise FileNotFoundError(f"checkpoint directory {where} does not exist")
-    spec = format_spec(detect_format(where))
+    spec = format_spec(detect_format(where, format))
     config = spec.read_config(where)
+    config.checkpoint_scheme()  # one scheme per checkpoint: audit and convert refuse a mix too
     stored = spec.read_weights(where)  # headers validated (the shared validator) on the way
     device = torch.device(device)
     model, dtype = _build_skeleton(spec.model_config(where), stored.directory, dtype,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from nvfp4lab.checkpoint.files import RowReader, TensorInfo, read_scalar
+from nvfp4lab.checkpoint.folders import hf_snapshot
 from nvfp4lab.checkpoint.formats import detect_format, format_spec
 from nvfp4lab.settings import torch_threads, tqdm_class
 from nvfp4lab.vocab import CheckpointFormat
@@ -86,7 +87,7 @@ def inventory(path: str | os.PathLike[str], fmt: str | None = None) -> Inventory
     With an index, each tensor comes from the file its ``weight_map`` names; without one, a
     tensor stored in two files is an error naming both.
     """
-    where = Path(path)
+    where = hf_snapshot(Path(path))  # a Hugging Face cache models--* folder: its snapshot
     form = CheckpointFormat(fmt) if fmt is not None else detect_format(where)
     stored = format_spec(form).read_weights(where)
     return Inventory(stored.directory, form, stored.tensors, stored.files, stored.metadata,

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -20,6 +24,8 @@ from nvfp4lab.execution.dispatch import select_backend
 from nvfp4lab.execution.shared_scales import merge_error
 from nvfp4lab.layout import swizzle_scales
 from tests.checkpoint.builders import copy_checkpoint, file_tensors, tiny_llama
+from tests.checkpoint.hf_cache import LFS_POINTER, hf_cache_layout, sharded_checkpoint
+from tests.processes import ROOT, child_env, cli_here
 
 Q = "model.layers.0.self_attn.q_proj"
 
@@ -210,3 +216,75 @@ def test_csv_has_layer_and_issues(unshared_checkpoint: Path, tmp_path: Path) -> 
     assert list(back.columns[:1]) == ["layer"] and back.columns[-1] == "issues"
     assert list(back["layer"]) == [r["layer"] for r in rows]
     assert json.dumps(list(back.columns)) == json.dumps(list(rows[0]))
+
+
+# --------------------------------------------------------------------------------------------
+# issue 32: folders from strangers, audited as users audit them (``nvfp4lab audit``, a process)
+
+
+def _audit_cli(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nvfp4lab", "audit", *map(str, args)],
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+
+
+def _one_line(done: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def test_issue32_cases_1_2_weights_linked_out_or_not_files_are_refused(
+        nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
+    """issue 32 cases 1 and 2: audit read weights through a link out of the folder, and hung
+    on a FIFO named model.safetensors; both are refused in one line."""
+    path = copy_checkpoint(nvfp4lab_checkpoint, tmp_path / "c")
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    (path / "model.safetensors").rename(elsewhere)
+    (path / "model.safetensors").symlink_to(elsewhere)
+    _one_line(_audit_cli(path), f"nvfp4lab audit: {path}: 1 entry nvfp4lab will not read "
+              f"(model.safetensors -> {elsewhere} (outside the checkpoint folder))")
+    (path / "model.safetensors").unlink()
+    os.mkfifo(path / "model.safetensors")
+    _one_line(_audit_cli(path), "(model.safetensors (a named pipe))")
+
+
+def test_issue32_case14_a_hugging_face_cache_snapshot_audits(tmp_path: Path,
+                                                            capfd: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """issue 32 case 14: ``nvfp4lab audit`` of a sharded checkpoint's Hugging Face cache
+    snapshot (every file a link ../../blobs/<hash>) and of its models--* folder gives the plain
+    folder's table."""
+    plain = sharded_checkpoint(tmp_path / "plain", seed=7)
+    snapshot = hf_cache_layout(plain, tmp_path / "hub")
+    want = auditing.audit_rows(plain, workers=0)
+    done = _audit_cli(snapshot)
+    assert done.returncode == 0, done.stderr
+    assert f"{snapshot}: {len(want)} quantized layers, 0 flagged" in done.stdout
+    assert auditing.audit_rows(snapshot, workers=0) == want
+    repo = snapshot.parent.parent
+    here = cli_here(["audit", str(repo)], capfd)
+    assert here.returncode == 0 and f"{len(want)} quantized layers, 0 flagged" in here.stdout
+
+
+def test_issue32_format_picks_one_of_two_formats(nvfp4lab_checkpoint: Path,
+                                                unshared_checkpoint: Path, tmp_path: Path,
+                                                capfd: pytest.CaptureFixture[str]) -> None:
+    """issue 32: a compressed-tensors folder that also holds a .gguf file audits with
+    --format (format=), and the refusal says so."""
+    both = copy_checkpoint(nvfp4lab_checkpoint, tmp_path / "both")
+    checkpoint.convert(unshared_checkpoint, tmp_path / "gg", format="gguf")
+    shutil.copy(tmp_path / "gg" / "model.gguf", both / "model.gguf")
+    _one_line(_audit_cli(both), "several checkpoint formats at once (compressed-tensors and "
+              "gguf); pass the one to read (--format compressed-tensors or --format gguf)")
+    ct = cli_here(["audit", str(both), "--format", "compressed-tensors"], capfd)
+    assert ct.returncode == 0 and "14 quantized layers, 0 flagged" in ct.stdout
+    assert (auditing.audit_rows(both, format="gguf", workers=0)
+            == auditing.audit_rows(tmp_path / "gg", workers=0))
+    (both / "model.gguf").write_bytes(LFS_POINTER)
+    line = _one_line(cli_here(["audit", str(both), "--format", "gguf"], capfd))
+    assert line == (f"nvfp4lab audit: {both / 'model.gguf'} is an un-fetched git-LFS pointer "
+                    "(a small text file standing for the real one); run git lfs pull in its "
+                    "repository (or download the file) and try again")

@@ -18,6 +18,7 @@ from nvfp4lab.checkpoint import CheckpointError, conversion
 from nvfp4lab.checkpoint.files import read_header
 from nvfp4lab.execution import quantize_model
 from tests.checkpoint.builders import file_tensors, raw, tiny_llama, token_batches
+from tests.checkpoint.hf_cache import LFS_POINTER, hf_cache_layout, sharded_checkpoint
 
 CT_TO_MO = {"weight_packed": "weight", "weight_scale": "weight_scale",
             "weight_global_scale": "weight_scale_2", "input_global_scale": "input_scale"}
@@ -314,15 +315,16 @@ def test_issue19_case7_convert_copies_everything_that_is_not_a_weight(
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(data)
     (src / "2_Normalize").mkdir()
-    (tmp_path / "blob").write_bytes(b"licence text")
-    (src / "LICENSE").symlink_to(tmp_path / "blob")  # a Hugging Face cache snapshot's links
+    (src / "licenses").mkdir()
+    (src / "licenses" / "MIT.txt").write_bytes(b"licence text")
+    (src / "LICENSE").symlink_to("licenses/MIT.txt")  # a link inside the folder: its file
     (src / ".git").mkdir()
     (src / ".git" / "HEAD").write_text("ref")
     mo = tmp_path / "mo"
     done = _convert_cli(src, mo, "--format", "modelopt")
     assert done.returncode == 0, done.stderr
-    # the extras, 2_Normalize/, LICENSE and the source's generation_config.json
-    assert f"{len(extra) + 3} other files copied byte for byte" in done.stdout
+    # the extras, 2_Normalize/, LICENSE, licenses/MIT.txt and the source's generation_config.json
+    assert f"{len(extra) + 4} other files copied byte for byte" in done.stdout
     for rel, data in {**extra, "LICENSE": b"licence text"}.items():
         assert (mo / rel).read_bytes() == data, rel
     assert (mo / "2_Normalize").is_dir() and not (mo / "LICENSE").is_symlink()
@@ -335,7 +337,7 @@ def test_issue19_case7_convert_copies_everything_that_is_not_a_weight(
     assert again.returncode == 0, again.stderr  # what convert copied is part of the checkpoint
     (src / "linked").symlink_to(tmp_path)
     _one_line(_convert_here(capfd, src, tmp_path / "x", "--format", "modelopt"),
-              "linked is a symlink to a folder")
+              f"linked -> {tmp_path} (outside the checkpoint folder; a folder)")
 
 
 def test_issue19_write_path_messages(nvfp4lab_checkpoint: Path, tmp_path: Path,
@@ -381,3 +383,130 @@ def test_issue19_permission_problems_are_named(nvfp4lab_checkpoint: Path,
         locked.chmod(0o755)
     assert [p.name for p in locked.iterdir()] == ["notes.txt"]
     assert _leftovers(tmp_path) == []
+
+
+# --------------------------------------------------------------------------------------------
+# issue 32: source folders from strangers (links out of the folder, devices, FIFOs, the Hugging
+# Face cache layout, a folder holding two formats), run as users run them (a subprocess)
+
+
+def _bounded_cli(*args: object) -> subprocess.CompletedProcess[str]:
+    """``nvfp4lab convert ARGS`` in a subprocess that may write no file over 64 MiB (a copy of
+    ``/dev/zero`` ends in SIGXFSZ instead of filling the disk)."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
+
+    return subprocess.run([sys.executable, "-m", "nvfp4lab", "convert", *map(str, args)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          preexec_fn=limit)
+
+
+@pytest.fixture(scope="module")
+def modelopt_checkpoint(nvfp4lab_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+                        ) -> Path:
+    out = tmp_path_factory.mktemp("mo") / "mo"
+    checkpoint.convert(nvfp4lab_checkpoint, out, format="modelopt", workers=0)
+    return out
+
+
+@pytest.mark.parametrize("target", ["compressed-tensors", "modelopt", "gguf"])
+def test_issue32_case1_links_out_of_the_source_are_refused_before_writing(
+        nvfp4lab_checkpoint: Path, modelopt_checkpoint: Path, tmp_path: Path,
+        target: str) -> None:
+    """issue 32 case 1: README.md -> /etc/hostname, sub/notes.txt -> /etc/passwd and a relative
+    ../../../secret were copied into DST; every one is listed and nothing is written."""
+    base = modelopt_checkpoint if target == "compressed-tensors" else nvfp4lab_checkpoint
+    src = tmp_path / "src"
+    shutil.copytree(base, src)
+    (tmp_path / "secret").write_text("my private key")
+    (src / "sub" / "deeper").mkdir(parents=True)
+    (src / "README.md").symlink_to("/etc/hostname")
+    (src / "sub" / "notes.txt").symlink_to("/etc/passwd")
+    (src / "sub" / "deeper" / "secret").symlink_to("../../../secret")
+    dst = tmp_path / "dst"
+    line = _one_line(_bounded_cli(src, dst, "--format", target), f"{src}: 3 entries",
+                     "README.md -> /etc/hostname (outside the checkpoint folder)",
+                     "sub/notes.txt -> /etc/passwd (outside the checkpoint folder)",
+                     f"sub/deeper/secret -> ../../../secret = {tmp_path / 'secret'} (outside")
+    assert "replace each with a regular file" in line
+    assert not dst.exists() and _leftovers(tmp_path) == []
+
+
+def test_issue32_case2_devices_fifos_and_loops_are_refused(nvfp4lab_checkpoint: Path,
+                                                          tmp_path: Path) -> None:
+    """issue 32 case 2: a link to /dev/zero was copied until the disk was full; a FIFO, a link
+    loop and a device are refused by the same rule, before anything is written."""
+    src = tmp_path / "src"
+    shutil.copytree(nvfp4lab_checkpoint, src)
+    (src / "zero").symlink_to("/dev/zero")
+    os.mkfifo(src / "pipe")
+    (src / "sub").mkdir()
+    (src / "sub" / "loop").symlink_to("loop")
+    dst = tmp_path / "dst"
+    _one_line(_bounded_cli(src, dst, "--format", "modelopt"), f"{src}: 3 entries",
+              "pipe (a named pipe)", "sub/loop -> loop (a symlink loop)",
+              "zero -> /dev/zero (outside the checkpoint folder; a character device)")
+    assert not dst.exists() and _leftovers(tmp_path) == []
+
+
+def test_issue32_case14_a_hugging_face_cache_snapshot_converts_to_real_files(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """issue 32 case 14: the snapshot of a sharded checkpoint in the Hugging Face cache layout
+    (every file a link ../../blobs/<hash>) converts as the plain folder does, into real files;
+    the models--* folder itself reads at refs/main's snapshot."""
+    plain = sharded_checkpoint(tmp_path / "plain", seed=4)
+    (plain / "README.md").write_text("# tiny\n")
+    snapshot = hf_cache_layout(plain, tmp_path / "hub")
+    done = _convert_cli(snapshot, tmp_path / "mo", "--format", "modelopt")
+    assert done.returncode == 0, done.stderr
+    checkpoint.convert(plain, tmp_path / "want", format="modelopt", workers=0)
+    got = {p.relative_to(tmp_path / "mo"): p for p in (tmp_path / "mo").rglob("*")}
+    assert not any(p.is_symlink() for p in got.values())
+    want = {p.relative_to(tmp_path / "want"): p.read_bytes()
+            for p in (tmp_path / "want").rglob("*")}
+    assert {rel: p.read_bytes() for rel, p in got.items()} == want
+    assert (tmp_path / "mo" / "README.md").read_text() == "# tiny\n"
+    repo = snapshot.parent.parent
+    assert _convert_here(capfd, repo, tmp_path / "gg", "--format", "gguf").returncode == 0
+    checkpoint.convert(plain, tmp_path / "gg-want", format="gguf")
+    assert not (tmp_path / "gg" / "model.gguf").is_symlink()
+    assert ((tmp_path / "gg" / "model.gguf").read_bytes()
+            == (tmp_path / "gg-want" / "model.gguf").read_bytes())
+
+
+def test_issue32_a_compressed_tensors_folder_with_a_gguf_file(
+        nvfp4lab_checkpoint: Path, unshared_checkpoint: Path, tmp_path: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """issue 32: a compressed-tensors folder that also holds a .gguf file (or an un-fetched
+    git-LFS pointer named so) was unreadable; --from picks the format and the error says so."""
+    both = tmp_path / "both"
+    shutil.copytree(nvfp4lab_checkpoint, both)
+    checkpoint.convert(unshared_checkpoint, tmp_path / "other", format="gguf")  # other bytes
+    shutil.copy(tmp_path / "other" / "model.gguf", both / "model.gguf")
+    _one_line(_convert_cli(both, tmp_path / "x", "--format", "modelopt"),
+              f"{both} looks like several checkpoint formats at once (compressed-tensors and "
+              "gguf)", "--from compressed-tensors or --from gguf")
+    done = _convert_here(capfd, both, tmp_path / "gg", "--format", "gguf", "--from",
+                         "compressed-tensors")
+    assert done.returncode == 0, done.stderr
+    checkpoint.convert(nvfp4lab_checkpoint, tmp_path / "want", format="gguf")
+    assert ((tmp_path / "gg" / "model.gguf").read_bytes()  # written, not the stale file
+            == (tmp_path / "want" / "model.gguf").read_bytes())
+    done = _convert_here(capfd, both, tmp_path / "ct", "--format", "compressed-tensors",
+                         "--from", "gguf")
+    assert done.returncode == 0, done.stderr
+    (both / "model.gguf").write_bytes(LFS_POINTER)
+    pointer = f"{both / 'model.gguf'} is an un-fetched git-LFS pointer"
+    _one_line(_convert_here(capfd, both, tmp_path / "y", "--format", "modelopt"),
+              "several checkpoint formats at once", pointer, "run git lfs pull",
+              "--from compressed-tensors or --from gguf")
+    _one_line(_convert_here(capfd, both, tmp_path / "y", "--format", "modelopt", "--from",
+                            "gguf"), pointer)
+    report = checkpoint.convert(both, tmp_path / "y", format="modelopt",
+                                source_format="compressed-tensors")
+    assert "model.gguf" not in report.copied and not (tmp_path / "y" / "model.gguf").exists()
+    with pytest.raises(CheckpointError, match="source_format='compressed-tensors' or "
+                                              "source_format='gguf'"):
+        checkpoint.convert(both, tmp_path / "z", format="modelopt")

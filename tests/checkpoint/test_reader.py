@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ from tests.checkpoint.builders import (
     tiny_llama,
     token_batches,
 )
+from tests.checkpoint.hf_cache import LFS_POINTER, hf_cache_layout, sharded_checkpoint
 
 
 def ct_quantize_and_save(model: torch.nn.Module, path: Path, scheme: str = "NVFP4") -> None:
@@ -286,3 +288,84 @@ def test_truncated_safetensors(nvfp4lab_checkpoint: Path, tmp_path: Path) -> Non
     with pytest.raises(CheckpointError, match="truncated") as err:
         checkpoint.load(path)
     assert str(file) in str(err.value)
+
+
+# --------------------------------------------------------------------------------------------
+# issue 32: folders from strangers (links out of the folder, the Hugging Face cache layout, a
+# folder holding two formats, git-LFS pointers)
+
+
+def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert sa[key].dtype == sb[key].dtype and torch.equal(raw(sa[key]), raw(sb[key])), key
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sharded_checkpoint(tmp_path_factory.mktemp("sharded") / "ckpt", seed=6)
+
+
+def test_issue32_case1_weights_are_never_read_through_a_link_out(
+        nvfp4lab_checkpoint: Path, sharded: Path, tmp_path: Path) -> None:
+    """issue 32 case 1: a weight file that is a link to a file outside the folder (and outside
+    a Hugging Face cache's blobs) is refused with the convert's words."""
+    path = copy_checkpoint(nvfp4lab_checkpoint, tmp_path / "c")
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    (path / "model.safetensors").rename(elsewhere)
+    (path / "model.safetensors").symlink_to(elsewhere)
+    with pytest.raises(CheckpointError, match=rf"^{path}: 1 entry nvfp4lab will not read "
+                                              rf"\(model\.safetensors -> {elsewhere} \(outside "
+                                              r"the checkpoint folder\)\)"):
+        checkpoint.load(path)
+    shards = copy_checkpoint(sharded, tmp_path / "s")
+    first = sorted(shards.glob("*.safetensors"))[0]
+    first.rename(tmp_path / "shard")
+    first.symlink_to("../shard")
+    with pytest.raises(CheckpointError, match=rf"{first.name} -> \.\./shard = "
+                                              rf"{tmp_path / 'shard'} \(outside"):
+        checkpoint.load(shards)
+    gguf = tmp_path / "gg"
+    checkpoint.convert(nvfp4lab_checkpoint, gguf, format="gguf")
+    (gguf / "model.gguf").rename(tmp_path / "elsewhere.gguf")
+    (gguf / "model.gguf").symlink_to(tmp_path / "elsewhere.gguf")
+    with pytest.raises(CheckpointError, match=r"model\.gguf -> .*elsewhere\.gguf \(outside"):
+        checkpoint.load(gguf)  # a folder holding one .gguf: the same rule
+    assert checkpoint.load(gguf / "model.gguf") is not None  # the file named by the user
+
+
+def test_issue32_case14_a_hugging_face_cache_snapshot_loads(sharded: Path,
+                                                           tmp_path: Path) -> None:
+    """issue 32 case 14: the snapshot of a sharded checkpoint laid out as the Hugging Face cache
+    lays it out (index, shards and config links ../../blobs/<hash>) loads as the plain folder
+    does; so does the models--* folder (its refs/main snapshot)."""
+    snapshot = hf_cache_layout(sharded, tmp_path / "hub")
+    assert (snapshot / "model.safetensors.index.json").is_symlink()
+    want = checkpoint.load(sharded)
+    _same_state(checkpoint.load(snapshot), want)
+    _same_state(checkpoint.load(snapshot.parent.parent), want)
+
+
+def test_issue32_format_picks_one_of_two_formats_and_lfs_pointers_are_named(
+        nvfp4lab_checkpoint: Path, unshared_checkpoint: Path, tmp_path: Path) -> None:
+    """issue 32: a compressed-tensors folder that also holds a .gguf file reads with format=;
+    a git-LFS pointer where a weight file should be is named as such."""
+    both = copy_checkpoint(nvfp4lab_checkpoint, tmp_path / "both")
+    checkpoint.convert(unshared_checkpoint, tmp_path / "gg", format="gguf")
+    shutil.copy(tmp_path / "gg" / "model.gguf", both / "model.gguf")
+    with pytest.raises(CheckpointError, match=r"several checkpoint formats at once .*"
+                                              r"format='compressed-tensors' or format='gguf'"):
+        checkpoint.load(both)
+    _same_state(checkpoint.load(both, format="compressed-tensors"),
+                checkpoint.load(nvfp4lab_checkpoint))
+    _same_state(checkpoint.load(both, format="gguf"),
+                checkpoint.load(tmp_path / "gg" / "model.gguf"))
+    with pytest.raises(CheckpointError, match=r"is not a 'modelopt' \(NVFP4\) checkpoint, which "
+                                              r"format='modelopt' asks for"):
+        checkpoint.load(both, format="modelopt")
+    (both / "model.gguf").unlink()
+    (both / "model.safetensors").write_bytes(LFS_POINTER)
+    with pytest.raises(CheckpointError, match=rf"^{both / 'model.safetensors'} is an "
+                                              r"un-fetched git-LFS pointer .*git lfs pull"):
+        checkpoint.load(both)

@@ -41,6 +41,7 @@ from nvfp4lab.checkpoint.files import (
     TaskRunner,
     quantization_block,
 )
+from nvfp4lab.checkpoint.folders import hf_snapshot
 from nvfp4lab.checkpoint.formats import compressed_tensors, gguf, modelopt
 from nvfp4lab.vocab import CheckpointFormat, Scheme, check_choice
 
@@ -181,23 +182,48 @@ def _and(items: Sequence[str]) -> str:
     return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def detect_format(path: str | Path) -> CheckpointFormat:
-    """The format of the checkpoint at ``path`` (a folder, or the file of a format kept in one
-    file), from its configuration alone: the one format of :data:`FORMATS` whose ``detect``
-    accepts it.
+def detect_format(path: str | Path, fmt: object = None, *,
+                  keyword: str = "format") -> CheckpointFormat:
+    """The format of the checkpoint at ``path`` (a folder, the file of a format kept in one
+    file, or a Hugging Face cache ``models--*`` folder, read at its ``refs/main`` snapshot),
+    from its configuration alone: the one format of :data:`FORMATS` whose ``detect`` accepts
+    it; ``fmt`` (a member or its string) picks one instead, checked with its ``detect``.
 
     Raises :class:`CheckpointError` (or FileNotFoundError for a missing path) naming what was
-    found instead.
+    found instead; a folder that looks like several formats (a compressed-tensors folder that
+    also holds a ``.gguf`` file, or an un-fetched git-LFS pointer named so) is refused with
+    the ``keyword=`` values that pick one (``keyword``: the caller's parameter for ``fmt``).
     """
-    where = Path(path)
+    where = hf_snapshot(Path(path))
     if not where.exists():
         raise FileNotFoundError(f"checkpoint folder {where} does not exist")
-    found = [fmt for fmt, spec in FORMATS.items() if spec.detect(where)]
-    if len(found) == 1:
+    if fmt is not None:
+        chosen = CheckpointFormat(check_choice(keyword, fmt, CheckpointFormat))
+        if not FORMATS[chosen].detect(where):
+            raise CheckpointError(f"{where} is not a {FORMATS[chosen].description} checkpoint, "
+                                  f"which {keyword}={chosen.value!r} asks for; pass the format "
+                                  "it is, or leave it out to detect it")
+        return chosen
+    found: list[CheckpointFormat] = []
+    problems: dict[CheckpointFormat, str] = {}
+    for form, spec in FORMATS.items():
+        try:
+            if spec.detect(where):
+                found.append(form)
+        except CheckpointError as exc:
+            problems[form] = str(exc)
+    if len(found) == 1 and not problems:
         return found[0]
-    if found:
+    if len(found) + len(problems) > 1:
+        seen = [f.value if f not in problems else f"{f.value}: {problems[f]}"
+                for f in FORMATS if f in found or f in problems]
+        picks = " or ".join(f"{keyword}={f.value!r}" for f in FORMATS
+                            if f in found or f in problems)
         raise CheckpointError(f"{where} looks like several checkpoint formats at once "
-                              f"({_and([f.value for f in found])}); remove the stale config")
+                              f"({_and(seen)}); pass the one to read ({picks}), or remove the "
+                              "stale files")
+    if problems:
+        raise CheckpointError(next(iter(problems.values())))
     if not where.is_dir():
         raise CheckpointError(f"{where} is a file nvfp4lab does not read as a checkpoint; pass "
                               "the checkpoint folder")

@@ -71,6 +71,7 @@ import torch
 from torch import nn
 
 from nvfp4lab.checkpoint.files import (
+    LFS_POINTER_NOTE,
     ST_DTYPES,
     CheckpointError,
     Contents,
@@ -79,6 +80,8 @@ from nvfp4lab.checkpoint.files import (
     StoredWeights,
     TaskRunner,
     TensorInfo,
+    check_readable,
+    lfs_pointer,
     read_rows,
     tensor_bytes,
 )
@@ -174,6 +177,7 @@ def gguf_file(path: str | os.PathLike[str]) -> Path:
             raise CheckpointError(f"{where} holds {len(found)} {SUFFIX} files "
                                   f"({', '.join(p.name for p in found[:3])}); pass the one to "
                                   "read")
+        check_readable(where, found)  # no link out of the folder (the one rule)
         where = found[0]
     _check_magic(where)
     return where.absolute()
@@ -185,6 +189,8 @@ def _check_magic(file: Path) -> None:
             head = handle.read(4)
     except OSError as exc:
         raise CheckpointError(f"{file}: cannot read it ({exc.strerror})") from None
+    if head != _MAGIC and lfs_pointer(file):
+        raise CheckpointError(f"{file} {LFS_POINTER_NOTE}")
     if head != _MAGIC:
         raise CheckpointError(f"{file}: not a GGUF file (it starts with {head!r}, a GGUF file "
                               f"with {_MAGIC!r}); the file is corrupt or not GGUF")
