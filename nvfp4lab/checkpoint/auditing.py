@@ -39,10 +39,14 @@ no model is built. One row per quantized layer:
 
 ``issues`` lists what is wrong in words ("" when nothing is). The dtypes and shapes above and
 the presence of input scales (as the configuration's scheme says) are checked by the validator
-``load`` and ``convert`` share (:mod:`~nvfp4lab.checkpoint.validation`). What makes the whole
-folder unreadable is an error (CheckpointError naming the file), not a row: a configuration
-the format's ``read_config`` refuses (another ``quant_algo``, two ModelOpt configs that disagree,
-...) and a safetensors header that is not valid (offsets, dtypes, shapes, metadata).
+``load`` and ``convert`` share (:mod:`~nvfp4lab.checkpoint.validation`), and so are the values
+of the tensor and input scales (finite, > 0, a float32 reciprocal that does not overflow: the
+words ``load`` and ``convert`` refuse them in). What makes the whole folder unreadable is an
+error (CheckpointError naming the file), not a row: a configuration the format's
+``read_config`` refuses (another ``quant_algo``, two ModelOpt configs that disagree, layers
+mixing schemes, ...), a model config that counts more layers than the tensors hold, and a
+header that is not valid (safetensors offsets, dtypes, shapes, metadata; a GGUF file's counts,
+offsets, or tensors that disagree with its config).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from nvfp4lab.checkpoint.files import CheckpointError, LayerNames
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.checkpoint.stream import Inventory, RowReader, TensorInfo, inventory, read_scalar
 from nvfp4lab.checkpoint.stream import run_tasks as _run_tasks
-from nvfp4lab.checkpoint.validation import input_problems, weight_problems
+from nvfp4lab.checkpoint.validation import input_problems, scale_value_problem, weight_problems
 from nvfp4lab.constants import BLOCK_SIZE, E4M3_MAX
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
 from nvfp4lab.execution.whole_model import FUSED_GROUPS
@@ -138,6 +142,9 @@ def _check_structure(task: _Task, lay: _Layer, spec: CheckpointFormatSpec) -> bo
     inp = _info(task, lay.name, names.input_scale)
     if inp is not None and not inputs:
         lay.row["input_scale"] = read_scalar(inp)
+        problem = scale_value_problem(lay.row["input_scale"], names.decode)
+        if problem is not None:  # load's and convert's refusal
+            lay.issues.append(f"input scale {names.input_scale} {problem}")
     if problems:
         return False
     assert packed is not None
@@ -265,8 +272,9 @@ def _reference_checks(lay: _Layer, signal: float, noise: float, ref_amax: float,
 def _convention_check(lay: _Layer, names: LayerNames) -> None:
     """Flag a tensor scale whose DECODE reading exceeds 1 (|W|max above the block scales'
     reach, see the module docstring); also NaN, infinite, zero and negative values."""
-    if not (math.isfinite(lay.stored) and lay.stored > 0):
-        lay.issues.append(f"tensor scale {lay.stored!r} is not finite and > 0")
+    problem = scale_value_problem(lay.stored, names.decode)  # load's and convert's refusal
+    if problem is not None:
+        lay.issues.append(f"tensor scale {names.global_scale} {problem}")
         return
     lay.decode = lay.stored if names.decode else 1.0 / lay.stored
     if lay.decode > 1.0:
@@ -299,7 +307,13 @@ def _audit_layer(task: _Task, name: str) -> _Layer:
     with RowReader(task.tensors[f"{name}.{names.scale}"]) as reader:
         _scale_stats(lay, reader.rows())
     if math.isfinite(lay.decode):
-        _stream_layer(task, lay, spec)
+        try:
+            _stream_layer(task, lay, spec)
+        except CheckpointError as exc:
+            if not (lay.row["nan_scales"] or lay.row["negative_scales"]):
+                raise
+            del exc  # codes a format cannot give beside such scales (GGUF: ggml and E4M3
+            # read those bytes differently, load and convert refuse them): flagged above
     return lay
 
 
@@ -405,15 +419,15 @@ def _reference_inventory(reference: str | os.PathLike[str] | None) -> Inventory 
     return inventory(path, CheckpointFormat.COMPRESSED_TENSORS)
 
 
-def _stores_input(inv: Inventory) -> bool | None:
+def _stores_input(inv: Inventory) -> bool:
     """Whether the layers store an input scale, as the validated configuration's one scheme
-    says (the format's ``read_config``, which ``load`` and ``convert`` also run: a config they
-    refuse raises CheckpointError here too); None when its layers mix schemes."""
-    config = format_spec(inv.fmt).read_config(inv.path or inv.directory)
-    try:
-        return config.checkpoint_scheme() == Scheme.NVFP4
-    except CheckpointError:
-        return None
+    says (the format's ``read_config`` and ``checkpoint_scheme``, which ``load`` and
+    ``convert`` also run: a config they refuse, layers mixing schemes included, raises
+    CheckpointError here too), after the model config is checked against the tensors (the
+    format's ``model_config``, which ``load`` builds the model from and ``convert`` writes)."""
+    spec = format_spec(inv.fmt)
+    spec.model_config(inv.path or inv.directory)
+    return spec.read_config(inv.path or inv.directory).checkpoint_scheme() == Scheme.NVFP4
 
 
 def audit_rows(

@@ -45,7 +45,7 @@ from nvfp4lab.checkpoint.folders import (  # re-exported: files.py held them bef
     unsafe_entries,
     unsafe_message,
 )
-from nvfp4lab.checkpoint.validation import header_problem
+from nvfp4lab.checkpoint.validation import config_problem, header_problem, scale_value_problem
 from nvfp4lab.vocab import Scheme
 
 __all__ = [
@@ -72,10 +72,12 @@ __all__ = [
     "WeightFiles",
     "check_readable",
     "check_target",
+    "config_problem",
     "folder_entries",
     "fresh_dir",
     "lfs_pointer",
     "missing_tensor",
+    "parse_json",
     "quantization_block",
     "read_exact",
     "read_header",
@@ -109,17 +111,54 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be written or read; the message names the file and tensor."""
 
 
+#: JSON nesting accepted in a checkpoint's JSON (configs, safetensors headers, GGUF's config
+#: key): real ones nest under 10 levels; Python's parser and the code walking the result
+#: (transformers' configs, ``copy.deepcopy``) recurse once or more per level.
+MAX_JSON_DEPTH = 64
+
+
+def _json_depth(value: Any) -> int:
+    """How deeply ``value`` nests lists and objects (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            depth += 1
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:
+                stack.extend((v, depth) for v in (item.values() if isinstance(item, dict)
+                                                  else item))
+    return deepest
+
+
+def parse_json(text: str | bytes, file: Path | str, what: str = "") -> Any:
+    """``json.loads(text)`` of ``file`` (``what``: the part of the file it is, for the
+    message); CheckpointError naming the file for text that is not JSON or nests deeper than
+    :data:`MAX_JSON_DEPTH` (Python's parser raises RecursionError near 1,000 levels)."""
+    where = f"{file}: {what}" if what else f"{file}:"
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        data = None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{where} not valid JSON ({exc})") from None
+    else:
+        if _json_depth(data) <= MAX_JSON_DEPTH:
+            return data
+    raise CheckpointError(f"{where} JSON nested more than {MAX_JSON_DEPTH} levels deep (no "
+                          "checkpoint's JSON nests that deep); the file is corrupt or hostile")
+
+
 def read_json(file: Path) -> dict[str, Any]:
     try:
         with open(file, encoding="utf-8") as handle:
-            data = json.load(handle)
+            text = handle.read()
     except FileNotFoundError:
         raise CheckpointError(f"{file} not found: not a checkpoint directory") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{file}: not valid JSON ({exc})") from exc
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{file}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
                               f"offset {exc.start}); save it as UTF-8 JSON") from None
+    data = parse_json(text, file)
     if not isinstance(data, dict):
         raise CheckpointError(f"{file}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -454,13 +493,13 @@ class LayerNames:
 
 def tensor_scale_error(file: Path | None, key: str, value: float,
                        names: LayerNames) -> CheckpointError | None:
-    """The one refusal of a stored tensor scale ``value`` of tensor ``key`` that is not finite
-    and > 0 (``load`` raises it, ``convert`` too, before writing anything), naming the format's
-    convention; None for a valid one."""
-    if math.isfinite(value) and value > 0:
-        return None
-    what = "DECODE convention, amax/2688" if names.decode else "ENCODE convention, 2688/amax"
-    return CheckpointError(f"{file}: tensor {key!r} must be finite and > 0 ({what}), got {value}")
+    """The one refusal of a stored tensor (or input) scale ``value`` of tensor ``key``
+    (``load`` raises it, ``convert`` too, before writing anything; ``audit`` flags the layer
+    in the same words): not finite and > 0, or a float32 reciprocal that overflows
+    (:func:`~nvfp4lab.checkpoint.validation.scale_value_problem`), naming the file, the tensor
+    and the format's convention; None for a valid one."""
+    problem = scale_value_problem(value, names.decode)
+    return None if problem is None else CheckpointError(f"{file}: tensor {key!r} {problem}")
 
 
 @dataclass(frozen=True)
@@ -497,10 +536,12 @@ def read_header(file: Path) -> tuple[int, dict[str, Any]]:
                 if lfs_pointer(file):
                     raise CheckpointError(f"{file} {LFS_POINTER_NOTE}")
                 raise CheckpointError(f"{file}: not a safetensors file (bad header length)")
-            header = json.loads(handle.read(size))
+            raw = handle.read(size)
     except FileNotFoundError:
         raise CheckpointError(f"{file} is listed in the checkpoint but does not exist") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    try:
+        header = parse_json(raw, file, "not a safetensors file, its header is")
+    except UnicodeDecodeError as exc:
         raise CheckpointError(f"{file}: not a safetensors file (header: {exc})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{file}: not a safetensors file (header is not a JSON object)")
@@ -773,8 +814,15 @@ def safetensors_weights(path: Path) -> StoredWeights:
 
 def safetensors_config(path: Path) -> dict[str, Any]:
     """``config.json`` of a safetensors checkpoint folder (CheckpointError naming it when it is
-    missing or not a JSON object)."""
-    return read_json(Path(path) / CONFIG_NAME)
+    missing, not a JSON object, or counts more layers than the weight files' tensor names hold:
+    :func:`~nvfp4lab.checkpoint.validation.config_problem`, checked before anything builds the
+    model)."""
+    file = Path(path) / CONFIG_NAME
+    data = read_json(file)
+    problem = config_problem(data, safetensors_weights(Path(path)).tensors)
+    if problem is not None:
+        raise CheckpointError(f"{file}: {problem}")
+    return data
 
 
 class SafetensorsContainer:

@@ -27,7 +27,8 @@ the problem. It imports only numerics at run time (``files`` imports it).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
 from typing import Any, Protocol
 
 from nvfp4lab.constants import BLOCK_SIZE as _BLOCK
@@ -47,7 +48,15 @@ class LayerNames(Protocol):
     @property
     def scalar_shapes(self) -> tuple[tuple[int, ...], ...]: ...
 
-__all__ = ["DTYPE_BYTES", "header_problem", "input_problems", "weight_problems"]
+__all__ = [
+    "DTYPE_BYTES",
+    "LAYER_COUNT_KEYS",
+    "config_problem",
+    "header_problem",
+    "input_problems",
+    "scale_value_problem",
+    "weight_problems",
+]
 
 #: Bytes per element of every safetensors dtype nvfp4lab reads (sub-byte F4 / F6 are not).
 DTYPE_BYTES: dict[str, int] = {
@@ -151,6 +160,9 @@ def weight_problems(layer: str, names: LayerNames, tensors: Mapping[str, _Stored
         return [f"codes {names.packed} are {packed.dtype} {list(packed.shape)}; expected U8 "
                 "[N, K/2] (two E2M1 codes per byte)"]
     n, k = packed.shape[0], 2 * packed.shape[1]
+    if not n or not k:
+        return [f"codes {names.packed} are U8 {list(packed.shape)}: no elements; an NVFP4 "
+                f"weight has N >= 1 rows of K >= {_BLOCK} elements"]
     if k % _BLOCK:
         return [f"codes {names.packed} are U8 {list(packed.shape)}: K = {k} elements per row is "
                 f"not a multiple of {_BLOCK} (an NVFP4 block holds {_BLOCK})"]
@@ -186,3 +198,65 @@ def input_problems(layer: str, names: LayerNames, tensors: Mapping[str, _Stored]
                 "weight-only (W4A16), which has no input scale"]
     problem = _scalar_problem(info, names.input_scale, "input scale", names)
     return [problem] if problem else []
+
+
+#: The smallest float32 scale whose float32 reciprocal is finite: 1/x rounds to inf in float32
+#: from 2**128 - 2**103 (halfway between FLT_MAX and 2**128) up, so x must exceed its inverse.
+_RECIPROCAL_LIMIT = Fraction(1, 2**128 - 2**103)
+
+
+def scale_value_problem(value: float, decode: bool) -> str | None:
+    """What is wrong with a stored tensor or input scale ``value`` (``decode``: the format
+    stores DECODE scales, amax/2688, else ENCODE, 2688/amax), or None: it must be finite and
+    > 0, and its float32 reciprocal finite (every format reads or writes the other convention
+    by that reciprocal: a denormal 1e-44 would become inf)."""
+    what = "DECODE convention, amax/2688" if decode else "ENCODE convention, 2688/amax"
+    if not (math.isfinite(value) and value > 0):
+        return f"must be finite and > 0 ({what}), got {value}"
+    if Fraction(value) <= _RECIPROCAL_LIMIT:
+        return (f"is {value:.6g}, whose float32 reciprocal overflows to inf ({what}); a scale "
+                f"needs 1/scale finite in float32 (> {float(_RECIPROCAL_LIMIT):.6g})")
+    return None
+
+
+#: Config keys that count a model's repeated layers (transformers' names and attribute maps).
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def _layers_held(names: Iterable[str]) -> int:
+    """Layers the tensor names hold: their largest integer name component + 1 (0 if none)."""
+    top = -1
+    for name in names:
+        for part in name.split("."):
+            if part.isascii() and part.isdigit() and len(part) < 10:
+                top = max(top, int(part))
+    return top + 1
+
+
+#: Layers a config may count beyond those the tensor names hold: models that share one stored
+#: layer (ALBERT: 12 layers, one group stored) or a partial checkpoint stay readable (``load``
+#: then names a missing tensor), while building them costs at most a few MB.
+LAYER_SLACK = 256
+
+
+def config_problem(config: Mapping[str, Any], names: Iterable[str]) -> str | None:
+    """What is wrong with a model's config against the stored tensor ``names``, before anything
+    is built per layer (transformers builds every layer the config counts, ~15 KB each even on
+    the meta device: 1,000,000 layers grew 15 MB/s until killed), or None: a layer count
+    (:data:`LAYER_COUNT_KEYS`, also in ``text_config``) more than :data:`LAYER_SLACK` above the
+    layers the names hold (their largest layer index + 1)."""
+    held: int | None = None
+    for where in (config, config.get("text_config")):
+        if not isinstance(where, Mapping):
+            continue
+        for key in LAYER_COUNT_KEYS:
+            claimed = where.get(key)
+            if not _int(claimed):
+                continue
+            if held is None:
+                held = _layers_held(names)
+            if claimed > held + LAYER_SLACK:
+                shown = (f"layers 0-{held - 1} ({held})" if held else "no numbered layer")
+                return (f"{key} is {claimed} but the weights hold {shown}; the config does not "
+                        f"describe these weights (fix {key})")
+    return None

@@ -236,7 +236,8 @@ class CompressedTensorsConfig:
         static = [_static_input(g) for g in self.config.config_groups.values()]
         if any(static) and not all(static):
             raise CheckpointError(f"{self.file}: config groups mix W4A4 and weight-only layers; "
-                                  "a ModelOpt NVFP4 checkpoint holds one scheme")
+                                  "nvfp4lab reads one scheme per checkpoint (as a ModelOpt "
+                                  "NVFP4 checkpoint holds one)")
         return Scheme.NVFP4 if all(static) else Scheme.NVFP4A16
 
     def quantized_modules(self, model: nn.Module) -> dict[str, bool]:

@@ -58,6 +58,7 @@ converter output) gets its transformers config from transformers' own GGUF reade
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -81,10 +82,13 @@ from nvfp4lab.checkpoint.files import (
     TaskRunner,
     TensorInfo,
     check_readable,
+    config_problem,
     lfs_pointer,
+    parse_json,
     read_rows,
     tensor_bytes,
 )
+from nvfp4lab.checkpoint.formats.gguf_layout import check_layout
 from nvfp4lab.constants import BLOCK_SIZE, GGML_NVFP4_BLOCK, GGML_NVFP4_BLOCK_BYTES
 from nvfp4lab.layout import from_ggml_nvfp4, to_ggml_nvfp4
 from nvfp4lab.vocab import CheckpointFormat, Scheme
@@ -161,7 +165,12 @@ def _plain_reader_class() -> type:
 def gguf_reader(path: str | os.PathLike[str]) -> Any:
     """gguf's ``GGUFReader`` of ``path``, read-only, with the fields and tensors gguf parses
     (byte for byte the same), parsed about 2.5x faster: 1.0 s instead of 2.5 s for SmolLM2's
-    49,152-token vocabulary. Raises what ``GGUFReader`` raises."""
+    49,152-token vocabulary. The file's layout is first walked with bounds
+    (:func:`~nvfp4lab.checkpoint.formats.gguf_layout.check_layout`: every count against the
+    bytes that remain, CheckpointError naming the file and key or tensor), so no count in it
+    can make the reader loop or allocate past the file; then raises what ``GGUFReader``
+    raises."""
+    check_layout(Path(path))
     return _plain_reader_class()(path, "r")
 
 
@@ -271,9 +280,33 @@ def _parse_cached(file: str, mtime_ns: int, size: int) -> _Parsed:
         raise CheckpointError(f"{path}: truncated ({size} bytes, its tensors need {end})")
     if not arch:
         raise CheckpointError(f"{path}: no general.architecture in the metadata; not a model")
+    own = config_json is not None
     if config_json is None:
         config_json = _transformers_config(path)
+    _check_config(path, arch, tensors, _config_dict(config_json, path), own)
     return _Parsed(path, arch, tensors, config_json)
+
+
+def _check_config(file: Path, arch: str, tensors: Sequence[_Tensor], data: dict[str, Any],
+                  own: bool) -> None:
+    """Refuse a config that disagrees with the file before any model is built from it: more
+    layers than the tensors' ``blk.<i>`` hold (``validation.config_problem``: building them
+    would take ~15 KB each), or (``own``: nvfp4lab's :data:`CONFIG_KEY`, not derived from the
+    metadata by transformers) a ``model_type`` of another architecture than the file's."""
+    where = f"{file}: its config ({CONFIG_KEY if own else 'from the metadata'})"
+    problem = config_problem(data, (t.name for t in tensors))
+    if problem is not None:
+        raise CheckpointError(f"{where}: {problem}")
+    if own:
+        try:
+            claimed = _ggml().MODEL_ARCH_NAMES[_arch_of(str(data["model_type"]))[0]]
+        except CheckpointError as exc:
+            raise CheckpointError(f"{where}: {exc}") from None
+        if claimed != arch:
+            raise CheckpointError(
+                f"{where} says model_type {data['model_type']!r} (GGUF architecture "
+                f"{claimed!r}) but the file's general.architecture is {arch!r}; the config "
+                "does not describe these tensors")
 
 
 def _parse(path: str | os.PathLike[str]) -> _Parsed:
@@ -283,10 +316,7 @@ def _parse(path: str | os.PathLike[str]) -> _Parsed:
 
 
 def _config_dict(text: str, where: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{where}: {CONFIG_KEY} is not valid JSON ({exc})") from None
+    data = parse_json(text, where, f"{CONFIG_KEY} is")
     if not isinstance(data, dict) or "model_type" not in data:
         raise CheckpointError(f"{where}: {CONFIG_KEY} is not a transformers config (an object "
                               "with model_type)")
@@ -348,6 +378,11 @@ class _Names:
     linears: tuple[str, ...]
     arch: str
     heads: dict[str, int]  # GGUF module name -> heads whose rows are stored permuted
+    #: state-dict key -> its shape, and nn.Linear name -> (out_features, in_features), the
+    #: model's (what the file's tensors must match); the model's class name
+    shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    linear_shapes: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    model_class: str = ""
 
 
 @functools.lru_cache(maxsize=8)
@@ -388,7 +423,10 @@ def _names(config_json: str) -> _Names:
         for b in range(blocks):
             heads[gguf.TENSOR_NAMES[q_key].format(bid=b)] = n_head
             heads[gguf.TENSOR_NAMES[k_key].format(bid=b)] = n_kv
-    return _Names(keys, modules, linears, gguf.MODEL_ARCH_NAMES[arch], heads)
+    return _Names(keys, modules, linears, gguf.MODEL_ARCH_NAMES[arch], heads,
+                  {k: tuple(v.shape) for k, v in model.state_dict().items()},
+                  {n: (m.out_features, m.in_features) for n, m in model.named_modules()
+                   if isinstance(m, nn.Linear)}, type(model).__name__)
 
 
 def gguf_order(rows: int, heads: int) -> torch.Tensor:
@@ -421,7 +459,13 @@ class GgufView:
     of an NVFP4 tensor, ``layout.from_ggml_nvfp4``), "values" (a float tensor of ``dtype``
     stored in another row order) or "quant" (another ggml type ``kind``, dequantized to float32
     by ``gguf.quants.dequantize``). ``cols``: elements per row of the named tensor (0: 1-D);
-    ``heads``: rows stored permuted (:func:`gguf_order`), 0 when not."""
+    ``heads``: rows stored permuted (:func:`gguf_order`), 0 when not; ``name``: the GGUF
+    tensor, for errors.
+
+    The "scales" part gives every block-scale byte as stored (``audit`` counts NaN and negative
+    ones, ``load`` refuses them naming the tensor); the "codes" part refuses (CheckpointError
+    naming the file and tensor) rows whose scale bytes ggml and E4M3 read as different values
+    (``layout.from_ggml_nvfp4``), so ``convert`` never writes them."""
 
     file: Path
     offset: int
@@ -432,6 +476,7 @@ class GgufView:
     cols: int = 0
     kind: int = 0
     heads: int = 0
+    name: str = ""
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         stop = max(start, min(stop, self.rows_total))
@@ -443,9 +488,16 @@ class GgufView:
         else:
             raw = np.array(memory[start:stop])
         del memory
-        if self.part in ("codes", "scales"):
-            codes, scales = from_ggml_nvfp4(torch.from_numpy(raw))
-            return codes if self.part == "codes" else scales
+        if self.part == "scales":  # each block's leading scale bytes, unchanged
+            blocks = torch.from_numpy(raw).reshape(stop - start, -1, GGML_NVFP4_BLOCK_BYTES)
+            scales = blocks[..., :GGML_NVFP4_BLOCK // BLOCK_SIZE].reshape(stop - start, -1)
+            return scales.contiguous().view(torch.float8_e4m3fn)
+        if self.part == "codes":
+            try:
+                return from_ggml_nvfp4(torch.from_numpy(raw))[0]
+            except ValueError as exc:
+                raise CheckpointError(f"{self.file}: tensor {self.name!r}, rows {start}-"
+                                      f"{stop - 1}: {exc}") from None
         if self.part == _QUANT:
             gguf = _ggml()
             values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(self.kind))
@@ -469,6 +521,22 @@ def _model_name(t: _Tensor, names: _Names) -> tuple[str, str]:
     return (t.name if hf is None else f"{hf}.{leaf}"), module
 
 
+def _check_linear(file: Path, t: _Tensor, prefix: str, names: _Names) -> None:
+    """An NVFP4 tensor must be the weight of an nn.Linear of the config's model, of its shape
+    (checked before any row is read: its rows and K come from the file's dims)."""
+    expected = names.linear_shapes.get(prefix) if t.name.endswith(".weight") else None
+    if expected is None:
+        raise CheckpointError(
+            f"{file}: tensor {t.name!r} is NVFP4 but {prefix!r} is no nn.Linear of the "
+            f"config's {names.model_class}; nvfp4lab reads NVFP4 Linear weights only "
+            "(embeddings, norms and the rest are stored in float types)")
+    if tuple(t.shape) != expected:
+        raise CheckpointError(
+            f"{file}: NVFP4 tensor {t.name!r} is {list(t.shape)} (rows N, elements per row K) "
+            f"but the config's {prefix!r} is an nn.Linear of {list(expected)} "
+            "(out_features, in_features); the file and its config disagree")
+
+
 def _tensor_infos(parsed: _Parsed) -> tuple[dict[str, TensorInfo], dict[str, bool]]:
     """The file's tensors under the model's names, and the quantized Linears (model name ->
     whether it stores an input scale)."""
@@ -490,8 +558,9 @@ def _tensor_infos(parsed: _Parsed) -> tuple[dict[str, TensorInfo], dict[str, boo
                     "nvfp4lab reads 2-D NVFP4 weights (one Linear each), not stacked experts")
             n, k = t.shape
             prefix = key.rpartition(".")[0]
+            _check_linear(parsed.file, t, prefix, names)
             view = functools.partial(GgufView, parsed.file, t.offset, n, row_bytes,
-                                     dtype="U8", heads=heads)
+                                     dtype="U8", heads=heads, name=t.name)
             out[f"{prefix}.{NAMES.packed}"] = TensorInfo(
                 parsed.file, t.name, "U8", (n, k // 2), t.offset, n * k // 2,
                 view(part="codes", cols=k // 2))
@@ -505,6 +574,12 @@ def _tensor_infos(parsed: _Parsed) -> tuple[dict[str, TensorInfo], dict[str, boo
         if len(t.shape) > 2:
             raise CheckpointError(f"{parsed.file}: tensor {t.name!r} has shape "
                                   f"{list(t.shape)}; nvfp4lab reads 1-D and 2-D tensors")
+        expected = names.shapes.get(key)
+        if expected is not None and tuple(t.shape) != expected:
+            raise CheckpointError(
+                f"{parsed.file}: tensor {t.name!r} has shape {list(t.shape)} but the config's "
+                f"{names.model_class} has {key!r} of shape {list(expected)}; the file and its "
+                "config disagree")
         if dtype is None:
             view = GgufView(parsed.file, t.offset, rows, row_bytes, _QUANT, "F32", cols,
                             t.kind, heads)
