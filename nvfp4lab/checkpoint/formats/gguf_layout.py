@@ -103,10 +103,24 @@ class _Walk:
                             "many (real tokenizers hold under 1M)")
         if item in _SCALAR_BYTES:
             self.at += count * least
+        elif item == _STRING:
+            self._strings(count, key)
         else:
             for _ in range(count):
                 self.value(item, key, depth + 1)
         return None
+
+    def _strings(self, count: int, key: str) -> None:
+        """Skip ``count`` strings (a tokenizer's vocabulary: one tight loop, ~0.1 s for
+        SmolLM2's 98k strings)."""
+        data, at, end, unpack = self.data, self.at, len(self.data), struct.unpack_from
+        for index in range(count):
+            if at + 8 > end or at + 8 + unpack("<Q", data, at)[0] > end:
+                self.at = at
+                raise self.fail(f"string {index} of array {key!r} runs past the end of the "
+                                "file")
+            at += 8 + unpack("<Q", data, at)[0]
+        self.at = at
 
 
 def _tensor_info(walk: _Walk, sizes: dict[int, tuple[int, int]]) -> tuple[str, int, int]:
