@@ -23,10 +23,16 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
   never changes it. Otherwise nvfp4lab's first fused call (:func:`use_kernel_cache`, before it
   compiles anything) sets it, in this process's ``os.environ``, to ``<cache_dir>/inductor``, so
   compiled kernels outlive ``/tmp`` and a machine pays each compilation once, not once per
-  process. torch writes its own default, ``<tmp>/torchinductor_<user>``, into the variable the
-  first time anything touches its cache (loading a transformers model does): that value counts
-  as unset (to keep torch's directory, set ``TORCHINDUCTOR_CACHE_DIR`` to any other path).
-  ``import nvfp4lab`` changes nothing.
+  process. That folder has one subfolder per CPU (:func:`cpu_signature`): inductor's own cache
+  keys do not tell the vector ISA it generated code for, so a cache filled on an AVX-512 CPU and
+  read under AVX2 (another machine sharing a home folder, or ``ATEN_CPU_CAPABILITY=avx2``) ran
+  16-lane loops over 8-lane vectors: wrong bits (tests/kernels/test_compiled.py under ``make
+  test-isa`` caught it). torch writes its own default, ``<tmp>/torchinductor_<user>``, into the
+  variable the first time anything touches its cache (loading a transformers model does): that
+  value counts as unset (to keep torch's directory, set ``TORCHINDUCTOR_CACHE_DIR`` to any other
+  path). ``import nvfp4lab`` changes nothing.
+* ``ATEN_CPU_CAPABILITY`` — torch's variable (default | avx2 | avx512): caps the vector ISA of
+  torch's CPU kernels and of the C++ inductor generates; part of :func:`cpu_signature`.
 * ``NVFP4LAB_FUSED`` — auto | on | off: when quantize / fake_quantize / dequantize / linear run
   the fused compiled kernels of :mod:`nvfp4lab.kernels` (read by :func:`fused_mode` at every
   call; unset = auto).
@@ -38,17 +44,21 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
   on stderr) even in a Jupyter kernel, where ``tqdm.auto`` would draw an ipywidget that a static
   HTML page cannot show; the report runner sets it in its kernels (read by :func:`tqdm_class`
   and :func:`text_progress` at every call; unset = widgets where Jupyter offers them).
-* ``NVFP4LAB_THREADS`` — a whole number from 1 to the machine's logical CPUs: torch's intra-op CPU threads in each process that
-  runs nvfp4lab work: a notebook kernel (its setup cell calls :func:`use_torch_threads`), a
-  local worker process of ``convert``/``audit``, a Dask task (read by :func:`torch_threads`;
-  unset = :data:`DEFAULT_THREADS`). nvfp4lab runs in parallel across processes (notebooks side
-  by side in ``make report``, ``--workers``, Dask workers), never inside one.
+* ``NVFP4LAB_THREADS`` — a whole number from 1 to the machine's logical CPUs
+  (:func:`thread_limit`): torch's intra-op CPU threads in each process that runs nvfp4lab
+  work: a notebook kernel (its setup cell calls :func:`use_torch_threads`), a local worker
+  process of ``convert``/``audit``, a Dask task (read by :func:`torch_threads`; unset =
+  :data:`DEFAULT_THREADS`; every ``nvfp4lab`` command checks it before it starts). nvfp4lab
+  runs in parallel across processes (notebooks side by side in ``make report``,
+  ``--workers``, Dask workers), never inside one.
 """
 
 from __future__ import annotations
 
 import getpass
+import hashlib
 import os
+import platform
 import re
 import tempfile
 from collections.abc import Mapping, MutableMapping
@@ -61,6 +71,7 @@ __all__ = [
     "BACKEND_ENV",
     "BATCH_INVARIANT_ENV",
     "CACHE_ENV",
+    "CPU_CAPABILITY_ENV",
     "DEFAULT_THREADS",
     "DISABLED_KERNELS_ENV",
     "EMULATION_ENV",
@@ -75,6 +86,7 @@ __all__ = [
     "THREADS_ENV",
     "VLLM_ENV_VARS",
     "cache_dir",
+    "cpu_signature",
     "environ",
     "fused_mode",
     "kernel_cache_dir",
@@ -102,8 +114,13 @@ THREADS_ENV = "NVFP4LAB_THREADS"
 LLAMA_MMQ_PREC_ENV = "GGML_CUDA_MMQ_PREC"
 #: torch's variable for inductor's cache directory (see the module docstring for what wins).
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-#: The compiled kernels' folder under :func:`cache_dir` when ``TORCHINDUCTOR_CACHE_DIR`` is unset.
+#: The compiled kernels' folder under :func:`cache_dir` when ``TORCHINDUCTOR_CACHE_DIR`` is unset
+#: (a subfolder per :func:`cpu_signature` inside it).
 KERNEL_CACHE_SUBDIR = "inductor"
+#: torch's variable capping the vector ISA of its CPU kernels and of inductor's generated C++.
+CPU_CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
+#: The file the CPU's feature flags are read from (Linux).
+CPUINFO = Path("/proc/cpuinfo")
 
 #: Torch CPU threads per process when ``NVFP4LAB_THREADS`` is unset. One, measured (notebook
 #: 04's ``error_table``, 2048², on this project's 2-core machine while other work ran): 1 thread
@@ -149,17 +166,42 @@ def torch_default_kernel_cache() -> Path:
     return Path(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
+def cpu_signature(env: Mapping[str, str] | None = None, cpuinfo: Path = CPUINFO) -> str:
+    """The name of the CPU the compiled kernels are built for: ``<machine>-<ATEN_CPU_CAPABILITY
+    or auto>-<12 hex digits of the CPU's feature flags>`` (from ``cpuinfo``'s first ``flags``
+    line; the processor's name where there is none), e.g. ``x86_64-auto-3f0c9a1b2d4e``. Two CPUs
+    with other instruction sets, or one run under another ``ATEN_CPU_CAPABILITY``, get other
+    names, so inductor's kernels generated for one are never loaded for the other."""
+    capability = environ(env).get(CPU_CAPABILITY_ENV, "").strip().lower() or "auto"
+    flags = ""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
+            # the first CPU's block is a few dozen lines: 4096 bounds a strange file
+            for _, line in zip(range(4096), fh, strict=False):
+                name, sep, value = line.partition(":")
+                if sep and name.strip() in ("flags", "Features"):
+                    flags = " ".join(sorted(value.split()))
+                    break
+    except OSError:
+        pass
+    flags = flags or platform.processor() or "unknown"
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:12]
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{platform.machine() or 'cpu'}-{capability}")
+    return f"{safe}-{digest}"
+
+
 def kernel_cache_dir(env: Mapping[str, str] | None = None) -> tuple[Path, bool]:
     """(inductor's cache directory for the fused kernels, whether ``TORCHINDUCTOR_CACHE_DIR`` of
-    ``env`` chose it): that variable when set to anything but torch's own default (it wins),
-    else ``<cache_dir>/inductor``. torch writes its default into the variable itself the first
-    time anything touches its cache (loading a transformers model does), so that value counts
-    as unset. Nothing is created or set."""
+    ``env`` chose it): that variable when set to anything but torch's own default (it wins, and
+    is used as it is: one CPU per such folder is then the user's business), else
+    ``<cache_dir>/inductor/<cpu_signature>``. torch writes its default into the variable itself
+    the first time anything touches its cache (loading a transformers model does), so that value
+    counts as unset. Nothing is created or set."""
     env = environ(env)
     own = env.get(INDUCTOR_CACHE_ENV, "").strip()
     if own and Path(own).expanduser().absolute() != torch_default_kernel_cache().absolute():
         return Path(own).expanduser().absolute(), True
-    return (cache_dir(env) / KERNEL_CACHE_SUBDIR).absolute(), False
+    return (cache_dir(env) / KERNEL_CACHE_SUBDIR / cpu_signature(env)).absolute(), False
 
 
 def use_kernel_cache(env: MutableMapping[str, str] | None = None) -> Path:

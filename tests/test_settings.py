@@ -83,16 +83,42 @@ def test_bad_text_progress_value_names_it(monkeypatch: pytest.MonkeyPatch) -> No
         settings.tqdm_class()
 
 
-def test_torch_threads_default_and_override() -> None:
+def test_torch_threads_default_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
     assert settings.torch_threads({}) == settings.DEFAULT_THREADS == 1
     assert settings.torch_threads({settings.THREADS_ENV: " 3 "}) == 3
+    assert settings.torch_threads({settings.THREADS_ENV: "4"}) == 4  # every CPU
     assert settings.torch_threads({settings.THREADS_ENV: ""}) == 1
 
 
-@pytest.mark.parametrize("raw", ["0", "-2", "two", "1.5"])
-def test_torch_threads_rejects_bad_values_naming_the_variable(raw: str) -> None:
-    with pytest.raises(ValueError, match=rf"NVFP4LAB_THREADS must be a positive integer.*{raw!r}"):
+@pytest.mark.parametrize("raw", ["0", "-2", "two", "1.5", "5", "100000", "1000000000"])
+def test_torch_threads_rejects_bad_values_naming_the_variable(
+    raw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32, case 8: a count above the machine's CPUs (1000000000 aborted in libgomp)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    with pytest.raises(ValueError, match=rf"^NVFP4LAB_THREADS must be a whole number from 1 to 4 "
+                       rf"\(torch CPU threads per process; 4 = this machine's logical CPUs\), "
+                       rf"got {raw!r}; unset it for the default \(1\)$"):
         settings.torch_threads({settings.THREADS_ENV: raw})
+
+
+def test_run_reports_checks_threads_before_any_notebook(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report runner used to find a bad NVFP4LAB_THREADS once per notebook, in the kernel's
+    environment (every notebook failed); now once, before its output folder exists."""
+    from nvfp4lab import reports
+
+    monkeypatch.setenv(settings.THREADS_ENV, "1000000000")
+    with pytest.raises(ValueError, match=r"^NVFP4LAB_THREADS must be a whole number from 1 to"):
+        reports.run_reports(notebooks=["01"], out_dir=tmp_path / "out", smoke=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_thread_limit_is_the_machines_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings.thread_limit() == os.cpu_count()
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one thread
+    assert settings.thread_limit() == 1
 
 
 def test_use_torch_threads_sets_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,31 +158,51 @@ def test_kernel_cache_dir_is_ours_unless_torchs_variable_is_set(
     tmp_path: Path,
 ) -> None:
     ours = {settings.CACHE_ENV: str(tmp_path)}
-    assert settings.kernel_cache_dir(ours) == (tmp_path / "inductor", False)
-    home = Path.home() / ".cache" / "nvfp4lab" / "inductor"
+    inductor = tmp_path / "inductor" / settings.cpu_signature({})
+    assert settings.kernel_cache_dir(ours) == (inductor, False)
+    home = Path.home() / ".cache" / "nvfp4lab" / "inductor" / settings.cpu_signature({})
     assert settings.kernel_cache_dir({}) == (home, False)
     users = {**ours, settings.INDUCTOR_CACHE_ENV: str(tmp_path / "mine")}
     assert settings.kernel_cache_dir(users) == (tmp_path / "mine", True)  # the user's wins
     blank = {**ours, settings.INDUCTOR_CACHE_ENV: "  "}
-    assert settings.kernel_cache_dir(blank) == (tmp_path / "inductor", False)
+    assert settings.kernel_cache_dir(blank) == (inductor, False)
     # torch writes its own default into the variable when anything touches its cache: unset
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     default = settings.torch_default_kernel_cache()
     assert default == Path(default_cache_dir())  # torch's own function as the oracle
     by_torch = {**ours, settings.INDUCTOR_CACHE_ENV: str(default)}
-    assert settings.kernel_cache_dir(by_torch) == (tmp_path / "inductor", False)
+    assert settings.kernel_cache_dir(by_torch) == (inductor, False)
+
+
+def test_cpu_signature_tells_instruction_sets_and_capabilities_apart(tmp_path: Path) -> None:
+    """Another CPU (other flags) or another ATEN_CPU_CAPABILITY: another kernel cache folder;
+    the same CPU and setting: the same one. A missing cpuinfo still gives a name."""
+    avx512 = tmp_path / "avx512"
+    avx512.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n\n"
+                      "processor\t: 1\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n")
+    avx2 = tmp_path / "avx2"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2\n")
+    reordered = tmp_path / "reordered"
+    reordered.write_text("flags : avx512bw avx512f avx2 sse2 fpu\n")
+    sig = settings.cpu_signature
+    assert sig({}, avx512) == sig({}, reordered) != sig({}, avx2)
+    capped = {settings.CPU_CAPABILITY_ENV: "AVX2"}
+    assert sig(capped, avx512) != sig({}, avx512) and "-avx2-" in sig(capped, avx512)
+    assert sig({}, tmp_path / "absent")  # a name all the same
+    assert "/" not in sig({settings.CPU_CAPABILITY_ENV: "../x"}, avx2)
 
 
 def test_use_kernel_cache_sets_the_variable_only_when_unset(tmp_path: Path) -> None:
     env = {settings.CACHE_ENV: str(tmp_path)}
-    assert settings.use_kernel_cache(env) == tmp_path / "inductor"
-    assert env[settings.INDUCTOR_CACHE_ENV] == str(tmp_path / "inductor")
+    inductor = tmp_path / "inductor" / settings.cpu_signature({})
+    assert settings.use_kernel_cache(env) == inductor
+    assert env[settings.INDUCTOR_CACHE_ENV] == str(inductor)
     mine = {settings.CACHE_ENV: str(tmp_path), settings.INDUCTOR_CACHE_ENV: "/elsewhere"}
     assert settings.use_kernel_cache(mine) == Path("/elsewhere")
     assert mine[settings.INDUCTOR_CACHE_ENV] == "/elsewhere"  # never overridden
     by_torch = {settings.CACHE_ENV: str(tmp_path),
                 settings.INDUCTOR_CACHE_ENV: str(settings.torch_default_kernel_cache())}
-    assert settings.use_kernel_cache(by_torch) == tmp_path / "inductor"
-    assert by_torch[settings.INDUCTOR_CACHE_ENV] == str(tmp_path / "inductor")
+    assert settings.use_kernel_cache(by_torch) == inductor
+    assert by_torch[settings.INDUCTOR_CACHE_ENV] == str(inductor)
     assert not (tmp_path / "inductor").exists()  # nothing is created

@@ -7,7 +7,9 @@ with a warm cache than with a cold one (README, "Fused kernels"). Two things mak
 
 * the directory (:func:`prepare`, before the first compilation of a process): inductor's default
   is ``/tmp/torchinductor_<user>``, which does not survive a reboot or a tmp cleaner; nvfp4lab
-  points it at ``<cache_dir>/inductor`` (:func:`nvfp4lab.settings.use_kernel_cache`: a
+  points it at ``<cache_dir>/inductor/<cpu signature>`` (:func:`nvfp4lab.settings.use_kernel_cache`:
+  one folder per instruction set and ``ATEN_CPU_CAPABILITY``, since inductor's own keys do not
+  tell them apart and its AVX-512 code ran under AVX2 computed wrong values; a
   ``TORCHINDUCTOR_CACHE_DIR`` the user set wins);
 * the marker (:func:`warm`): after a fused call has run, ``<kernel cache>/nvfp4lab/<key>.json``
   records its device type, dtype and graph kinds, ``key`` naming everything that decides

@@ -181,3 +181,46 @@ def test_prepare_says_which_directory_wins(
         ]
     finally:
         cache.prepare.cache_clear()
+
+
+_CROSS_ISA_SCRIPT = """
+import torch
+torch.set_num_threads(1)
+from nvfp4lab import kernels, settings
+from nvfp4lab.codec import dequantize, quantize
+from nvfp4lab.kernels import native
+native.available = lambda: False  # the compiled graphs, as on a CPU without the C++ library
+ok = kernels.compiler_available("cpu")
+bad = 0
+for shape in [(32,), (3, 48)]:
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    q = quantize(x, fused=False)
+    for dtype in (torch.float32, torch.bfloat16):
+        got, want = dequantize(q, dtype, fused=True), dequantize(q, dtype, fused=False)
+        bad += int((got.view(torch.uint8) != want.view(torch.uint8)).sum())
+print(ok, bad, settings.kernel_cache_dir()[0])
+"""
+
+
+@pytest.mark.skipif('not kernels.compiler_available("cpu")',
+                    reason="torch.compile does not work here")
+def test_kernels_cached_for_one_instruction_set_never_run_under_another(tmp_path: Path) -> None:
+    """One cache, two capabilities (the CPU's best, then ``ATEN_CPU_CAPABILITY=avx2``, as a
+    machine sharing the home folder would be): each process compiles into its own folder and
+    computes the eager bits. With one shared folder, inductor's cached AVX-512 code ran under
+    AVX2 (its keys do not tell them apart): on an AVX-512 CPU the avx2 process's probe graph
+    computed wrong values (fused kernels off) and its graphs wrong bits."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in (settings.INDUCTOR_CACHE_ENV, settings.CPU_CAPABILITY_ENV)}
+    env.update({settings.CACHE_ENV: str(tmp_path), settings.FUSED_ENV: "on"})
+    folders = []
+    for capability in (None, "avx2"):
+        run_env = env if capability is None else {**env, settings.CPU_CAPABILITY_ENV: capability}
+        done = subprocess.run([sys.executable, "-c", _CROSS_ISA_SCRIPT], env=run_env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        ok, bad, folder = done.stdout.split()[-3:]
+        assert (ok, bad) == ("True", "0"), (capability, done.stderr[-2000:])
+        folders.append(folder)
+    assert folders[0] != folders[1]
+    assert all(Path(f).parent == tmp_path / settings.KERNEL_CACHE_SUBDIR for f in folders)
