@@ -12,6 +12,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# first of the package: importing it makes Ctrl-C while the command line imports the rest one
+# line and exit 130 (nvfp4lab/cli_start.py)
+from nvfp4lab import cli_start  # noqa: F401
 from nvfp4lab.codec import compute_global_scale, dequantize, fake_quantize, quantize
 from nvfp4lab.e2m1 import decode_e2m1, encode_e2m1, pack_fp4, unpack_fp4
 from nvfp4lab.execution import (  # the whole of nvfp4lab.execution.__all__
@@ -56,6 +59,7 @@ _SUBMODULES = (
     "bench",
     "checkpoint",
     "cli",
+    "cli_start",
     "blocks",
     "codec",
     "constants",

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvfp4lab import cli_start
+
 __all__ = ["COMMANDS", "INTERRUPTED_EXIT", "Command", "build_parser", "main", "parse_assignment"]
 
 
@@ -30,8 +32,9 @@ class Command:
     interrupted: str = "interrupted"
 
 
-#: Exit status of a command stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2.
-INTERRUPTED_EXIT = 130
+#: Exit status of a command stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2 (also
+#: while the command line starts: :mod:`nvfp4lab.cli_start`).
+INTERRUPTED_EXIT = cli_start.INTERRUPTED_EXIT
 
 
 def path_text(text: str) -> str:
@@ -374,11 +377,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Ctrl-C (SIGINT) ends a command with one line on stderr, ``nvfp4lab <command>: interrupted...``
     (its :attr:`Command.interrupted`), and exit status :data:`INTERRUPTED_EXIT` (130), after the
-    command's own cleanup ran; no traceback.
+    command's own cleanup ran; no traceback. Before the command starts (imports, parsing) the
+    handler of :mod:`nvfp4lab.cli_start` says the same in one line. A bad ``NVFP4LAB_THREADS``
+    is refused (one line, exit 2) before any command starts.
     """
+    from nvfp4lab.settings import torch_threads
+
     args = build_parser().parse_args(argv)
     try:
-        return int(args._run(args))
+        cli_start.release()  # Ctrl-C from here on: the command's own handling
+        try:
+            torch_threads()
+        except ValueError as exc:
+            code = _error(args.command, exc)
+        else:
+            code = int(args._run(args))
     except KeyboardInterrupt:
         print(f"nvfp4lab {args.command}: {COMMANDS[args.command].interrupted}", file=sys.stderr)
-        return INTERRUPTED_EXIT
+        code = INTERRUPTED_EXIT
+    cli_start.finished(code)  # a Ctrl-C while Python exits keeps this status
+    return code

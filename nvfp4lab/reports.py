@@ -48,6 +48,7 @@ from nvfp4lab.notebook_imports import skip_iri_format_backend
 from nvfp4lab.report_kernels import DEFAULT_TIMEOUT_S, Running, error_text, execute_notebook
 from nvfp4lab.report_outputs import check_out_dir, check_outputs, record_outputs
 from nvfp4lab.report_pages import render_html
+from nvfp4lab.settings import torch_threads
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -370,7 +371,9 @@ def run_reports(
     ``notebooks``: paths, or names/prefixes of notebooks in ``notebook_dir`` (default: all
     ``NN_*.ipynb`` of :func:`default_notebook_dir`). ``parameters`` are injected into every
     notebook; ``smoke=True`` adds ``SMOKE=True``. Every name is checked against each notebook's
-    ``parameters`` cell, and ``out_dir`` for writability, before anything runs (ValueError).
+    ``parameters`` cell, ``out_dir`` for writability and ``NVFP4LAB_THREADS``
+    (:func:`~nvfp4lab.settings.torch_threads`, which each kernel is given) before anything runs
+    (ValueError).
     ``kernel_name=None`` runs the notebooks in this interpreter; a name picks an installed Jupyter
     kernelspec. ``timeout_s``: wall-clock limit per notebook (seconds). ``index=False`` skips
     ``index.html`` (one rendered notebook, e.g. ``nvfp4lab audit``). A notebook with an
@@ -387,6 +390,7 @@ def run_reports(
     """
     if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
         raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s!r}")
+    torch_threads()  # once, before any notebook: each kernel's environment reads it again
     paths = (
         _resolve(notebooks, notebook_dir)
         if notebooks is not None

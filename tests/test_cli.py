@@ -180,3 +180,164 @@ def test_an_empty_path_is_refused(argv: list[str], tmp_path: Path,
     err = capsys.readouterr().err
     assert exited.value.code == 2 and "an empty path; pass a folder or file" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 32, case 8: NVFP4LAB_THREADS=1000000000 aborted in libgomp (a 216 GB allocation) and
+# 100000 segfaulted a pool worker; `report` checked it once per notebook. Now every command
+# refuses a count outside 1..os.cpu_count() in one line, exit 2, before it starts anything.
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("argv", "threads"),
+    [
+        (["info"], "1000000000"),
+        (["audit", "{ckpt}", "--workers", "2"], "100000"),
+        (["convert", "{ckpt}", "{tmp}/out", "--format", "modelopt", "--workers", "0"],
+         "1000000000"),
+        (["report", "--smoke", "--only", "01", "--out", "{tmp}/reports"], "100000"),
+        (["info"], "0"),
+    ],
+)
+def test_threads_beyond_the_machine_are_one_line_exit_2_before_anything(
+    argv: list[str], threads: str, nvfp4lab_like: Path, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from tests import processes
+
+    args = [a.format(tmp=tmp_path, ckpt=nvfp4lab_like) for a in argv]
+    env = {**processes.child_env(), "NVFP4LAB_THREADS": threads}
+    done = subprocess.run([sys.executable, "-m", "nvfp4lab", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    limit = os.cpu_count()
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        f"nvfp4lab {argv[0]}: NVFP4LAB_THREADS must be a whole number from 1 to {limit} (torch "
+        f"CPU threads per process; {limit} = this machine's logical CPUs), got '{threads}'; "
+        "unset it for the default (1)"
+    ], done.stderr[-3000:]
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []  # nothing started or written
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 32: Ctrl-C in the first ~1.5 s of a command (while it imports torch) printed a 13-42
+# line KeyboardInterrupt traceback; the one line and exit 130 of issue 19 only held once the
+# command ran. A real SIGINT to both entry points (the console script, python -m nvfp4lab), sent
+# at delays across the import window, counted from the first import of nvfp4lab's own (or of
+# torch, which nvfp4lab imports first) that completes (its import time on stderr,
+# PYTHONPROFILEIMPORTTIME: nvfp4lab.cli_start, which guards from then on). A SIGINT before that,
+# during the interpreter's own start (measured: 20-50 ms), cannot be caught by any package.
+
+_IMPORT_TIME = "import time:"
+
+
+def _interrupt_at(command: list[str], delay: float, cwd: Path) -> tuple[int, list[str]]:
+    """Start ``command`` with import times on stderr, send SIGINT ``delay`` seconds after its
+    first module of nvfp4lab or torch is imported; (exit status, stderr lines other than import
+    times)."""
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from tests import processes
+
+    env = {**processes.child_env(), "PYTHONPROFILEIMPORTTIME": "1"}
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:  # drain stderr (thousands of import lines) as it comes
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            module = line.split("|")[-1].strip()
+            if line.startswith(_IMPORT_TIME) and module.startswith(("nvfp4lab.", "torch")):
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(60), "nothing of nvfp4lab was imported:\n" + "\n".join(lines)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        processes.stop(proc)
+    reader.join(10)
+    return proc.returncode, [line for line in lines if not line.startswith(_IMPORT_TIME)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("entry", ["console script", "python -m"])
+@pytest.mark.parametrize("command", ["info", "audit"])
+def test_ctrl_c_while_starting_is_one_line_exit_130(entry: str, command: str,
+                                                    nvfp4lab_like: Path, tmp_path: Path) -> None:
+    import sys
+
+    script = Path(sys.executable).with_name("nvfp4lab")
+    if entry == "console script" and not script.exists():
+        pytest.skip(f"no console script {script} (pip install -e .)")
+    start = [str(script)] if entry == "console script" else [sys.executable, "-m", "nvfp4lab"]
+    argv = ["info"] if command == "info" else ["audit", str(nvfp4lab_like), "--workers", "0"]
+    own = {"info": "interrupted", "audit": "interrupted; nothing was written"}[command]
+    accepted = {f"nvfp4lab {command}: interrupted while starting; nothing was done",
+                f"nvfp4lab {command}: {own}"}
+    outcomes = []
+    for delay in (0.0, 0.05, 0.2, 0.5, 1.0, 2.0):
+        code, err = _interrupt_at(start + argv, delay, tmp_path)
+        outcomes.append(code)
+        if code == 130:  # stopped: one line, no traceback
+            assert len(err) == 1 and err[0] in accepted, (delay, err)
+        else:  # it finished first (audit: no layer flagged): nothing on stderr
+            assert code == 0 and err == [], (delay, code, err)
+    assert outcomes[:3] == [130] * 3, outcomes  # the first 0.2 s are always inside the imports
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "orig_argv", "expected"),
+    [
+        (["/v/bin/nvfp4lab", "info"], ["/v/bin/python", "/v/bin/nvfp4lab", "info"], True),
+        (["/v/bin/nvfp4lab", "info"], ["/v/bin/python", "-E", "/v/bin/nvfp4lab", "info"], True),
+        (["-m", "audit", "x"], ["python", "-m", "nvfp4lab", "audit", "x"], True),
+        (["-m", "info"], ["python", "-X", "importtime", "-mnvfp4lab", "info"], True),
+        (["-m", "info"], ["python", "-m", "nvfp4lab.cli", "info"], False),
+        (["-m", "info"], ["python", "-m", "mytool", "info"], False),
+        (["-c"], ["python", "-c", "import nvfp4lab"], False),
+        (["/home/me/nvfp4lab.py"], ["python", "/home/me/nvfp4lab.py"], False),  # a user script
+        (["/v/bin/pytest", "tests"], ["python", "/v/bin/pytest", "tests"], False),
+        # a spawned pool worker of `nvfp4lab convert`: its parent's argv, its own orig_argv
+        (["/v/bin/nvfp4lab", "convert", "a", "b"],
+         ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()",
+          "--multiprocessing-fork"], False),
+        (["/v/bin/nvfp4lab", "info"],
+         ["python", "-c", "from multiprocessing.spawn import spawn_main", "--multiprocessing-fork"],
+         False),
+        ([], [], False),
+    ],
+)
+def test_only_the_command_line_process_guards_its_start(argv: list[str], orig_argv: list[str],
+                                                        expected: bool) -> None:
+    from nvfp4lab import cli_start
+
+    assert cli_start.is_command_line(argv, orig_argv) is expected
+
+
+def test_import_nvfp4lab_elsewhere_leaves_sigint_alone(tmp_path: Path) -> None:
+    """A script, a notebook or a worker importing nvfp4lab keeps Python's own Ctrl-C."""
+    import subprocess
+    import sys
+
+    from tests import processes
+
+    code = ("import signal, nvfp4lab\n"
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=processes.child_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
