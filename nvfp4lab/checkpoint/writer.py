@@ -31,6 +31,7 @@ from nvfp4lab.checkpoint.files import (
     Shard,
     StoredTensor,
     Unquantized,
+    check_readable,
     check_target,
     fresh_dir,
     read_json,
@@ -567,6 +568,9 @@ def save_pretrained(
     unquantized = _unquantized(model)
     tensors = _state_to_save(model, quantized, resolved, dtype, spec)
     src = _source_dir(model, source)
+    if src is not None:  # a link out of the source folder is never read into the checkpoint
+        check_readable(src, [src / rel for rel in (CONFIG_NAME, "generation_config.json",
+                                                   *COPIED_FILES) if os.path.lexists(src / rel)])
     config_dtype = dtype or _model_dtype(model, quantized)
     shards = _shards(tensors, max_shard_bytes)
     contents = Contents(shards, _config_json(model, src, config_dtype), resolved, unquantized,

@@ -144,6 +144,27 @@ def test_save_copies_side_files(tmp_path: Path) -> None:
     assert config["quantization_config"]["format"] == "nvfp4-pack-quantized"
 
 
+def test_issue32_side_files_linked_out_of_the_source_are_refused(tmp_path: Path) -> None:
+    """A tokenizer file linking out of the source folder (``-> /etc/hostname``) was copied into
+    the checkpoint; now nothing is written and the error names the link and its target. A link
+    that stays inside the folder is copied as a file."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("local secret")
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "tokenizer_config.json").write_text("{}")
+    (source / "vocab.json").symlink_to("tokenizer_config.json")  # inside: fine
+    (source / "tokenizer.json").symlink_to(secret)
+    model = tiny_llama()
+    quantize_model(model, backend="w4a16")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json.*secret\.txt.*outside"):
+        checkpoint.save_pretrained(model, tmp_path / "out", source=source)
+    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+    (source / "tokenizer.json").unlink()
+    out = checkpoint.save_pretrained(model, tmp_path / "out", source=source)
+    assert (out / "vocab.json").read_text() == "{}" and not (out / "vocab.json").is_symlink()
+
+
 def test_failed_save_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_llama()
     quantize_model(model, backend="w4a16")
