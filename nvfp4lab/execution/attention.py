@@ -52,8 +52,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from nvfp4lab import vocab
-from nvfp4lab.execution.kv_cache import KV_BLOCK_SIZE, fake_quantize_kv, kv_global_scale
+from nvfp4lab.execution.kv_cache import (
+    KV_BLOCK_SIZE,
+    fake_quantize_kv,
+    kv_cache_kind,
+    kv_global_scale,
+)
 from nvfp4lab.vocab import KVCacheKind
 
 __all__ = [
@@ -214,9 +218,10 @@ def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _resolve_scales(
-    modules: list[tuple[str, nn.Module]], kv_scales: KVScales | None
+    modules: list[tuple[str, nn.Module]], kv_scales: KVScales | None, kind: KVCacheKind
 ) -> dict[str, tuple[float, float, str]]:
-    """Attention name -> (k_scale, v_scale, source), by vLLM's rules (:func:`kv_global_scale`)."""
+    """Attention name -> (k_scale, v_scale, source), by vLLM's rules (:func:`kv_global_scale`),
+    each checked up front for a ``kind`` cache (ValueError naming the layer and the value)."""
     out: dict[str, tuple[float, float, str]] = {}
     if kv_scales is not None and not (callable(kv_scales) or isinstance(kv_scales, Mapping)):
         raise TypeError(
@@ -241,7 +246,11 @@ def _resolve_scales(
         if isinstance(spec, tuple | list) and len(spec) != 2:
             raise ValueError(f"kv_scales for {name}: a (k_scale, v_scale) pair, got {spec!r}")
         k, v = spec if isinstance(spec, tuple | list) else (spec, spec)
-        out[name] = (*kv_global_scale(k, v), "kv_scales")
+        try:
+            out[name] = (*kv_global_scale(k, v, kind), "kv_scales")
+        except ValueError as err:
+            idx = getattr(module, "layer_idx", None)
+            raise ValueError(f"kv_scales for {name} (layer_idx {idx}): {err}") from None
     if isinstance(kv_scales, Mapping) and (unused := [k for k in kv_scales if k not in used]):
         names = ", ".join(repr(k) for k in unused)
         raise ValueError(
@@ -259,8 +268,8 @@ def quantize_kv_cache(
     ``model``: a transformers model of a type in :data:`SUPPORTED_MODEL_TYPES` (``llama``:
     SmolLM2, Llama; ``qwen3``), with ``attn_implementation`` ``sdpa`` or ``eager``; any other
     model raises ValueError naming the supported types. ``kind``: a
-    :class:`~nvfp4lab.vocab.KVCacheKind` value (``nvfp4``, ``nvfp4_4over6``, ``fp8``); the
-    NVFP4 kinds need ``head_dim`` a multiple of 16.
+    :class:`~nvfp4lab.vocab.KVCacheKind` value (``nvfp4``, ``nvfp4_4over6``, ``fp8``, or
+    vLLM's ``fp8_e4m3`` for ``fp8``); the NVFP4 kinds need ``head_dim`` a multiple of 16.
 
     Each attention call then sees ``fake_quantize_kv(key, kind, k_scale)`` and likewise value:
     key / value ``[batch, kv_heads, kv_len, head_dim]`` in the model's dtype (float32 / bfloat16
@@ -273,14 +282,15 @@ def quantize_kv_cache(
     (both sides, like a checkpoint's single ``kv_scale``), a ``(k_scale, v_scale)`` pair or
     None; or a callable ``(name, module)`` returning one of those. A layer without an entry uses
     1.0 for both, as vLLM 0.33 does without checkpoint scales (the default for every layer).
-    A mapping key matching no layer raises ValueError.
+    A mapping key matching no layer raises ValueError, and so does a scale that is not finite,
+    not > 0, whose float32 reciprocal overflows, or (NVFP4 kinds) whose ENCODE scale exceeds
+    2**116, naming the layer and the value (it used to fail at the first forward, unnamed).
 
     All or nothing: on any error the model is left as it was. A model whose KV cache is
     quantized already raises (call :func:`remove_kv_cache_quantization` first). Returns one
     :class:`KVCacheLayer` per attention module, in module order.
     """
-    k = vocab.check_choice("KV cache kind", kind, KVCacheKind)
-    assert isinstance(k, KVCacheKind)
+    k = kv_cache_kind(kind)
     modules = _attention_modules(model)
     done = {m.__dict__[_SETTINGS].kind.value for _, m in modules if _SETTINGS in m.__dict__}
     if done:
@@ -308,7 +318,7 @@ def quantize_kv_cache(
         if impl == "eager":
             _eager_of(module)
         inner_of[id(config)] = (config, impl)
-    scales = _resolve_scales(modules, kv_scales)
+    scales = _resolve_scales(modules, kv_scales, k)
     for name, module in modules:
         k_scale, v_scale, source = scales[name]
         config = module.config  # type: ignore[union-attr]

@@ -1,4 +1,5 @@
-"""The KV cache as vLLM 0.33 writes and reads it: ``--kv-cache-dtype nvfp4 | nvfp4_4over6 | fp8``.
+"""The KV cache as vLLM 0.33 writes and reads it: ``--kv-cache-dtype nvfp4 | nvfp4_4over6 | fp8``
+(or ``fp8_e4m3``, vLLM's other name of ``fp8``: :data:`KIND_ALIASES`).
 
 vLLM quantizes K and V as they are stored (K after RoPE: the model applies the rotary embedding
 before ``Attention.forward``) and attention reads them back; this module computes both, so a
@@ -45,6 +46,7 @@ function                   does
 :func:`split_packed`       codes and block scales of NVFP4 pages
 :func:`kv_global_scale`    the (k, v) DECODE scales vLLM 0.33 uses, from a checkpoint's scales
 :func:`kv_encode_scale`    the ENCODE scale the NVFP4 write multiplies by
+:func:`kv_cache_kind`      a kind name (vLLM's aliases too) as a :class:`KVCacheKind`
 :func:`packed_dim`         bytes per row of one side
 =========================  ===================================================================
 
@@ -67,8 +69,10 @@ from nvfp4lab.vocab import SUPPORTED_DTYPES, Convention, KVCacheKind, check_choi
 
 __all__ = [
     "FOUR_OVER_SIX_TARGET",
+    "KIND_ALIASES",
     "KV_BLOCK_SIZE",
     "fake_quantize_kv",
+    "kv_cache_kind",
     "kv_encode_scale",
     "kv_global_scale",
     "pack",
@@ -86,14 +90,28 @@ _NVFP4_BYTES_PER_BLOCK = KV_BLOCK_SIZE // 2 + 1
 
 _NVFP4_KINDS = (KVCacheKind.NVFP4, KVCacheKind.NVFP4_4OVER6)
 
+#: Other names vLLM 0.33's ``--kv-cache-dtype`` gives a modelled kind (``CacheDType`` in
+#: ``vllm/config/cache.py`` lists ``fp8`` and ``fp8_e4m3``: both are the E4M3 cache on CUDA).
+KIND_ALIASES: dict[str, KVCacheKind] = {"fp8_e4m3": KVCacheKind.FP8}
+
 
 # --------------------------------------------------------------------------------------------
 # checks
 # --------------------------------------------------------------------------------------------
 
 
-def _kind(kind: str) -> KVCacheKind:
-    return check_choice("KV cache kind", kind, KVCacheKind)  # type: ignore[return-value]
+def kv_cache_kind(kind: str, what: str = "KV cache kind") -> KVCacheKind:
+    """``kind`` as a :class:`~nvfp4lab.vocab.KVCacheKind`: one of its values, or a name of
+    :data:`KIND_ALIASES` (``fp8_e4m3`` -> ``fp8``). Anything else raises ValueError
+    ``unknown <what> ...`` listing the accepted names."""
+    if isinstance(kind, str) and kind in KIND_ALIASES:
+        return KIND_ALIASES[kind]
+    try:
+        return check_choice(what, kind, KVCacheKind)  # type: ignore[return-value]
+    except ValueError as err:
+        aliases = ", ".join(f"{a!r} (= {k.value!r})" for a, k in KIND_ALIASES.items())
+        raise ValueError(f"{err}, or vLLM's alias {aliases}") from None
+
 
 
 def _check_x(x: torch.Tensor, kind: KVCacheKind) -> None:
@@ -162,7 +180,7 @@ def _decode_scale(
 def packed_dim(head_size: int, kind: str = KVCacheKind.NVFP4) -> int:
     """Bytes per row (one head of one token) of one side: ``head_size/2 + head_size/16`` for the
     NVFP4 kinds (vLLM's ``nvfp4_kv_cache_full_dim``), ``head_size`` for ``fp8``."""
-    k = _kind(kind)
+    k = kv_cache_kind(kind)
     if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size <= 0:
         raise ValueError(f"head_size must be a positive int, got {head_size!r}")
     if k is KVCacheKind.FP8:
@@ -174,7 +192,12 @@ def packed_dim(head_size: int, kind: str = KVCacheKind.NVFP4) -> int:
     return head_size // 2 + head_size // KV_BLOCK_SIZE
 
 
-def _scale_value(name: str, scale: float | torch.Tensor | None) -> float | None:
+def _scale_value(
+    name: str, scale: float | torch.Tensor | None, kind: KVCacheKind | None = None
+) -> float | None:
+    """``scale`` (a checkpoint's ``k_scale`` / ``v_scale``, None: absent) as a float32 value,
+    checked: one element, finite, > 0, its float32 reciprocal finite (what the cache write
+    divides by) and, for an NVFP4 ``kind``, that reciprocal within the write's 2**116."""
     if scale is None:
         return None
     if isinstance(scale, torch.Tensor):
@@ -192,11 +215,24 @@ def _scale_value(name: str, scale: float | torch.Tensor | None) -> float | None:
             f"{name} must be finite and > 0, got {scale}; leave it None when the checkpoint "
             "has none (vLLM then uses 1.0)"
         )
+    inverse = float(1 / torch.tensor(value, dtype=torch.float32))
+    if not math.isfinite(inverse):
+        raise ValueError(
+            f"{name} {scale} is too small: its reciprocal (what the cache write multiplies or "
+            "divides by) overflows float32; pass a DECODE scale >= 2**-127"
+        )
+    if kind in _NVFP4_KINDS and inverse > KERNEL_MAX_GLOBAL_SCALE:
+        raise ValueError(
+            f"{name} {scale} is too small for an {kind.value} KV cache: its ENCODE scale "
+            f"1/{scale} exceeds 2**116; pass a DECODE scale >= 2**-116"
+        )
     return value
 
 
 def kv_global_scale(
-    k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    kind: str | None = None,
 ) -> tuple[float, float]:
     """The (K, V) DECODE scales vLLM 0.33 writes and reads the cache with, as float32 values.
 
@@ -206,10 +242,13 @@ def kv_global_scale(
     for both; a single ``kv_scale`` (loaded as ``k_scale``) serves both sides. It computes no
     scale from the data. A ``v_scale`` without a ``k_scale`` fails vLLM's assertion and raises
     ValueError here. The NVFP4 write multiplies by :func:`kv_encode_scale` of these; ROCm's fnuz
-    doubling is not modelled.
+    doubling is not modelled. Each scale must be finite, > 0 and have a finite float32
+    reciprocal; with ``kind`` (a cache kind), also one that kind can be written with (NVFP4: an
+    ENCODE scale within 2**116). ValueError otherwise, naming the scale and its value.
     """
-    k = _scale_value("k_scale", k_scale)
-    v = _scale_value("v_scale", v_scale)
+    cache_kind = None if kind is None else kv_cache_kind(kind)
+    k = _scale_value("k_scale", k_scale, cache_kind)
+    v = _scale_value("v_scale", v_scale, cache_kind)
     if k is None and v is None:
         return 1.0, 1.0
     if k is None:
@@ -285,8 +324,9 @@ def _to_pages(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """uint8 ``[..., D/2 + D/16]``: per page (dim 0) every row's data, then every row's scales."""
     if data.ndim == 1:
         return torch.cat((data, scales))
-    pages = data.shape[0]
-    flat = torch.cat((data.reshape(pages, -1), scales.reshape(pages, -1)), dim=1)
+    pages = data.shape[0]  # sizes spelled out: a reshape to -1 is ambiguous with no rows
+    flat = torch.cat((data.reshape(pages, math.prod(data.shape[1:])),
+                      scales.reshape(pages, math.prod(scales.shape[1:]))), dim=1)
     return flat.reshape(*data.shape[:-1], data.shape[-1] + scales.shape[-1])
 
 
@@ -295,8 +335,8 @@ def _from_pages(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     full = packed.shape[-1]
     data_dim = full // _NVFP4_BYTES_PER_BLOCK * (KV_BLOCK_SIZE // 2)
     lead = packed.shape[:-1]
-    pages = packed.reshape(1, full) if packed.ndim == 1 else packed.reshape(lead[0], -1)
     rows = math.prod(lead[1:]) if packed.ndim > 1 else 1
+    pages = packed.reshape(1, full) if packed.ndim == 1 else packed.reshape(lead[0], rows * full)
     data = pages[:, : rows * data_dim].reshape(*lead, data_dim)
     scales = pages[:, rows * data_dim :].reshape(*lead, full - data_dim)
     return data, scales
@@ -321,7 +361,7 @@ def split_packed(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes uint8 ``[..., head_size]`` (4-bit, unpacked) and block scales float8_e4m3fn
     ``[..., head_size/16]`` of NVFP4 pages laid out as :func:`pack` writes them."""
-    k = _kind(kind)
+    k = kv_cache_kind(kind)
     if k not in _NVFP4_KINDS:
         raise ValueError(f"split_packed reads NVFP4 pages, got kind {k.value!r}; fp8 has no scales")
     _check_packed(packed, k)
@@ -349,9 +389,11 @@ def pack(x: torch.Tensor, kind: str, global_scale: float | torch.Tensor) -> torc
     byte, lower index in the low nibble), then every row's E4M3 block-scale bytes, so
     ``out[p].reshape(-1)`` is the page side's bytes and ``out`` has the shape of vLLM's
     ``kv_cache[:, 0]`` view. A 2-d ``[rows, head_size]`` is one row per page (``[data |
-    scales]`` per row); a 1-d ``x`` is one row. Scales are linear (not swizzled).
+    scales]`` per row); a 1-d ``x`` is one row. Scales are linear (not swizzled). Leading dims
+    may be 0 (no pages, or pages of no rows): the result is as empty, and :func:`unpack` of it
+    too.
     """
-    k = _kind(kind)
+    k = kv_cache_kind(kind)
     _check_x(x, k)
     decode = _decode_scale(global_scale, k, x.device, writing=True)
     if k is KVCacheKind.FP8:
@@ -372,7 +414,7 @@ def unpack(
     ``[..., head_size]``, the float32 read (``f32(f32(value * s) * global_scale)`` for NVFP4,
     ``f32(e4m3 * global_scale)`` for fp8) rounded once to ``dtype``. ``global_scale``: the
     DECODE scale the bytes were written with."""
-    k = _kind(kind)
+    k = kv_cache_kind(kind)
     _check_packed(packed, k)
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(
@@ -382,7 +424,7 @@ def unpack(
     if k is KVCacheKind.FP8:
         return (packed.view(torch.float8_e4m3fn).to(torch.float32) * decode).to(dtype)
     codes, scales = split_packed(packed, k)
-    blocks = codes.reshape(*codes.shape[:-1], -1, KV_BLOCK_SIZE)
+    blocks = codes.reshape(*codes.shape[:-1], codes.shape[-1] // KV_BLOCK_SIZE, KV_BLOCK_SIZE)
     read = _nvfp4_read(blocks, scales.to(torch.float32), decode)
     return read.reshape(codes.shape).to(dtype)
 
@@ -393,7 +435,7 @@ def fake_quantize_kv(
     """What attention reads back after vLLM 0.33 writes ``x`` to a ``kind`` KV cache, in
     ``x.dtype`` and ``x``'s shape: ``unpack(pack(x, kind, s), kind, s, dtype=x.dtype)`` without
     building the bytes. Arguments as :func:`pack` (``global_scale`` is the DECODE scale)."""
-    k = _kind(kind)
+    k = kv_cache_kind(kind)
     _check_x(x, k)
     decode = _decode_scale(global_scale, k, x.device, writing=True)
     if k is KVCacheKind.FP8:

@@ -30,11 +30,12 @@ from nvfp4lab.execution.attention import (
 from nvfp4lab.execution.calibrate import calibration_batches
 from nvfp4lab.execution.gptq import GPTQOptions
 from nvfp4lab.execution.gptq_model import sequential_gptq
+from nvfp4lab.execution.kv_cache import kv_cache_kind
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.orders import get as get_order
-from nvfp4lab.vocab import AUTO, BiasMode, Convention, KVCacheKind, QuantMethod
+from nvfp4lab.vocab import AUTO, BiasMode, Convention, QuantMethod
 
 __all__ = [
     "DEFAULT_IGNORE",
@@ -436,8 +437,9 @@ def quantize_model(
     ``Qᵀ H Q``), reported as "mr-gptq". Rotated layers cannot be saved as checkpoints.
 
     ``kv_cache``: None (default: attention unchanged) or a :class:`~nvfp4lab.vocab.KVCacheKind`
-    value (``nvfp4``, ``nvfp4_4over6``, ``fp8``): attention then sees K (after RoPE) and V as
-    vLLM 0.33 writes them to that cache and reads them back, per KV head and token, in
+    value (``nvfp4``, ``nvfp4_4over6``, ``fp8``; vLLM's ``fp8_e4m3`` is ``fp8``): attention
+    then sees K (after RoPE) and V as vLLM 0.33 writes them to that cache and reads them back,
+    per KV head and token, in
     16-value blocks along head_dim (:func:`~nvfp4lab.execution.attention.quantize_kv_cache`:
     transformers Llama / Qwen3 models, ``sdpa`` or ``eager`` attention; other models raise).
     ``kv_scales``: the per-layer DECODE scales ``k_scale`` / ``v_scale`` (vLLM's, as a
@@ -454,7 +456,7 @@ def quantize_model(
     quantization removed.
     """
     quant_method = vocab.check_choice("method", method, QuantMethod)
-    kv_kind = None if kv_cache is None else vocab.check_choice("kv_cache", kv_cache, KVCacheKind)
+    kv_kind = None if kv_cache is None else kv_cache_kind(kv_cache, "kv_cache")
     if kv_kind is None and kv_scales is not None:
         raise ValueError("kv_scales= sets the KV cache scales: pass kv_cache= too (or drop it)")
     if backend is None:

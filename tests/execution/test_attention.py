@@ -510,3 +510,61 @@ def test_observe_attention_refuses_an_unsupported_model() -> None:
     with pytest.raises(ValueError, match="not supported"), att.observe_attention(tiny_bert(),
                                                                             print):
         pass
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 32: kv_scales={0: 1e-40} was accepted and failed at the first forward without naming
+# the layer; vLLM's fp8_e4m3 was refused. Every scale is now checked up front, by layer.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "kv_scales", "match"),
+    [
+        (KVCacheKind.NVFP4, {0: 1e-40},
+         r"^kv_scales for model\.layers\.0\.self_attn \(layer_idx 0\): k_scale 1e-40 is too "
+         r"small: its reciprocal .* overflows float32; pass a DECODE scale >= 2\*\*-127$"),
+        (KVCacheKind.FP8, {"model.layers.1.self_attn": (1.0, 1e-40)},
+         r"^kv_scales for model\.layers\.1\.self_attn \(layer_idx 1\): v_scale 1e-40 is too small"),
+        (KVCacheKind.NVFP4_4OVER6, {1: (2.0, 1e-37)},
+         r"^kv_scales for model\.layers\.1\.self_attn \(layer_idx 1\): v_scale 1e-37 is too small "
+         r"for an nvfp4_4over6 KV cache: its ENCODE scale 1/1e-37 exceeds 2\*\*116"),
+        (KVCacheKind.NVFP4, {0: float("nan")},
+         r"^kv_scales for model\.layers\.0\.self_attn \(layer_idx 0\): k_scale must be finite"),
+        (KVCacheKind.FP8, lambda name, module: -1.0,
+         r"^kv_scales for model\.layers\.0\.self_attn \(layer_idx 0\): k_scale must be finite and "
+         r"> 0, got -1\.0"),
+    ],
+)
+def test_kv_scales_are_checked_up_front_naming_the_layer(kind: KVCacheKind, kv_scales: Any,
+                                                         match: str) -> None:
+    model = tiny_llama()
+    before = {n: p.clone() for n, p in model.state_dict().items()}
+    implementation = model.config._attn_implementation
+    with pytest.raises(ValueError, match=match):
+        quantize_model(model, backend=None, kv_cache=kind, kv_scales=kv_scales)
+    with pytest.raises(ValueError, match=match):
+        att.quantize_kv_cache(model, kind, kv_scales=kv_scales)
+    assert not _settings_left(model) and model.config._attn_implementation == implementation
+    assert all(torch.equal(p, before[n]) for n, p in model.state_dict().items())
+    model(IDS)  # still the float model
+
+
+def test_a_small_fp8_scale_with_a_finite_reciprocal_runs() -> None:
+    """1e-37 cannot write NVFP4 (ENCODE scale past 2**116) but FP8 divides by it fine: the
+    layer saturates to ±448 * 1e-37, a finite read."""
+    model = tiny_llama()
+    layers = att.quantize_kv_cache(model, "fp8", kv_scales={0: 1e-37})
+    assert layers[0].k_scale == pytest.approx(1e-37, rel=1e-6)
+    assert torch.isfinite(model(IDS).logits).all()
+
+
+def test_fp8_e4m3_is_fp8() -> None:
+    """vLLM's --kv-cache-dtype fp8_e4m3 (docs/kv_cache.md) is the fp8 cache."""
+    named, aliased = tiny_llama(), tiny_llama()
+    report = quantize_model(aliased, backend=None, kv_cache="fp8_e4m3", kv_scales={1: 0.5})
+    quantize_model(named, backend=None, kv_cache="fp8", kv_scales={1: 0.5})
+    assert [layer.kind for layer in report.kv_cache] == ["fp8", "fp8"]
+    assert torch.equal(aliased(IDS).logits, named(IDS).logits)
+    assert [layer.kind for layer in att.quantize_kv_cache(tiny_llama(), "fp8_e4m3")] == (
+        ["fp8", "fp8"])

@@ -352,3 +352,61 @@ def test_fp8_accepts_any_head_size_and_unpack_any_length() -> None:
     assert kv.pack(x, "fp8", 1.0).shape == (3, 40)
     assert torch.equal(kv.unpack(kv.pack(x, "fp8", 1.0), "fp8", 1.0, dtype=torch.float16),
                        ref.kv_fake_quantize(x, "fp8", 1.0))
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 32: pack / unpack of zero rows raised torch's reshape error (fake_quantize_kv worked);
+# vLLM's other name of the fp8 cache, fp8_e4m3, documented here, was refused; a scale whose
+# float32 reciprocal overflows (1e-40) was accepted.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [*KVCacheKind, "fp8_e4m3"])
+@pytest.mark.parametrize("shape", [(0, 16), (0, 4, 32), (2, 0, 16), (3, 0, 2, 32), (0, 0, 16)])
+def test_zero_rows_pack_and_unpack_to_empty_tensors(kind: str, shape: tuple[int, ...]) -> None:
+    x = torch.zeros(shape, dtype=torch.bfloat16)
+    packed = kv.pack(x, kind, 2.0)
+    assert packed.dtype == torch.uint8
+    assert packed.shape == (*shape[:-1], kv.packed_dim(shape[-1], kind))
+    read = kv.unpack(packed, kind, 2.0, dtype=torch.bfloat16)
+    assert read.shape == shape and torch.equal(read, kv.fake_quantize_kv(x, kind, 2.0))
+    if kind not in ("fp8", "fp8_e4m3"):
+        codes, scales = kv.split_packed(packed, kind)
+        assert codes.shape == shape and scales.shape == (*shape[:-1], shape[-1] // 16)
+
+
+def test_fp8_e4m3_is_vllms_other_name_of_fp8() -> None:
+    x = make("outliers", (3, 2, 32), torch.float32, seed=4)
+    assert kv.kv_cache_kind("fp8_e4m3") is KVCacheKind.FP8
+    assert torch.equal(kv.pack(x, "fp8_e4m3", 0.5), kv.pack(x, "fp8", 0.5))
+    assert kv.pack(x, "fp8_e4m3", 0.5).reshape(-1).tolist() == _reference_bytes(x, "fp8", 0.5)
+    assert torch.equal(kv.unpack(kv.pack(x, "fp8", 0.5), "fp8_e4m3", 0.5),
+                       kv.fake_quantize_kv(x, "fp8_e4m3", 0.5))
+    assert kv.packed_dim(32, "fp8_e4m3") == 32
+    with pytest.raises(ValueError, match=r"^unknown KV cache kind 'fp8_e5m2'; accepted values: "
+                       r"'nvfp4', 'nvfp4_4over6', 'fp8', or vLLM's alias 'fp8_e4m3' \(= 'fp8'\)$"):
+        kv.pack(x, "fp8_e5m2", 1.0)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: kv.kv_global_scale(1e-40),
+         r"^k_scale 1e-40 is too small: its reciprocal .* overflows float32; pass a DECODE scale "
+         r">= 2\*\*-127$"),
+        (lambda: kv.kv_global_scale(1.0, 1e-40, "fp8"), r"^v_scale 1e-40 is too small"),
+        (lambda: kv.kv_global_scale(1e-36, None, "nvfp4"),
+         r"^k_scale 1e-36 is too small for an nvfp4 KV cache: its ENCODE scale 1/1e-36 exceeds "
+         r"2\*\*116; pass a DECODE scale >= 2\*\*-116$"),
+        (lambda: kv.kv_global_scale(1.0, 1e-36, "nvfp4_4over6"), r"^v_scale 1e-36 .* nvfp4_4over6"),
+        (lambda: kv.kv_global_scale(1e-50), r"^k_scale must be finite and > 0, got 1e-50"),
+    ],
+)
+def test_scales_whose_reciprocal_overflows_are_refused_by_name(call, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_small_scales_with_a_finite_reciprocal_are_kept() -> None:
+    assert kv.kv_global_scale(1e-36, None, "fp8") == (pytest.approx(1e-36, rel=1e-6),) * 2
+    assert kv.kv_global_scale(2.0**-116, 2.0**-116, "nvfp4") == (2.0**-116, 2.0**-116)
