@@ -168,9 +168,21 @@ def decode_codes(
 ) -> torch.Tensor:
     """float32 values of ``codes [..., nb, B]`` at block ``scales [..., nb]`` and tensor ``scale``
     (the order's form), by the order's :class:`~nvfp4lab.orders.DecodeRule`."""
-    if get_order(convention).decode is DecodeRule.SCALE_TIMES_DECODE:
-        return decode_blocks(codes, scales, scale, decode_scale=scale)
+    exact = _exact_decode_scale(get_order(convention), scale)
+    if exact is not None:
+        return decode_blocks(codes, scales, scale, decode_scale=exact)
     return decode_blocks(codes, scales, scale)
+
+
+def _exact_decode_scale(order: ArithmeticOrder, scale: torch.Tensor) -> torch.Tensor | None:
+    """The exact DECODE scale the order's decode multiplies by (``value * f32(s * d)``), or None
+    for ``value * (s / gs)``; NotImplementedError for a decode rule written nowhere here (a new
+    member of :class:`~nvfp4lab.orders.DecodeRule` is refused, never decoded as another)."""
+    if order.decode is DecodeRule.SCALE_TIMES_DECODE:
+        return scale
+    if order.decode is DecodeRule.SCALE_OVER_ENCODE:
+        return None
+    raise NotImplementedError(f"decode rule {order.decode} of the {order.name} order")
 
 
 def fixed_scale_codec(
@@ -186,7 +198,7 @@ def fixed_scale_codec(
     """
     order = get_order(convention)
     scaled = element_scaler(scales, scale, order)
-    exact = scale if order.decode is DecodeRule.SCALE_TIMES_DECODE else None
+    exact = _exact_decode_scale(order, scale)
     factor = block_decode_factor(scales, scale, exact).unsqueeze(-1)
     table = e2m1_table(torch.float32, scales.device)
 
@@ -216,7 +228,7 @@ def multiply_factors(
     if (order.element_scaling is not ElementScaling.MULTIPLY_BY_INVERSE
             or order.e2m1_ties is not E2M1Ties.EVEN):
         return None
-    exact = scale if order.decode is DecodeRule.SCALE_TIMES_DECODE else None
+    exact = _exact_decode_scale(order, scale)
     return element_multiplier(scales, scale), block_decode_factor(scales, scale, exact)
 
 

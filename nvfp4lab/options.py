@@ -16,7 +16,7 @@ import torch
 from nvfp4lab.blocks import check_stochastic
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.hadamard import check_seed
-from nvfp4lab.orders import ArithmeticOrder
+from nvfp4lab.orders import ArithmeticOrder, check_steps
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.vocab import Convention, NonFinite, Rounding, ScaleSelection, check_choice
 
@@ -150,7 +150,7 @@ def nvfp4_options(
     changed by ``dataclasses.replace``).
     """
     shape = block_shape(block_size)
-    custom = convention if isinstance(convention, ArithmeticOrder) else None
+    custom = check_steps(convention) if isinstance(convention, ArithmeticOrder) else None
     conv = custom.convention if custom else check_choice("convention", convention, Convention)
     policy = check_choice("nonfinite policy", nonfinite, NonFinite)
     rnd = check_choice("rounding", rounding, Rounding)

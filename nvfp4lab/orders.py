@@ -67,6 +67,8 @@ is new); ``docs/architecture.md`` ("How to add an arithmetic order") gives the r
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass
 from enum import Enum, auto
 
@@ -84,6 +86,7 @@ __all__ = [
     "ElementScaling",
     "ScaleForm",
     "TensorScaleRule",
+    "check_steps",
     "get",
 ]
 
@@ -240,6 +243,22 @@ ORDERS: dict[Convention, ArithmeticOrder] = {
         ),
     ),
 }
+
+
+def check_steps(order: ArithmeticOrder) -> ArithmeticOrder:
+    """``order`` when each of its steps is a member of the step's enum (a custom order built
+    with ``dataclasses.replace`` may carry anything); ValueError naming the step otherwise, so no
+    function runs an order whose step it cannot read as one it knows."""
+    hints = typing.get_type_hints(ArithmeticOrder)
+    for field in dataclasses.fields(ArithmeticOrder):
+        kind, value = hints[field.name], getattr(order, field.name)
+        if isinstance(kind, type) and issubclass(kind, Enum) and not isinstance(value, kind):
+            raise ValueError(
+                f"the {order.name} order's {field.name} step is {value!r}, not a member of "
+                f"{kind.__name__} ({', '.join(m.name for m in kind)}); add the member to "
+                f"{kind.__name__} and its arithmetic beside the others (docs/architecture.md)"
+            )
+    return order
 
 
 def get(order: str | ArithmeticOrder) -> ArithmeticOrder:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 
 import pytest
 import torch
 
 from nvfp4lab import reference
-from nvfp4lab.blocks import block_scales_of, decode_codes, encode_blocks, quantize_blocks
+from nvfp4lab.blocks import (
+    block_scales_of,
+    decode_codes,
+    encode_blocks,
+    fixed_scale_codec,
+    multiply_factors,
+    quantize_blocks,
+)
+from nvfp4lab.codec import fake_quantize
 from nvfp4lab.orders import ORDERS, ScaleForm
 from nvfp4lab.vocab import Convention
 from tests.sample_data import make
@@ -122,3 +132,27 @@ def test_llama_cpp_unscaled_comparison_equals_exact_division_in_range() -> None:
     codes = encode_blocks(huge, torch.tensor([[448.0]]), torch.ones(1), "llama.cpp")
     assert codes.flatten().tolist() == [7, 7, 5, 0, 0]  # saturation, then smaller codes
     assert toward_smaller(huge / 448.0).flatten().tolist() == [7, 7, 7, 7, 15]
+
+
+class _NewDecodeRule(enum.Enum):
+    """A decode rule no function here implements (as a new member of DecodeRule would be)."""
+
+    SOMETHING_ELSE = enum.auto()
+
+
+def test_an_unknown_decode_rule_is_refused_not_decoded_as_another() -> None:
+    """Issue 32, case 15 (found there): the eager block functions decoded every rule but
+    ``SCALE_TIMES_DECODE`` as ``value * (s / gs)``; a new rule is refused by name."""
+    order = dataclasses.replace(ORDERS[Convention.KERNEL], decode=_NewDecodeRule.SOMETHING_ELSE)
+    scales, scale = torch.full((2,), 1.5), torch.tensor(2.0)
+    codes = torch.zeros((2, 16), dtype=torch.uint8)
+    for call in (lambda: decode_codes(codes, scales, scale, order),
+                 lambda: fixed_scale_codec(scales, scale, order),
+                 lambda: multiply_factors(scales, scale, order)):
+        with pytest.raises(NotImplementedError, match=r"decode rule .*SOMETHING_ELSE"):
+            call()
+    # the pipeline's options refuse an order whose step is no member of the step's enum
+    for fused in (False, True):
+        with pytest.raises(ValueError, match=r"kernel order's decode step is .*SOMETHING_ELSE.*"
+                           r"not a member of DecodeRule \(SCALE_OVER_ENCODE, SCALE_TIMES_DECODE\)"):
+            fake_quantize(torch.randn(4, 32), convention=order, fused=fused)
