@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -85,12 +86,23 @@ CausalLM = Callable[..., Any]
 # ---------------------------------------------------------------------------------------------
 
 
+def _whole(name: str, value: object, minimum: int, meaning: str) -> int:
+    """``value`` as an int >= ``minimum``: TypeError when it is not a whole number (a bool, a
+    float such as 2.5, a string), ValueError when it is too small; both name ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a whole number >= {minimum} ({meaning}), got {value!r} "
+                        f"({type(value).__name__}); pass an int")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum} ({meaning}), got {value}")
+    return int(value)
+
+
 def windows_of(tokens: int, context: int) -> tuple[tuple[int, int], ...]:
     """``(start, stop)`` of the consecutive non-overlapping windows of ``context`` tokens that
     cover ``tokens`` tokens; the last is shorter when ``tokens`` is not a multiple of ``context``,
-    and left out when it would hold a single token (nothing to predict)."""
-    if context < 2:
-        raise ValueError(f"context must be >= 2 tokens (one to predict from), got {context}")
+    and left out when it would hold a single token (nothing to predict). ``context``: an int
+    >= 2 (TypeError / ValueError otherwise)."""
+    context = _whole("context", context, 2, "tokens per window, one to predict from")
     spans = tuple((start, min(start + context, tokens)) for start in range(0, tokens, context))
     return tuple((a, b) for a, b in spans if b - a >= 2)
 
@@ -100,8 +112,7 @@ def _batches(
 ) -> tuple[tuple[int, ...], ...]:
     """Indices of ``windows`` in runs of at most ``batch_size`` consecutive windows of one length
     (they are stacked into one ``[B, T]`` input)."""
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be > 0, got {batch_size}")
+    batch_size = _whole("batch_size", batch_size, 1, "windows per forward pass")
     out: list[list[int]] = []
     for i, (a, b) in enumerate(windows):
         last = out[-1] if out else None
@@ -147,16 +158,74 @@ def _device(model: CausalLM) -> torch.device:
     return module_device(model) if isinstance(model, nn.Module) else torch.device("cpu")
 
 
+#: What a model passed as a causal LM must be, said by every refusal.
+_CAUSAL_LM = ("a causal language model: model(input_ids=int64 [B, T]) returning .logits "
+              "[B, T, vocabulary], the next token predicted from the tokens before it (e.g. "
+              "transformers' AutoModelForCausalLM)")
+
+
+def _check_causal_lm(model: CausalLM, role: str) -> None:
+    """TypeError when ``model`` is a transformers model but no decoder-only causal LM
+    (``BertModel``, ``BertForMaskedLM``, ``LlamaModel``, encoder-decoders); others trusted."""
+    config = getattr(model, "config", None)
+    can_generate = getattr(model, "can_generate", None)
+    if not (isinstance(model, nn.Module) and callable(can_generate) and config is not None):
+        return
+    encoder = getattr(config, "is_encoder_decoder", False) or (  # BERT-like: both ways
+        getattr(config, "add_cross_attention", None) is not None
+        and not getattr(config, "is_decoder", True))
+    if not can_generate() or encoder:
+        raise TypeError(
+            f"the {role} model is a {type(model).__name__} ({config.model_type}), not a "
+            f"decoder that predicts the next token; token_fidelity needs {_CAUSAL_LM}"
+        )
+
+
+def _vocabulary(model: CausalLM) -> int | None:
+    """The number of token ids ``model`` embeds (its input embedding's rows, else its config's
+    ``vocab_size``); None when it does not say."""
+    getter = getattr(model, "get_input_embeddings", None)
+    embedding = getter() if callable(getter) else None
+    if isinstance(embedding, nn.Embedding):
+        return int(embedding.num_embeddings)
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def _check_ids(ids: torch.Tensor, vocabulary: int | None, role: str) -> None:
+    """ValueError naming the first token id of ``ids`` that is negative or, with a known
+    ``vocabulary``, that ``role``'s model has no entry for (a tokenizer that is not the
+    model's)."""
+    if not ids.numel():
+        return
+    bad = ids < 0 if vocabulary is None else (ids < 0) | (ids >= vocabulary)
+    if not bool(bad.any()):
+        return
+    first = tuple(int(i) for i in torch.nonzero(bad)[0])
+    where = first[0] if len(first) == 1 else first
+    limits = "ids are >= 0" if vocabulary is None else (
+        f"the {role} model's vocabulary is ids 0..{vocabulary - 1}")
+    raise ValueError(
+        f"token id {int(ids[first])} at position {where} is out of range ({limits}; "
+        f"{int(bad.sum())} id(s) out of range): the token ids are not the model's; tokenize "
+        "the text with the model's own tokenizer"
+    )
+
+
 def _forward(model: CausalLM, input_ids: torch.Tensor) -> torch.Tensor:
     """``model``'s logits ``[B, T, V]`` for ``input_ids [B, T]`` (moved to its device), without
     a key-value cache where the model has that switch."""
     kwargs = {"use_cache": False} if hasattr(getattr(model, "config", None), "use_cache") else {}
     with torch.no_grad():
         out = model(input_ids=input_ids.to(_device(model)), **kwargs)
-    logits = out if isinstance(out, torch.Tensor) else out.logits
-    if logits.shape[:2] != input_ids.shape:
+    logits = out if isinstance(out, torch.Tensor) else getattr(out, "logits", None)
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{type(model).__name__} returned a {type(out).__name__} without "
+                        f"logits; token_fidelity needs {_CAUSAL_LM}")
+    if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
         raise ValueError(f"logits of shape {tuple(logits.shape)} for input_ids of shape "
                          f"{tuple(input_ids.shape)}: expected [B, T, vocabulary]")
+    _check_ids(input_ids, logits.shape[-1], type(model).__name__)  # ids its logits lack
     return logits
 
 
@@ -309,12 +378,21 @@ def reference_run(
     ``max_tokens``: score only the first ``max_tokens`` tokens. ``context``: tokens per window;
     ``batch_size``: windows per forward pass. A progress bar (:func:`settings.tqdm_class`)
     counts the windows unless ``progress`` is False.
+
+    Refused before the model runs: ``context`` / ``batch_size`` / ``max_tokens`` that are not
+    whole numbers (TypeError) or too small (ValueError); a model that is not a causal LM
+    (TypeError); token ids outside the model's vocabulary (ValueError: a tokenizer that is not
+    the model's).
     """
+    context = _whole("context", context, 2, "tokens per window, one to predict from")
+    batch_size = _whole("batch_size", batch_size, 1, "windows per forward pass")
+    if max_tokens is not None:
+        max_tokens = _whole("max_tokens", max_tokens, 2, "tokens scored")
+    _check_causal_lm(model, "reference")
     ids = _token_ids(text, tokenizer)
     if max_tokens is not None:
-        if max_tokens < 2:
-            raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
         ids = ids[:max_tokens]
+    _check_ids(ids, _vocabulary(model), "reference")
     windows = windows_of(ids.numel(), context)
     if not windows:
         raise ValueError(f"the text has {ids.numel()} token(s): nothing to predict")
@@ -461,7 +539,16 @@ def token_fidelity(
     ``quantized``: a causal LM with the same vocabulary, ``quantized(input_ids=int64 [B, T])``
     returning ``.logits [B, T, V]``; it runs the run's windows in the run's batches. A progress
     bar counts the windows unless ``progress`` is False. Returns a :class:`TokenFidelity`.
+    Bad arguments, a model that is not a causal LM and token ids beyond either model's
+    vocabulary are refused before anything runs, as :func:`reference_run` says.
     """
+    _check_causal_lm(quantized, "quantized")
+    if not isinstance(reference, ReferenceRun):
+        sizes = (_vocabulary(reference), _vocabulary(quantized))
+        if None not in sizes and sizes[0] != sizes[1]:
+            raise ValueError(f"the reference model has a vocabulary of {sizes[0]} tokens, the "
+                             f"quantized model {sizes[1]}: compare a model with its own "
+                             "quantized copy")
     if isinstance(reference, ReferenceRun):
         given = {"text": text, "tokenizer": tokenizer, "context": context,
                  "batch_size": batch_size, "max_tokens": max_tokens}
@@ -479,6 +566,7 @@ def token_fidelity(
             batch_size=DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
             max_tokens=max_tokens, progress=progress,
         )
+    _check_ids(run.ids, _vocabulary(quantized), "quantized")
     kld, nll, agree = [], [], []
     with _bar(len(run.windows), "quantized", progress) as bar:
         for index, batch in enumerate(run.batches):

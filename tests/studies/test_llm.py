@@ -88,7 +88,7 @@ def test_windows() -> None:
     windows = (*llm.windows_of(10, 4), (10, 12))
     assert llm._batches(windows, 2) == ((0, 1), (2, 3))
     assert llm._batches(llm.windows_of(11, 4), 4) == ((0, 1), (2,))  # lengths 4, 4, 3
-    with pytest.raises(ValueError, match="batch_size must be > 0"):
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
         llm._batches(windows, 0)
 
 
@@ -266,3 +266,153 @@ def test_smollm2_perplexity_on_the_evaluation_text(smollm2: tuple[Any, Any]) -> 
         loss = float(model(ids, labels=ids).loss)
     assert got.reference_perplexity == pytest.approx(math.exp(loss), rel=1e-5)
     assert 15.8 < got.reference_perplexity < 16.2  # measured 15.994 (CPU, float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 32: a tokenizer whose ids exceed the model's vocabulary raised torch's IndexError, a
+# model that is not a causal LM an AttributeError (or, with logits, gave a silent answer), and
+# context=2.5 a TypeError from range(). Each is now one clear error before anything runs.
+# ---------------------------------------------------------------------------------------------
+
+
+def _bert(head: str) -> Any:
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=64)
+    torch.manual_seed(0)
+    return (BertModel if head == "base" else BertForMaskedLM)(config).eval()
+
+
+def _counting(model: Any, calls: list[int]) -> Any:
+    """``model`` as a plain callable that counts its forward passes."""
+    def forward(input_ids: torch.Tensor) -> Any:
+        calls.append(len(input_ids))
+        return model(input_ids=input_ids)
+    return forward
+
+
+def test_token_ids_beyond_the_vocabulary_are_named(pair: tuple[Any, Any]) -> None:
+    reference, quantized = pair
+
+    def wide(text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}  # 'a' = 97 > VOCAB - 1
+
+    text = "abc " * 20
+    with pytest.raises(ValueError, match=r"^token id 97 at position 0 is out of range \(the "
+                       r"reference model's vocabulary is ids 0\.\.95; 60 id\(s\) out of range\): "
+                       r"the token ids are not the model's; tokenize the text with the model's "
+                       r"own tokenizer$"):
+        llm.token_fidelity(reference, quantized, text, tokenizer=wide, context=32,
+                           progress=False)
+    ids = random_ids(80)
+    ids[41] = -3
+    with pytest.raises(ValueError, match=r"^token id -3 at position 41 is out of range"):
+        llm.reference_run(reference, ids, context=32, progress=False)
+    # a plain callable reveals no vocabulary until its logits: named there, not IndexError
+    ids[41] = VOCAB + 5
+    with pytest.raises(ValueError, match=r"^token id 101 at position \(1, 9\) is out of range "
+                       r"\(the function model's vocabulary is ids 0\.\.95"):
+        llm.reference_run(lambda input_ids: torch.zeros(*input_ids.shape, VOCAB), ids,
+                          context=32, progress=False)
+
+
+def test_models_with_other_vocabularies_are_refused_before_running(
+    pair: tuple[Any, Any]
+) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    reference, _ = pair
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    small = LlamaForCausalLM(config).eval()
+    calls: list[int] = []
+    small.register_forward_pre_hook(lambda module, args: calls.append(1))
+    with pytest.raises(ValueError, match=r"^the reference model has a vocabulary of 96 tokens, "
+                       r"the quantized model 64"):
+        llm.token_fidelity(reference, small, random_ids(80), context=32, progress=False)
+    run = llm.reference_run(reference, random_ids(80), context=32, progress=False)
+    with pytest.raises(ValueError, match=r"^token id \d+ at position \d+ is out of range \(the "
+                       r"quantized model's vocabulary is ids 0\.\.63"):
+        llm.token_fidelity(run, small, progress=False)
+    assert calls == []
+
+
+@pytest.mark.parametrize("head", ["base", "masked-lm"])
+@pytest.mark.parametrize("role", ["reference", "quantized"])
+def test_a_model_that_is_not_a_causal_lm_is_refused(head: str, role: str,
+                                                    pair: tuple[Any, Any]) -> None:
+    """BertModel has no logits (AttributeError before); BertForMaskedLM has logits that see the
+    whole window, so its 'next-token' scores were silently meaningless."""
+    reference, quantized = pair
+    bert = _bert(head)
+    calls: list[int] = []
+    name = "BertModel" if head == "base" else "BertForMaskedLM"
+    models = (bert, quantized) if role == "reference" else (_counting(reference, calls), bert)
+    with pytest.raises(TypeError, match=rf"^the {role} model is a {name} \(bert\), not a decoder "
+                       r"that predicts the next token; token_fidelity needs a causal language "
+                       r"model: model\(input_ids=int64 \[B, T\]\) returning \.logits"):
+        llm.token_fidelity(*models, random_ids(80), context=32, progress=False)
+    assert calls == []  # refused before the reference ran
+
+
+def test_a_callable_without_logits_is_refused(pair: tuple[Any, Any]) -> None:
+    reference, _ = pair
+    hidden = lambda input_ids: reference.model(input_ids=input_ids)  # noqa: E731  (no head)
+    with pytest.raises(TypeError, match=r"^function returned a BaseModelOutputWithPast without "
+                       r"logits; token_fidelity needs a causal language model"):
+        llm.token_fidelity(reference, hidden, random_ids(80), context=32, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        ({"context": 2.5}, TypeError, r"^context must be a whole number >= 2 \(tokens per "
+                                      r"window, one to predict from\), got 2\.5 \(float\); pass "
+                                      r"an int$"),
+        ({"context": "32"}, TypeError, r"^context must be a whole number >= 2 .* got '32' \(str\)"),
+        ({"context": True}, TypeError, r"^context must be a whole number .* got True \(bool\)"),
+        ({"context": 1}, ValueError, r"^context must be >= 2 \(tokens per window, one to "
+                                     r"predict from\), got 1$"),
+        ({"batch_size": 1.5}, TypeError, r"^batch_size must be a whole number >= 1 \(windows "
+                                         r"per forward pass\), got 1\.5"),
+        ({"batch_size": 0}, ValueError, r"^batch_size must be >= 1 .* got 0$"),
+        ({"max_tokens": 10.5}, TypeError, r"^max_tokens must be a whole number >= 2 \(tokens "
+                                          r"scored\), got 10\.5"),
+        ({"max_tokens": 1}, ValueError, r"^max_tokens must be >= 2 \(tokens scored\), got 1$"),
+    ],
+)
+def test_bad_counts_are_one_clear_error_before_anything_runs(
+    arguments: dict[str, Any], error: type[Exception], match: str, pair: tuple[Any, Any]
+) -> None:
+    reference, quantized = pair
+    calls: list[int] = []
+    with pytest.raises(error, match=match):
+        llm.token_fidelity(_counting(reference, calls), quantized, random_ids(80),
+                           progress=False, **arguments)
+    assert calls == []
+    with pytest.raises(error, match=match):
+        llm.reference_run(reference, random_ids(80), progress=False, **arguments)
+
+
+def test_which_transformers_models_count_as_causal() -> None:
+    """The structural rule behind the refusal: decoders pass, BERT only as a decoder."""
+    from transformers import (
+        BertConfig,
+        BertLMHeadModel,
+        GPT2Config,
+        GPT2LMHeadModel,
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        LlamaModel,
+    )
+
+    small = {"hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}
+    for model in (tiny_llama(0), GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2)),
+                  GPTNeoXForCausalLM(GPTNeoXConfig(num_hidden_layers=1, **small)),
+                  BertLMHeadModel(BertConfig(num_hidden_layers=1, is_decoder=True, **small))):
+        llm._check_causal_lm(model, "reference")  # no error
+    for model in (LlamaModel(tiny_llama(0).config),
+                  BertLMHeadModel(BertConfig(num_hidden_layers=1, **small))):  # bidirectional
+        with pytest.raises(TypeError, match="not a decoder that predicts the next token"):
+            llm._check_causal_lm(model, "reference")
