@@ -65,10 +65,13 @@ from nvfp4lab.checkpoint.files import (
     WEIGHTS_NAME,
     CheckpointError,
     Contents,
+    RowReader,
     Shard,
     StoredTensor,
     TaskRunner,
+    TensorInfo,
     Unquantized,
+    block_scale_error,
     check_readable,
     check_target,
     folder_entries,
@@ -199,6 +202,10 @@ def _convert_shard(inv: Inventory, file: Path, src: CheckpointFormatSpec,
     return Shard(name, tuple(out), inv.metadata.get(file) or {"format": "pt"})
 
 
+#: Rows of block scales read at a time by convert's check (16 MiB at K = 2**20 elements per row).
+SCALE_ROWS = 256
+
+
 def _check_layers(inv: Inventory, stores_input: bool) -> None:
     """Every quantized layer must pass the shared validator
     (:mod:`~nvfp4lab.checkpoint.validation`: codes, block scales, tensor scale, and an input
@@ -215,6 +222,21 @@ def _check_layers(inv: Inventory, stores_input: bool) -> None:
             where = info.file if info is not None else inv.directory
             raise CheckpointError(f"{where}: layer {layer!r}: {problems[0]}; nothing was "
                                   "converted")
+    for layer in inv.layers:
+        _check_block_scales(inv.tensors[f"{layer}.{names.scale}"])
+
+
+def _check_block_scales(info: TensorInfo) -> None:
+    """Load's refusal of NaN or negative block scales (:func:`files.block_scale_error`), read
+    :data:`SCALE_ROWS` rows at a time from the memory-mapped file (a layer's block scales are
+    1/16 of its elements: N·K/16 bytes), before anything is written."""
+    with RowReader(info) as reader:
+        for start in range(0, max(info.shape[0], 1) if info.shape else 1, SCALE_ROWS):
+            rows = reader.rows(start, start + SCALE_ROWS) if info.shape else reader.rows()
+            problem = block_scale_error(info.file, info.key, rows, first_row=start)
+            if problem is not None:
+                raise CheckpointError(f"{problem}; nothing was converted (nvfp4lab audit lists "
+                                      "every such layer)")
 
 
 def _excluded(inv: Inventory) -> list[str]:

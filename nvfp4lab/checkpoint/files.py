@@ -46,6 +46,7 @@ from nvfp4lab.checkpoint.folders import (  # re-exported: files.py held them bef
     unsafe_message,
 )
 from nvfp4lab.checkpoint.validation import config_problem, header_problem, scale_value_problem
+from nvfp4lab.tensor import invalid_block_scales
 from nvfp4lab.vocab import Scheme
 
 __all__ = [
@@ -70,6 +71,7 @@ __all__ = [
     "TensorSource",
     "Unquantized",
     "WeightFiles",
+    "block_scale_error",
     "check_readable",
     "check_target",
     "config_problem",
@@ -500,6 +502,24 @@ def tensor_scale_error(file: Path | None, key: str, value: float,
     and the format's convention; None for a valid one."""
     problem = scale_value_problem(value, names.decode)
     return None if problem is None else CheckpointError(f"{file}: tensor {key!r} {problem}")
+
+
+def block_scale_error(file: Path | None, key: str, scales: torch.Tensor,
+                      first_row: int = 0) -> CheckpointError | None:
+    """The one refusal of stored E4M3 block ``scales`` of tensor ``key`` (rows from
+    ``first_row`` on: a part of it may be checked at a time) holding NaN codes or negative values
+    (``load`` and ``convert`` raise it; ``audit`` flags the layer), naming the file, the tensor,
+    the first bad byte and how many there are; None when all are valid."""
+    nan, negative, first = invalid_block_scales(scales)
+    if first is None:
+        return None
+    byte = int(scales.view(torch.uint8)[first])
+    where = (first[0] + first_row, *first[1:])
+    return CheckpointError(
+        f"{file}: tensor {key!r} holds {nan} NaN and {negative} negative E4M3 block scale(s) "
+        f"(first at {where}, byte 0x{byte:02x}); NVFP4 block scales are non-negative and finite, "
+        "so this checkpoint is corrupt or not NVFP4"
+    )
 
 
 @dataclass(frozen=True)

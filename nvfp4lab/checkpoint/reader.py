@@ -26,6 +26,7 @@ from nvfp4lab.checkpoint.files import (
     CheckpointError,
     LayerNames,
     TensorSource,
+    block_scale_error,
     missing_tensor,
     read_exact,
     read_like,
@@ -37,7 +38,7 @@ from nvfp4lab.checkpoint.folders import hf_snapshot
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
-from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
+from nvfp4lab.tensor import NVFP4Tensor
 from nvfp4lab.vocab import AUTO
 
 __all__ = ["load"]
@@ -124,14 +125,9 @@ def _read_scale(source: TensorSource, key: str, names: LayerNames,
 
 def _check_block_scales(source: TensorSource, key: str, scales: torch.Tensor) -> torch.Tensor:
     """Block scales are unsigned in hardware (UE4M3): refuse NaN codes and negative values."""
-    nan, negative, first = invalid_block_scales(scales)
-    if first is not None:
-        byte = int(scales.view(torch.uint8)[first])
-        raise CheckpointError(
-            f"{source.file_of(key)}: tensor {key!r} holds {nan} NaN and {negative} negative "
-            f"E4M3 block scale(s) (first at {first}, byte 0x{byte:02x}); NVFP4 block scales are "
-            "non-negative and finite, so this checkpoint is corrupt or not NVFP4"
-        )
+    problem = block_scale_error(source.file_of(key), key, scales)
+    if problem is not None:
+        raise problem
     return scales
 
 

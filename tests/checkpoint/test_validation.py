@@ -33,6 +33,7 @@ from safetensors.torch import save_file
 import nvfp4lab
 from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError
+from nvfp4lab.checkpoint.files import block_scale_error
 from tests import processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,6 +273,34 @@ def test_invalid_layer_tensors_are_flagged_by_audit_and_refused_by_convert(
                     "convert", str(folder / WEIGHTS), "layer 'layer'", issue,
                     "nothing was converted")
     assert not dst.exists()
+
+
+@pytest.mark.parametrize("byte", [0x7F, 0xFF, 0x88])
+def test_block_scales_load_refuses_are_refused_by_convert(
+    tmp_path: Path, byte: int, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32 (audit, load and convert agree): a NaN (0x7F, 0xFF) or negative (0x88) E4M3
+    block scale was flagged by audit and refused by load, but convert copied it through with
+    exit 0. Now convert refuses it in load's words before writing anything."""
+    tensors = _nvfp4_tensors()
+    raw = tensors["layer.weight_scale"].view(torch.uint8).clone()
+    raw[5, 2] = byte
+    folder = _ct_folder(tmp_path / "bad", _restored(
+        **{"layer.weight_scale": raw.view(torch.float8_e4m3fn)}))
+    nan, negative = {0x7F: (1, 0), 0xFF: (1, 1), 0x88: (0, 1)}[byte]  # 0xFF: both bits
+    words = f"tensor 'layer.weight_scale' holds {nan} NaN and {negative} negative E4M3 block"
+    run = None if byte == 0x7F else capfd
+    audited = _cli("audit", str(folder), "--gpu", "B200", capfd=run)
+    assert audited.returncode == 1 and "1 quantized layers, 1 flagged" in audited.stdout
+    dst = tmp_path / "out"
+    line = _one_line_error(
+        _cli("convert", str(folder), str(dst), "--format", "modelopt", capfd=run), "convert",
+        str(folder / WEIGHTS), words, f"first at (5, 2), byte 0x{byte:02x}",
+        "nothing was converted")
+    assert not dst.exists()
+    # load's refusal (checkpoint/reader.py raises this one error) in the same words
+    loads = block_scale_error(folder / WEIGHTS, "layer.weight_scale", raw.view(torch.float8_e4m3fn))
+    assert loads is not None and str(loads) in line
 
 
 @pytest.mark.parametrize("value", [0.0, float("nan"), float("inf"), -5.0])
