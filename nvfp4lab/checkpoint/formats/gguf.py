@@ -62,6 +62,7 @@ import dataclasses
 import functools
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,7 @@ from nvfp4lab.vocab import CheckpointFormat, Scheme
 
 __all__ = [
     "CONFIG_KEY",
+    "FFN_SCALE_IGNORED",
     "GGUF_ARCHITECTURES",
     "NAIVE_NOTE",
     "NAMES",
@@ -104,6 +106,7 @@ __all__ = [
     "Gguf",
     "GgufConfig",
     "GgufView",
+    "LlamaCppScaleWarning",
     "gguf_file",
     "gguf_order",
     "gguf_reader",
@@ -348,6 +351,41 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, bool]] = {
     "qwen3": ("qwen3", False),
     "qwen3_moe": ("qwen3moe", False),
 }
+
+
+#: GGUF architectures whose graph in llama.cpp (the revision llama-cpp-python 0.3.36 vendors)
+#: multiplies the attention projections by their ``.scale`` sidecar but not the FFN's
+#: (``build_ffn`` is given no ``up_s`` / ``gate_s`` / ``down_s``): measured node by node in
+#: tests/peers/test_llama_cpp_architectures.py; docs/llama_cpp.md has the numbers.
+FFN_SCALE_IGNORED: frozenset[str] = frozenset({"smollm3", "granite", "granitemoe", "arcee"})
+
+
+class LlamaCppScaleWarning(UserWarning):
+    """A GGUF nvfp4lab writes correctly that llama.cpp runs wrongly (:data:`FFN_SCALE_IGNORED`)."""
+
+
+def _warn_ignored_ffn_scales(contents: Contents, names: _Names) -> None:
+    """One :class:`LlamaCppScaleWarning` when ``names.arch`` is in :data:`FFN_SCALE_IGNORED` and
+    an FFN tensor scale is not 1: llama.cpp would run those products ``1/scale`` too large."""
+    if names.arch not in FFN_SCALE_IGNORED:
+        return
+    gguf_module = {hf: g for g, hf in names.modules.items()}
+    off = []
+    for tensor in contents.tensors():
+        module, _, leaf = tensor.name.rpartition(".")
+        base = gguf_module.get(module, "")
+        if leaf == NAMES.global_scale and base.rpartition(".")[2].startswith("ffn_"):
+            value = float(read_rows(tensor).reshape(-1)[0])
+            if value != 1.0:
+                off.append((base, value))
+    if off:
+        warnings.warn(
+            f"llama.cpp's {names.arch} graph (llama-cpp-python 0.3.36) ignores the FFN tensors' "
+            f".scale sidecar: {len(off)} of this file's FFN tensor scales are not 1 (first "
+            f"{off[0][0]}.scale = {off[0][1]:.6g}), so llama.cpp runs those products 1/scale too "
+            "large (NaN logits measured); the file itself is exact (nvfp4lab reads it back bit "
+            "for bit). docs/llama_cpp.md says more",
+            LlamaCppScaleWarning, stacklevel=4)
 
 
 def _arch_of(model_type: str) -> tuple[Any, bool]:
@@ -868,6 +906,7 @@ def _write(folder: Path, contents: Contents) -> list[str]:
     config = _config_dict(contents.config_json, folder / WEIGHTS_FILE)
     names = _names(contents.config_json)
     plan = _plan(contents, names)  # every refusal before the file is opened
+    _warn_ignored_ffn_scales(contents, names)
     if not any(o.kind == gguf.GGMLQuantizationType.NVFP4 for o in plan):
         raise CheckpointError("no quantized layer to write; a GGUF NVFP4 file holds at least one")
     writer = gguf.GGUFWriter(path=None, arch=names.arch)

@@ -6,6 +6,7 @@ transformers' own LlamaTensorProcessor (the inverse of llama.cpp's permutation).
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,12 @@ from torch import nn
 
 from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError
-from nvfp4lab.checkpoint.formats.gguf import GGUF_ARCHITECTURES, WEIGHTS_FILE
+from nvfp4lab.checkpoint.formats.gguf import (
+    FFN_SCALE_IGNORED,
+    GGUF_ARCHITECTURES,
+    WEIGHTS_FILE,
+    LlamaCppScaleWarning,
+)
 from nvfp4lab.execution import NVFP4Linear, quantize_model
 from tests.checkpoint.builders import E2M1_VALUES, unpack_codes
 
@@ -85,6 +91,28 @@ def test_qk_rows_are_in_llama_cpps_order_for_each_architecture(
     ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize("model_type", ["smollm3", "granite", "arcee", "llama", "qwen3"])
+def test_architectures_whose_llama_cpp_graph_drops_ffn_scales_warn(
+        model_type: str, tmp_path: Path) -> None:
+    """llama.cpp's SmolLM3 / Granite / Arcee graphs skip the FFN .scale sidecars (measured in
+    tests/peers/test_llama_cpp_architectures.py): saving such a model, whose FFN tensor scales
+    are not 1, warns once naming an FFN tensor; LLaMA and Qwen3 save without a word."""
+    model = _quantized(model_type)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checkpoint.save_pretrained(model, tmp_path / "g", format="gguf")
+    ours = [w for w in caught if issubclass(w.category, LlamaCppScaleWarning)]
+    arch = GGUF_ARCHITECTURES[model_type][0]
+    if arch in FFN_SCALE_IGNORED:
+        assert len(ours) == 1, [str(w.message) for w in caught]
+        text = str(ours[0].message)
+        ffn = 2 * (2 if model_type == "arcee" else 3)  # 2 blocks; Arcee's MLP has no gate
+        assert f"llama.cpp's {arch} graph" in text and f"{ffn} of this file's FFN" in text
+        assert "(first blk.0.ffn_" in text
+    else:
+        assert ours == []
 
 
 def test_granite_writes_its_multipliers(tmp_path: Path) -> None:
