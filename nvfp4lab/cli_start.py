@@ -11,7 +11,8 @@ starting; nothing was done`` and ends the process with :data:`INTERRUPTED_EXIT`.
 handler back (the command's ``KeyboardInterrupt`` handling and cleanup take over), and
 :func:`finished` as it returns: a Ctrl-C while Python then exits ends the process at once with
 the command's exit status (it used to print a traceback from an ``atexit`` callback, or, during
-the 0.4–1 s torch takes to tear down, kill the process silently).
+the 0.4–1 s torch takes to tear down, kill the process silently), and a command stopped by
+Ctrl-C exits 130 once the ``atexit`` callbacks ran (:func:`_last_at_exit`).
 ``import nvfp4lab`` anywhere else (a script, a notebook, a pool worker, the tests) changes
 nothing.
 
@@ -91,12 +92,23 @@ def _exit_now(signum: int, frame: FrameType | None) -> None:
         os._exit(INTERRUPTED_EXIT if _exit_code is None else _exit_code)
 
 
-def _ignore_sigint() -> None:
-    """The last ``atexit`` callback (registered by :func:`guard` before any other): Python
+def _last_at_exit() -> None:
+    """The last ``atexit`` callback (registered by :func:`guard` before any other). Python
     stops running signal handlers after the ``atexit`` callbacks and tears down its modules
-    (torch's take 0.4–1 s), when a SIGINT would kill the process silently (status -2); ignore
-    it instead, so the status stays the command's."""
+    (torch's take 0.4–1 s), when a SIGINT would kill the process silently (status -2): ignore
+    it instead, so the status stays the command's. And a command stopped by Ctrl-C ends here,
+    with status 130: its cleanup has run, and CPython (3.11) would otherwise turn the status
+    of ``python -m nvfp4lab`` into death by SIGINT (-2) whenever the KeyboardInterrupt had
+    passed through a nested ``PyRun_*`` call (an extension module running Python code), which
+    marks it "unhandled" even though the command handled it (seen once in ~100 interrupts of
+    ``audit``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _exit_code == INTERRUPTED_EXIT:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(INTERRUPTED_EXIT)
 
 
 def guard() -> None:
@@ -112,7 +124,7 @@ def guard() -> None:
         signal.signal(signal.SIGINT, _interrupted)
     except ValueError:  # not the main thread: its caller owns signal handling
         return
-    atexit.register(_ignore_sigint)
+    atexit.register(_last_at_exit)
     _guarded = True
 
 
