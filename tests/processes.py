@@ -55,6 +55,17 @@ def cli_here(argv: list[str], capfd: pytest.CaptureFixture[str]
     return subprocess.CompletedProcess(["nvfp4lab", *argv], code, out, err)
 
 
+def one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """The one stderr line of a command that refused its input (exit 2, no traceback), checked
+    to hold every needle."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
 def wait_for(check: Callable[[], T], what: str, timeout: float = 60.0) -> T:
     """Poll ``check`` every 20 ms until it returns something true; fail naming ``what``."""
     deadline = time.monotonic() + timeout

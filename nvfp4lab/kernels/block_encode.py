@@ -30,7 +30,7 @@ import torch
 from nvfp4lab.constants import BLOCK_SIZE, CT_ZERO_SCALE_REPLACEMENT, E4M3_MIN_SUBNORMAL
 from nvfp4lab.kernels.compiled import fresh
 from nvfp4lab.kernels.native import DTYPE_CODES, ISAS, library, required, vector_path
-from nvfp4lab.kernels.steps import StepTable, implements
+from nvfp4lab.kernels.steps import CODEC_TENSOR_SCALES, StepTable, implements
 from nvfp4lab.orders import (
     ArithmeticOrder,
     BlockScaleRule,
@@ -39,7 +39,6 @@ from nvfp4lab.orders import (
     E4M3Rounding,
     ElementScaling,
     ScaleForm,
-    TensorScaleRule,
 )
 
 __all__ = ["ISAS", "STEPS", "abs_max", "encode", "fake_quantize", "isa", "order_flags", "supports"]
@@ -86,12 +85,7 @@ _FORM_DECODE = {
 #: in the order's form) in every rule and form of the four orders.
 STEPS: StepTable = {
     "scale_form": frozenset({ScaleForm.ENCODE, ScaleForm.DECODE}),
-    "tensor_scale": frozenset({
-        TensorScaleRule.FLOAT32_DIVISION,
-        TensorScaleRule.INPUT_DTYPE_RECIPROCAL,
-        TensorScaleRule.DECODE_FLOAT32_DIVISION,
-        TensorScaleRule.UNIT,
-    }),
+    "tensor_scale": CODEC_TENSOR_SCALES,
     "block_scale": frozenset(_BLOCK_RULES),
     "e4m3_rounding": frozenset(_E4M3_ROUNDINGS),
     "element_scaling": frozenset(_ELEMENT_RULES),

@@ -17,16 +17,14 @@ from __future__ import annotations
 import torch
 
 from nvfp4lab.kernels.native import required
-from nvfp4lab.kernels.steps import StepTable, implements
+from nvfp4lab.kernels.steps import CODEC_BLOCK_SCALES, CODEC_TENSOR_SCALES, StepTable, implements
 from nvfp4lab.orders import (
     ArithmeticOrder,
-    BlockScaleRule,
     DecodeRule,
     E2M1Ties,
     E4M3Rounding,
     ElementScaling,
     ScaleForm,
-    TensorScaleRule,
 )
 
 __all__ = ["STEPS", "run_group", "supports"]
@@ -38,18 +36,8 @@ __all__ = ["STEPS", "run_group", "supports"]
 #: steps list the members the codec computes them for.
 STEPS: StepTable = {
     "scale_form": frozenset({ScaleForm.ENCODE, ScaleForm.DECODE}),
-    "tensor_scale": frozenset({
-        TensorScaleRule.FLOAT32_DIVISION,
-        TensorScaleRule.INPUT_DTYPE_RECIPROCAL,
-        TensorScaleRule.DECODE_FLOAT32_DIVISION,
-        TensorScaleRule.UNIT,
-    }),
-    "block_scale": frozenset({
-        BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET,
-        BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE,
-        BlockScaleRule.AMAX_OVER_TARGET_TIMES_DECODE,
-        BlockScaleRule.PRESCALED_AMAX_OVER_TARGET,
-    }),
+    "tensor_scale": CODEC_TENSOR_SCALES,
+    "block_scale": CODEC_BLOCK_SCALES,
     "e4m3_rounding": frozenset({E4M3Rounding.NEAREST_EVEN, E4M3Rounding.HALF_UP_UE4M3}),
     "element_scaling": frozenset({ElementScaling.MULTIPLY_BY_INVERSE}),
     "e2m1_ties": frozenset({E2M1Ties.EVEN}),

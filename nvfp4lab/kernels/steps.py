@@ -21,12 +21,36 @@ from dataclasses import fields
 from enum import Enum
 
 from nvfp4lab import orders
-from nvfp4lab.orders import ArithmeticOrder
+from nvfp4lab.orders import ArithmeticOrder, BlockScaleRule, TensorScaleRule
 
-__all__ = ["STEP_FIELDS", "StepTable", "implements", "missing"]
+__all__ = [
+    "CODEC_BLOCK_SCALES",
+    "CODEC_TENSOR_SCALES",
+    "STEP_FIELDS",
+    "StepTable",
+    "implements",
+    "missing",
+]
 
 #: Per step field of :class:`~nvfp4lab.orders.ArithmeticOrder`, the members a kernel implements.
 StepTable = Mapping[str, frozenset[Enum]]
+
+#: The tensor-scale rules whose scale the codec computes and hands to a kernel as a number in the
+#: order's form (every kernel takes the tensor scale so; each member written out by name).
+CODEC_TENSOR_SCALES: frozenset[Enum] = frozenset({
+    TensorScaleRule.FLOAT32_DIVISION,
+    TensorScaleRule.INPUT_DTYPE_RECIPROCAL,
+    TensorScaleRule.DECODE_FLOAT32_DIVISION,
+    TensorScaleRule.UNIT,
+})
+#: The block-scale rules whose E4M3 scales the codec computes eagerly for a kernel that reads
+#: them (GPTQ's column loop, the LUT decode).
+CODEC_BLOCK_SCALES: frozenset[Enum] = frozenset({
+    BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET,
+    BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE,
+    BlockScaleRule.AMAX_OVER_TARGET_TIMES_DECODE,
+    BlockScaleRule.PRESCALED_AMAX_OVER_TARGET,
+})
 
 
 def _step_fields() -> tuple[str, ...]:

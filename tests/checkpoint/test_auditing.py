@@ -25,7 +25,7 @@ from nvfp4lab.execution.shared_scales import merge_error
 from nvfp4lab.layout import swizzle_scales
 from tests.checkpoint.builders import copy_checkpoint, file_tensors, tiny_llama
 from tests.checkpoint.hf_cache import LFS_POINTER, hf_cache_layout, sharded_checkpoint
-from tests.processes import ROOT, child_env, cli_here
+from tests.processes import ROOT, child_env, cli_here, one_line_error
 
 Q = "model.layers.0.self_attn.q_proj"
 
@@ -227,15 +227,6 @@ def _audit_cli(*args: object) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
 
 
-def _one_line(done: subprocess.CompletedProcess[str], *needles: str) -> str:
-    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
-
 def test_issue32_cases_1_2_weights_linked_out_or_not_files_are_refused(
         nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
     """issue 32 cases 1 and 2: audit read weights through a link out of the folder, and hung
@@ -244,11 +235,11 @@ def test_issue32_cases_1_2_weights_linked_out_or_not_files_are_refused(
     elsewhere = tmp_path / "elsewhere.safetensors"
     (path / "model.safetensors").rename(elsewhere)
     (path / "model.safetensors").symlink_to(elsewhere)
-    _one_line(_audit_cli(path), f"nvfp4lab audit: {path}: 1 entry nvfp4lab will not read "
+    one_line_error(_audit_cli(path), f"nvfp4lab audit: {path}: 1 entry nvfp4lab will not read "
               f"(model.safetensors -> {elsewhere} (outside the checkpoint folder))")
     (path / "model.safetensors").unlink()
     os.mkfifo(path / "model.safetensors")
-    _one_line(_audit_cli(path), "(model.safetensors (a named pipe))")
+    one_line_error(_audit_cli(path), "(model.safetensors (a named pipe))")
 
 
 def test_issue32_case14_a_hugging_face_cache_snapshot_audits(tmp_path: Path,
@@ -277,14 +268,14 @@ def test_issue32_format_picks_one_of_two_formats(nvfp4lab_checkpoint: Path,
     both = copy_checkpoint(nvfp4lab_checkpoint, tmp_path / "both")
     checkpoint.convert(unshared_checkpoint, tmp_path / "gg", format="gguf")
     shutil.copy(tmp_path / "gg" / "model.gguf", both / "model.gguf")
-    _one_line(_audit_cli(both), "several checkpoint formats at once (compressed-tensors and "
+    one_line_error(_audit_cli(both), "several checkpoint formats at once (compressed-tensors and "
               "gguf); pass the one to read (--format compressed-tensors or --format gguf)")
     ct = cli_here(["audit", str(both), "--format", "compressed-tensors"], capfd)
     assert ct.returncode == 0 and "14 quantized layers, 0 flagged" in ct.stdout
     assert (auditing.audit_rows(both, format="gguf", workers=0)
             == auditing.audit_rows(tmp_path / "gg", workers=0))
     (both / "model.gguf").write_bytes(LFS_POINTER)
-    line = _one_line(cli_here(["audit", str(both), "--format", "gguf"], capfd))
+    line = one_line_error(cli_here(["audit", str(both), "--format", "gguf"], capfd))
     assert line == (f"nvfp4lab audit: {both / 'model.gguf'} is an un-fetched git-LFS pointer "
                     "(a small text file standing for the real one); run git lfs pull in its "
                     "repository (or download the file) and try again")

@@ -19,6 +19,7 @@ from nvfp4lab.checkpoint.files import read_header
 from nvfp4lab.execution import quantize_model
 from tests.checkpoint.builders import file_tensors, raw, tiny_llama, token_batches
 from tests.checkpoint.hf_cache import LFS_POINTER, hf_cache_layout, sharded_checkpoint
+from tests.processes import one_line_error
 
 CT_TO_MO = {"weight_packed": "weight", "weight_scale": "weight_scale",
             "weight_global_scale": "weight_scale_2", "input_global_scale": "input_scale"}
@@ -203,15 +204,6 @@ def _convert_here(capfd: pytest.CaptureFixture[str], *args: object
     return processes.cli_here(["convert", *map(str, args)], capfd)
 
 
-def _one_line(done: subprocess.CompletedProcess[str], *needles: str) -> str:
-    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
-
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_issue19_case1_a_file_created_while_converting_survives(
         nvfp4lab_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -238,7 +230,7 @@ def test_issue19_case1_a_file_created_while_converting_survives(
     assert _leftovers(tmp_path) == []
 
 
-def test_issue19_case1_the_cli_refuses_in_one_line(nvfp4lab_checkpoint: Path,
+def test_issue19_case1_the_cli_refuses_inone_line_error(nvfp4lab_checkpoint: Path,
                                                     tmp_path: Path) -> None:
     """issue 19 case 1, through the command line: exit 2, one line, the file kept."""
     dst = tmp_path / "mo"
@@ -251,7 +243,7 @@ def test_issue19_case1_the_cli_refuses_in_one_line(nvfp4lab_checkpoint: Path,
              f"    Path({str(dst)!r}, 'notes.txt').write_text('mine')\n"
              "conversion._copy_side_files = meanwhile\n")
     done = _convert_cli(nvfp4lab_checkpoint, dst, "--format", "modelopt", patch=patch)
-    _one_line(done, str(dst), "changed while", "notes.txt")
+    one_line_error(done, str(dst), "changed while", "notes.txt")
     assert (dst / "notes.txt").read_text() == "mine" and len(list(dst.iterdir())) == 1
     assert _leftovers(tmp_path) == []
 
@@ -266,7 +258,7 @@ def test_issue19_case2_overwrite_lists_symlinks_and_empty_folders(nvfp4lab_check
     (dst / "mydata").symlink_to(tmp_path / "elsewhere")
     (dst / "runs").mkdir()
     done = _convert_cli(nvfp4lab_checkpoint, dst, "--format", "modelopt", "--overwrite")
-    _one_line(done, "mydata (symlink)", "runs (empty folder)", "move them away")
+    one_line_error(done, "mydata (symlink)", "runs (empty folder)", "move them away")
     assert (dst / "mydata").is_symlink() and (dst / "runs").is_dir()
     assert (tmp_path / "elsewhere" / "data.csv").read_text() == "1,2\n"
 
@@ -294,7 +286,7 @@ def test_issue19_case3_two_converts_to_one_folder(nvfp4lab_checkpoint: Path,
             for p in procs]
     codes = sorted(d.returncode for d in done)
     assert codes == [0, 2], [(d.returncode, d.stderr) for d in done]
-    _one_line(next(d for d in done if d.returncode), str(dst), "changed while")
+    one_line_error(next(d for d in done if d.returncode), str(dst), "changed while")
     assert checkpoint.load(dst) is not None  # the winner's checkpoint, whole
     assert _leftovers(tmp_path) == []
 
@@ -336,7 +328,7 @@ def test_issue19_case7_convert_copies_everything_that_is_not_a_weight(
     again = _convert_here(capfd, mo, back, "--format", "compressed-tensors", "--overwrite")
     assert again.returncode == 0, again.stderr  # what convert copied is part of the checkpoint
     (src / "linked").symlink_to(tmp_path)
-    _one_line(_convert_here(capfd, src, tmp_path / "x", "--format", "modelopt"),
+    one_line_error(_convert_here(capfd, src, tmp_path / "x", "--format", "modelopt"),
               f"linked -> {tmp_path} (outside the checkpoint folder; a folder)")
 
 
@@ -346,7 +338,7 @@ def test_issue19_write_path_messages(nvfp4lab_checkpoint: Path, tmp_path: Path,
     (tmp_path / "afile").write_text("data")
     done = _convert_here(capfd, nvfp4lab_checkpoint, tmp_path / "afile" / "dst", "--format",
                          "modelopt")
-    line = _one_line(done, f"{tmp_path / 'afile'} is a file")
+    line = one_line_error(done, f"{tmp_path / 'afile'} is a file")
     assert "Errno" not in line and (tmp_path / "afile").read_text() == "data"
 
 
@@ -372,11 +364,11 @@ def test_issue19_permission_problems_are_named(nvfp4lab_checkpoint: Path,
     (locked / "notes.txt").write_text("mine")
     locked.chmod(0)
     try:
-        line = _one_line(_convert_cli(nvfp4lab_checkpoint, closed / "dst", "--format",
+        line = one_line_error(_convert_cli(nvfp4lab_checkpoint, closed / "dst", "--format",
                                       "modelopt", prefix=prefix), "permission denied",
                          f"in {closed}")
         assert ".tmp-" not in line
-        _one_line(_convert_cli(nvfp4lab_checkpoint, locked, "--format", "modelopt",
+        one_line_error(_convert_cli(nvfp4lab_checkpoint, locked, "--format", "modelopt",
                                prefix=prefix), f"{locked}: permission denied")
     finally:
         closed.chmod(0o755)
@@ -426,7 +418,7 @@ def test_issue32_case1_links_out_of_the_source_are_refused_before_writing(
     (src / "sub" / "notes.txt").symlink_to("/etc/passwd")
     (src / "sub" / "deeper" / "secret").symlink_to("../../../secret")
     dst = tmp_path / "dst"
-    line = _one_line(_bounded_cli(src, dst, "--format", target), f"{src}: 3 entries",
+    line = one_line_error(_bounded_cli(src, dst, "--format", target), f"{src}: 3 entries",
                      "README.md -> /etc/hostname (outside the checkpoint folder)",
                      "sub/notes.txt -> /etc/passwd (outside the checkpoint folder)",
                      f"sub/deeper/secret -> ../../../secret = {tmp_path / 'secret'} (outside")
@@ -445,7 +437,7 @@ def test_issue32_case2_devices_fifos_and_loops_are_refused(nvfp4lab_checkpoint: 
     (src / "sub").mkdir()
     (src / "sub" / "loop").symlink_to("loop")
     dst = tmp_path / "dst"
-    _one_line(_bounded_cli(src, dst, "--format", "modelopt"), f"{src}: 3 entries",
+    one_line_error(_bounded_cli(src, dst, "--format", "modelopt"), f"{src}: 3 entries",
               "pipe (a named pipe)", "sub/loop -> loop (a symlink loop)",
               "zero -> /dev/zero (outside the checkpoint folder; a character device)")
     assert not dst.exists() and _leftovers(tmp_path) == []
@@ -485,7 +477,7 @@ def test_issue32_a_compressed_tensors_folder_with_a_gguf_file(
     shutil.copytree(nvfp4lab_checkpoint, both)
     checkpoint.convert(unshared_checkpoint, tmp_path / "other", format="gguf")  # other bytes
     shutil.copy(tmp_path / "other" / "model.gguf", both / "model.gguf")
-    _one_line(_convert_cli(both, tmp_path / "x", "--format", "modelopt"),
+    one_line_error(_convert_cli(both, tmp_path / "x", "--format", "modelopt"),
               f"{both} looks like several checkpoint formats at once (compressed-tensors and "
               "gguf)", "--from compressed-tensors or --from gguf")
     done = _convert_here(capfd, both, tmp_path / "gg", "--format", "gguf", "--from",
@@ -499,10 +491,10 @@ def test_issue32_a_compressed_tensors_folder_with_a_gguf_file(
     assert done.returncode == 0, done.stderr
     (both / "model.gguf").write_bytes(LFS_POINTER)
     pointer = f"{both / 'model.gguf'} is an un-fetched git-LFS pointer"
-    _one_line(_convert_here(capfd, both, tmp_path / "y", "--format", "modelopt"),
+    one_line_error(_convert_here(capfd, both, tmp_path / "y", "--format", "modelopt"),
               "several checkpoint formats at once", pointer, "run git lfs pull",
               "--from compressed-tensors or --from gguf")
-    _one_line(_convert_here(capfd, both, tmp_path / "y", "--format", "modelopt", "--from",
+    one_line_error(_convert_here(capfd, both, tmp_path / "y", "--format", "modelopt", "--from",
                             "gguf"), pointer)
     report = checkpoint.convert(both, tmp_path / "y", format="modelopt",
                                 source_format="compressed-tensors")
