@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +74,13 @@ def _config_dtype(config: Any) -> torch.dtype | None:
 
 def _build_skeleton(
     data: dict[str, Any], where: Path, dtype: torch.dtype | None,
-    model_class: type[nn.Module] | None,
+    model_class: type[nn.Module] | None, stored_bytes: int | None = None,
 ) -> tuple[nn.Module, torch.dtype]:
     """The model of the configuration ``data`` (``config.json``'s content, as the format gives
     it), parameters on the meta device; ``where``: the checkpoint, recorded as transformers'
-    ``from_pretrained`` records it (``config._name_or_path``)."""
+    ``from_pretrained`` records it (``config._name_or_path``). ``stored_bytes``: the bytes of
+    the stored tensors, which bound the model the configuration may describe
+    (:func:`_check_config_size`)."""
     import transformers
 
     try:
@@ -95,14 +97,53 @@ def _build_skeleton(
             cls = getattr(transformers, arch, None)
             if cls is not None:
                 break
-    with _parameters_on_meta():
+    def build() -> nn.Module:
         if cls is None:
-            model = transformers.AutoModel.from_config(config, dtype=dtype)
-        elif hasattr(cls, "_from_config"):
-            model = cls._from_config(config, dtype=dtype)
-        else:
-            model = cls(config)
+            return transformers.AutoModel.from_config(config, dtype=dtype)
+        if hasattr(cls, "_from_config"):
+            return cls._from_config(config, dtype=dtype)
+        return cls(config)
+
+    if stored_bytes is not None:
+        _check_config_size(build, stored_bytes, where)
+    with _parameters_on_meta():
+        model = build()
     return model, dtype
+
+
+#: How many times the stored bytes a configuration's model may take in memory before it is
+#: refused: an NVFP4 weight stored in 4.5 bits per element (codes, block scales) becomes a float32
+#: [N, K] of 32 bits, 7.1x; the rest is stored as it is held.
+CONFIG_BYTES_PER_STORED_BYTE = 8
+#: Bytes a configuration's model may take beyond that (buffers no checkpoint stores: position
+#: ids, rotary tables of a long context).
+CONFIG_SLACK_BYTES = 256 << 20
+
+
+def _check_config_size(build: Callable[[], nn.Module], stored_bytes: int, where: Path) -> None:
+    """Build the configuration's model on the meta device (nothing allocated) and refuse it,
+    before anything real is built, when its parameters and buffers would take more than
+    :data:`CONFIG_BYTES_PER_STORED_BYTE` times the ``stored_bytes`` (+ :data:`CONFIG_SLACK_BYTES`):
+    a ``config.json`` whose sizes (``vocab_size``, ``intermediate_size``,
+    ``max_position_embeddings``, ...) the stored tensors cannot back (``vocab_size: 10**9``
+    allocated 128 GB before any tensor was read). A model that cannot be built on the meta device
+    is not checked here (the shape checks of the load refuse it later)."""
+    try:
+        with torch.device("meta"):
+            skeleton = build()
+    except Exception:
+        return
+    held = [(name, t) for name, t in (*skeleton.named_parameters(), *skeleton.named_buffers())]
+    total = sum(t.numel() * t.element_size() for _, t in held)
+    if total <= CONFIG_BYTES_PER_STORED_BYTE * stored_bytes + CONFIG_SLACK_BYTES:
+        return
+    name, largest = max(held, key=lambda item: item[1].numel() * item[1].element_size())
+    raise CheckpointError(
+        f"{where}: its configuration describes a model of {total / 2**30:.1f} GiB (the largest "
+        f"tensor {name} {list(largest.shape)}) but the checkpoint stores {stored_bytes / 2**20:.1f}"
+        " MiB of tensors; the config.json sizes (vocab_size, hidden_size, intermediate_size, "
+        "max_position_embeddings, ...) do not match the stored weights: fix config.json"
+    )
 
 
 def _read_scale(source: TensorSource, key: str, names: LayerNames,
@@ -274,8 +315,9 @@ def load(
     config.checkpoint_scheme()  # one scheme per checkpoint: audit and convert refuse a mix too
     stored = spec.read_weights(where)  # headers validated (the shared validator) on the way
     device = torch.device(device)
+    stored_bytes = sum(info.nbytes for info in stored.tensors.values())
     model, dtype = _build_skeleton(spec.model_config(where), stored.directory, dtype,
-                                   model_class)
+                                   model_class, stored_bytes)
     quantized: Mapping[str, bool] = config.quantized_modules(model)
 
     source = TensorSource(stored, device)

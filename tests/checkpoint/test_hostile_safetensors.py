@@ -75,6 +75,23 @@ def test_a_config_of_a_million_layers_is_refused_before_building(
                "num_hidden_layers is 1000000 but the weights hold layers 0-1 (2)")
 
 
+@pytest.mark.parametrize(("key", "largest"), [
+    ("vocab_size", "model.embed_tokens.weight [1000000000,"),
+    ("intermediate_size", "mlp.gate_proj.weight [1000000000,"),
+])
+def test_config_sizes_the_weights_cannot_back_are_refused_before_building(
+        key: str, largest: str, nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
+    """Like case 5, other sizes: ``vocab_size`` or ``intermediate_size`` of 10**9 made load
+    allocate 128 GB while building the model (a MemoryError traceback, or the machine's memory
+    where the sizes fit); now one line naming the model's size and its largest tensor, from a
+    build on the meta device, before anything real is built."""
+    path = _config(copy_checkpoint(nvfp4lab_checkpoint, tmp_path / key), **{key: 10**9})
+    loaded = run(str(path), load=True)
+    assert loaded.returncode == 1, (loaded.stdout, loaded.stderr)
+    one_line(loaded, "load: ", str(path), "its configuration describes a model of", largest,
+             "do not match the stored weights: fix config.json")
+
+
 @pytest.mark.parametrize("where", ["config.json", "header"])
 def test_json_nested_50000_deep_is_one_line_naming_the_file(
         where: str, nvfp4lab_checkpoint: Path, tmp_path: Path,
