@@ -48,18 +48,24 @@ needs_smollm2 = pytest.mark.skipif(
 #: order, so the two workers start on the long ones and end together instead of one waiting on
 #: a two-minute file handed out last. Every other file keeps its place; a stale entry costs only
 #: balance, never a test.
-LONGEST_FIRST: tuple[str, ...] = (
-    "tests/test_notebooks.py",
-    "tests/checkpoint/test_stream.py",
-    "tests/checkpoint/test_conversion.py",
-    "tests/test_reports.py",
-    "tests/checkpoint/formats/test_gguf.py",
+LONGEST_FIRST: tuple[str, ...] = (  # summed seconds of a full run, 2026-12-06
+    "tests/test_notebooks.py",  # 62
+    "tests/checkpoint/formats/test_gguf_hostile.py",  # 48
+    "tests/kernels/test_cache.py",  # 41
+    "tests/kernels/test_native_cache.py",  # 40
+    "tests/test_cli.py",  # 36
+    "tests/checkpoint/test_conversion.py",  # 32
+    "tests/checkpoint/test_stream.py",  # 31
+    "tests/checkpoint/test_hostile_safetensors.py",  # 22
+    "tests/checkpoint/test_validation.py",  # 21
+    "tests/test_reports.py",  # 18
+    "tests/test_faults.py",  # 16
+    "tests/checkpoint/formats/test_gguf.py",  # 13
+    "tests/checkpoint/test_auditing.py",  # 10
+    "tests/kernels/test_native_isa.py",  # 10
+    "tests/studies/test_model_gptq.py",  # 9
+    "tests/execution/test_gptq.py",  # 9
     "tests/execution/test_attention.py",
-    "tests/test_faults.py",
-    "tests/test_cli.py",
-    "tests/checkpoint/test_validation.py",
-    "tests/execution/test_gptq.py",
-    "tests/studies/test_model_gptq.py",
 )
 
 

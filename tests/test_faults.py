@@ -41,6 +41,60 @@ raw tracebacks, unclear messages   test_validation.py ``test_header_defects_*``,
                                    checkpoint/test_files.py (a list as quantization_config)
 audit --out writes only csv+html   test_cli.py ``test_audit_out_writes_csv_and_html_only_there``
 =================================  ==============================================================
+
+The fourth round (issue 32: any CPU, hostile files, a kernel cache that can break) lives in the
+module tests too. ``make test-isa`` runs the CPU-sensitive files again under AVX2-only and
+baseline x86-64 settings. Index:
+
+=================================  ==============================================================
+case                               tests
+=================================  ==============================================================
+red on an AMD CPU                  kernels/test_linear.py ``test_no_full_size_*``,
+                                   ``test_later_calls_decode_at_most_the_verdicts_rows``,
+                                   ``test_taller_tiles_*``; ``make test-isa`` (Makefile);
+                                   kernels/test_cache.py ``test_kernels_cached_for_one_*``;
+                                   kernels/test_native_isa.py (``NVFP4LAB_NATIVE_ISA``)
+1 links out of SRC copied          checkpoint/test_conversion.py ``test_issue32_case1_*``;
+                                   test_reader.py ``test_issue32_case1_*``; test_auditing.py
+                                   ``test_issue32_cases_1_2_*``; test_writer.py
+                                   ``test_issue32_side_files_*``
+2 /dev/zero, FIFO, loops           test_conversion.py ``test_issue32_case2_*``; test_folders.py
+                                   ``test_issue32_the_one_rule_*``
+3 a 2**62-element GGUF array       checkpoint/formats/test_gguf_hostile.py
+                                   ``test_a_metadata_array_of_2_62_*``, ``test_counts_the_bytes_*``
+4 empty / misshaped tensors        test_gguf_hostile.py ``test_an_nvfp4_tensor_without_elements_*``;
+                                   checkpoint/test_hostile_safetensors.py ``test_k_0_*``
+5 a million layers                 both hostile files ``test_a_config_of_a_million_layers_*``;
+                                   test_hostile_safetensors.py ``test_config_sizes_the_weights_*``
+6 JSON 50,000 deep                 ``test_a_config_nested_50000_deep_*`` (GGUF),
+                                   ``test_json_nested_50000_deep_*`` (config.json, header)
+7 a broken C++ library cache       kernels/test_native_cache.py
+8 NVFP4LAB_THREADS=1000000000      test_cli.py ``test_threads_beyond_the_machine_*``;
+                                   test_settings.py ``test_torch_threads_rejects_*``,
+                                   ``test_run_reports_checks_threads_*``
+9 audit, load, convert disagree    test_gguf_hostile.py ``test_files_load_refuses_*``;
+                                   checkpoint/test_validation.py ``test_block_scales_load_*``
+10 denormal tensor scales          both hostile files ``test_scales_load_refuses_*``
+11 a GGUF source that moved        checkpoint/formats/test_gguf_writing.py ``test_a_moved_*``
+12 q/k rows of SmolLM3, Granite    test_gguf_writing.py ``test_qk_rows_*``,
+                                   ``test_architectures_whose_llama_cpp_graph_*``;
+                                   peers/test_llama_cpp_architectures.py (llama.cpp itself)
+13 the KV cache dropped on save    checkpoint/test_writer.py ``test_a_quantized_kv_cache_*``
+14 the Hugging Face cache layout   ``test_issue32_case14_*`` (conversion, reader, auditing);
+                                   test_folders.py ``test_issue32_hf_*``
+15 steps a kernel does not know    kernels/test_steps.py; test_blocks.py ``test_an_unknown_*``
+Ctrl-C while starting              test_cli.py ``test_ctrl_c_while_starting_*``,
+                                   ``test_a_handled_interrupt_exits_130_under_python_m``
+the KV cache API                   execution/test_kv_cache.py ``test_zero_rows_*``,
+                                   ``test_fp8_e4m3_*``, ``test_scales_whose_reciprocal_*``;
+                                   execution/test_attention.py ``test_kv_scales_are_checked_*``
+GGUF block-scale bytes, offsets    test_gguf_hostile.py ``test_bad_block_scale_bytes_*``,
+                                   ``test_counts_the_bytes_*``
+a CT folder that holds a .gguf     ``test_issue32_*format_picks_*`` (reader, auditing);
+                                   test_conversion.py ``test_issue32_a_compressed_tensors_*``
+token_fidelity's raw errors        studies/test_llm.py ``test_token_ids_beyond_*``,
+                                   ``test_a_model_that_is_not_a_causal_lm_*``, ``test_bad_counts_*``
+=================================  ==============================================================
 """
 
 from __future__ import annotations
