@@ -229,10 +229,11 @@ def _check_layers(inv: Inventory, stores_input: bool) -> None:
 def _check_block_scales(info: TensorInfo) -> None:
     """Load's refusal of NaN or negative block scales (:func:`files.block_scale_error`), read
     :data:`SCALE_ROWS` rows at a time from the memory-mapped file (a layer's block scales are
-    1/16 of its elements: N·K/16 bytes), before anything is written."""
+    1/16 of its elements: N·K/16 bytes), before anything is written. ``info``: a block-scale
+    tensor the validator passed, so 2-D with N >= 1 rows."""
     with RowReader(info) as reader:
-        for start in range(0, max(info.shape[0], 1) if info.shape else 1, SCALE_ROWS):
-            rows = reader.rows(start, start + SCALE_ROWS) if info.shape else reader.rows()
+        for start in range(0, info.shape[0], SCALE_ROWS):
+            rows = reader.rows(start, start + SCALE_ROWS)
             problem = block_scale_error(info.file, info.key, rows, first_row=start)
             if problem is not None:
                 raise CheckpointError(f"{problem}; nothing was converted (nvfp4lab audit lists "

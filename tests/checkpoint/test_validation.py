@@ -303,6 +303,21 @@ def test_block_scales_load_refuses_are_refused_by_convert(
     assert loads is not None and str(loads) in line
 
 
+def test_convert_names_a_bad_block_scale_past_its_first_chunk_of_rows(tmp_path: Path) -> None:
+    """Convert reads block scales ``conversion.SCALE_ROWS`` (256) rows at a time: a NaN in row
+    513 of 600 is named at its row in the whole tensor, as load names it."""
+    tensors = _nvfp4_tensors(n=600)
+    raw = tensors["layer.weight_scale"].view(torch.uint8).clone()
+    raw[513, 1] = 0x7F
+    scales = raw.view(torch.float8_e4m3fn)
+    folder = _ct_folder(tmp_path / "bad", {**tensors, "layer.weight_scale": scales})
+    with pytest.raises(CheckpointError, match=r"first at \(513, 1\), byte 0x7f") as err:
+        checkpoint.convert(folder, tmp_path / "out", format="modelopt")
+    loads = block_scale_error(folder / WEIGHTS, "layer.weight_scale", scales)
+    assert loads is not None and str(loads) in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("value", [0.0, float("nan"), float("inf"), -5.0])
 def test_a_tensor_scale_load_refuses_is_refused_by_convert(
     tmp_path: Path, value: float, capfd: pytest.CaptureFixture[str]
