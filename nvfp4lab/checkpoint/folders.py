@@ -310,7 +310,7 @@ def unsafe_entries(folder: Path, paths: Iterable[Path]) -> list[str]:
     outside the ``blobs/`` folder of a Hugging Face cache snapshot, :func:`hf_blobs`), and
     those that are not regular files. Empty when all may be read."""
     base = folder.absolute()
-    roots = [base.resolve()]
+    root = base.resolve()
     blobs = hf_blobs(base)
     out: list[str] = []
     for given in paths:
@@ -318,8 +318,7 @@ def unsafe_entries(folder: Path, paths: Iterable[Path]) -> list[str]:
         rel = path.relative_to(base) if path.is_relative_to(base) else path
         problems = []
         real = Path(os.path.realpath(path))
-        if not (any(real.is_relative_to(root) for root in roots)
-                or (blobs is not None and real.parent == blobs)):
+        if not (real.is_relative_to(root) or (blobs is not None and real.parent == blobs)):
             problems.append("outside the checkpoint folder")
         kind = _not_a_file(path)
         if kind is not None:
