@@ -113,7 +113,6 @@ def kv_cache_kind(kind: str, what: str = "KV cache kind") -> KVCacheKind:
         raise ValueError(f"{err}, or vLLM's alias {aliases}") from None
 
 
-
 def _check_x(x: torch.Tensor, kind: KVCacheKind) -> None:
     """ValueError unless ``x`` is a finite fp32/bf16/fp16 tensor ``[..., head_size]``."""
     if not isinstance(x, torch.Tensor):
@@ -215,7 +214,7 @@ def _scale_value(
             f"{name} must be finite and > 0, got {scale}; leave it None when the checkpoint "
             "has none (vLLM then uses 1.0)"
         )
-    inverse = float(1 / torch.tensor(value, dtype=torch.float32))
+    inverse = kv_encode_scale(value)  # f32(1 / f32(value)): what the write multiplies by
     if not math.isfinite(inverse):
         raise ValueError(
             f"{name} {scale} is too small: its reciprocal (what the cache write multiplies or "
