@@ -566,11 +566,11 @@ def save_pretrained(
     if spec.shares_fused_scales:
         _check_fused(model, quantized, require_shared_global_scale)
     unquantized = _unquantized(model)
-    tensors = _state_to_save(model, quantized, resolved, dtype, spec)
     src = _source_dir(model, source)
     if src is not None:  # a link out of the source folder is never read into the checkpoint
-        check_readable(src, [src / rel for rel in (CONFIG_NAME, "generation_config.json",
-                                                   *COPIED_FILES) if os.path.lexists(src / rel)])
+        check_readable(src, [src / rel for rel in (CONFIG_NAME, *COPIED_FILES)
+                             if os.path.lexists(src / rel)])
+    tensors = _state_to_save(model, quantized, resolved, dtype, spec)
     config_dtype = dtype or _model_dtype(model, quantized)
     shards = _shards(tensors, max_shard_bytes)
     contents = Contents(shards, _config_json(model, src, config_dtype), resolved, unquantized,

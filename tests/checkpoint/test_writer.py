@@ -165,6 +165,24 @@ def test_issue32_side_files_linked_out_of_the_source_are_refused(tmp_path: Path)
     assert (out / "vocab.json").read_text() == "{}" and not (out / "vocab.json").is_symlink()
 
 
+def test_a_generation_config_linked_out_of_the_source_is_named_once(tmp_path: Path) -> None:
+    """generation_config.json is one of the copied files: the refusal counts and names it once
+    (it was checked twice: '2 entries ... generation_config.json ..., generation_config.json')."""
+    (tmp_path / "secret.txt").write_text("{}")
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "generation_config.json").symlink_to(tmp_path / "secret.txt")
+    model = tiny_llama()
+    quantize_model(model, backend="w4a16")
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.save_pretrained(model, tmp_path / "out", source=source)
+    message = str(err.value)
+    assert message.startswith(f"{source}: 1 entry nvfp4lab will not read (generation_config.json "
+                              f"-> {tmp_path / 'secret.txt'} (outside"), message
+    assert message.count("generation_config.json") == 1, message
+    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+
+
 def test_failed_save_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = tiny_llama()
     quantize_model(model, backend="w4a16")
