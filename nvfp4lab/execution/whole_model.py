@@ -439,9 +439,9 @@ def quantize_model(
     ``kv_cache``: None (default: attention unchanged) or a :class:`~nvfp4lab.vocab.KVCacheKind`
     value (``nvfp4``, ``nvfp4_4over6``, ``fp8``; vLLM's ``fp8_e4m3`` is ``fp8``): attention
     then sees K (after RoPE) and V as vLLM 0.33 writes them to that cache and reads them back,
-    per KV head and token, in
-    16-value blocks along head_dim (:func:`~nvfp4lab.execution.attention.quantize_kv_cache`:
-    transformers Llama / Qwen3 models, ``sdpa`` or ``eager`` attention; other models raise).
+    per KV head and token, in 16-value blocks along head_dim
+    (:func:`~nvfp4lab.execution.attention.quantize_kv_cache`: transformers Llama / Qwen3 models,
+    ``sdpa`` or ``eager`` attention; other models raise).
     ``kv_scales``: the per-layer DECODE scales ``k_scale`` / ``v_scale`` (vLLM's, as a
     checkpoint stores them; a mapping by attention name or layer_idx, or a callable); default
     1.0 for every layer, what vLLM 0.33 uses without checkpoint scales. The kind and scales of
