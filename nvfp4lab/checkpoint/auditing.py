@@ -309,11 +309,11 @@ def _audit_layer(task: _Task, name: str) -> _Layer:
     if math.isfinite(lay.decode):
         try:
             _stream_layer(task, lay, spec)
-        except CheckpointError as exc:
+        except CheckpointError:
+            # codes a format cannot give beside NaN or negative block scales (GGUF: ggml and
+            # E4M3 read those bytes differently; load and convert refuse them): flagged above
             if not (lay.row["nan_scales"] or lay.row["negative_scales"]):
                 raise
-            del exc  # codes a format cannot give beside such scales (GGUF: ggml and E4M3
-            # read those bytes differently, load and convert refuse them): flagged above
     return lay
 
 
