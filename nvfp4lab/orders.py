@@ -76,6 +76,7 @@ from nvfp4lab.constants import CT_ZERO_SCALE_REPLACEMENT, E4M3_MIN_SUBNORMAL
 from nvfp4lab.vocab import Convention, check_choice
 
 __all__ = [
+    "ENUM_FIELDS",
     "KERNEL_MAX_GLOBAL_SCALE",
     "ORDERS",
     "ArithmeticOrder",
@@ -188,6 +189,18 @@ class ArithmeticOrder:
         return self.convention.value
 
 
+def _enum_fields() -> dict[str, type[Enum]]:
+    hints = typing.get_type_hints(ArithmeticOrder)
+    return {
+        f.name: hints[f.name] for f in dataclasses.fields(ArithmeticOrder)
+        if isinstance(hints[f.name], type) and issubclass(hints[f.name], Enum)
+    }
+
+
+#: Each field of :class:`ArithmeticOrder` that holds an enum member (the convention and every
+#: step), with its enum: read from the class once (its type hints take ~0.1 ms to evaluate).
+ENUM_FIELDS: dict[str, type[Enum]] = _enum_fields()
+
 #: Every arithmetic order nvfp4lab runs, by convention.
 ORDERS: dict[Convention, ArithmeticOrder] = {
     Convention.KERNEL: ArithmeticOrder(
@@ -248,13 +261,14 @@ ORDERS: dict[Convention, ArithmeticOrder] = {
 def check_steps(order: ArithmeticOrder) -> ArithmeticOrder:
     """``order`` when each of its steps is a member of the step's enum (a custom order built
     with ``dataclasses.replace`` may carry anything); ValueError naming the step otherwise, so no
-    function runs an order whose step it cannot read as one it knows."""
-    hints = typing.get_type_hints(ArithmeticOrder)
-    for field in dataclasses.fields(ArithmeticOrder):
-        kind, value = hints[field.name], getattr(order, field.name)
-        if isinstance(kind, type) and issubclass(kind, Enum) and not isinstance(value, kind):
+    function runs an order whose step it cannot read as one it knows. Runs on every call given
+    an order object (:data:`ENUM_FIELDS`: no type hints evaluated here)."""
+    for name, kind in ENUM_FIELDS.items():
+        value = getattr(order, name)
+        if not isinstance(value, kind):
+            owner = getattr(order.convention, "value", repr(order.convention))
             raise ValueError(
-                f"the {order.name} order's {field.name} step is {value!r}, not a member of "
+                f"the {owner} order's {name} step is {value!r}, not a member of "
                 f"{kind.__name__} ({', '.join(m.name for m in kind)}); add the member to "
                 f"{kind.__name__} and its arithmetic beside the others (docs/architecture.md)"
             )

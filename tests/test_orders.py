@@ -15,6 +15,7 @@ from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.execution.gptq import gptq_quantize
 from nvfp4lab.kernels import compiler_available, fused_route
 from nvfp4lab.kernels.graphs import supports
+from nvfp4lab.kernels.steps import STEP_FIELDS
 from nvfp4lab.orders import ORDERS, ArithmeticOrder, DecodeRule, ScaleForm, TensorScaleRule
 from nvfp4lab.vocab import Convention
 
@@ -111,3 +112,27 @@ def test_an_order_given_as_data_runs_everywhere(order: ArithmeticOrder) -> None:
     assert torch.equal(_raw(fused.scales), _raw(eager.scales))
     assert torch.equal(fake_quantize(x, convention=order, fused=True),
                        fake_quantize(x, convention=order, fused=False))
+
+
+def test_check_steps_evaluates_no_type_hints_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check_steps`` runs on every quantize / fake_quantize given an order object: it evaluated
+    ArithmeticOrder's type hints each time (~0.14 ms, more than a small quantize itself). The
+    enum fields are read once, at import; the check still names a bad step."""
+    import typing
+
+    def no_hints(*args: object, **kwargs: object) -> None:
+        raise AssertionError("type hints evaluated on a call")
+
+    monkeypatch.setattr(typing, "get_type_hints", no_hints)
+    kernel = ORDERS[Convention.KERNEL]
+    assert all(orders.check_steps(order) is order for order in ORDERS.values())
+    assert fake_quantize(torch.randn(4, 32), convention=kernel).shape == (4, 32)
+    bad = dataclasses.replace(kernel, e2m1_ties="even")
+    with pytest.raises(ValueError, match=r"^the kernel order's e2m1_ties step is 'even', not a "
+                       r"member of E2M1Ties \(EVEN, FIRST_NEAREST_SCALED_TABLE\)"):
+        orders.check_steps(bad)
+    nameless = dataclasses.replace(kernel, convention="mine")  # no Convention: still one message
+    with pytest.raises(ValueError, match=r"^the 'mine' order's convention step is 'mine', not a "
+                       r"member of Convention"):
+        orders.check_steps(nameless)
+    assert set(orders.ENUM_FIELDS) == {"convention", *STEP_FIELDS}

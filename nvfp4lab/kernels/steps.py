@@ -15,13 +15,11 @@ and False for a step field the table lacks (a field added to ``ArithmeticOrder``
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Mapping
-from dataclasses import fields
 from enum import Enum
 
 from nvfp4lab import orders
-from nvfp4lab.orders import ArithmeticOrder, BlockScaleRule, TensorScaleRule
+from nvfp4lab.orders import ENUM_FIELDS, ArithmeticOrder, BlockScaleRule, TensorScaleRule
 
 __all__ = [
     "CODEC_BLOCK_SCALES",
@@ -53,18 +51,12 @@ CODEC_BLOCK_SCALES: frozenset[Enum] = frozenset({
 })
 
 
-def _step_fields() -> tuple[str, ...]:
-    hints = typing.get_type_hints(ArithmeticOrder)
-    return tuple(
-        f.name for f in fields(ArithmeticOrder)
-        if isinstance(hints[f.name], type) and issubclass(hints[f.name], Enum)
-        and hints[f.name].__module__ == orders.__name__
-    )
-
-
 #: The fields of :class:`~nvfp4lab.orders.ArithmeticOrder` that hold a step enum's member
-#: (read from the class: a new step field is one more entry here, which no table lists yet).
-STEP_FIELDS: tuple[str, ...] = _step_fields()
+#: (:data:`~nvfp4lab.orders.ENUM_FIELDS` but the convention: a new step field is one more entry
+#: here, which no table lists yet).
+STEP_FIELDS: tuple[str, ...] = tuple(
+    name for name, kind in ENUM_FIELDS.items() if kind.__module__ == orders.__name__
+)
 
 
 def missing(table: StepTable, order: ArithmeticOrder) -> list[str]:
