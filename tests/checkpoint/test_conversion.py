@@ -230,7 +230,7 @@ def test_issue19_case1_a_file_created_while_converting_survives(
     assert _leftovers(tmp_path) == []
 
 
-def test_issue19_case1_the_cli_refuses_inone_line_error(nvfp4lab_checkpoint: Path,
+def test_issue19_case1_the_cli_refuses_in_one_line(nvfp4lab_checkpoint: Path,
                                                     tmp_path: Path) -> None:
     """issue 19 case 1, through the command line: exit 2, one line, the file kept."""
     dst = tmp_path / "mo"
@@ -329,7 +329,7 @@ def test_issue19_case7_convert_copies_everything_that_is_not_a_weight(
     assert again.returncode == 0, again.stderr  # what convert copied is part of the checkpoint
     (src / "linked").symlink_to(tmp_path)
     one_line_error(_convert_here(capfd, src, tmp_path / "x", "--format", "modelopt"),
-              f"linked -> {tmp_path} (outside the checkpoint folder; a folder)")
+                   f"linked -> {tmp_path} (outside the checkpoint folder; a folder)")
 
 
 def test_issue19_write_path_messages(nvfp4lab_checkpoint: Path, tmp_path: Path,
@@ -365,11 +365,11 @@ def test_issue19_permission_problems_are_named(nvfp4lab_checkpoint: Path,
     locked.chmod(0)
     try:
         line = one_line_error(_convert_cli(nvfp4lab_checkpoint, closed / "dst", "--format",
-                                      "modelopt", prefix=prefix), "permission denied",
-                         f"in {closed}")
+                                           "modelopt", prefix=prefix), "permission denied",
+                              f"in {closed}")
         assert ".tmp-" not in line
         one_line_error(_convert_cli(nvfp4lab_checkpoint, locked, "--format", "modelopt",
-                               prefix=prefix), f"{locked}: permission denied")
+                                    prefix=prefix), f"{locked}: permission denied")
     finally:
         closed.chmod(0o755)
         locked.chmod(0o755)
@@ -419,9 +419,9 @@ def test_issue32_case1_links_out_of_the_source_are_refused_before_writing(
     (src / "sub" / "deeper" / "secret").symlink_to("../../../secret")
     dst = tmp_path / "dst"
     line = one_line_error(_bounded_cli(src, dst, "--format", target), f"{src}: 3 entries",
-                     "README.md -> /etc/hostname (outside the checkpoint folder)",
-                     "sub/notes.txt -> /etc/passwd (outside the checkpoint folder)",
-                     f"sub/deeper/secret -> ../../../secret = {tmp_path / 'secret'} (outside")
+                          "README.md -> /etc/hostname (outside the checkpoint folder)",
+                          "sub/notes.txt -> /etc/passwd (outside the checkpoint folder)",
+                          f"sub/deeper/secret -> ../../../secret = {tmp_path / 'secret'} (outside")
     assert "replace each with a regular file" in line
     assert not dst.exists() and _leftovers(tmp_path) == []
 
@@ -438,8 +438,8 @@ def test_issue32_case2_devices_fifos_and_loops_are_refused(nvfp4lab_checkpoint: 
     (src / "sub" / "loop").symlink_to("loop")
     dst = tmp_path / "dst"
     one_line_error(_bounded_cli(src, dst, "--format", "modelopt"), f"{src}: 3 entries",
-              "pipe (a named pipe)", "sub/loop -> loop (a symlink loop)",
-              "zero -> /dev/zero (outside the checkpoint folder; a character device)")
+                   "pipe (a named pipe)", "sub/loop -> loop (a symlink loop)",
+                   "zero -> /dev/zero (outside the checkpoint folder; a character device)")
     assert not dst.exists() and _leftovers(tmp_path) == []
 
 
@@ -478,8 +478,8 @@ def test_issue32_a_compressed_tensors_folder_with_a_gguf_file(
     checkpoint.convert(unshared_checkpoint, tmp_path / "other", format="gguf")  # other bytes
     shutil.copy(tmp_path / "other" / "model.gguf", both / "model.gguf")
     one_line_error(_convert_cli(both, tmp_path / "x", "--format", "modelopt"),
-              f"{both} looks like several checkpoint formats at once (compressed-tensors and "
-              "gguf)", "--from compressed-tensors or --from gguf")
+                   f"{both} looks like several checkpoint formats at once (compressed-tensors and "
+                   "gguf)", "--from compressed-tensors or --from gguf")
     done = _convert_here(capfd, both, tmp_path / "gg", "--format", "gguf", "--from",
                          "compressed-tensors")
     assert done.returncode == 0, done.stderr
@@ -492,10 +492,10 @@ def test_issue32_a_compressed_tensors_folder_with_a_gguf_file(
     (both / "model.gguf").write_bytes(LFS_POINTER)
     pointer = f"{both / 'model.gguf'} is an un-fetched git-LFS pointer"
     one_line_error(_convert_here(capfd, both, tmp_path / "y", "--format", "modelopt"),
-              "several checkpoint formats at once", pointer, "run git lfs pull",
-              "--from compressed-tensors or --from gguf")
+                   "several checkpoint formats at once", pointer, "run git lfs pull",
+                   "--from compressed-tensors or --from gguf")
     one_line_error(_convert_here(capfd, both, tmp_path / "y", "--format", "modelopt", "--from",
-                            "gguf"), pointer)
+                                 "gguf"), pointer)
     report = checkpoint.convert(both, tmp_path / "y", format="modelopt",
                                 source_format="compressed-tensors")
     assert "model.gguf" not in report.copied and not (tmp_path / "y" / "model.gguf").exists()
