@@ -94,8 +94,27 @@ STEPS: StepTable = {
 }
 
 
+#: :func:`_flags` by order object (the object kept, so its id is never reused while cached):
+#: asked three times per quantize, each reading the order's every step (~2 us).
+_FLAGS_SEEN: dict[int, tuple[ArithmeticOrder, int | None]] = {}
+#: Distinct order objects remembered at most (then forgotten all at once).
+_FLAGS_SEEN_MAX = 64
+
+
 def _flags(order: ArithmeticOrder) -> int | None:
-    """``block_encode.cpp``'s bits for ``order``'s steps; None where a step has none there."""
+    """``block_encode.cpp``'s bits for ``order``'s steps; None where a step has none there.
+    Remembered per order object (an order is frozen)."""
+    seen = _FLAGS_SEEN.get(id(order))
+    if seen is not None and seen[0] is order:
+        return seen[1]
+    flags = _order_bits(order)
+    if len(_FLAGS_SEEN) >= _FLAGS_SEEN_MAX:
+        _FLAGS_SEEN.clear()
+    _FLAGS_SEEN[id(order)] = (order, flags)
+    return flags
+
+
+def _order_bits(order: ArithmeticOrder) -> int | None:
     if not implements(STEPS, order):
         return None
     if order.zero_block_scale not in (None, 1.0):
