@@ -166,15 +166,16 @@ _CAUSAL_LM = ("a causal language model: model(input_ids=int64 [B, T]) returning 
 
 def _check_causal_lm(model: CausalLM, role: str) -> None:
     """TypeError when ``model`` is a transformers model but no decoder-only causal LM
-    (``BertModel``, ``BertForMaskedLM``, ``LlamaModel``, encoder-decoders); others trusted."""
+    (``BertModel``, ``BertForMaskedLM``, ``LlamaModel``, encoder-decoders; only types with a
+    masked-LM head read ``is_decoder``, False in every transformers 4 config); others trusted."""
     config = getattr(model, "config", None)
     can_generate = getattr(model, "can_generate", None)
     if not (isinstance(model, nn.Module) and callable(can_generate) and config is not None):
         return
-    encoder = getattr(config, "is_encoder_decoder", False) or (  # BERT-like: both ways
-        getattr(config, "add_cross_attention", None) is not None
-        and not getattr(config, "is_decoder", True))
-    if not can_generate() or encoder:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    both_ways = (getattr(config, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+                 and not getattr(config, "is_decoder", False))
+    if not can_generate() or getattr(config, "is_encoder_decoder", False) or both_ways:
         raise TypeError(
             f"the {role} model is a {type(model).__name__} ({config.model_type}), not a "
             f"decoder that predicts the next token; token_fidelity needs {_CAUSAL_LM}"

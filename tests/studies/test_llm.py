@@ -412,6 +412,9 @@ def test_which_transformers_models_count_as_causal() -> None:
                   GPTNeoXForCausalLM(GPTNeoXConfig(num_hidden_layers=1, **small)),
                   BertLMHeadModel(BertConfig(num_hidden_layers=1, is_decoder=True, **small))):
         llm._check_causal_lm(model, "reference")  # no error
+    as_in_transformers_4 = tiny_llama(0)  # every v4 config holds both, False
+    as_in_transformers_4.config.is_decoder = as_in_transformers_4.config.add_cross_attention = False
+    llm._check_causal_lm(as_in_transformers_4, "reference")  # no error
     for model in (LlamaModel(tiny_llama(0).config),
                   BertLMHeadModel(BertConfig(num_hidden_layers=1, **small))):  # bidirectional
         with pytest.raises(TypeError, match="not a decoder that predicts the next token"):
