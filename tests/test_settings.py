@@ -194,6 +194,19 @@ def test_cpu_signature_tells_instruction_sets_and_capabilities_apart(tmp_path: P
     assert "/" not in sig({settings.CPU_CAPABILITY_ENV: "../x"}, avx2)
 
 
+def test_the_cpu_is_read_once_per_process(tmp_path: Path) -> None:
+    """The ``auto`` rule asks for the kernel cache folder (so the CPU signature) on every
+    eligible call: the flags file was read and hashed each time (~30 us). A process's CPU does
+    not change under it; ATEN_CPU_CAPABILITY is still read at each call."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("flags : fpu sse2 avx2\n")
+    first = settings.cpu_signature({}, info)
+    info.write_text("flags : fpu sse2 avx2 avx512f\n")
+    assert settings.cpu_signature({}, info) == first
+    capped = settings.cpu_signature({settings.CPU_CAPABILITY_ENV: "default"}, info)
+    assert capped != first and capped.endswith(first.rsplit("-", 1)[1])
+
+
 def test_use_kernel_cache_sets_the_variable_only_when_unset(tmp_path: Path) -> None:
     env = {settings.CACHE_ENV: str(tmp_path)}
     inductor = tmp_path / "inductor" / settings.cpu_signature({})
