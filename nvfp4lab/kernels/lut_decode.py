@@ -33,6 +33,8 @@ __all__ = ["ISAS", "STEPS", "RowDecoder", "decode", "isa", "supports"]
 
 #: The decode rules by the number the library uses.
 _RULES = {DecodeRule.SCALE_OVER_ENCODE: 0, DecodeRule.SCALE_TIMES_DECODE: 1}
+#: Below this many blocks (64 K elements) one thread decodes (the library's own threshold too).
+_PARALLEL_BLOCKS = 4096
 
 #: The steps the decode implements (:mod:`nvfp4lab.kernels.steps`: any other member declines):
 #: its own is the decode rule; the others made the codes and scale bytes it reads (E2M1 codes,
@@ -55,7 +57,8 @@ STEPS: StepTable = {
 
 def supports(order: ArithmeticOrder) -> bool:
     """Whether the decode implements every step of ``order`` (:data:`STEPS`: today all four
-    orders); a tensor of any other decodes eagerly."""
+    orders). No route asks it: an NVFP4Tensor keeps its decode rule, not its order, and
+    :func:`decode` / :class:`RowDecoder` refuse a rule they lack (ValueError)."""
     return implements(STEPS, order)
 
 
@@ -65,8 +68,6 @@ def _rule_number(rule: DecodeRule) -> int:
         raise ValueError(f"the LUT decode does not implement the decode rule {rule!r}; decode "
                          "eagerly (nvfp4lab.tensor.decode_blocks)")
     return _RULES[rule]
-#: Below this many blocks (64 K elements) one thread decodes (the library's own threshold too).
-_PARALLEL_BLOCKS = 4096
 
 
 def isa() -> str:
