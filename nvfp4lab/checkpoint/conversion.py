@@ -29,9 +29,10 @@ overwrite rules of :func:`~nvfp4lab.checkpoint.writer.save_pretrained`.
 
 Everything in a source folder that is not a weight is copied byte for byte, as
 ``save_pretrained`` users expect (README, custom modelling code of ``auto_map``, processor
-configs, sub-folders such as ``2_Normalize/``): all but the top-level ``*.safetensors`` files,
-the source's weight files and every format's fixed weight file names (a ``model.gguf`` beside a
-compressed-tensors checkpoint read with ``source_format=``), their index, ``config.json``
+configs, sub-folders such as ``2_Normalize/``): all but the top-level ``*.safetensors`` and
+``*.gguf`` files (a ``.gguf`` beside a compressed-tensors checkpoint read with
+``source_format=`` would make the output two formats again), the source's weight files and
+every format's fixed weight file names, their index, ``config.json``
 (rewritten) and the formats' quantization config files (written anew); hidden folders
 (``.git``, ``.cache``) are left out.
 Before anything is read or written, every entry of the source folder is checked with the one rule
@@ -80,6 +81,7 @@ from nvfp4lab.checkpoint.files import (
 )
 from nvfp4lab.checkpoint.folders import hf_snapshot
 from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, detect_format, format_spec
+from nvfp4lab.checkpoint.formats.gguf import SUFFIX as GGUF_SUFFIX
 from nvfp4lab.checkpoint.stream import (
     Inventory,
     check_workers,
@@ -289,8 +291,8 @@ def _side_files(src: Path, weights: Sequence[Path]) -> list[tuple[Path, str]]:
     out: list[tuple[Path, str]] = []
     for rel, kind in folder_entries(src):
         top = rel.parts[0]
-        if (len(rel.parts) == 1 and (top in skip or rel.suffix == ".safetensors")) or _hidden(
-                rel, kind):
+        if (len(rel.parts) == 1 and (top in skip or rel.suffix == ".safetensors"
+                                     or rel.suffix.lower() == GGUF_SUFFIX)) or _hidden(rel, kind):
             continue
         out.append((rel, "file" if kind == "symlink" else kind))
     return out

@@ -502,3 +502,22 @@ def test_issue32_a_compressed_tensors_folder_with_a_gguf_file(
     with pytest.raises(CheckpointError, match="source_format='compressed-tensors' or "
                                               "source_format='gguf'"):
         checkpoint.convert(both, tmp_path / "z", format="modelopt")
+
+
+def test_issue32_a_gguf_file_of_any_name_beside_the_source_is_not_copied(
+        nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
+    """issue 32: a compressed-tensors folder read with source_format= that also holds a .gguf
+    file not named model.gguf (tiny-Q4.GGUF) gave an output folder holding two formats again,
+    which load refused ("several checkpoint formats at once"); top-level .gguf files are
+    weights of another format, left out as the source's other weight files are."""
+    src = tmp_path / "src"
+    shutil.copytree(nvfp4lab_checkpoint, src)
+    checkpoint.convert(nvfp4lab_checkpoint, tmp_path / "gg", format="gguf")
+    shutil.copy(tmp_path / "gg" / "model.gguf", src / "tiny-Q4.GGUF")
+    (src / "notes").mkdir()
+    shutil.copy(tmp_path / "gg" / "model.gguf", src / "notes" / "kept.gguf")  # not top-level
+    report = checkpoint.convert(src, tmp_path / "mo", format="modelopt",
+                                source_format="compressed-tensors")
+    assert "tiny-Q4.GGUF" not in report.copied and "notes/kept.gguf" in report.copied
+    assert not (tmp_path / "mo" / "tiny-Q4.GGUF").exists()
+    assert checkpoint.load(tmp_path / "mo") is not None  # one format: detected, no format=
