@@ -31,8 +31,8 @@ Everything in a source folder that is not a weight is copied byte for byte, as
 ``save_pretrained`` users expect (README, custom modelling code of ``auto_map``, processor
 configs, sub-folders such as ``2_Normalize/``): all but the top-level ``*.safetensors`` and
 ``*.gguf`` files (a ``.gguf`` beside a compressed-tensors checkpoint read with
-``source_format=`` would make the output two formats again), the source's weight files and
-every format's fixed weight file names, their index, ``config.json``
+``source_format=`` would make the output two formats again), the source's weight files,
+their index, ``config.json``
 (rewritten) and the formats' quantization config files (written anew); hidden folders
 (``.git``, ``.cache``) are left out.
 Before anything is read or written, every entry of the source folder is checked with the one rule
@@ -286,7 +286,6 @@ def _side_files(src: Path, weights: Sequence[Path]) -> list[tuple[Path, str]]:
     """What :func:`convert` copies from ``src`` (see the module docstring): (relative path,
     "file" or "empty folder"), a symlink (checked by :func:`_check_source`) as a file."""
     skip = {WEIGHTS_INDEX_NAME, *(f for spec in FORMATS.values() for f in spec.config_files),
-            *(f for spec in FORMATS.values() for f in spec.weight_files),
             *(p.name for p in weights), CONFIG_NAME}
     out: list[tuple[Path, str]] = []
     for rel, kind in folder_entries(src):
