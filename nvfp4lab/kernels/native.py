@@ -25,7 +25,8 @@ and loads it in about a millisecond. The cache is checked, never trusted:
   compares them before it loads the file, and never loads one that differs (truncated,
   overwritten, emptied, replaced: a ``dlopen`` of such a file crashed the process with SIGBUS
   or SIGTRAP, or failed and left the slow path for good);
-* one that differs, or that matches but does not load, is rebuilt once: into a fresh sibling
+* one that differs is rebuilt once (one that matches but does not load, e.g. in a ``noexec``
+  folder, is the file a build would make again: that error falls back at once): into a fresh sibling
   folder (``native-<hash>.tmp-<pid>-<token>``), verified, then renamed into place (the broken
   folder renamed aside and deleted first), so no process ever sees a half-written library and
   none that has the old one mapped sees it change;
@@ -275,17 +276,18 @@ def _rebuild(folder: Path) -> None:
 
 def _load(folder: Path) -> ctypes.CDLL:
     """The library of ``folder``, loaded only once verified against its stamp; built (or
-    rebuilt, once) where it is missing, differs from its stamp or does not load."""
+    rebuilt, once) where it is missing or differs from its stamp. A verified library that does
+    not load (a ``noexec`` cache folder, a missing ``libgomp``) is the very file a build makes
+    here: its error is raised at once (the caller falls back) instead of every process paying a
+    build that would fail the same way."""
     found = _verified(folder)
     if found is not None:
-        with contextlib.suppress(OSError, AttributeError):
-            return _open(found)
+        return _open(found)
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(folder):
         found = _verified(folder)  # another process may have built it meanwhile
         if found is not None:
-            with contextlib.suppress(OSError, AttributeError):
-                return _open(found)
+            return _open(found)
         _rebuild(folder)
         found = _verified(folder)
         if found is None:

@@ -225,3 +225,27 @@ def test_a_live_builder_is_waited_for_with_one_line(tmp_path: Path, monkeypatch:
     assert "waiting" not in rest  # one line
     assert json.loads(out.strip().splitlines()[-1]) == {"native": True, "same": True}
     assert_stamped(folder)
+
+
+def test_a_verified_library_that_does_not_load_falls_back_without_a_rebuild(
+        tmp_path: Path) -> None:
+    """A library that matches its stamp but does not load (as in a ``noexec`` cache folder, or
+    without ``libgomp``) is the very file a build makes here: the next process falls back at
+    once with one WARNING line naming the loader's error, and builds nothing (a rebuild would
+    have cost every process a whole build, then failed the same way)."""
+    cache = tmp_path / "cache"
+    subprocess.run([sys.executable, "-c", _BUILDER], env=env_for(cache), check=True,
+                   timeout=_BUILD_LIMIT_S)
+    folder = library_folder(cache)
+    so = the_so(folder)
+    unloadable = b"not an ELF file, as a noexec mount makes any file look to dlopen"
+    so.write_bytes(unloadable)
+    stamp = json.loads((folder / "built.ok").read_text())
+    stamp.update(size=len(unloadable), sha256=hashlib.sha256(unloadable).hexdigest())
+    (folder / "built.ok").write_text(json.dumps(stamp))
+    result, stderr = run_child(cache)
+    assert result == {"native": False, "same": None}
+    warnings = [line for line in stderr.splitlines() if "C++ CPU kernels" in line]
+    assert len(warnings) == 1 and "OSError" in warnings[0], stderr
+    assert so.read_bytes() == unloadable and library_folder(cache) == folder  # nothing rebuilt
+    assert not list(cache.glob("cpp/*.tmp-*"))
