@@ -340,7 +340,7 @@ def unsafe_message(folder: Path, found: list[str]) -> str:
     """The one-line refusal of what :func:`unsafe_entries` found in ``folder``."""
     return (
         f"{folder}: {len(found)} entr{'y' if len(found) == 1 else 'ies'} nvfp4lab will not read "
-        f"({', '.join(found)}); it reads and copies only regular files inside the checkpoint "
+        f"({_shown(found)}); it reads and copies only regular files inside the checkpoint "
         "folder (and a Hugging Face cache snapshot's links into its blobs/ folder), so that no "
         "other file of this machine ends up in a checkpoint: replace each with a regular file "
         "(a copy of what it should hold), or remove it"
