@@ -150,7 +150,7 @@ test-isa: $(VENV)/.installed
 	@for run in "$(ISA_AVX2)" "$(ISA_BASELINE)"; do \
 		echo "test-isa: $$run"; \
 		env $$run PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile \
-			$(ISA_TESTS) $(PYTEST_ARGS) || exit 1; \
+			--no-loadscope-reorder $(ISA_TESTS) $(PYTEST_ARGS) || exit 1; \
 	done
 
 $(VLLM_PEER)/.installed: | $(VENV)/.installed

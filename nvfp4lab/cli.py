@@ -379,15 +379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     (its :attr:`Command.interrupted`), and exit status :data:`INTERRUPTED_EXIT` (130), after the
     command's own cleanup ran; no traceback. Before the command starts (imports, parsing) the
     handler of :mod:`nvfp4lab.cli_start` says the same in one line. A bad ``NVFP4LAB_THREADS``
-    is refused (one line, exit 2) before any command starts.
+    or ``NVFP4LAB_NATIVE_ISA`` is refused (one line, exit 2) before any command starts.
     """
-    from nvfp4lab.settings import torch_threads
+    from nvfp4lab.settings import native_isa, torch_threads
 
     args = build_parser().parse_args(argv)
     try:
         cli_start.release()  # Ctrl-C from here on: the command's own handling
         try:
             torch_threads()
+            native_isa()
         except ValueError as exc:
             code = _error(args.command, exc)
         else:

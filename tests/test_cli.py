@@ -222,6 +222,23 @@ def test_threads_beyond_the_machine_are_one_line_exit_2_before_anything(
     assert done.stdout == "" and list(tmp_path.iterdir()) == []  # nothing started or written
 
 
+def test_a_bad_native_isa_is_one_line_exit_2_before_anything(tmp_path: Path) -> None:
+    """NVFP4LAB_NATIVE_ISA=avx1024 used to pass the command's start and raise at the first C++
+    kernel call (only where the library is built); now refused up front like the thread count."""
+    import subprocess
+    import sys
+
+    from tests import processes
+
+    env = {**processes.child_env(), "NVFP4LAB_NATIVE_ISA": "avx1024"}
+    done = subprocess.run([sys.executable, "-m", "nvfp4lab", "info"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nvfp4lab info: unknown NVFP4LAB_NATIVE_ISA "
+                                                   "value 'avx1024'; accepted values: "), lines
+
+
 # --------------------------------------------------------------------------------------------
 # Issue 32: Ctrl-C in the first ~1.5 s of a command (while it imports torch) printed a 13-42
 # line KeyboardInterrupt traceback; the one line and exit 130 of issue 19 only held once the
