@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nvfp4lab.bench import timing
-from nvfp4lab.bench.store import measured_row
+from nvfp4lab.bench.store import Measurement, measured_row
 from nvfp4lab.vocab import Backend, CheckpointFormat, CorpusPart, Engine, dtype_name
 
 __all__ = [
@@ -182,17 +182,17 @@ def generation_rows(
 
     return [
         measured_row(
-            op="generate",
-            shape=f"smollm2-135m+{r.prompt_tokens}+{r.new_tokens}",
-            M=r.prompt_tokens,
-            N=r.new_tokens,
-            K=0,
-            dtype=dtype_name(torch.float32),
-            backend=r.impl,
-            convention="",
-            timing=r.timing,
-            nbytes=0.0,
-            flops=0.0,
+            Measurement(
+                op="generate",
+                shape=f"smollm2-135m+{r.prompt_tokens}+{r.new_tokens}",
+                M=r.prompt_tokens,
+                N=r.new_tokens,
+                K=0,
+                dtype=dtype_name(torch.float32),
+                backend=r.impl,
+                convention="",
+                timing=r.timing,
+            ),
             env=env,
             seed=seed,
         )

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nvfp4lab.bench.store import measured_row
+from nvfp4lab.bench.store import Measurement, measured_row
 from nvfp4lab.bench.timing import Timing, time_interleaved
 from nvfp4lab.settings import fused_mode
 from nvfp4lab.vocab import Backend, Convention, CorpusPart, FusedMode
@@ -150,20 +150,21 @@ def forward_rows(
     """Results rows (``op="forward"``, ``backend`` = the implementation, ``M`` = tokens)."""
     return [
         measured_row(
-            op="forward",
-            shape=f"{MODEL_NAME}+{r.tokens}",
-            M=r.tokens,
-            N=0,
-            K=0,
-            dtype=r.dtype,
-            backend=r.impl,
-            convention="" if r.impl == FLOAT_IMPL else str(Convention.KERNEL),
-            timing=r.timing,
-            nbytes=0.0,
-            flops=r.flops,
+            Measurement(
+                op="forward",
+                shape=f"{MODEL_NAME}+{r.tokens}",
+                M=r.tokens,
+                N=0,
+                K=0,
+                dtype=r.dtype,
+                backend=r.impl,
+                convention="" if r.impl == FLOAT_IMPL else str(Convention.KERNEL),
+                timing=r.timing,
+                flops=r.flops,
+                path=r.path,
+            ),
             env=env,
             seed=seed,
-            path=r.path,
         )
         for r in results
     ]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvfp4lab.bench import timing
 from nvfp4lab.bench.runner import bench_dtype, check_timing, seeded_randn
-from nvfp4lab.bench.store import measured_row
+from nvfp4lab.bench.store import Measurement, measured_row
 from nvfp4lab.vocab import Convention, Scheme
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -227,9 +227,11 @@ def peer_rows(results: Sequence[PeerResult], env: dict[str, Any], seed: int) -> 
         nbytes = N * K * 2 + N * K / 2 + N * K / 16
         rows.append(
             measured_row(
-                op="peer_quantize", shape=f"{N}x{K}", M="", N=N, K=K, dtype=r.dtype,
-                backend=r.impl, convention="", timing=r.timing, nbytes=nbytes, flops=0.0,
-                env=env, seed=seed, path=r.path,
+                Measurement(
+                    op="peer_quantize", shape=f"{N}x{K}", M="", N=N, K=K, dtype=r.dtype,
+                    backend=r.impl, convention="", timing=r.timing, nbytes=nbytes, path=r.path,
+                ),
+                env=env, seed=seed,
             )
         )
     return rows

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nvfp4lab.bench.store import environment, measured_row
+from nvfp4lab.bench.store import Measurement, environment, measured_row
 from nvfp4lab.bench.timing import Timing, time_fn
 from nvfp4lab.kernels.graphs import supports
 from nvfp4lab.orders import ORDERS
@@ -357,12 +357,13 @@ def run_bench(
         if case.op == "copy" and case.backend == "copy_":
             copy_s[weight] = timing.median_s
         shape = f"{case.M}x{case.N}x{case.K}" if case.M else f"{case.N}x{case.K}"
-        row = measured_row(
+        measurement = Measurement(
             op=case.op, shape=shape, M=case.M or "", N=case.N, K=case.K, dtype=case.dtype,
             backend=case.backend, convention=case.convention, timing=timing, nbytes=nbytes,
-            flops=flops, env=env, seed=seed, path=case.path,
+            flops=flops, path=case.path,
             copy_s=copy_s.get(weight) if case.op in ("copy", *ELEMENTWISE_OPS) else None,
         )
+        row = measured_row(measurement, env=env, seed=seed)
         rows.append(row)
         if on_row is not None:
             on_row(row)

@@ -26,6 +26,7 @@ import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "COLUMNS",
     "COLUMNS_V1",
+    "Measurement",
     "ShardWarning",
     "append_rows",
     "check_shard",
@@ -324,37 +326,60 @@ def check_shard(path: Path) -> None:
         raise ValueError(f"--out {str(path)!r} {problem}")
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """One timed case, what :func:`measured_row` builds a shard row from.
+
+    ``op``, ``shape``, ``M`` (or "" where the op has no M), ``N``, ``K``, ``dtype``,
+    ``backend``, ``convention``: the case's columns. ``timing``: its samples (seconds per call).
+    ``nbytes``: bytes per call (0: no ``gb_s``); ``flops``: FLOP per call (0: no ``tflop_s``);
+    ``path``: the pipeline it ran ("" for none); ``copy_s``: the same run's ``copy_`` time of
+    the same weight, seconds (None: no ``copy_fraction``).
+    """
+
+    op: str
+    shape: str
+    M: int | str
+    N: int
+    K: int
+    dtype: str
+    backend: str
+    convention: str
+    timing: Timing
+    nbytes: float = 0.0
+    flops: float = 0.0
+    path: str = ""
+    copy_s: float | None = None
+
+
 def measured_row(
-    *,
-    op: str,
-    shape: str,
-    M: int | str,
-    N: int,
-    K: int,
-    dtype: str,
-    backend: str,
-    convention: str,
-    timing: Timing,
-    nbytes: float,
-    flops: float,
-    env: dict[str, Any],
-    seed: int,
-    path: str = "",
-    copy_s: float | None = None,
+    measurement: Measurement | None = None, /, *, env: dict[str, Any], seed: int, **case: Any
 ) -> dict[str, Any]:
-    """One shard row: the case, the timing summary, derived ``gb_s`` (10^9 B/s of ``nbytes``)
-    or ``tflop_s`` (10^12 FLOP/s of ``flops``), the context columns ``env``, the ``path`` and,
-    given the same run's ``copy_`` time ``copy_s``, ``copy_fraction = copy_s / median_s``."""
+    """One shard row of ``measurement``: the case, the timing summary, derived ``gb_s`` (10^9
+    B/s of ``nbytes``) or ``tflop_s`` (10^12 FLOP/s of ``flops``), the context columns ``env``,
+    the ``seed``, the ``path`` and, given ``copy_s``, ``copy_fraction = copy_s / median_s``.
+
+    The older form, the case's fields as keywords (``measured_row(op=..., ..., env=...,
+    seed=...)``), still works: they build the :class:`Measurement`.
+    """
+    if measurement is None:
+        measurement = Measurement(**case)
+    elif case:
+        raise TypeError(
+            f"measured_row: pass the case as a Measurement or as keywords, not both "
+            f"(got {', '.join(sorted(case))} beside a Measurement)"
+        )
+    m, timing = measurement, measurement.timing
     t = timing.median_s
     return {
-        "op": op,
-        "shape": shape,
-        "M": M,
-        "N": N,
-        "K": K,
-        "dtype": dtype,
-        "backend": backend,
-        "convention": convention,
+        "op": m.op,
+        "shape": m.shape,
+        "M": m.M,
+        "N": m.N,
+        "K": m.K,
+        "dtype": m.dtype,
+        "backend": m.backend,
+        "convention": m.convention,
         "median_s": f"{t:.6g}",
         "spread_s": f"{timing.spread_s:.3g}",
         "spread_kind": "iqr",
@@ -362,16 +387,16 @@ def measured_row(
         "max_s": f"{timing.max_s:.6g}",
         "repeats": timing.repeats,
         "number": timing.number,
-        "gb_s": f"{nbytes / t / 1e9:.4g}" if nbytes else "",
-        "tflop_s": f"{flops / t / 1e12:.4g}" if flops else "",
-        "bytes": int(nbytes) if nbytes else "",
-        "flops": int(flops) if flops else "",
+        "gb_s": f"{m.nbytes / t / 1e9:.4g}" if m.nbytes else "",
+        "tflop_s": f"{m.flops / t / 1e12:.4g}" if m.flops else "",
+        "bytes": int(m.nbytes) if m.nbytes else "",
+        "flops": int(m.flops) if m.flops else "",
         "kind": "measured",
         "timer": timing.method,
         "load_1m": load_average(),
         "seed": seed,
-        "path": path,
-        "copy_fraction": f"{copy_s / t:.4g}" if copy_s else "",
+        "path": m.path,
+        "copy_fraction": f"{m.copy_s / t:.4g}" if m.copy_s else "",
         **env,
     }
 

@@ -122,3 +122,33 @@ def test_committed_shards_read_with_a_path_for_every_row() -> None:
     assert not frame.empty and frame["path"].notna().all()
     elementwise = frame[frame["op"].isin(["quantize", "dequantize", "fake_quantize"])]
     assert set(elementwise["path"]) <= {"eager", "fused"}
+
+
+def test_measured_row_takes_a_measurement_or_the_older_keywords(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``measured_row(Measurement(...))`` and the older keyword form give the same row, whose
+    derived columns follow from the record; a case given both ways is refused."""
+    from nvfp4lab.bench.timing import Timing
+
+    monkeypatch.setattr(store, "load_average", lambda: "0.5")
+    timing = Timing(samples=(2e-3, 1e-3, 4e-3), number=3, warmup=1, method="perf_counter",
+                    device="cpu")
+    case = dict(op="linear", shape="64x128", M=8, N=64, K=128, dtype="bfloat16",
+                backend="w4a16", convention="kernel", timing=timing, nbytes=4e6, flops=2e9,
+                path="fused", copy_s=5e-4)
+    env = {"device": "cpu", "threads": 1}
+    row = store.measured_row(store.Measurement(**case), env=env, seed=7)
+    assert row == store.measured_row(**case, env=env, seed=7)
+    assert set(row) == set(store.COLUMNS) - {"device_name", "capability", "torch_version",
+                                              "machine", "date", "code_revision"}
+    assert (row["median_s"], row["gb_s"], row["tflop_s"], row["copy_fraction"]) == (
+        "0.002", "2", "1", "0.25")
+    assert (row["bytes"], row["flops"], row["repeats"], row["seed"]) == (4_000_000, 2e9, 3, 7)
+    bare = store.measured_row(store.Measurement(**{**case, "nbytes": 0.0, "flops": 0.0,
+                                                   "copy_s": None}), env=env, seed=7)
+    assert (bare["gb_s"], bare["tflop_s"], bare["bytes"], bare["copy_fraction"]) == ("",) * 4
+    with pytest.raises(TypeError, match="not both"):
+        store.measured_row(store.Measurement(**case), env=env, seed=7, path="eager")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nbyte'"):
+        store.measured_row(**{**case, "nbyte": 1.0}, env=env, seed=7)
