@@ -81,8 +81,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -333,7 +333,7 @@ def _gptq_loop(
     # The C++ loop where it runs the columns' rounding (a group's factors, at its first column).
     native = (native_lib.usable(wt.device) and wt.dtype == WORK_DTYPE
               and cols.native_factors(scales[:1, 0]) is not None)
-    factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    layer = _LayerState(cols, groups, scales, q, codes)
     for b0 in range(0, k, options.block_size):
         b1 = min(b0 + options.block_size, k)
         block = wt[b0:b1].clone()
@@ -346,8 +346,7 @@ def _gptq_loop(
                 fresh = cols.scales(block[s0:s1].T.to(torch.float32))
                 scales[:, groups[b0 + s0]] = fresh[:, 0]
             if native:
-                _native_step(block, ub, cols, groups, scales, factors, q, codes, errors, b0,
-                             s0, s1)
+                _native_step(layer, _Block(b0, block, ub, errors), s0, s1)
                 block[s1:].addmm_(ub[s0:s1, s1:].T, errors[s0:s1], alpha=-1.0)
                 continue
             for i in range(s0, s1):
@@ -364,28 +363,50 @@ def _gptq_loop(
     return q.T, codes.T
 
 
-def _native_step(
-    block: torch.Tensor, ub: torch.Tensor, cols: _Columns, groups: list[int],
-    scales: torch.Tensor, factors: dict[int, tuple[torch.Tensor, torch.Tensor]],
-    q: torch.Tensor, codes: torch.Tensor, errors: torch.Tensor, b0: int, s0: int, s1: int,
-) -> None:
-    """Columns ``s0:s1`` of the block at ``b0`` in one C++ call, bit for bit the eager loop's
-    steps (:func:`nvfp4lab.kernels.gptq_columns.run_group`); each group's factors are made at
-    its first column, as the eager loop makes its rounder."""
-    ids = groups[b0 + s0 : b0 + s1]
+@dataclass
+class _LayerState:
+    """What :func:`_gptq_loop` carries across one weight's blocks for :func:`_native_step`:
+    the column quantizer, ``groups[j]`` (the group of processed column ``j``), the group scales
+    ``[N, K/group]`` float32, the outputs ``q`` (float32) / ``codes`` (uint8) ``[K, N]`` in
+    processing order, and each group's C++ factors, made at its first column."""
+
+    cols: _Columns
+    groups: list[int]
+    scales: torch.Tensor
+    q: torch.Tensor
+    codes: torch.Tensor
+    factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+class _Block(NamedTuple):
+    """One lazy batch of :func:`_gptq_loop`: its first processed column ``start``, its columns
+    ``weights`` (float64 ``[B, N]``, updated in place), the factor's block ``u`` ``[B, B]`` and
+    the scaled errors ``errors`` ``[B, N]`` (written)."""
+
+    start: int
+    weights: torch.Tensor
+    u: torch.Tensor
+    errors: torch.Tensor
+
+
+def _native_step(layer: _LayerState, block: _Block, s0: int, s1: int) -> None:
+    """Columns ``s0:s1`` of ``block`` in one C++ call, bit for bit the eager loop's steps
+    (:func:`nvfp4lab.kernels.gptq_columns.run_group`); each group's factors are made at its
+    first column, as the eager loop makes its rounder."""
+    ids = layer.groups[block.start + s0 : block.start + s1]
     for group in ids:
-        if group not in factors:
-            found = cols.native_factors(scales[:, group])
+        if group not in layer.factors:
+            found = layer.cols.native_factors(layer.scales[:, group])
             assert found is not None  # _gptq_loop asked before choosing this path
-            factors[group] = found
+            layer.factors[group] = found
     if len(set(ids)) == 1:
-        multipliers, decode = factors[ids[0]]
+        multipliers, decode = layer.factors[ids[0]]
     else:  # act order: the step's columns belong to several groups
-        multipliers = torch.stack([factors[g][0] for g in ids])
-        decode = torch.stack([factors[g][1] for g in ids])
-    j0, j1 = b0 + s0, b0 + s1
-    run_group(block[s0:s1], ub[s0:s1, s0:s1], multipliers, decode, q[j0:j1], codes[j0:j1],
-              errors[s0:s1])
+        multipliers = torch.stack([layer.factors[g][0] for g in ids])
+        decode = torch.stack([layer.factors[g][1] for g in ids])
+    j0, j1 = block.start + s0, block.start + s1
+    run_group(block.weights[s0:s1], block.u[s0:s1, s0:s1], multipliers, decode,
+              layer.q[j0:j1], layer.codes[j0:j1], block.errors[s0:s1])
 
 
 def _run(
