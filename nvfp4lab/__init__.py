@@ -52,7 +52,7 @@ CONVENTIONS: tuple[str, ...] = tuple(Convention)
 
 # public name -> module that defines it, imported on first use
 _LAZY: dict[str, str] = {
-    "headline": "nvfp4lab.reports",
+    "headline": "nvfp4lab.report",
 }
 
 _SUBMODULES = (
@@ -73,16 +73,17 @@ _SUBMODULES = (
     "layout",
     "metrics",
     "models",
-    "notebook_imports",
+    "notebook_imports",  # deprecated alias of a module of nvfp4lab.report
     "options",
     "orders",
     "plots",
     "reference",
     "reference_ggml",
-    "report_kernels",
-    "report_outputs",
-    "report_pages",
-    "reports",
+    "report",
+    "report_kernels",  # deprecated alias of a module of nvfp4lab.report
+    "report_outputs",  # deprecated alias of a module of nvfp4lab.report
+    "report_pages",  # deprecated alias of a module of nvfp4lab.report
+    "reports",  # deprecated alias of a module of nvfp4lab.report
     "roofline",
     "scales",
     "settings",

@@ -143,7 +143,7 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
 def _run_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from nvfp4lab.reports import run_reports
+    from nvfp4lab.report.runner import run_reports
 
     try:
         results = run_reports(
@@ -242,7 +242,7 @@ def _add_source_format(parser: argparse.ArgumentParser, flag: str) -> None:
 
 def _audit_out(args: argparse.Namespace) -> Path | None:
     """The checked --out folder (created), or None; raises ValueError / FileExistsError."""
-    from nvfp4lab.report_outputs import check_out_dir
+    from nvfp4lab.report.outputs import check_out_dir
 
     if args.out is None:
         return None
@@ -267,7 +267,7 @@ def _render_audit(rows: list[dict[str, Any]], out: Path, title: str) -> None:
     import tempfile
 
     from nvfp4lab.checkpoint.auditing import write_csv
-    from nvfp4lab.reports import run_reports
+    from nvfp4lab.report.runner import run_reports
     from nvfp4lab.studies.audit import TEMPLATE
 
     csv = write_csv(rows, out / "audit.csv").resolve()

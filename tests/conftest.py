@@ -17,7 +17,7 @@ from filelock import FileLock
 
 from nvfp4lab import kernels, models, settings
 from nvfp4lab.execution import quantize_model
-from nvfp4lab.notebook_imports import skip_iri_format_backend
+from nvfp4lab.report.notebook_imports import skip_iri_format_backend
 from nvfp4lab.settings import FUSED_ENV
 
 skip_iri_format_backend()  # before the test modules import nbformat, as nvfp4lab's reports do

@@ -12,7 +12,7 @@ import pytest
 
 _CHILD = """
 import sys, time
-from nvfp4lab.notebook_imports import skip_iri_format_backend
+from nvfp4lab.report.notebook_imports import skip_iri_format_backend
 skip_iri_format_backend()
 import nbformat
 from jsonschema import FormatChecker
@@ -42,7 +42,7 @@ def test_nbformat_imports_without_the_iri_backend() -> None:
 def test_once_jsonschema_formats_are_imported_it_does_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from nvfp4lab.notebook_imports import skip_iri_format_backend
+    from nvfp4lab.report.notebook_imports import skip_iri_format_backend
 
     formats = types.ModuleType("jsonschema._format")
     monkeypatch.setitem(sys.modules, "jsonschema._format", formats)

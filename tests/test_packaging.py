@@ -179,7 +179,7 @@ HEAVY = ("matplotlib", "papermill", "transformers", "ipywidgets", "pandas", "nbc
 def test_import_is_light() -> None:
     code = (
         "import sys, json\n"
-        "import nvfp4lab, nvfp4lab.plots, nvfp4lab.reports, nvfp4lab.cli\n"
+        "import nvfp4lab, nvfp4lab.plots, nvfp4lab.report, nvfp4lab.cli\n"
         "import nvfp4lab.studies.tour, nvfp4lab.studies.bias, nvfp4lab.studies.throughput\n"
         "import nvfp4lab.studies.formats, nvfp4lab.bench, nvfp4lab.checkpoint, nvfp4lab.models\n"
         "nvfp4lab.cli.build_parser()\n"

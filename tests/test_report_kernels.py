@@ -1,4 +1,4 @@
-"""nvfp4lab.report_kernels: one notebook in a watched kernel; the registry Ctrl-C stops."""
+"""nvfp4lab.report.jupyter: one notebook in a watched kernel; the registry Ctrl-C stops."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from nvfp4lab import report_kernels
-from nvfp4lab.report_kernels import KernelWatch, Running, error_text
+from nvfp4lab.report import jupyter
+from nvfp4lab.report.jupyter import KernelWatch, Running, error_text
 
 
 def _watch_of(process: subprocess.Popen[bytes]) -> KernelWatch:
@@ -79,8 +79,8 @@ def test_a_stopped_run_starts_no_kernel(tmp_path: Path) -> None:
     running = Running()
     running.stop()
     with pytest.raises(KeyboardInterrupt):
-        report_kernels.execute_notebook(tmp_path / "01_x.ipynb", tmp_path / "out.ipynb", {},
-                                        None, 60.0, running)
+        jupyter.execute_notebook(tmp_path / "01_x.ipynb", tmp_path / "out.ipynb", {},
+                                 None, 60.0, running)
     assert not (tmp_path / "out.ipynb").exists()
 
 
@@ -102,7 +102,7 @@ def test_a_kernel_is_shut_down_without_the_interrupt_before_it(tmp_path: Path) -
     interrupts on request."""
     import asyncio
 
-    manager_class = report_kernels._kernel_manager_class(None, KernelWatch())
+    manager_class = jupyter._kernel_manager_class(None, KernelWatch())
     sent: list[int] = []
 
     async def run() -> None:

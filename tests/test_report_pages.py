@@ -1,4 +1,4 @@
-"""Report pages that work offline (nvfp4lab.report_pages), through the report runner.
+"""Report pages that work offline (nvfp4lab.report.pages), through the report runner.
 
 One small notebook runs once for the module: a figure, nvfp4lab's progress bar, transformers'
 "Loading weights" bar as nvfp4lab.models loads a model, and a raw ipywidget.
@@ -14,8 +14,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from nvfp4lab import reports
-from nvfp4lab.report_pages import (
+from nvfp4lab.report import runner
+from nvfp4lab.report.pages import (
     WIDGET_VIEW_MIME,
     external_urls,
     kernel_env,
@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 import ipywidgets
 from IPython.display import display
 from nvfp4lab.models import _transformers_progress
-from nvfp4lab.reports import headline
+from nvfp4lab.report import headline
 from nvfp4lab.settings import tqdm_class
 
 fig, ax = plt.subplots()
@@ -50,7 +50,7 @@ CDN_HOSTS = ("cdnjs", "unpkg", "jsdelivr", "cdn.", "googleapis", "mathjax")
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, reports.ReportResult]:
+def pages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, runner.ReportResult]:
     folder = tmp_path_factory.mktemp("nbs")
     cells = [new_markdown_cell("# offline\n\nA [link](https://example.org) is not a load.")]
     params = new_code_cell("SEED = 0\nSMOKE = False\nINTERACTIVE = False")
@@ -60,7 +60,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, reports.Repor
                                  "language": "python"}
     nbformat.write(nb, folder / "01_offline.ipynb")
     out = tmp_path_factory.mktemp("reports")
-    (result,) = reports.run_reports(out_dir=out, notebook_dir=folder)
+    (result,) = runner.run_reports(out_dir=out, notebook_dir=folder)
     assert result.ok, result.error
     return out, result
 

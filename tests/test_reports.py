@@ -1,4 +1,5 @@
-"""The report runner (nvfp4lab.reports) and the `nvfp4lab report` CLI.
+"""The report runner (nvfp4lab.report.runner, its output folder nvfp4lab.report.outputs) and
+the `nvfp4lab report` CLI.
 
 Executing a notebook costs a kernel start (seconds), so the tiny notebooks run once per module.
 """
@@ -16,8 +17,10 @@ import psutil
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from nvfp4lab import cli, report_outputs, reports
-from nvfp4lab.reports import Headline, ReportResult
+from nvfp4lab import cli
+from nvfp4lab.report import outputs as report_outputs
+from nvfp4lab.report import runner
+from nvfp4lab.report.runner import Headline, ReportResult
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +29,7 @@ PARAMS = 'SEED = 0  # seed\nSMOKE = False  # fast\nINTERACTIVE = False  # widget
 GOOD_BODY = """
 import os, sys
 import matplotlib.pyplot as plt
-from nvfp4lab.reports import headline
+from nvfp4lab.report import headline
 
 fig, ax = plt.subplots()
 ax.plot([0, 1, 2], [0, SEED, 1])
@@ -76,7 +79,7 @@ def run(notebook_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         real, here = os.chdir, Path.cwd()
         patch.setattr(os, "chdir", lambda path: (Path(path).resolve() != here.resolve()
                                                  and CHDIRS.append(path)) or real(path))
-        results = reports.run_reports(
+        results = runner.run_reports(
             out_dir=out, parameters={"SEED": 3}, smoke=True, notebook_dir=notebook_dir, jobs=2
         )
     return out, {r.name: r for r in results}
@@ -85,7 +88,7 @@ def run(notebook_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_unknown_parameter_raises_before_running(notebook_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     with pytest.raises(ValueError) as info:
-        reports.run_reports(out_dir=out, parameters={"SEEED": 1}, notebook_dir=notebook_dir)
+        runner.run_reports(out_dir=out, parameters={"SEEED": 1}, notebook_dir=notebook_dir)
     message = str(info.value)
     assert "01_good.ipynb" in message and "SEEED" in message
     for known in ("SEED", "SMOKE", "INTERACTIVE", "LABEL"):
@@ -96,21 +99,21 @@ def test_unknown_parameter_raises_before_running(notebook_dir: Path, tmp_path: P
 def test_notebook_without_parameters_cell_is_rejected(tmp_path: Path) -> None:
     _write_notebook(tmp_path / "01_plain.ipynb", "x = 1", params=None)
     with pytest.raises(ValueError, match=r"01_plain\.ipynb.*parameters"):
-        reports.run_reports(out_dir=tmp_path / "out", notebook_dir=tmp_path, smoke=True)
+        runner.run_reports(out_dir=tmp_path / "out", notebook_dir=tmp_path, smoke=True)
 
 
 def test_notebook_parameters_reads_names_and_defaults(notebook_dir: Path) -> None:
-    params = reports.notebook_parameters(notebook_dir / "01_good.ipynb")
+    params = runner.notebook_parameters(notebook_dir / "01_good.ipynb")
     assert params == {"SEED": "0", "SMOKE": "False", "INTERACTIVE": "False", "LABEL": '"demo"'}
 
 
 def test_discover_and_select(notebook_dir: Path) -> None:
-    found = reports.discover_notebooks(notebook_dir)
+    found = runner.discover_notebooks(notebook_dir)
     assert [p.name for p in found] == ["01_good.ipynb", "02_bad.ipynb"]
     for key in ("01", "01_good", "good", str(notebook_dir / "01_good.ipynb")):
-        assert reports._resolve([key], notebook_dir) == [notebook_dir / "01_good.ipynb"]
+        assert runner._resolve([key], notebook_dir) == [notebook_dir / "01_good.ipynb"]
     with pytest.raises(ValueError, match="matches no notebooks; available: 01_good, 02_bad"):
-        reports._resolve(["03"], notebook_dir)
+        runner._resolve(["03"], notebook_dir)
 
 
 def test_failing_notebook_does_not_stop_the_next(run) -> None:
@@ -148,7 +151,7 @@ def test_a_cell_ending_in_headline_shows_the_headline_once(run) -> None:
     nb = nbformat.read(out / "01_good.ipynb", as_version=4)
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert [o["output_type"] for o in outputs if o["output_type"] == "execute_result"] == []
-    shown = [o["data"]["text/plain"] for o in outputs if reports.HEADLINE_MIME in o.get("data", {})]
+    shown = [o["data"]["text/plain"] for o in outputs if runner.HEADLINE_MIME in o.get("data", {})]
     assert len(shown) == 5 and shown[-1].startswith("headline: cwd = ")
     assert "Headline(" not in (out / "01_good.html").read_text()
 
@@ -173,13 +176,13 @@ def test_index_lists_every_notebook_with_status(run) -> None:
 
 
 def test_headline_outside_ipython_only_returns(capsys: pytest.CaptureFixture[str]) -> None:
-    record = reports.headline("x", float("nan"), unit="dB")
+    record = runner.headline("x", float("nan"), unit="dB")
     assert record == Headline("x", "nan", "dB")
     assert capsys.readouterr().out == ""
     with pytest.raises(ValueError):
-        reports.headline("  ", 1.0)
+        runner.headline("  ", 1.0)
     with pytest.raises(TypeError):
-        reports.headline("x", [1, 2])
+        runner.headline("x", [1, 2])
 
 
 # -- CLI -------------------------------------------------------------------------------------
@@ -234,7 +237,7 @@ def test_a_users_files_are_refused_unless_overwrite(notebook_dir: Path, tmp_path
     assert "02_bad.ipynb, index.html" in err and "--overwrite" in err
     assert (out / "index.html").read_text() == "<h1>my site</h1>"
     assert sorted(p.name for p in out.iterdir()) == ["02_bad.ipynb", "index.html"]
-    paths = reports.discover_notebooks(notebook_dir)
+    paths = runner.discover_notebooks(notebook_dir)
     report_outputs.check_outputs(out, paths, index=True, overwrite=True)  # the flag lets it through
     (out / "01_good.html").mkdir()  # a folder in the way: never replaced
     with pytest.raises(ValueError, match=r"01_good\.html is a folder"):
@@ -243,7 +246,7 @@ def test_a_users_files_are_refused_unless_overwrite(notebook_dir: Path, tmp_path
 
 def test_an_earlier_runs_pages_are_replaced(run, notebook_dir: Path, tmp_path: Path) -> None:
     out, _ = run
-    paths = reports.discover_notebooks(notebook_dir)
+    paths = runner.discover_notebooks(notebook_dir)
     names = ["01_good.html", "01_good.ipynb", "02_bad.html", "02_bad.ipynb", "index.html"]
     assert (out / report_outputs.MANIFEST_NAME).read_text().split() == names
     report_outputs.check_outputs(out, paths, index=True, overwrite=False)
@@ -288,9 +291,9 @@ def test_a_parameter_of_another_kind_is_one_line(
 
 def test_a_parameter_of_the_defaults_kind_passes(notebook_dir: Path, tmp_path: Path) -> None:
     path = notebook_dir / "01_good.ipynb"
-    reports.check_parameters(path, {"SMOKE": True, "SEED": 7, "LABEL": "x", "INTERACTIVE": False})
+    runner.check_parameters(path, {"SMOKE": True, "SEED": 7, "LABEL": "x", "INTERACTIVE": False})
     timed = _write_notebook(tmp_path / "03_timed.ipynb", "pass", TIMED_PARAMS)
-    reports.check_parameters(timed, {"WAIT": 2})  # an int where the default is a float
+    runner.check_parameters(timed, {"WAIT": 2})  # an int where the default is a float
 
 
 def test_cli_report_names_failed_notebooks(
@@ -307,7 +310,7 @@ def test_cli_report_names_failed_notebooks(
                          error="ValueError: x"),
         ]
 
-    monkeypatch.setattr(reports, "run_reports", fake_run_reports)
+    monkeypatch.setattr(runner, "run_reports", fake_run_reports)
     code = cli.main(["report", "--smoke", "-p", "ROWS=8", "--only", "01", "--out", str(tmp_path)])
     captured = capsys.readouterr()
     assert code == 1
@@ -343,7 +346,7 @@ def test_ctrl_c_keeps_the_previous_page_and_the_index_says_interrupted(tmp_path:
     nbs, out = tmp_path / "nbs", tmp_path / "out"
     nbs.mkdir()
     _write_notebook(nbs / "01_slow.ipynb", SLOW_BODY, SLOW_PARAMS)
-    (first,) = reports.run_reports(notebook_dir=nbs, out_dir=out)
+    (first,) = runner.run_reports(notebook_dir=nbs, out_dir=out)
     assert first.ok, first.error
     pages = ("index.html", report_outputs.MANIFEST_NAME)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in pages}
@@ -377,7 +380,7 @@ TIMED_PARAMS = ("SEED = 0\nSMOKE = False\nINTERACTIVE = False\nWAIT = 0.0\nSTAMP
                 "PARTNERS = 0")
 TIMED_BODY = """
 import os, pathlib, time, torch
-from nvfp4lab.reports import headline
+from nvfp4lab.report import headline
 start, ended = time.time(), 0
 if STAMPS:  # <pid>.start now; wait until PARTNERS notebooks have started; <pid>.end at the end
     stamps = pathlib.Path(STAMPS)
@@ -413,9 +416,9 @@ def test_jobs_run_notebooks_side_by_side_in_order(tmp_path: Path,
     # they see each other at once; 03 counts the notebooks that had ended when it started
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
-        results = reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "out", jobs=2,
-                                      parameters={"WAIT": 0.2, "STAMPS": str(stamps),
-                                                  "PARTNERS": 2})
+        results = runner.run_reports(notebook_dir=nbs, out_dir=tmp_path / "out", jobs=2,
+                                     parameters={"WAIT": 0.2, "STAMPS": str(stamps),
+                                                 "PARTNERS": 2})
         gc.collect()  # each job thread's asyncio loop is closed, not left to the collector
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)], caught
     assert [r.name for r in results] == ["01_timed", "02_timed", "03_timed"]
@@ -436,7 +439,7 @@ def test_bad_jobs_is_one_line_before_anything_runs(tmp_path: Path) -> None:
     nbs = _timed_notebooks(tmp_path / "nbs", 1)
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match=r"--jobs must be a whole number >= 1.*got"):
-            reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "out", jobs=bad)
+            runner.run_reports(notebook_dir=nbs, out_dir=tmp_path / "out", jobs=bad)
     assert not (tmp_path / "out").exists()
 
 
@@ -480,15 +483,57 @@ def test_report_runs_turn_explorers_off_unless_asked(tmp_path: Path) -> None:
     setup cell); the runner passes False unless the caller sets it."""
     nbs = tmp_path / "nbs"
     nbs.mkdir()
-    _write_notebook(nbs / "01_live.ipynb", 'from nvfp4lab.reports import headline\n'
+    _write_notebook(nbs / "01_live.ipynb", 'from nvfp4lab.report import headline\n'
                     'headline("interactive", INTERACTIVE)', "INTERACTIVE = True  # explorer\n")
-    (off,) = reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "a")
-    (on,) = reports.run_reports(notebook_dir=nbs, out_dir=tmp_path / "b",
-                                parameters={"INTERACTIVE": True})
+    (off,) = runner.run_reports(notebook_dir=nbs, out_dir=tmp_path / "a")
+    (on,) = runner.run_reports(notebook_dir=nbs, out_dir=tmp_path / "b",
+                               parameters={"INTERACTIVE": True})
     assert off.headlines["interactive"].value == 0 and on.headlines["interactive"].value == 1
     assert off.parameters == {"INTERACTIVE": False}
 
 
 def test_every_notebook_explorer_is_on_for_a_live_session() -> None:
-    for path in reports.discover_notebooks(ROOT / "notebooks"):
-        assert reports.notebook_parameters(path).get("INTERACTIVE") == "True", path.name
+    for path in runner.discover_notebooks(ROOT / "notebooks"):
+        assert runner.notebook_parameters(path).get("INTERACTIVE") == "True", path.name
+
+
+_OLD_PATHS = """
+import importlib, json, warnings
+moved = {"reports": "runner", "report_kernels": "jupyter", "report_outputs": "outputs",
+         "report_pages": "pages", "notebook_imports": "notebook_imports"}
+found = {}
+for old, new in moved.items():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        alias = importlib.import_module("nvfp4lab." + old)
+    module = importlib.import_module("nvfp4lab.report." + new)
+    names = [n for n in vars(module) if not n.startswith("__")]
+    found[old] = {
+        "warned": [str(w.message) for w in caught if w.category is DeprecationWarning
+                   and "nvfp4lab." + old in str(w.message)],
+        "all": alias.__all__ == module.__all__,
+        "differ": [n for n in names if getattr(alias, n) is not getattr(module, n)],
+    }
+print(json.dumps(found))
+"""
+
+
+def test_the_old_module_paths_are_deprecated_aliases_of_the_moved_ones() -> None:
+    """``nvfp4lab.reports``, ``report_kernels``, ``report_outputs``, ``report_pages`` and
+    ``notebook_imports`` (the runner's homes before ``nvfp4lab/report/``) still import, warn that
+    they are deprecated, and hand on every name of the moved module, private ones included (a
+    fresh interpreter, so that each import is a first one)."""
+    import json
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _OLD_PATHS], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    moved = {"reports": "runner", "report_kernels": "jupyter", "report_outputs": "outputs",
+             "report_pages": "pages", "notebook_imports": "notebook_imports"}
+    assert set(found) == set(moved)
+    for old, new in moved.items():
+        assert found[old]["warned"] == [
+            f"nvfp4lab.{old} is deprecated: import nvfp4lab.report.{new}"], old
+        assert found[old]["all"] and found[old]["differ"] == [], (old, found[old])

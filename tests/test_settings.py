@@ -107,11 +107,11 @@ def test_run_reports_checks_threads_before_any_notebook(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The report runner used to find a bad NVFP4LAB_THREADS once per notebook, in the kernel's
     environment (every notebook failed); now once, before its output folder exists."""
-    from nvfp4lab import reports
+    from nvfp4lab import report
 
     monkeypatch.setenv(settings.THREADS_ENV, "1000000000")
     with pytest.raises(ValueError, match=r"^NVFP4LAB_THREADS must be a whole number from 1 to"):
-        reports.run_reports(notebooks=["01"], out_dir=tmp_path / "out", smoke=True)
+        report.run_reports(notebooks=["01"], out_dir=tmp_path / "out", smoke=True)
     assert list(tmp_path.iterdir()) == []
 
 

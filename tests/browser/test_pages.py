@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from nvfp4lab import reports
+from nvfp4lab.report import runner
 
 pytestmark = pytest.mark.browser
 
 PAGES_ENV = "NVFP4LAB_BROWSER_PAGES"
-NOTEBOOKS = [p.stem for p in reports.discover_notebooks()]
+NOTEBOOKS = [p.stem for p in runner.discover_notebooks()]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def pages_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert (folder / "index.html").is_file(), f"{PAGES_ENV}={given}: no index.html there"
         return folder
     folder = tmp_path_factory.mktemp("pages")
-    results = reports.run_reports(out_dir=folder, smoke=True)
+    results = runner.run_reports(out_dir=folder, smoke=True)
     failed = {r.name: r.error for r in results if not r.ok}
     assert not failed, f"the smoke render failed: {failed}"
     return folder
@@ -79,7 +79,7 @@ def _check_common(page: Any, errors: list[str], network: list[str]) -> None:
 def test_notebook_page(browser: Any, pages_dir: Path, name: str) -> None:
     html_path, ipynb_path = pages_dir / f"{name}.html", pages_dir / f"{name}.ipynb"
     assert html_path.is_file(), f"{name}: no page in {pages_dir}"
-    headlines = reports.extract_headlines(reports._read_notebook(ipynb_path))
+    headlines = runner.extract_headlines(runner._read_notebook(ipynb_path))
     assert headlines, f"{name}: publishes no headline number"
     page, context, errors, network = _open(browser, html_path)
     try:
@@ -102,8 +102,8 @@ def test_index_page(browser: Any, pages_dir: Path) -> None:
             row = page.locator("tr", has=page.locator(f'a[href="{name}.html"]'))
             assert row.count() == 1, f"index: no link to {name}.html"
             assert row.locator("td.ok").count() == 1, f"index: {name} is not ok"
-            headlines = reports.extract_headlines(
-                reports._read_notebook(pages_dir / f"{name}.ipynb"))
+            headlines = runner.extract_headlines(
+                runner._read_notebook(pages_dir / f"{name}.ipynb"))
             missing = [h.name for h in headlines.values() if f"{h.name}: {h.text()}" not in text]
             assert missing == [], f"index: {name}'s headline numbers missing: {missing}"
     finally:

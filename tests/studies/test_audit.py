@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from nvfp4lab.reports import notebook_parameters
+from nvfp4lab.report import notebook_parameters
 from nvfp4lab.studies import audit as study
 
 ROWS = [
