@@ -27,7 +27,8 @@ module              holds
 ``kv_cache``        the KV cache as vLLM 0.33 writes and reads it (``--kv-cache-dtype nvfp4``,
                     ``nvfp4_4over6``, ``fp8``): ``pack``, ``unpack``, ``fake_quantize_kv``
 ``attention``       a model's attention reading K / V from that cache
-                    (:func:`quantize_kv_cache`, ``quantize_model(kv_cache=...)``)
+                    (:func:`quantize_kv_cache`, ``quantize_model(kv_cache=...)`` with
+                    :class:`KVCacheOptions`)
 ==================  ===========================================================================
 
 A new backend goes into :class:`nvfp4lab.vocab.Backend`, gets its branch in ``gemm.linear``
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from nvfp4lab.execution.attention import (
     KVCacheLayer,
+    KVCacheOptions,
     quantize_kv_cache,
     remove_kv_cache_quantization,
 )
@@ -63,6 +65,7 @@ __all__ = [
     "GPTQFallbackWarning",
     "GPTQOptions",
     "KVCacheLayer",
+    "KVCacheOptions",
     "NVFP4Linear",
     "QuantizeReport",
     "UnmatchedIgnoreWarning",

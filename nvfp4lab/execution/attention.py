@@ -66,6 +66,7 @@ __all__ = [
     "WRAPPED_IMPLEMENTATIONS",
     "AttentionObserver",
     "KVCacheLayer",
+    "KVCacheOptions",
     "KVScales",
     "kv_attention_name",
     "kv_cache_settings",
@@ -100,6 +101,26 @@ ScaleSpec = float | torch.Tensor | tuple[float | torch.Tensor | None, float | to
 #: Per-layer scales: a mapping from the attention module's name or its ``layer_idx`` to a
 #: :data:`ScaleSpec`, or a callable ``(name, module) -> ScaleSpec | None``.
 KVScales = Mapping[str | int, ScaleSpec | None] | Callable[[str, nn.Module], ScaleSpec | None]
+
+
+@dataclass(frozen=True)
+class KVCacheOptions:
+    """The KV cache :func:`~nvfp4lab.execution.whole_model.quantize_model` sets, as one value
+    (``kv_cache=KVCacheOptions(...)``, beside ``gptq=GPTQOptions(...)``; the older
+    ``kv_cache=<kind>, kv_scales=...`` keywords mean the same).
+
+    ``kind``: a :class:`~nvfp4lab.vocab.KVCacheKind` value (``nvfp4``, ``nvfp4_4over6``,
+    ``fp8``) or vLLM's alias ``fp8_e4m3``, checked here and held as a ``KVCacheKind``.
+    ``scales``: the per-layer DECODE scales ``k_scale`` / ``v_scale`` as
+    :func:`quantize_kv_cache`'s ``kv_scales`` takes them (:data:`KVScales`, checked against the
+    model there); None: 1.0 for every layer, vLLM 0.33's value without checkpoint scales.
+    """
+
+    kind: str
+    scales: KVScales | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", kv_cache_kind(self.kind, "KVCacheOptions kind"))
 
 
 @dataclass(frozen=True)

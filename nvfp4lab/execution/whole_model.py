@@ -23,6 +23,7 @@ from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.attention import (
     KVCacheLayer,
+    KVCacheOptions,
     KVScales,
     quantize_kv_cache,
     remove_kv_cache_quantization,
@@ -327,7 +328,7 @@ def _check_state(model: nn.Module, candidates: Mapping[str, nn.Linear], method: 
             f"(not re-quantized); {len(candidates)} Linear layer(s) left to quantize. To quantize "
             "with another method, start again from the unquantized model",
             UserWarning,
-            stacklevel=3,
+            stacklevel=4,  # quantize_model's caller (via _select_layers)
         )
 
 
@@ -395,7 +396,7 @@ def quantize_model(
     method: str = QuantMethod.RTN,
     calibration: Iterable[Any] | None = None,
     gptq: GPTQOptions | None = None,
-    kv_cache: str | None = None,
+    kv_cache: str | KVCacheOptions | None = None,
     kv_scales: KVScales | None = None,
     hadamard: int | None = None,
 ) -> QuantizeReport:
@@ -436,42 +437,85 @@ def quantize_model(
     that is rotated RTN; with "gptq" it is MR-GPTQ (arXiv 2509.23202 style: GPTQ of ``W Q`` with
     ``Qᵀ H Q``), reported as "mr-gptq". Rotated layers cannot be saved as checkpoints.
 
-    ``kv_cache``: None (default: attention unchanged) or a :class:`~nvfp4lab.vocab.KVCacheKind`
-    value (``nvfp4``, ``nvfp4_4over6``, ``fp8``; vLLM's ``fp8_e4m3`` is ``fp8``): attention
-    then sees K (after RoPE) and V as vLLM 0.33 writes them to that cache and reads them back,
-    per KV head and token, in 16-value blocks along head_dim
+    ``kv_cache``: None (default: attention unchanged), a
+    :class:`~nvfp4lab.execution.attention.KVCacheOptions` (kind and per-layer DECODE scales), or
+    a kind alone with its scales in ``kv_scales`` (the older form, same meaning): attention then
+    sees K (after RoPE) and V as vLLM 0.33 writes them to that cache and reads them back, per KV
+    head and token, in 16-value blocks along head_dim
     (:func:`~nvfp4lab.execution.attention.quantize_kv_cache`: transformers Llama / Qwen3 models,
-    ``sdpa`` or ``eager`` attention; other models raise).
-    ``kv_scales``: the per-layer DECODE scales ``k_scale`` / ``v_scale`` (vLLM's, as a
-    checkpoint stores them; a mapping by attention name or layer_idx, or a callable); default
-    1.0 for every layer, what vLLM 0.33 uses without checkpoint scales. The kind and scales of
-    each layer are in ``report.kv_cache``. The query stays unquantized (vLLM's FP8 query on
-    SM100 paths is not modelled). The KV cache is set before the Linear layers are replaced, so
-    GPTQ calibrates on the model with its KV cache quantized, as it will run.
-    ``backend=None``: quantize only the KV cache and leave every Linear layer as it is (the
-    "FP8 KV" / "NVFP4 KV" alone configurations); ``kv_cache`` is then required and ``method``,
-    ``calibration``, ``gptq`` and ``ignore`` do not apply.
+    ``sdpa`` or ``eager`` attention; other models raise). The kind and scales of each layer are
+    in ``report.kv_cache``. The query stays unquantized (vLLM's FP8 query on SM100 paths is not
+    modelled). The KV cache is set before the Linear layers are replaced, so GPTQ calibrates on
+    the model with its KV cache quantized, as it will run. ``backend=None``: quantize only the
+    KV cache and leave every Linear layer as it is (the "FP8 KV" / "NVFP4 KV" alone
+    configurations); ``kv_cache`` is then required and ``method``, ``calibration``, ``gptq``
+    and ``ignore`` do not apply.
 
     All or nothing: if anything fails, every replaced Linear is put back and the KV cache
     quantization removed.
     """
     quant_method = vocab.check_choice("method", method, QuantMethod)
-    kv_kind = None if kv_cache is None else kv_cache_kind(kv_cache, "kv_cache")
-    if kv_kind is None and kv_scales is not None:
-        raise ValueError("kv_scales= sets the KV cache scales: pass kv_cache= too (or drop it)")
+    kv = _kv_cache_options(kv_cache, kv_scales)
     if backend is None:
-        return _kv_cache_only(model, kv_kind, kv_scales, quant_method, calibration, gptq, ignore)
+        return _kv_cache_only(model, kv, quant_method, calibration, gptq, ignore)
     vocab.check_choice("backend", backend, vocab.Backend, extra=(AUTO,))
     get_order(convention)  # a Convention name (the vocabulary's error otherwise) or an order
+    hadamard = _rotation_seed(quant_method, hadamard)
+    batches = _method_inputs(quant_method, calibration, gptq)
+    report = QuantizeReport()
+    candidates = _select_layers(model, ignore, quant_method, report)
+    report.shared_groups = _share_groups(list(candidates), share_global_scale)
+    shared_gs = _shared_scales(candidates, report.shared_groups, convention, hadamard)
+    options = dict(backend=backend, cache_dequantized=cache_dequantized, bias_mode=bias_mode)
+    if quant_method != QuantMethod.RTN:
+        layers = _gptq_layers(model, candidates, report.shared_groups, shared_gs, batches,
+                              convention, gptq, options, hadamard)
+    else:
+        layers = _rtn_layers(candidates, shared_gs, convention, hadamard, options)
+    if kv is not None:  # checked and set before any Linear changes (or nothing is set)
+        report.kv_cache = quantize_kv_cache(model, kv.kind, kv_scales=kv.scales)
+    _install(model, candidates, layers, report)
+    return report
+
+
+def _kv_cache_options(
+    kv_cache: str | KVCacheOptions | None, kv_scales: KVScales | None
+) -> KVCacheOptions | None:
+    """The KV cache job's one value: ``kv_cache`` as given, or built from the older
+    ``kv_cache=<kind>, kv_scales=...`` keywords (errors name the keyword)."""
+    if isinstance(kv_cache, KVCacheOptions):
+        if kv_scales is not None:
+            raise ValueError(
+                "kv_scales= beside kv_cache=KVCacheOptions(...): give the scales once, as "
+                "KVCacheOptions(kind, scales=...)"
+            )
+        return kv_cache
+    if kv_cache is None:
+        if kv_scales is not None:
+            raise ValueError("kv_scales= sets the KV cache scales: pass kv_cache= too (or drop it)")
+        return None
+    return KVCacheOptions(kv_cache_kind(kv_cache, "kv_cache"), kv_scales)
+
+
+def _rotation_seed(method: str, hadamard: int | None) -> int | None:
+    """The arithmetic job's rotation: ``hadamard`` checked, MR-GPTQ's default seed otherwise."""
     if hadamard is not None:
         check_seed(hadamard)
-    elif quant_method == QuantMethod.MR_GPTQ:
-        hadamard = MR_GPTQ_SEED
-    batches = _method_inputs(quant_method, calibration, gptq)
+        return hadamard
+    return MR_GPTQ_SEED if method == QuantMethod.MR_GPTQ else None
+
+
+def _select_layers(
+    model: nn.Module,
+    ignore: str | re.Pattern[str] | Iterable[IgnoreSpec] | None,
+    method: str,
+    report: QuantizeReport,
+) -> dict[str, nn.Linear]:
+    """The layers job: the Linear layers to replace (every other module, and why, in
+    ``report``), their state checked, unmatched ``ignore`` entries warned about."""
     specs = _ignore_specs(DEFAULT_IGNORE if ignore is None else ignore)
-    report = QuantizeReport()
     candidates = _candidates(model, specs, report)
-    _check_state(model, candidates, quant_method)
+    _check_state(model, candidates, method)
     if ignore is None:
         report.unmatched_ignore = []
     elif report.unmatched_ignore:
@@ -480,39 +524,42 @@ def quantize_model(
             f"quantize_model: ignore entries {shown} match no Linear layer of "
             f"{type(model).__name__}; check the names (exact, dotted suffix or 're:<regex>')",
             UnmatchedIgnoreWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    report.shared_groups = _share_groups(list(candidates), share_global_scale)
-    shared_gs = _shared_scales(candidates, report.shared_groups, convention, hadamard)
+    return candidates
+
+
+def _rtn_layers(
+    candidates: Mapping[str, nn.Linear],
+    shared_gs: Mapping[str, torch.Tensor],
+    convention: str | ArithmeticOrder,
+    hadamard: int | None,
+    options: Mapping[str, Any],
+) -> Iterator[tuple[str, NVFP4Linear, str]]:
+    """(name, NVFP4Linear, method) per candidate, rounded to nearest, one at a time."""
+    for name, module in candidates.items():
+        layer = NVFP4Linear.from_linear(module, weight_global_scale=shared_gs.get(name),
+                                        convention=convention, hadamard=hadamard, **options)
+        yield name, layer, QuantMethod.RTN
+
+
+def _install(
+    model: nn.Module,
+    candidates: Mapping[str, nn.Linear],
+    layers: Iterator[tuple[str, NVFP4Linear, str]],
+    report: QuantizeReport,
+) -> None:
+    """Put each new layer in place and in ``report``; all or nothing: on any error every
+    replaced Linear is put back and the KV cache quantization removed, and the error says so."""
     partners = {m: tuple(o for o in g if o != m) for g in report.shared_groups for m in g}
-    options = dict(backend=backend, cache_dequantized=cache_dequantized, bias_mode=bias_mode)
-    if quant_method != QuantMethod.RTN:
-        layers = _gptq_layers(model, candidates, report.shared_groups, shared_gs, batches,
-                              convention, gptq, options, hadamard)
-    else:
-        layers = (
-            (name, NVFP4Linear.from_linear(module, weight_global_scale=shared_gs.get(name),
-                                           convention=convention, hadamard=hadamard, **options),
-             QuantMethod.RTN)
-            for name, module in candidates.items()
-        )
-    if kv_kind is not None:  # checked and set before any Linear changes (or nothing is set)
-        report.kv_cache = quantize_kv_cache(model, kv_kind, kv_scales=kv_scales)
     try:
         for name, layer, how in layers:
             _set_submodule(model, name, layer)
-            report.replaced.append(
-                ReplacedLayer(
-                    name=name,
-                    in_features=layer.in_features,
-                    out_features=layer.out_features,
-                    bias=layer.bias is not None,
-                    weight_global_scale=float(layer.weight_global_scale),
-                    shared_with=partners.get(name, ()),
-                    method=how,
-                    hadamard=layer.hadamard,
-                )
-            )
+            report.replaced.append(ReplacedLayer(
+                name=name, in_features=layer.in_features, out_features=layer.out_features,
+                bias=layer.bias is not None, weight_global_scale=float(layer.weight_global_scale),
+                shared_with=partners.get(name, ()), method=how, hadamard=layer.hadamard,
+            ))
     except BaseException as exc:  # all or nothing: put every replaced Linear back
         close = getattr(layers, "close", None)
         if callable(close):  # GPTQ's calibration hooks and remembered forwards go now, not
@@ -530,15 +577,14 @@ def quantize_model(
             "call"
         )
         raise
-    return report
 
 
 def _kv_cache_only(
-    model: nn.Module, kv_kind: str | None, kv_scales: KVScales | None, method: str,
+    model: nn.Module, kv: KVCacheOptions | None, method: str,
     calibration: Iterable[Any] | None, gptq: GPTQOptions | None, ignore: object,
 ) -> QuantizeReport:
     """``quantize_model(backend=None)``: the KV cache only, every Linear left as it is."""
-    if kv_kind is None:
+    if kv is None:
         raise ValueError(
             "quantize_model(backend=None) quantizes only the KV cache and leaves every Linear "
             "layer as it is: pass kv_cache= (or a backend to quantize the Linear layers)"
@@ -548,4 +594,4 @@ def _kv_cache_only(
             "quantize_model(backend=None) quantizes no Linear layer: method=, calibration=, "
             "gptq= and ignore= do not apply; drop them or pass a backend"
         )
-    return QuantizeReport(kv_cache=quantize_kv_cache(model, kv_kind, kv_scales=kv_scales))
+    return QuantizeReport(kv_cache=quantize_kv_cache(model, kv.kind, kv_scales=kv.scales))
