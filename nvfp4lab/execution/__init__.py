@@ -16,7 +16,8 @@ module              holds
 ``shared_scales``   the cost of merging the global scales of fused shards (vLLM's ``max``)
 ``layers``          :class:`NVFP4Linear` (compressed-tensors buffer names; optionally
                     Hadamard-rotated, MR-GPTQ)
-``whole_model``     :func:`quantize_model` and its report; the fused groups
+``whole_model``     :func:`quantize_model`; the fused groups
+``quantize_report`` what it did: :class:`QuantizeReport` (replaced, skipped, KV cache layers)
 ``gptq``            GPTQ of one weight for NVFP4 (MR-GPTQ with ``hadamard``), and for the
                     other block formats as a study function
 ``gptq_model``      GPTQ of whole models, stage by stage (``quantize_model(method="gptq" |

@@ -1,5 +1,6 @@
 """Whole-model quantization: replace ``nn.Linear`` layers by :class:`NVFP4Linear`, optionally
-quantize the KV cache (:mod:`nvfp4lab.execution.attention`), and report.
+quantize the KV cache (:mod:`nvfp4lab.execution.attention`), and report
+(:mod:`nvfp4lab.execution.quantize_report` holds the report's records).
 
 Fused groups: inference engines fuse sibling Linears (q/k/v into one ``qkv_proj``, gate/up into
 ``gate_up_proj``) into one GEMM and decode all shards with ONE weight global scale (vLLM takes
@@ -12,7 +13,6 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,7 +22,6 @@ from nvfp4lab import vocab
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.attention import (
-    KVCacheLayer,
     KVCacheOptions,
     KVScales,
     quantize_kv_cache,
@@ -33,6 +32,12 @@ from nvfp4lab.execution.gptq import GPTQOptions
 from nvfp4lab.execution.gptq_model import sequential_gptq
 from nvfp4lab.execution.kv_cache import kv_cache_kind
 from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.execution.quantize_report import (
+    IgnoreSpec,
+    QuantizeReport,
+    ReplacedLayer,
+    SkippedLayer,
+)
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.orders import get as get_order
@@ -61,10 +66,6 @@ FUSED_GROUPS: tuple[tuple[str, ...], ...] = tuple(
 )
 
 
-#: An ``ignore`` entry: an exact name, a dotted suffix, ``"re:<regex>"``, or a compiled pattern.
-IgnoreSpec = str | re.Pattern[str]
-
-
 #: The Hadamard seed ``quantize_model(method="mr-gptq")`` rotates by unless ``hadamard=`` is given.
 MR_GPTQ_SEED: int = 0
 
@@ -74,102 +75,6 @@ DEFAULT_IGNORE: tuple[str, ...] = ("lm_head",)
 
 class UnmatchedIgnoreWarning(UserWarning):
     """An ``ignore`` entry of :func:`quantize_model` matched no Linear layer (a typo?)."""
-
-
-@dataclass(frozen=True)
-class ReplacedLayer:
-    """A Linear replaced by an NVFP4Linear. ``weight_global_scale``: ENCODE convention."""
-
-    name: str
-    in_features: int
-    out_features: int
-    bias: bool
-    weight_global_scale: float
-    shared_with: tuple[str, ...] = ()
-    #: "rtn", "gptq" or "mr-gptq"; "rtn (gptq fallback: <why>)" when GPTQ could not run on it
-    method: str = QuantMethod.RTN
-    #: the seed of the block Hadamard the weight was rotated by (None: not rotated)
-    hadamard: int | None = None
-
-
-@dataclass(frozen=True)
-class SkippedLayer:
-    """A module left as it was, and why."""
-
-    name: str
-    type: str
-    reason: str
-
-
-@dataclass
-class QuantizeReport:
-    """What :func:`quantize_model` replaced and skipped (and why), and the KV cache it set."""
-
-    replaced: list[ReplacedLayer] = field(default_factory=list)
-    skipped: list[SkippedLayer] = field(default_factory=list)
-    shared_groups: list[tuple[str, ...]] = field(default_factory=list)
-    #: ``ignore`` entries that matched no Linear layer
-    unmatched_ignore: list[IgnoreSpec] = field(default_factory=list)
-    #: attention layers reading K / V from a quantized KV cache: kind and DECODE k/v scales each
-    #: (empty with ``kv_cache=None``)
-    kv_cache: list[KVCacheLayer] = field(default_factory=list)
-
-    @property
-    def replaced_names(self) -> list[str]:
-        return [r.name for r in self.replaced]
-
-    @property
-    def skipped_names(self) -> list[str]:
-        return [s.name for s in self.skipped]
-
-    def rows(self) -> list[dict[str, object]]:
-        """One dict per layer (for a pandas DataFrame)."""
-        out: list[dict[str, object]] = [
-            {
-                "name": r.name,
-                "action": "replaced",
-                "shape": f"{r.out_features}x{r.in_features}",
-                "weight_global_scale": r.weight_global_scale,
-                "detail": "; ".join(
-                    ([f"shared with {', '.join(r.shared_with)}"] if r.shared_with else [])
-                    + ([f"hadamard seed {r.hadamard}"] if r.hadamard is not None else [])
-                ),
-                "method": str(r.method),
-            }
-            for r in self.replaced
-        ]
-        out += [
-            {"name": s.name, "action": "skipped", "shape": "", "weight_global_scale": None,
-             "detail": f"{s.type}: {s.reason}"}
-            for s in self.skipped
-        ]
-        out += [
-            {"name": k.name, "action": "kv cache", "shape": f"{k.kv_heads}x{k.head_dim}",
-             "weight_global_scale": None,
-             "detail": f"{k.kind}, k_scale={k.k_scale:.6g} v_scale={k.v_scale:.6g} (DECODE, "
-                       f"{k.scales_from})"}
-            for k in self.kv_cache
-        ]
-        return out
-
-    def __str__(self) -> str:
-        lines = [f"replaced {len(self.replaced)} Linear layer(s), skipped {len(self.skipped)}"]
-        for r in self.replaced:
-            shared = (
-                f"  (global scale shared with {', '.join(r.shared_with)})" if r.shared_with else ""
-            )
-            rotated = f" hadamard={r.hadamard}" if r.hadamard is not None else ""
-            lines.append(
-                f"  + {r.name}: [{r.out_features}, {r.in_features}] gs={r.weight_global_scale:.6g}"
-                f" {r.method}{rotated}{shared}"
-            )
-        lines += [f"  - {s.name} ({s.type}): {s.reason}" for s in self.skipped]
-        lines += [f"  ! ignore entry {s!r} matched no Linear layer" for s in self.unmatched_ignore]
-        if self.kv_cache:
-            kind = self.kv_cache[0].kind
-            lines.append(f"KV cache {kind} on {len(self.kv_cache)} attention layer(s)")
-            lines += [f"  ~ {k}" for k in self.kv_cache]
-        return "\n".join(lines)
 
 
 def _ignored_by(name: str, ignore: Iterable[IgnoreSpec]) -> IgnoreSpec | None:

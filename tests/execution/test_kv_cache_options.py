@@ -1,6 +1,6 @@
 """``quantize_model(kv_cache=KVCacheOptions(...))``: the KV cache job as one option object,
 beside ``gptq=GPTQOptions(...)``; the older ``kv_cache=<kind>, kv_scales=...`` keywords mean
-the same, bit for bit."""
+the same, bit for bit. And the report records' old import path."""
 
 from __future__ import annotations
 
@@ -54,3 +54,13 @@ def test_refusals_name_the_value_and_the_fix() -> None:
         quantize_model(model, backend="w4a16", kv_cache=KVCacheOptions("fp8", scales={7: 1.0}))
     assert not any(isinstance(m, NVFP4Linear) for m in model.modules())
     assert torch.equal(logits(model), before)
+
+
+def test_report_records_keep_their_whole_model_names() -> None:
+    """The report's records live in ``quantize_report``; ``whole_model`` still hands them out."""
+    from nvfp4lab.execution import quantize_report, whole_model
+
+    for name in ("QuantizeReport", "ReplacedLayer", "SkippedLayer", "IgnoreSpec"):
+        assert getattr(whole_model, name) is getattr(quantize_report, name), name
+    report = quantize_model(tiny_llama(), backend=None, kv_cache=KVCacheOptions("fp8"))
+    assert isinstance(report, whole_model.QuantizeReport)
