@@ -68,6 +68,7 @@ _SUBMODULES = (
     "e2m1",
     "execution",
     "formats",
+    "ggml_blocks",
     "gpus",
     "hadamard",
     "kernels",
@@ -76,10 +77,11 @@ _SUBMODULES = (
     "models",
     "notebook_imports",  # deprecated alias of a module of nvfp4lab.report
     "options",
+    "oracles",
     "orders",
     "plots",
-    "reference",
-    "reference_ggml",
+    "reference",  # deprecated alias of modules of nvfp4lab.oracles
+    "reference_ggml",  # deprecated alias of nvfp4lab.oracles.ggml
     "report",
     "report_kernels",  # deprecated alias of a module of nvfp4lab.report
     "report_outputs",  # deprecated alias of a module of nvfp4lab.report

@@ -6,7 +6,7 @@ divide, in which dtype, and what an all-zero block gets, so they disagree on a s
 codes. One :class:`ArithmeticOrder` per convention states those choices step by step; the eager
 pipeline (:mod:`nvfp4lab.scales`, :mod:`nvfp4lab.codec`), the fused graphs
 (:mod:`nvfp4lab.kernels.graphs`) and GPTQ (through the codec's block functions) all read it, and
-none of them names a convention. :mod:`nvfp4lab.reference` keeps its own slow, independent
+none of them names a convention. :mod:`nvfp4lab.oracles.nvfp4` keeps its own slow, independent
 version of every order: the oracle the fast paths are checked against.
 
 Notation, per block ``b`` of 16 values with maximum ``amax_b``: ``gs`` is the ENCODE tensor

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from nvfp4lab import reference
 from nvfp4lab.blocks import (
     block_scales_of,
     decode_codes,
@@ -19,6 +18,8 @@ from nvfp4lab.blocks import (
     quantize_blocks,
 )
 from nvfp4lab.codec import fake_quantize
+from nvfp4lab.oracles import numbers as ref_numbers
+from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from nvfp4lab.orders import ORDERS, ScaleForm
 from nvfp4lab.vocab import Convention
 from tests.sample_data import make
@@ -29,8 +30,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 def _arithmetic_scale(x: torch.Tensor, convention: Convention) -> float:
     """The tensor scale in the order's form, as the reference computes it."""
     if ORDERS[convention].scale_form is ScaleForm.DECODE:
-        return reference.modelopt_decode_scale(x)
-    return reference.global_scale(x, convention.value)
+        return ref_nvfp4.modelopt_decode_scale(x)
+    return ref_nvfp4.global_scale(x, convention.value)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -41,7 +42,7 @@ def test_block_functions_match_the_reference(
 ) -> None:
     x = make(kind, (6, 64), dtype, seed=31)
     scale = _arithmetic_scale(x, convention)
-    want_codes, want_scales = reference.quantize_blocks(x, scale, convention.value)
+    want_codes, want_scales = ref_nvfp4.quantize_blocks(x, scale, convention.value)
     blocks = x.reshape(6, 4, 16)
     t = torch.tensor([scale], dtype=torch.float32)
 
@@ -50,7 +51,7 @@ def test_block_functions_match_the_reference(
     codes = encode_blocks(blocks, scales, t, convention)
     assert torch.equal(codes.reshape(6, 64), want_codes)
     values = decode_codes(codes, scales, t, convention)
-    want = reference.dequantize_blocks(want_codes, want_scales, scale, convention.value)
+    want = ref_nvfp4.dequantize_blocks(want_codes, want_scales, scale, convention.value)
     assert torch.equal(values.reshape(6, 64).view(torch.int32), want.view(torch.int32))
 
     both_codes, both_scales = quantize_blocks(blocks, t, ORDERS[convention])
@@ -61,7 +62,7 @@ def test_block_functions_match_the_reference(
 def test_a_wider_search_never_loses_to_its_first_target() -> None:
     """Scale search keeps, per block, the lowest squared error of the targets it tries."""
     x = make("student_t", (32, 64), torch.float32, seed=4).reshape(32, 4, 16)
-    t = torch.tensor([reference.global_scale(x, "kernel")])
+    t = torch.tensor([ref_nvfp4.global_scale(x, "kernel")])
 
     def error(targets: tuple[float, ...]) -> torch.Tensor:
         codes, scales = quantize_blocks(x, t, "kernel", targets=targets)
@@ -103,11 +104,11 @@ def test_llama_cpp_codes_match_the_reference_scan() -> None:
     rows = list(range(0, s.numel(), 5))
     got = encode_blocks(x[:, None, :], s[:, None], torch.ones(1), "llama.cpp")[:, 0]
     for r in rows:
-        d = reference.ggml_ue4m3_to_fp32(reference.e4m3_byte(float(s[r])))
+        d = ref_nvfp4.ggml_ue4m3_to_fp32(ref_numbers.e4m3_byte(float(s[r])))
         for c, v in enumerate(x[r].tolist()):
             errs = [
-                abs(reference.round_f32(reference.round_f32(k * d) - v))
-                for k in reference.GGML_KVALUES
+                abs(ref_numbers.round_f32(ref_numbers.round_f32(k * d) - v))
+                for k in ref_nvfp4.GGML_KVALUES
             ]
             want = min(range(16), key=lambda i: (errs[i], i))  # first minimum
             assert int(got[r, c]) == want, (float(s[r]), v)

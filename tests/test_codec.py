@@ -13,7 +13,6 @@ import warnings
 import pytest
 import torch
 
-from nvfp4lab import reference
 from nvfp4lab.codec import (
     ScaleUnderflowWarning,
     compute_global_scale,
@@ -22,6 +21,8 @@ from nvfp4lab.codec import (
     quantize,
 )
 from nvfp4lab.e2m1 import unpack_fp4
+from nvfp4lab.oracles import numbers as ref_numbers
+from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from nvfp4lab.tensor import NVFP4Tensor
 from tests.sample_data import make
 
@@ -43,10 +44,10 @@ def assert_matches_reference(
     x: torch.Tensor, global_scale: float | None, convention: str
 ) -> NVFP4Tensor:
     q = quantize(x, global_scale, convention=convention)
-    gs = reference.global_scale(x, convention) if global_scale is None else float(global_scale)
+    gs = ref_nvfp4.global_scale(x, convention) if global_scale is None else float(global_scale)
     assert q.global_scale.dtype == torch.float32 and q.global_scale.shape == (1,)
     assert float(q.global_scale) == gs
-    codes, scales = reference.quantize_blocks(x.contiguous(), gs, convention)
+    codes, scales = ref_nvfp4.quantize_blocks(x.contiguous(), gs, convention)
     got_codes = unpack_fp4(q.packed)
     assert got_codes.shape == codes.shape
     bad = (got_codes != codes).nonzero()
@@ -57,7 +58,7 @@ def assert_matches_reference(
     assert q.scales.dtype == torch.float8_e4m3fn
     assert torch.equal(q.scales.view(torch.uint8), scales.to(torch.float8_e4m3fn).view(torch.uint8))
     # decode: value * f32(s / gs) in float32, then cast
-    expected = reference.dequantize_blocks(codes, scales, gs)
+    expected = ref_nvfp4.dequantize_blocks(codes, scales, gs)
     assert torch.equal(bits(dequantize(q, torch.float32)), bits(expected))
     out = dequantize(q)
     assert out.dtype == x.dtype and out.shape == x.shape
@@ -87,7 +88,7 @@ def test_explicit_global_scale_matches_reference(
     dtype: torch.dtype, gs: float, convention: str
 ) -> None:
     x = make("student_t", (4, 64), dtype, seed=11)
-    gs32 = reference.round_f32(gs)
+    gs32 = ref_numbers.round_f32(gs)
     assert_matches_reference(x, gs32, convention)
     # a one-element tensor works the same as a float
     q1 = quantize(x, torch.tensor([gs32]), convention=convention)
@@ -123,7 +124,7 @@ def test_compute_global_scale_matches_reference() -> None:
             for convention in REFERENCE_ORDERS:
                 got = compute_global_scale(x, convention=convention)
                 assert got.dtype == torch.float32 and got.shape == (1,)
-                assert float(got) == reference.global_scale(x, convention), (dtype, a, convention)
+                assert float(got) == ref_nvfp4.global_scale(x, convention), (dtype, a, convention)
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,10 +179,10 @@ def test_pad_true(convention: str) -> None:
     out = dequantize(q)
     assert out.shape == (3, 20) and out.dtype == torch.bfloat16
     padded = torch.nn.functional.pad(x, (0, 12))
-    gs = reference.global_scale(x, convention)
-    codes, scales = reference.quantize_blocks(padded, gs, convention)
+    gs = ref_nvfp4.global_scale(x, convention)
+    codes, scales = ref_nvfp4.quantize_blocks(padded, gs, convention)
     assert torch.equal(unpack_fp4(q.packed), codes)
-    expected = reference.dequantize_blocks(codes, scales, gs)[:, :20].to(torch.bfloat16)
+    expected = ref_nvfp4.dequantize_blocks(codes, scales, gs)[:, :20].to(torch.bfloat16)
     assert torch.equal(bits(out), bits(expected))
     y = fake_quantize(x, pad=True, convention=convention)
     assert y.shape == (3, 20) and torch.equal(bits(y), bits(out))
@@ -393,8 +394,8 @@ def test_block_scales_at_every_e4m3_tie(dtype: torch.dtype, convention: str, gs:
     """Blocks whose pre-rounding scale ``gs * amax / 6`` sits on an E4M3 rounding tie, +- 3 ulps
     of the input dtype: stresses the exact order of steps 1-2 (f32(1/6) multiply vs division,
     rounding in the input dtype, ties to even) and the division / reciprocal in step 3-4."""
-    gs32 = reference.round_f32(gs)
-    positive = [v for v in reference.e4m3_finite_values() if v >= 0]
+    gs32 = ref_numbers.round_f32(gs)
+    positive = [v for v in ref_numbers.e4m3_finite_values() if v >= 0]
     ties = torch.tensor([(a + b) / 2 for a, b in itertools.pairwise(positive)])
     amax = (ties * 6 / gs32).to(dtype)
     amax = amax[torch.isfinite(amax) & (amax > 0)]
@@ -501,11 +502,11 @@ def test_inputs_that_require_grad_are_detached_quietly() -> None:
 
 def _modelopt_matches_reference(x: torch.Tensor, q: NVFP4Tensor, decode: float) -> None:
     assert q.decode_scale is not None and float(q.decode_scale) == decode
-    assert float(q.global_scale) == reference.round_f32(1.0 / decode)  # its float32 reciprocal
-    codes, scales = reference.quantize_blocks(x, decode, "modelopt")
+    assert float(q.global_scale) == ref_numbers.round_f32(1.0 / decode)  # its float32 reciprocal
+    codes, scales = ref_nvfp4.quantize_blocks(x, decode, "modelopt")
     assert torch.equal(unpack_fp4(q.packed), codes)
     assert torch.equal(q.scales.view(torch.uint8), scales.to(torch.float8_e4m3fn).view(torch.uint8))
-    expected = reference.dequantize_blocks(codes, scales, decode, "modelopt")
+    expected = ref_nvfp4.dequantize_blocks(codes, scales, decode, "modelopt")
     assert torch.equal(bits(q.dequantize(torch.float32)), bits(expected))
     assert torch.equal(bits(fake_quantize(x, decode_scale=decode, convention="modelopt")),
                        bits(expected.to(x.dtype)))
@@ -520,7 +521,7 @@ def test_modelopt_order_matches_reference(dtype: torch.dtype, kind: str) -> None
     else:
         x = make(kind, (8, 64), dtype, seed=7 * KINDS.index(kind) + DTYPES.index(dtype))
     q = quantize(x, convention="modelopt")
-    _modelopt_matches_reference(x, q, reference.modelopt_decode_scale(x))
+    _modelopt_matches_reference(x, q, ref_nvfp4.modelopt_decode_scale(x))
     raw = q.scales.view(torch.uint8)
     if kind == "zero_blocks":
         assert (raw == 0x38).any()  # an all-zero block gets scale 1.0, never 0
@@ -531,18 +532,18 @@ def test_modelopt_order_matches_reference(dtype: torch.dtype, kind: str) -> None
 
 def test_modelopt_explicit_scales() -> None:
     x = make("student_t", (4, 64), torch.bfloat16, seed=5)
-    decode = reference.round_f32(float(x.abs().max()) / 2688.0 * 1.25)
+    decode = ref_numbers.round_f32(float(x.abs().max()) / 2688.0 * 1.25)
     _modelopt_matches_reference(x, quantize(x, decode_scale=decode, convention="modelopt"), decode)
     gs = 2688.0 / 3.0  # an ENCODE scale: its float32 reciprocal becomes the decode scale
     q = quantize(x, gs, convention="modelopt")
-    assert float(q.decode_scale) == reference.round_f32(1.0 / reference.round_f32(gs))
+    assert float(q.decode_scale) == ref_numbers.round_f32(1.0 / ref_numbers.round_f32(gs))
     with pytest.raises(ValueError, match=r"either global_scale .* or decode_scale"):
         quantize(x, 1.0, decode_scale=1.0)
     kernel = quantize(x, decode_scale=decode)  # other orders take its reciprocal
     assert kernel.decode_scale is None
     assert float(kernel.global_scale) == float(torch.reciprocal(torch.tensor([decode])))
     assert float(compute_global_scale(x, convention="modelopt")) == float(
-        torch.reciprocal(torch.tensor([reference.modelopt_decode_scale(x)]))
+        torch.reciprocal(torch.tensor([ref_nvfp4.modelopt_decode_scale(x)]))
     )
 
 
@@ -688,14 +689,14 @@ def test_llama_cpp_global_scale_is_a_prescale() -> None:
     x = make("student_t", (6, 64), torch.bfloat16, seed=23)
     assert float(compute_global_scale(x, convention="llama.cpp")) == 1.0
     assert float(quantize(x, convention="llama.cpp").global_scale) == 1.0
-    gs = reference.round_f32(2688.0 / float(x.float().abs().max()))
+    gs = ref_numbers.round_f32(2688.0 / float(x.float().abs().max()))
     q = quantize(x, gs, convention="llama.cpp")
     plain = quantize(x.float() * gs, convention="llama.cpp")
     assert torch.equal(q.packed, plain.packed)
     assert torch.equal(q.scales.view(torch.uint8), plain.scales.view(torch.uint8))
     assert float(q.global_scale) == gs
-    codes, scales = reference.quantize_blocks(x, gs, "llama.cpp")
-    want = reference.dequantize_blocks(codes, scales, gs)
+    codes, scales = ref_nvfp4.quantize_blocks(x, gs, "llama.cpp")
+    want = ref_nvfp4.dequantize_blocks(codes, scales, gs)
     assert torch.equal(bits(dequantize(q, torch.float32)), bits(want))
     # a DECODE scale works as its float32 reciprocal, as for the other ENCODE-form orders
     q2 = quantize(x, decode_scale=1.0 / gs, convention="llama.cpp")
@@ -725,7 +726,7 @@ def test_llama_cpp_code_choice_at_every_scale_and_edge() -> None:
     from nvfp4lab.blocks import _nearest_scaled_table
 
     scales = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-    points = [reference.GGML_KVALUES[i] / 2 for i in range(8)]  # kvalues are doubled E2M1
+    points = [ref_nvfp4.GGML_KVALUES[i] / 2 for i in range(8)]  # kvalues are doubled E2M1
     points += [(a + b) / 2 for a, b in itertools.pairwise(points)] + [6.5, 7.0]
     unit = torch.tensor(points, dtype=torch.float32)[None, :] * scales[:, None]
     near = torch.cat([torch.nextafter(unit, torch.tensor(-math.inf)), unit,
@@ -738,13 +739,14 @@ def test_llama_cpp_code_choice_at_every_scale_and_edge() -> None:
     got = _nearest_scaled_table(blocks, scales[:, None].expand(127, blocks.shape[1]))
 
     def ggml_best(v: float, d: float) -> int:  # best_index_mxfp4, literally
-        best, best_err = 0, abs(reference.round_f32(reference.round_f32(0.0 * d) - v))
+        best, best_err = 0, abs(ref_numbers.round_f32(ref_numbers.round_f32(0.0 * d) - v))
         for i in range(1, 16):
-            err = abs(reference.round_f32(reference.round_f32(reference.GGML_KVALUES[i] * d) - v))
+            kvalue = ref_nvfp4.GGML_KVALUES[i]
+            err = abs(ref_numbers.round_f32(ref_numbers.round_f32(kvalue * d) - v))
             if err < best_err:
                 best, best_err = i, err
         return best
 
-    want = [[ggml_best(float(v), reference.ggml_ue4m3_to_fp32(r)) for v in blocks[r].flatten()]
+    want = [[ggml_best(float(v), ref_nvfp4.ggml_ue4m3_to_fp32(r)) for v in blocks[r].flatten()]
             for r in range(127)]  # byte r decodes to half of scales[r]
     assert torch.equal(got.reshape(127, -1), torch.tensor(want, dtype=torch.uint8))

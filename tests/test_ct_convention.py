@@ -20,9 +20,9 @@ from compressed_tensors.quantization.utils.helpers import (
     generate_gparam,
 )
 
-from nvfp4lab import reference
 from nvfp4lab.codec import compute_global_scale, fake_quantize, quantize
 from nvfp4lab.e2m1 import unpack_fp4
+from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from tests.sample_data import KINDS as ALL_KINDS
 from tests.sample_data import make
 
@@ -63,8 +63,8 @@ def test_reference_is_bit_identical_to_compressed_tensors(dtype: torch.dtype, ki
     """The slow oracle's compressed-tensors order agrees with the library too."""
     x = make(kind, (8, 128), dtype, seed=99)
     packed, scale_bytes, gs = ct_quantize(x)
-    assert reference.global_scale(x, "compressed-tensors") == float(gs)
-    codes, scales = reference.quantize_blocks(x, float(gs), "compressed-tensors")
+    assert ref_nvfp4.global_scale(x, "compressed-tensors") == float(gs)
+    codes, scales = ref_nvfp4.quantize_blocks(x, float(gs), "compressed-tensors")
     assert torch.equal(codes, unpack_fp4(packed))
     assert torch.equal(scales.to(torch.float8_e4m3fn).view(torch.uint8), scale_bytes)
 
@@ -118,7 +118,7 @@ def test_global_scale_sweep_matches_generate_gparam(dtype: torch.dtype) -> None:
         expected = generate_gparam(x.amin(), x.amax())
         got = compute_global_scale(x, convention="compressed-tensors")
         assert torch.equal(got, expected), (float(a), float(got), float(expected))
-        assert reference.global_scale(x, "compressed-tensors") == float(expected)
+        assert ref_nvfp4.global_scale(x, "compressed-tensors") == float(expected)
 
 
 def test_3d_input_matches_flattened_compressed_tensors() -> None:

@@ -9,13 +9,15 @@ import dataclasses
 import pytest
 import torch
 
-from nvfp4lab import fake_quantize, orders, quantize, reference
+from nvfp4lab import fake_quantize, orders, quantize
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.execution.gptq import gptq_quantize
 from nvfp4lab.kernels import compiler_available, fused_route
 from nvfp4lab.kernels.graphs import supports
 from nvfp4lab.kernels.steps import STEP_FIELDS
+from nvfp4lab.oracles import numbers as ref_numbers
+from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from nvfp4lab.orders import ORDERS, ArithmeticOrder, DecodeRule, ScaleForm, TensorScaleRule
 from nvfp4lab.vocab import Convention
 
@@ -66,7 +68,7 @@ def _oracle(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, float32 scales) of the kernel order in the slow reference, with the variant's one
     changed step applied to the scales and the affected blocks re-encoded by hand."""
-    codes, scales = reference.quantize_blocks(x, gs, "kernel")
+    codes, scales = ref_nvfp4.quantize_blocks(x, gs, "kernel")
     if order.zero_scale_replacement is not None:
         fixed = torch.where(scales == 0, order.zero_scale_replacement, scales)
     else:
@@ -75,10 +77,10 @@ def _oracle(
     blocks = x.reshape(*x.shape[:-1], -1, 16).float()
     for index in changed.nonzero().tolist():
         s = float(fixed[tuple(index)])
-        m = reference.round_f32(1.0 / reference.round_f32(s * reference.round_f32(1.0 / gs)))
+        m = ref_numbers.round_f32(1.0 / ref_numbers.round_f32(s * ref_numbers.round_f32(1.0 / gs)))
         for j, v in enumerate(blocks[tuple(index)].tolist()):
-            scaled = max(-6.0, min(6.0, reference.round_f32(v * m)))
-            codes[(*index[:-1], index[-1] * 16 + j)] = reference.round_e2m1(scaled)
+            scaled = max(-6.0, min(6.0, ref_numbers.round_f32(v * m)))
+            codes[(*index[:-1], index[-1] * 16 + j)] = ref_numbers.round_e2m1(scaled)
     return codes, fixed
 
 
@@ -90,9 +92,9 @@ def test_an_order_given_as_data_runs_everywhere(order: ArithmeticOrder) -> None:
     x[1, 16:32] *= 1e-9  # blocks whose kernel scale underflows E4M3
     x[2, 0] = 40.0  # sets the tensor scale
     gs = float(compute_global_scale(x, convention=order))
-    assert gs == reference.global_scale(x, "kernel")
+    assert gs == ref_nvfp4.global_scale(x, "kernel")
     want_codes, want_scales = _oracle(x, gs, order)
-    assert not torch.equal(want_scales, reference.quantize_blocks(x, gs, "kernel")[1])
+    assert not torch.equal(want_scales, ref_nvfp4.quantize_blocks(x, gs, "kernel")[1])
 
     eager = quantize(x, convention=order, fused=False)
     assert torch.equal(unpack_fp4(eager.packed), want_codes)

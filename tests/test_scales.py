@@ -72,20 +72,21 @@ def test_half_up_ue4m3_matches_reference_and_gguf_py() -> None:
     """scales._round_e4m3(HALF_UP_UE4M3) = the reference's transcription of ggml's C, value for
     value, and = gguf-py's vectorized NVFP4.fp32_to_ue4m3 (an independent third implementation)
     byte for byte; NaN gives 0 (the C's ``!(x > 0)``)."""
-    from nvfp4lab import reference
+    from nvfp4lab.oracles import numbers as ref_numbers
+    from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 
     x = _ue4m3_sweep()
     got = scales._round_e4m3(x.clamp(max=448.0), E4M3Rounding.HALF_UP_UE4M3)
     want = torch.tensor(
-        [reference.decode_e4m3(reference.ggml_fp32_to_ue4m3(v)) for v in x.tolist()]
+        [ref_numbers.decode_e4m3(ref_nvfp4.ggml_fp32_to_ue4m3(v)) for v in x.tolist()]
     )
     assert torch.equal(got, want)
     nan = scales._round_e4m3(torch.tensor([float("nan")]), E4M3Rounding.HALF_UP_UE4M3)
-    assert float(nan) == 0.0 and reference.ggml_fp32_to_ue4m3(float("nan")) == 0
+    assert float(nan) == 0.0 and ref_nvfp4.ggml_fp32_to_ue4m3(float("nan")) == 0
     # the documented quirks
     at = {v: float(g) for v, g in zip(x.tolist(), got, strict=True)}
     assert at[448.0] == 448.0 and at[256.0] == 448.0 and at[240.0] == 240.0
-    f32 = reference.round_f32
+    f32 = ref_numbers.round_f32
     assert at[f32(7.5 / 512)] == 7 / 512 and at[f32(0.5 / 512)] == 1 / 512
     assert at[f32(0.49 / 512)] == 0.0
     quants = pytest.importorskip("gguf.quants")

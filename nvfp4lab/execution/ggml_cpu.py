@@ -31,7 +31,7 @@ GGML_FMA=ON, GGML_F16C=ON``, so the AVX2 branches below are the code that runs o
 
    The generic version (``ggml_vec_dot_nvfp4_q8_0_generic``, ggml-cpu/quants.c, used by builds
    without a native one) sums in another order: one integer sum per 16-value sub-block and
-   ``sumf += dy * d * sumi`` sub-block after sub-block. :mod:`nvfp4lab.reference_ggml` has both;
+   ``sumf += dy * d * sumi`` sub-block after sub-block. :mod:`nvfp4lab.oracles.ggml` has both;
    this module follows the AVX2 one, the code the wheel runs.
 4. **The tensor scale** is not in the blocks: the graph multiplies the product by the
    ``<name>.scale`` sidecar in float32 (``build_lora_mm``: ``ggml_mul(res, w_s)``,
@@ -43,7 +43,7 @@ How this module reproduces it: integer sums per 4 values are exact in any order 
 rounded to odd, then to float32: one rounding of the exact ``s * lane + acc``, Boldo & Melquiond's
 emulation of FMA); the 8 lanes and the final horizontal sum follow the source's order. The result
 equals ``ggml_vec_dot_nvfp4_q8_0`` bit for bit (tests/peers/test_llama_cpp_cpu.py) and the slow
-oracle in :mod:`nvfp4lab.reference_ggml` (tests/execution/test_ggml_cpu.py).
+oracle in :mod:`nvfp4lab.oracles.ggml` (tests/execution/test_ggml_cpu.py).
 """
 
 from __future__ import annotations

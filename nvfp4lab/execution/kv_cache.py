@@ -50,7 +50,7 @@ function                   does
 :func:`packed_dim`         bytes per row of one side
 =========================  ===================================================================
 
-The slow oracle is :mod:`nvfp4lab.reference` (``kv_quantize_nvfp4``, ``kv_quantize_fp8``,
+The slow oracle is :mod:`nvfp4lab.oracles.kv_cache` (``kv_quantize_nvfp4``, ``kv_quantize_fp8``,
 ``kv_read_nvfp4``, ``kv_read_fp8``, ``kv_fake_quantize``, ``kv_page_bytes``).
 """
 

@@ -2,7 +2,7 @@
 (nvfp4lab.execution.attention, quantize_model(kv_cache=...)).
 
 Oracles: a hand-written forward of a tiny seeded Llama (its own RoPE, the slow KV oracle
-``reference.kv_fake_quantize`` after it, the same sdpa call) for the logits, bit for bit; a spy
+``oracles.kv_cache`` after it, the same sdpa call) for the logits, bit for bit; a spy
 on transformers' sdpa for what attention is handed; the float model's own post-RoPE K / V.
 """
 
@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nvfp4lab import reference as ref
 from nvfp4lab.execution import NVFP4Linear, QuantizeReport, quantize_model
 from nvfp4lab.execution import attention as att
 from nvfp4lab.execution.kv_cache import fake_quantize_kv, split_packed
 from nvfp4lab.execution.kv_cache import pack as kv_pack
+from nvfp4lab.oracles import kv_cache as ref_kv
 from nvfp4lab.vocab import SUPPORTED_DTYPES, KVCacheKind
 from tests.execution.tiny_models import tiny_model
 from tests.sample_data import KINDS as DATA_KINDS
@@ -106,8 +106,8 @@ def oracle_logits(
             assert k.shape[1] == cfg.num_key_value_heads  # before any repeat to the query heads
             if kind is not None:
                 k_scale, v_scale = scales[i] if scales else (1.0, 1.0)
-                k = ref.kv_fake_quantize(k, kind, k_scale)
-                v = ref.kv_fake_quantize(v, kind, v_scale)
+                k = ref_kv.kv_fake_quantize(k, kind, k_scale)
+                v = ref_kv.kv_fake_quantize(v, kind, v_scale)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=d**-0.5,
                                                enable_gqa=True)
             h = h + a.o_proj(o.transpose(1, 2).reshape(b, t, -1))

@@ -7,7 +7,6 @@ import warnings
 import pytest
 import torch
 
-from nvfp4lab import reference
 from nvfp4lab.codec import quantize
 from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.execution import gemm as linear_mod
@@ -19,6 +18,8 @@ from nvfp4lab.execution.gemm import (
     reference_scaled_mm,
 )
 from nvfp4lab.layout import unswizzle_scales
+from nvfp4lab.oracles import numbers as ref_numbers
+from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from nvfp4lab.settings import BATCH_INVARIANT_ENV
 from nvfp4lab.tensor import NVFP4Tensor
 
@@ -49,9 +50,9 @@ def _vllm_weight(weight: NVFP4Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _manual_emulation(x, weight, bias, gs=None):
     """vLLM's run_nvfp4_emulations + bias, with the slow reference for the quantization."""
     x2d = x.reshape(-1, x.shape[-1])
-    gs_x = reference.global_scale(x2d) if gs is None else gs
-    codes, scales = reference.quantize_blocks(x2d, gs_x, "kernel")
-    x_dq = reference.dequantize_blocks(codes, scales, gs_x).to(x.dtype)
+    gs_x = ref_nvfp4.global_scale(x2d) if gs is None else gs
+    codes, scales = ref_nvfp4.quantize_blocks(x2d, gs_x, "kernel")
+    x_dq = ref_nvfp4.dequantize_blocks(codes, scales, gs_x).to(x.dtype)
     out = torch.matmul(x_dq, _vllm_weight(weight, x.dtype).T)
     if bias is not None:
         out = out + bias.to(x.dtype)
@@ -74,7 +75,7 @@ def test_emulation_static_input_scale(dtype) -> None:
     x, w, b = _data(dtype, (4,), seed=1)
     gs = 2688.0 / 3.0  # calibrated on a smaller amax: some activations saturate at ±6·s
     out = linear(x, w, b, input_global_scale=torch.tensor([gs]), backend="emulation")
-    assert torch.equal(out, _manual_emulation(x, w, b, gs=reference.round_f32(gs)))
+    assert torch.equal(out, _manual_emulation(x, w, b, gs=ref_numbers.round_f32(gs)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -111,9 +112,9 @@ def test_fp32_bias_mode(dtype, backend) -> None:
     x, w, b = _data(dtype, (6,), seed=4)
     out = linear(x, w, b, backend=backend, bias_mode="fp32")
     if backend == "emulation":
-        gs = reference.global_scale(x)
-        codes, scales = reference.quantize_blocks(x, gs, "kernel")
-        a = reference.dequantize_blocks(codes, scales, gs).to(dtype)
+        gs = ref_nvfp4.global_scale(x)
+        codes, scales = ref_nvfp4.quantize_blocks(x, gs, "kernel")
+        a = ref_nvfp4.dequantize_blocks(codes, scales, gs).to(dtype)
         w_dq = _vllm_weight(w, dtype)
     else:
         a = x
@@ -299,7 +300,7 @@ def test_vllm_dequantize_uses_an_exact_decode_scale() -> None:
     ct = quantize(w)
     decode = torch.reciprocal(ct.global_scale)
     codes = unpack_fp4(ct.packed).reshape(N, K // 16, 16)
-    expected = reference.decode_e2m1_code  # value * (s * decode) element by element
+    expected = ref_numbers.decode_e2m1_code  # value * (s * decode) element by element
     manual = torch.tensor(
         [[expected(int(c)) for c in row] for row in codes.reshape(N, K)], dtype=torch.float32
     ).reshape(N, K // 16, 16) * (ct.scales.float() * decode).unsqueeze(-1)

@@ -1,4 +1,4 @@
-"""llama.cpp's CPU arithmetic (``q8_0`` backend) against the slow oracle ``reference_ggml``, bit for
+"""llama.cpp's CPU arithmetic (``q8_0`` backend) against the slow oracle ``oracles.ggml``, bit for
 bit: the Q8_0 activation codes and fp16 scales, the AVX2 dot, the exact FMA, and ``linear``.
 (tests/peers/test_llama_cpp_cpu.py checks the same functions against ggml's own library.)"""
 
@@ -9,11 +9,11 @@ from fractions import Fraction
 import pytest
 import torch
 
-from nvfp4lab import reference_ggml as ref
 from nvfp4lab.codec import quantize
 from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.execution import ggml_cpu
 from nvfp4lab.execution.gemm import linear, vllm_decode_scale
+from nvfp4lab.oracles import ggml as ref
 from nvfp4lab.vocab import Backend, BiasMode
 from tests.sample_data import KINDS, make
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from nvfp4lab import formats, models, quantize, reference
+from nvfp4lab import formats, models, quantize
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.execution import NVFP4Linear, quantize_model
@@ -26,6 +26,8 @@ from nvfp4lab.execution.gptq import (
 )
 from nvfp4lab.execution.gptq_model import collect_hessians
 from nvfp4lab.hadamard import hadamard_transform, rotation_matrix
+from nvfp4lab.oracles import numbers as ref_numbers
+from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from nvfp4lab.tensor import RotatedNVFP4Tensor
 from nvfp4lab.vocab import Convention
 from tests.conftest import needs_minilm
@@ -155,13 +157,13 @@ def test_hadamard_with_identity_hessian_is_rotated_rtn() -> None:
 
 def _reference_column(col: list[float], scales: list[float], gs: float) -> list[float]:
     """Kernel-order rounding of one column with fixed block scales, in emulated float32."""
-    f32 = reference.round_f32
+    f32 = ref_numbers.round_f32
     out = []
     for v, s in zip(col, scales, strict=True):
         multiplier = 0.0 if s == 0 else f32(1.0 / f32(s * f32(1.0 / gs)))
         scaled = min(max(f32(f32(v) * multiplier), -6.0), 6.0)
-        code = reference.round_e2m1(scaled)
-        out.append(f32(reference.decode_e2m1_code(code) * f32(s / gs)))
+        code = ref_numbers.round_e2m1(scaled)
+        out.append(f32(ref_numbers.decode_e2m1_code(code) * f32(s / gs)))
     return out
 
 
@@ -171,9 +173,9 @@ def reference_gptq(
 ) -> torch.Tensor:
     """Optimal-brain-quantizer form of GPTQ: after each column, the remaining columns move by
     ``err · Hinv[i, rest] / Hinv[i, i]`` and column i is eliminated from ``Hinv``. No Cholesky,
-    no lazy batches; scales from the slow oracle :mod:`nvfp4lab.reference`."""
+    no lazy batches; scales from the slow oracle :mod:`nvfp4lab.oracles.nvfp4`."""
     n, k = w.shape
-    gs = reference.global_scale(w)
+    gs = ref_nvfp4.global_scale(w)
     W = w.double().clone()
     H = h.double().clone()
     dead = H.diagonal() == 0
@@ -181,14 +183,14 @@ def reference_gptq(
     W[:, dead] = 0.0
     H += damp * H.diagonal().mean() * torch.eye(k, dtype=torch.float64)
     hinv = torch.linalg.inv(H)
-    _, scales = reference.quantize_blocks(W.float(), gs)
+    _, scales = ref_nvfp4.quantize_blocks(W.float(), gs)
     order = sorted(range(k), key=lambda j: -float(H[j, j])) if act_order else list(range(k))
     q = torch.zeros(n, k, dtype=torch.float64)
     remaining = list(order)
     for j in order:
         g = j // 16
         if updated and j % 16 == 0:
-            _, fresh = reference.quantize_blocks(W[:, 16 * g : 16 * g + 16].float(), gs)
+            _, fresh = ref_nvfp4.quantize_blocks(W[:, 16 * g : 16 * g + 16].float(), gs)
             scales[:, g] = fresh[:, 0]
         q[:, j] = torch.tensor(_reference_column(W[:, j].tolist(), scales[:, g].tolist(), gs),
                                dtype=torch.float64)

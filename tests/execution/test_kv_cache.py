@@ -1,5 +1,5 @@
 """The KV cache as vLLM 0.33 writes it (nvfp4lab.execution.kv_cache), against the slow oracle in
-nvfp4lab.reference (bit for bit: torch.equal, and the packed bytes), exhaustive enumerations,
+nvfp4lab.oracles.kv_cache (bit for bit: torch.equal, and the packed bytes), exhaustive enumerations,
 hand-built 4over6 cases, the layout, and the error messages."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from nvfp4lab import reference as ref
 from nvfp4lab.constants import E2M1_VALUES
 from nvfp4lab.execution import kv_cache as kv
+from nvfp4lab.oracles import kv_cache as ref_kv
+from nvfp4lab.oracles import numbers as ref_numbers
 from nvfp4lab.vocab import SUPPORTED_DTYPES, KVCacheKind
 from tests.sample_data import make
 
@@ -23,21 +24,21 @@ SCALES = [1.0, 0.0071, 3.3]
 #: The 16 E2M1 code values by code (code 8 is -0.0).
 CODE_VALUES = [*E2M1_VALUES, *(-v for v in E2M1_VALUES)]
 #: Every positive finite E4M3 value, by byte 0x01..0x7E.
-E4M3_POSITIVE = [ref.decode_e4m3(b) for b in range(1, 0x7F)]
+E4M3_POSITIVE = [ref_numbers.decode_e4m3(b) for b in range(1, 0x7F)]
 
 
 def _reference_bytes(x: torch.Tensor, kind: str, scale: float) -> list[int]:
     """The oracle's bytes of ``x`` laid out as kv_cache.pack lays them out (dim 0 = pages)."""
     if kind == KVCacheKind.FP8:
-        values = ref.kv_quantize_fp8(x, scale).reshape(-1).tolist()
-        return [ref.e4m3_byte(v) for v in values]
-    codes, scales = ref.kv_quantize_nvfp4(x, scale, four_over_six=kind != KVCacheKind.NVFP4)
+        values = ref_kv.kv_quantize_fp8(x, scale).reshape(-1).tolist()
+        return [ref_numbers.e4m3_byte(v) for v in values]
+    codes, scales = ref_kv.kv_quantize_nvfp4(x, scale, four_over_six=kind != KVCacheKind.NVFP4)
     d = x.shape[-1]
     pages = 1 if x.ndim == 1 else x.shape[0]
     out: list[int] = []
     for c_page, s_page in zip(codes.reshape(pages, -1, d), scales.reshape(pages, -1, d // 16),
                               strict=True):
-        out += ref.kv_page_bytes(c_page.tolist(), s_page.tolist())
+        out += ref_kv.kv_page_bytes(c_page.tolist(), s_page.tolist())
     return out
 
 
@@ -55,7 +56,7 @@ def test_fake_quantize_kv_equals_the_oracle(kind: str, dtype: torch.dtype, data:
     x = make(data, (3, 2, 64), dtype, seed=DATA.index(data) * 10 + SCALES.index(scale))
     ours = kv.fake_quantize_kv(x, kind, scale)
     assert ours.dtype == dtype and ours.shape == x.shape
-    assert torch.equal(ours, ref.kv_fake_quantize(x, kind, scale))
+    assert torch.equal(ours, ref_kv.kv_fake_quantize(x, kind, scale))
 
 
 @pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -81,7 +82,7 @@ def test_pack_bytes_equal_the_oracle_and_unpack_reads_them_back(kind: str,
 def test_split_packed_gives_the_oracle_codes_and_scales(kind: str) -> None:
     x = make("outliers", (4, 3, 2, 128), torch.bfloat16, seed=7)
     codes, scales = kv.split_packed(kv.pack(x, kind, 1.0), kind)
-    want_codes, want_scales = ref.kv_quantize_nvfp4(x, 1.0, four_over_six=kind != "nvfp4")
+    want_codes, want_scales = ref_kv.kv_quantize_nvfp4(x, 1.0, four_over_six=kind != "nvfp4")
     assert codes.dtype == torch.uint8 and scales.dtype == torch.float8_e4m3fn
     assert torch.equal(codes, want_codes)
     assert torch.equal(scales.to(torch.float32), want_scales)
@@ -100,7 +101,7 @@ def test_every_finite_16_bit_value_equals_the_oracle(kind: str, dtype: torch.dty
     for values, scale in [(x, 1.0), (shuffled, 0.0071)]:
         rows = values.reshape(-1, 16)
         assert torch.equal(kv.fake_quantize_kv(rows, kind, scale),
-                           ref.kv_fake_quantize(rows, kind, scale))
+                           ref_kv.kv_fake_quantize(rows, kind, scale))
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def test_every_e4m3_scale_times_every_code_is_written_and_read_exactly(
     assert torch.equal(codes, torch.tensor(want, dtype=torch.uint8).expand(len(E4M3_POSITIVE), 16))
     assert scales.view(torch.uint8).reshape(-1).tolist() == list(range(1, 0x7F))
     assert torch.equal(kv.fake_quantize_kv(x, kind, scale), x)
-    assert torch.equal(kv.fake_quantize_kv(x, kind, scale), ref.kv_fake_quantize(x, kind, scale))
+    assert torch.equal(kv.fake_quantize_kv(x, kind, scale), ref_kv.kv_fake_quantize(x, kind, scale))
 
 
 def test_a_zero_block_has_scale_zero_and_reads_zero() -> None:
@@ -141,7 +142,7 @@ def test_a_zero_block_has_scale_zero_and_reads_zero() -> None:
         assert scales.view(torch.uint8).tolist() == [[0, 0], [0, byte]]
         assert bool((codes[0] == 0).all()) and bool((codes[1, :16] == 0).all())
         read = kv.fake_quantize_kv(x, kind, 1.0)
-        assert torch.equal(read, ref.kv_fake_quantize(x, kind, 1.0))
+        assert torch.equal(read, ref_kv.kv_fake_quantize(x, kind, 1.0))
         assert read[1, 16:].tolist() == [1.03125 if kind == "nvfp4" else 1.0] * 16
 
 
@@ -151,7 +152,7 @@ def test_every_e4m3_byte_is_an_fp8_fixed_point(dtype: torch.dtype, scale: float)
     """``byte * scale`` (powers of two: exact) writes back that byte, -0.0 included (0x80), and
     reads back as itself; values past 448 * scale saturate to 0x7E / 0xFE."""
     codes = [b for b in range(256) if b not in (0x7F, 0xFF)]
-    values = torch.tensor([ref.decode_e4m3(b) * scale for b in codes], dtype=torch.float64)
+    values = torch.tensor([ref_numbers.decode_e4m3(b) * scale for b in codes], dtype=torch.float64)
     x = values.to(dtype)
     if dtype == torch.float16:  # the smallest E4M3 values times 2**-5 underflow float16
         keep = x.to(torch.float64) == values
@@ -173,8 +174,8 @@ def test_fp8_division_is_a_true_float32_division() -> None:
     multiplied = (x * (1 / three)).to(torch.float8_e4m3fn).view(torch.uint8)
     assert not torch.equal(divided, multiplied)  # the data can tell the two rules apart
     assert torch.equal(kv.pack(x, "fp8", 3.0), divided)
-    assert kv.pack(x, "fp8", 3.0).tolist() == [ref.e4m3_byte(v) for v in
-                                               ref.kv_quantize_fp8(x, 3.0).tolist()]
+    assert kv.pack(x, "fp8", 3.0).tolist() == [ref_numbers.e4m3_byte(v) for v in
+                                               ref_kv.kv_quantize_fp8(x, 3.0).tolist()]
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def test_4over6_takes_max_to_4_when_it_is_better() -> None:
     assert kv.fake_quantize_kv(x, "nvfp4_4over6", 1.0).tolist() == [5.0] * 16
     codes, scales = kv.split_packed(kv.pack(x, "nvfp4_4over6", 1.0), "nvfp4_4over6")
     assert scales.float().tolist() == [1.25] and codes.tolist() == [6] * 16  # code 6 = 4.0
-    assert torch.equal(ref.kv_fake_quantize(x, "nvfp4_4over6", 1.0), torch.full((16,), 5.0))
+    assert torch.equal(ref_kv.kv_fake_quantize(x, "nvfp4_4over6", 1.0), torch.full((16,), 5.0))
 
 
 def test_4over6_keeps_max_to_6_when_it_is_better() -> None:
@@ -212,11 +213,11 @@ def test_4over6_tie_keeps_max_to_6(second: float) -> None:
     2.0 and reads 3 as well: equal non-zero errors. Either way the max -> 6 scale (1.0) stays,
     which the bytes show (max -> 4 would store 1.5)."""
     x = _block(6.0, second)
-    for fn in (kv.fake_quantize_kv, ref.kv_fake_quantize):
+    for fn in (kv.fake_quantize_kv, ref_kv.kv_fake_quantize):
         assert fn(x, "nvfp4_4over6", 1.0).tolist()[:2] == [6.0, 3.0]
     _, scales = kv.split_packed(kv.pack(x, "nvfp4_4over6", 1.0), "nvfp4_4over6")
     assert scales.float().tolist() == [1.0]
-    _, ref_scales = ref.kv_quantize_nvfp4(x, 1.0, four_over_six=True)
+    _, ref_scales = ref_kv.kv_quantize_nvfp4(x, 1.0, four_over_six=True)
     assert ref_scales.tolist() == [1.0]
 
 
@@ -257,12 +258,12 @@ def test_pages_hold_all_data_then_all_scales() -> None:
     order n, h), then every row's 2 scale bytes: what vLLM's nvfp4_split_data_scale expects."""
     x = make("normal", (2, 3, 2, 32), torch.float32, seed=5)
     packed = kv.pack(x, "nvfp4", 1.0)
-    codes, scales = ref.kv_quantize_nvfp4(x, 1.0)
+    codes, scales = ref_kv.kv_quantize_nvfp4(x, 1.0)
     for p in range(2):
         page = packed[p].reshape(-1).tolist()
         rows = [(n, h) for n in range(3) for h in range(2)]
-        data = [b for n, h in rows for b in ref.pack_nibbles(codes[p, n, h].tolist())]
-        sc = [ref.e4m3_byte(v) for n, h in rows for v in scales[p, n, h].tolist()]
+        data = [b for n, h in rows for b in ref_numbers.pack_nibbles(codes[p, n, h].tolist())]
+        sc = [ref_numbers.e4m3_byte(v) for n, h in rows for v in scales[p, n, h].tolist()]
         assert page == data + sc
         assert len(data) == 6 * 16 and len(sc) == 6 * 2
 
@@ -291,7 +292,7 @@ def test_kv_global_scale_follows_vllm_rules() -> None:
 def test_kv_encode_scale_is_the_float32_reciprocal() -> None:
     assert kv.kv_encode_scale(0.25) == 4.0
     assert kv.kv_encode_scale(3.0) == float(torch.tensor(1.0) / torch.tensor(3.0))
-    assert kv.kv_encode_scale(3.0) == ref.kv_encode_scale(3.0)
+    assert kv.kv_encode_scale(3.0) == ref_kv.kv_encode_scale(3.0)
 
 
 def test_global_scale_is_the_decode_scale() -> None:
@@ -351,7 +352,7 @@ def test_fp8_accepts_any_head_size_and_unpack_any_length() -> None:
     x = make("normal", (3, 40), torch.float16, seed=1)
     assert kv.pack(x, "fp8", 1.0).shape == (3, 40)
     assert torch.equal(kv.unpack(kv.pack(x, "fp8", 1.0), "fp8", 1.0, dtype=torch.float16),
-                       ref.kv_fake_quantize(x, "fp8", 1.0))
+                       ref_kv.kv_fake_quantize(x, "fp8", 1.0))
 
 
 # --------------------------------------------------------------------------------------------

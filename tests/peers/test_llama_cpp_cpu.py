@@ -6,7 +6,8 @@
 (``quantize_row_q8_0``) is what ``ggml_compute_forward_mul_mat`` converts activation rows with.
 The struct (include/ggml-cpu.h ``ggml_type_traits_cpu``): ``from_float``, ``vec_dot`` (function
 pointers), ``vec_dot_type`` (enum, int), ``nrows`` (int64). ``ggml_cpu_init()`` fills the UE4M3
-table the AVX2 dot reads. The NVFP4 weight blocks come from :func:`nvfp4lab.layout.to_ggml_nvfp4`.
+table the AVX2 dot reads. The NVFP4 weight blocks come from
+:func:`nvfp4lab.ggml_blocks.to_ggml_nvfp4`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4lab import reference_ggml
 from nvfp4lab.codec import quantize
 from nvfp4lab.constants import GGML_Q8_0_BLOCK
 from nvfp4lab.execution import ggml_cpu
-from nvfp4lab.layout import to_ggml_nvfp4
+from nvfp4lab.ggml_blocks import to_ggml_nvfp4
+from nvfp4lab.oracles import ggml as ggml_oracle
 from tests.execution.test_ggml_cpu import ties_row
 from tests.peers.ggml_ctypes import declare_quantize_chunk
 from tests.sample_data import KINDS, make
@@ -128,13 +129,13 @@ def test_q8_0_bytes_equal_ggml_from_float(ggml: dict[str, object], kind: str) ->
 
 def test_ggml_quantize_chunk_is_the_other_q8_0(ggml: dict[str, object]) -> None:
     """``ggml_quantize_chunk(Q8_0)`` runs ``quantize_row_q8_0_ref`` (roundf, ``id = 1/d``): the
-    oracle's :func:`reference_ggml.quantize_q8_0_ref` matches it, and it differs from the
+    oracle's :func:`nvfp4lab.oracles.ggml.quantize_q8_0_ref` matches it, and it differs from the
     ``from_float`` the CPU matmul uses on the ties row."""
     x = torch.stack((ties_row(576), make("student_t", (576,), torch.float32, seed=3)))
     out = torch.zeros(2, 576 // 32 * 34, dtype=torch.uint8)
     ggml["quantize_chunk"](GGML_TYPE_Q8_0, x.data_ptr(), out.data_ptr(), 0, 2, 576, None)  # type: ignore[operator]
     for i in range(2):
-        codes, scales = reference_ggml.quantize_q8_0_ref(x[i].tolist())
+        codes, scales = ggml_oracle.quantize_q8_0_ref(x[i].tolist())
         want = ggml_cpu.q8_0_blocks(
             torch.tensor(codes, dtype=torch.int8), torch.tensor(scales, dtype=torch.float16)
         )

@@ -6,7 +6,7 @@ library is loaded with ctypes from the package's directory (found without import
 and called as a C caller would: ``ggml_quantize_init(GGML_TYPE_NVFP4)`` then
 ``ggml_quantize_chunk(GGML_TYPE_NVFP4, src, dst, 0, nrows, n_per_row, imatrix)``, the function
 ``llama-quantize`` and the GGUF writers go through. nvfp4lab's codes and block scales, laid out by
-``nvfp4lab.layout.to_ggml_nvfp4``, must equal ggml's bytes exactly. ggml takes float32 rows:
+``nvfp4lab.ggml_blocks.to_ggml_nvfp4``, must equal ggml's bytes exactly. ggml takes float32 rows:
 bf16 / fp16 inputs are upcast to float32 (exact) for it, while nvfp4lab quantizes them in their
 own dtype. The GGUF decoder of gguf-py reads ggml's bytes as nvfp4lab decodes its own.
 
@@ -29,7 +29,7 @@ import torch
 
 import nvfp4lab
 from nvfp4lab.codec import ScaleUnderflowWarning
-from nvfp4lab.layout import from_ggml_nvfp4, to_ggml_nvfp4
+from nvfp4lab.ggml_blocks import from_ggml_nvfp4, to_ggml_nvfp4
 from tests.peers.ggml_ctypes import declare_quantize_chunk
 from tests.sample_data import make
 

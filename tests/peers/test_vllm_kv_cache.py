@@ -17,9 +17,9 @@ import importlib
 import pytest
 import torch
 
-from nvfp4lab import reference as ref
 from nvfp4lab.e2m1 import decode_e2m1, pack_fp4
 from nvfp4lab.execution import kv_cache as kv
+from nvfp4lab.oracles import kv_cache as ref_kv
 from nvfp4lab.vocab import SUPPORTED_DTYPES, KVCacheKind
 from tests.sample_data import make
 
@@ -58,7 +58,7 @@ def _sides(k: torch.Tensor, v: torch.Tensor, kind: str, scales: tuple[float, flo
 
 def _oracle(x: torch.Tensor, kind: str, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """nvfp4lab's slow oracle: (packed data bytes [..., D/2], scale bytes [..., D/16])."""
-    codes, scales = ref.kv_quantize_nvfp4(x, scale, four_over_six=kind != "nvfp4")
+    codes, scales = ref_kv.kv_quantize_nvfp4(x, scale, four_over_six=kind != "nvfp4")
     return pack_fp4(codes), scales.to(torch.float8_e4m3fn).view(torch.uint8)
 
 

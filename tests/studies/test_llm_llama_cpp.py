@@ -10,8 +10,9 @@ import warnings
 import pytest
 import torch
 
-from nvfp4lab import reference
 from nvfp4lab.execution import NVFP4Linear, quantize_model
+from nvfp4lab.oracles import numbers as ref_numbers
+from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from nvfp4lab.studies import llm
 from nvfp4lab.studies import llm_llama_cpp as llc
 from nvfp4lab.studies.llm_configs import build
@@ -47,17 +48,17 @@ def _oracle(weights: dict[str, torch.Tensor], name: str, label: str) -> torch.Te
         convention, scale = "llama.cpp", 1.0
     elif label == llc.PRESCALED:
         convention = "llama.cpp"
-        scale = min(reference.global_scale(m, "kernel") for m in members)
+        scale = min(ref_nvfp4.global_scale(m, "kernel") for m in members)
     else:
         convention = "modelopt"
-        scale = reference.modelopt_decode_scale(w)
+        scale = ref_nvfp4.modelopt_decode_scale(w)
         if len(members) > 1:
             encode = min(
-                reference.round_f32(1.0 / reference.modelopt_decode_scale(m)) for m in members
+                ref_numbers.round_f32(1.0 / ref_nvfp4.modelopt_decode_scale(m)) for m in members
             )
-            scale = reference.round_f32(1.0 / encode)
-    codes, scales = reference.quantize_blocks(w, scale, convention)
-    return reference.dequantize_blocks(codes, scales, scale, convention)
+            scale = ref_numbers.round_f32(1.0 / encode)
+    codes, scales = ref_nvfp4.quantize_blocks(w, scale, convention)
+    return ref_nvfp4.dequantize_blocks(codes, scales, scale, convention)
 
 
 @pytest.mark.parametrize("config", llc.configurations(), ids=lambda c: c.label)
@@ -195,9 +196,9 @@ def test_magnitude_rows_against_the_reference() -> None:
             if row["label"] == llc.NAIVE:
                 convention, scale = "llama.cpp", 1.0
             else:
-                convention, scale = "modelopt", reference.modelopt_decode_scale(w * c)
-            codes, scales = reference.quantize_blocks(w * c, scale, convention)
-            got = reference.dequantize_blocks(codes, scales, scale, convention).double() / c
+                convention, scale = "modelopt", ref_nvfp4.modelopt_decode_scale(w * c)
+            codes, scales = ref_nvfp4.quantize_blocks(w * c, scale, convention)
+            got = ref_nvfp4.dequantize_blocks(codes, scales, scale, convention).double() / c
             noise += float((got - w.double()).square().sum())
             signal += float(w.double().square().sum())
         assert row["weight_nmse"] == noise / signal and row["layers"] == len(weights)
