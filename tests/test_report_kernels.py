@@ -124,3 +124,18 @@ def test_a_kernel_is_shut_down_without_the_interrupt_before_it(tmp_path: Path) -
 
     asyncio.run(run())
     assert sent == [signal.SIGINT]  # nothing more at the shutdown
+
+
+def test_the_kernel_imports_nvfp4lab_from_this_checkout_and_nothing_inside_it() -> None:
+    """The kernel's PYTHONPATH starts with the folder that holds ``nvfp4lab/``: this checkout's
+    package is the one a notebook imports, and no folder of the package is on the path (when the
+    runner moved into ``nvfp4lab/report/`` it put ``nvfp4lab/`` there, and transformers' ``import
+    kernels`` found ``nvfp4lab/kernels``: notebooks 05 and 07 failed)."""
+    import os
+
+    import nvfp4lab
+
+    manager = jupyter._kernel_manager_class(None, KernelWatch())()
+    spec = manager.kernel_spec_manager.get_kernel_spec("python3")
+    first = spec.env["PYTHONPATH"].split(os.pathsep)[0]
+    assert Path(first) == Path(nvfp4lab.__file__).resolve().parent.parent

@@ -492,6 +492,17 @@ def test_report_runs_turn_explorers_off_unless_asked(tmp_path: Path) -> None:
     assert off.parameters == {"INTERACTIVE": False}
 
 
+def test_the_default_notebooks_are_the_folder_beside_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Run from a folder without ``notebooks/``, ``nvfp4lab report`` finds the checkout's own
+    (it looked inside ``nvfp4lab/`` once the runner moved into ``nvfp4lab/report/``)."""
+    monkeypatch.chdir(tmp_path)
+    assert runner.default_notebook_dir() == ROOT / "notebooks"
+    assert [p.name for p in runner.discover_notebooks()] == sorted(
+        p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
 def test_every_notebook_explorer_is_on_for_a_live_session() -> None:
     for path in runner.discover_notebooks(ROOT / "notebooks"):
         assert runner.notebook_parameters(path).get("INTERACTIVE") == "True", path.name

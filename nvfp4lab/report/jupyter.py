@@ -112,7 +112,7 @@ def _kernel_manager_class(kernel_name: str | None, watch: KernelWatch) -> type:
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding nvfp4lab/
     pythonpath = os.pathsep.join(p for p in (package_root, environ().get("PYTHONPATH")) if p)
     # Encrypt the kernel's local TCP channels when pyzmq can (CurveZMQ); ipykernel warns otherwise.
     curve = bool(zmq.has("curve"))

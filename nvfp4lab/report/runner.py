@@ -181,7 +181,7 @@ def default_notebook_dir() -> Path:
     here = Path.cwd() / "notebooks"
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parent.parent / "notebooks"
+    return Path(__file__).resolve().parents[2] / "notebooks"  # beside nvfp4lab/
 
 
 def discover_notebooks(notebook_dir: str | Path | None = None) -> list[Path]:
