@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from nvfp4lab.checkpoint.auditing import audit, audit_rows
 from nvfp4lab.checkpoint.conversion import ConvertReport, convert
-from nvfp4lab.checkpoint.files import CheckpointError
 from nvfp4lab.checkpoint.formats import (
     FORMATS,
     CheckpointFormatSpec,
@@ -41,6 +40,7 @@ from nvfp4lab.checkpoint.formats.compressed_tensors import (
 )
 from nvfp4lab.checkpoint.formats.modelopt import read_modelopt_config
 from nvfp4lab.checkpoint.reader import load
+from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.verification import Verified, verify
 from nvfp4lab.checkpoint.writer import (
     TransformersDtypeWarning,

@@ -61,8 +61,9 @@ from typing import Any
 
 import torch
 
-from nvfp4lab.checkpoint.files import CheckpointError, LayerNames
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
+from nvfp4lab.checkpoint.records import LayerNames
+from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.stream import Inventory, RowReader, TensorInfo, inventory, read_scalar
 from nvfp4lab.checkpoint.stream import run_tasks as _run_tasks
 from nvfp4lab.checkpoint.validation import input_problems, scale_value_problem, weight_problems

@@ -60,28 +60,30 @@ from typing import Any
 
 import torch
 
-from nvfp4lab.checkpoint.files import (
-    CONFIG_NAME,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
-    CheckpointError,
+from nvfp4lab.checkpoint.folders import check_target, folder_entries, hf_snapshot
+from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, detect_format, format_spec
+from nvfp4lab.checkpoint.formats.gguf import SUFFIX as GGUF_SUFFIX
+from nvfp4lab.checkpoint.records import (
     Contents,
-    RowReader,
     Shard,
     StoredTensor,
     TaskRunner,
     TensorInfo,
     Unquantized,
+)
+from nvfp4lab.checkpoint.refusals import (
+    CheckpointError,
     block_scale_error,
-    check_readable,
-    check_target,
-    folder_entries,
     read_json,
     tensor_scale_error,
 )
-from nvfp4lab.checkpoint.folders import hf_snapshot
-from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, detect_format, format_spec
-from nvfp4lab.checkpoint.formats.gguf import SUFFIX as GGUF_SUFFIX
+from nvfp4lab.checkpoint.rows import RowReader
+from nvfp4lab.checkpoint.safetensors_files import (
+    CONFIG_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    check_readable,
+)
 from nvfp4lab.checkpoint.stream import (
     Inventory,
     check_workers,
@@ -244,7 +246,7 @@ def _check_block_scales(info: TensorInfo) -> None:
 
 def _excluded(inv: Inventory) -> list[str]:
     """Unquantized modules with a 2-D floating ``weight`` (Linear, Embedding), from the tensor
-    names alone (:attr:`~nvfp4lab.checkpoint.files.Unquantized.weights`)."""
+    names alone (:attr:`~nvfp4lab.checkpoint.records.Unquantized.weights`)."""
     layers = set(inv.layers)
     return sorted(
         key.removesuffix(".weight")
@@ -276,8 +278,8 @@ def _hidden(rel: Path, kind: str) -> bool:
 
 def _check_source(src: Path) -> None:
     """Refuse a source folder holding anything convert must not read or copy, listing every
-    such entry (:func:`~nvfp4lab.checkpoint.files.check_readable`); hidden folders are not
-    read."""
+    such entry (:func:`~nvfp4lab.checkpoint.safetensors_files.check_readable`); hidden folders
+    are not read."""
     check_readable(src, [rel for rel, kind in folder_entries(src)
                          if kind != "empty folder" and not _hidden(rel, kind)])
 

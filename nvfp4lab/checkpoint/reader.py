@@ -20,22 +20,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from nvfp4lab.checkpoint.files import (
-    PICKLE_SUFFIXES,
-    SOURCE_ATTRIBUTE,
+from nvfp4lab.checkpoint.folders import hf_snapshot
+from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
+from nvfp4lab.checkpoint.records import SOURCE_ATTRIBUTE, LayerNames
+from nvfp4lab.checkpoint.refusals import (
     CheckpointError,
-    LayerNames,
-    TensorSource,
     block_scale_error,
+    refuse_pickle,
+    tensor_scale_error,
+)
+from nvfp4lab.checkpoint.rows import (
+    TensorSource,
     missing_tensor,
     read_exact,
     read_like,
-    refuse_pickle,
     stored_meta,
-    tensor_scale_error,
 )
-from nvfp4lab.checkpoint.folders import hf_snapshot
-from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
+from nvfp4lab.checkpoint.safetensors_files import PICKLE_SUFFIXES
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.tensor import NVFP4Tensor
@@ -303,7 +304,7 @@ def load(
     file and tensor for a missing tensor, a wrong dtype or shape, a configuration the format
     refuses (another algorithm, a group size other than 16, ...), a pickle file or a truncated
     file. Returns the model in eval mode on ``device``, its
-    :data:`~nvfp4lab.checkpoint.files.SOURCE_ATTRIBUTE` set to ``path``.
+    :data:`~nvfp4lab.checkpoint.records.SOURCE_ATTRIBUTE` set to ``path``.
     """
     where = hf_snapshot(Path(path))
     if where.is_file() and where.suffix in PICKLE_SUFFIXES:

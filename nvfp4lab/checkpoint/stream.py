@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from nvfp4lab.checkpoint.files import RowReader, TensorInfo, read_scalar
 from nvfp4lab.checkpoint.folders import hf_snapshot
 from nvfp4lab.checkpoint.formats import detect_format, format_spec
+from nvfp4lab.checkpoint.records import TensorInfo
+from nvfp4lab.checkpoint.rows import RowReader, read_scalar
 from nvfp4lab.settings import torch_threads, tqdm_class
 from nvfp4lab.vocab import CheckpointFormat
 

@@ -2,15 +2,15 @@
 ``convert``; it reads headers only, never tensor data.
 
 * :func:`header_problem`: a safetensors header (the JSON table of dtype, shape and byte range
-  per tensor). :func:`nvfp4lab.checkpoint.files.read_header` runs it on every header it reads,
-  so ``load`` (before safetensors opens the file), the streamed inventory of ``audit`` and
-  ``convert`` refuse the same files in the same words: an entry that is not an object, a dtype
-  nvfp4lab does not read (sub-byte ``F4`` included: NVFP4 codes are U8, two per byte), a shape
-  that is not a list of non-negative integers, ``data_offsets`` that are not two integers,
-  negative or reversed offsets, a byte range whose length is not the shape's bytes, two
+  per tensor). :func:`nvfp4lab.checkpoint.safetensors_files.read_header` runs it on every
+  header it reads, so ``load`` (before safetensors opens the file), the streamed inventory of
+  ``audit`` and ``convert`` refuse the same files in the same words: an entry that is not an
+  object, a dtype nvfp4lab does not read (sub-byte ``F4`` included: NVFP4 codes are U8, two per
+  byte), a shape that is not a list of non-negative integers, ``data_offsets`` that are not two
+  integers, negative or reversed offsets, a byte range whose length is not the shape's bytes, two
   tensors sharing bytes, and a ``__metadata__`` that is not a flat map of strings.
 * :func:`weight_problems` / :func:`input_problems`: the tensors of one quantized Linear as its
-  format names them (:class:`~nvfp4lab.checkpoint.files.LayerNames`): codes U8 ``[N, K/2]`` with
+  format names them (:class:`~nvfp4lab.checkpoint.records.LayerNames`): codes U8 ``[N, K/2]`` with
   K a multiple of 16, block scales F8_E4M3 ``[N, K/16]``, one float32 tensor scale, and an input
   scale exactly when the configuration's scheme stores one. ``audit`` lists these problems in
   its ``issues`` column; ``convert`` refuses the checkpoint before writing anything; ``load``
@@ -20,7 +20,7 @@ The configuration is validated by each format's ``read_config``
 (:mod:`nvfp4lab.checkpoint.formats`), which ``load``, ``audit`` and ``convert`` all call.
 
 The functions return what is wrong in words, naming the tensor (``None`` / ``[]`` when nothing
-is); callers add the file and raise :class:`~nvfp4lab.checkpoint.files.CheckpointError` or list
+is); callers add the file and raise :class:`~nvfp4lab.checkpoint.refusals.CheckpointError` or list
 the problem. It imports only numerics at run time (``files`` imports it).
 """
 
@@ -36,7 +36,7 @@ from nvfp4lab.layout import padded_scale_shape
 
 
 class LayerNames(Protocol):
-    """What the layer checks read of a format's :class:`nvfp4lab.checkpoint.files.LayerNames`
+    """What the layer checks read of a format's :class:`nvfp4lab.checkpoint.records.LayerNames`
     (a structural type: this module stays below ``files.py``, which imports it)."""
 
     packed: str

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from nvfp4lab.checkpoint.files import CONFIG_NAME, CheckpointError
+from nvfp4lab.checkpoint.refusals import CheckpointError
+from nvfp4lab.checkpoint.safetensors_files import CONFIG_NAME
 from nvfp4lab.vocab import CheckpointFormat
 
 __all__ = ["Verified", "verify"]

@@ -20,26 +20,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from nvfp4lab.checkpoint.files import (
-    CONFIG_NAME,
+from nvfp4lab.checkpoint.folders import (
     OWNER_MARKER,
-    SOURCE_ATTRIBUTE,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
-    CheckpointError,
-    Contents,
-    Shard,
-    StoredTensor,
-    Unquantized,
-    check_readable,
     check_target,
     fresh_dir,
-    read_json,
     remove_stale_dirs,
     replace_dir,
-    stored_tensor,
 )
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, checkpoint_files, format_spec
+from nvfp4lab.checkpoint.records import SOURCE_ATTRIBUTE, Contents, Shard, StoredTensor, Unquantized
+from nvfp4lab.checkpoint.refusals import CheckpointError, read_json
+from nvfp4lab.checkpoint.rows import stored_tensor
+from nvfp4lab.checkpoint.safetensors_files import (
+    CONFIG_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    check_readable,
+)
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.attention import kv_cache_settings
 from nvfp4lab.execution.layers import NVFP4Linear
@@ -334,7 +331,7 @@ def _source_dir(model: nn.Module, source: str | os.PathLike[str] | None) -> Path
 def _origin(model: nn.Module, source: str | os.PathLike[str] | None,
             folder: Path | None) -> Path | None:
     """What the model came from, for a format that copies metadata from it: ``source``, else
-    the file or folder its reader recorded (:data:`~nvfp4lab.checkpoint.files.SOURCE_ATTRIBUTE`;
+    the file or folder its reader recorded (:data:`~nvfp4lab.checkpoint.records.SOURCE_ATTRIBUTE`;
     passed on even when it no longer exists, so that a format which copies from it refuses
     rather than dropping its metadata), else the side-file folder."""
     if source is not None:
@@ -453,7 +450,7 @@ def _warn_transformers_dtype(target: Path, dtype: torch.dtype) -> None:
 def write_atomically(target: Path, write: Callable[[Path], None], *, overwrite: bool = True,
                      checkpoint_files: frozenset[str] | None = None) -> None:
     """``write(tmp)`` into a hidden temporary sibling, then rename it to ``target``
-    (:func:`~nvfp4lab.checkpoint.files.replace_dir` with ``overwrite`` and ``checkpoint_files``:
+    (:func:`~nvfp4lab.checkpoint.folders.replace_dir` with ``overwrite`` and ``checkpoint_files``:
     nothing that appeared at ``target`` meanwhile is destroyed). Stale temporary siblings of
     dead saves are removed first; a failure leaves nothing behind and is reported as a
     :class:`CheckpointError` (an OSError stays one) naming ``target``, not the temporary

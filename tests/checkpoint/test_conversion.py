@@ -15,7 +15,7 @@ import torch
 
 from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError, conversion
-from nvfp4lab.checkpoint.files import read_header
+from nvfp4lab.checkpoint.safetensors_files import read_header
 from nvfp4lab.execution import quantize_model
 from tests.checkpoint.builders import file_tensors, raw, tiny_llama, token_batches
 from tests.checkpoint.hf_cache import LFS_POINTER, hf_cache_layout, sharded_checkpoint

@@ -1,5 +1,6 @@
-"""checkpoint.files: safetensors headers read and files written byte for byte (against hand-built
-bytes and the safetensors library), weight-file discovery, the quantization_config block."""
+"""checkpoint.safetensors_files (with records, rows, refusals): safetensors headers read and
+files written byte for byte (against hand-built bytes and the safetensors library), weight-file
+discovery, the quantization_config block."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from nvfp4lab.checkpoint.files import (
-    CheckpointError,
-    LayerNames,
-    StoredTensor,
+from nvfp4lab.checkpoint.records import LayerNames, StoredTensor
+from nvfp4lab.checkpoint.refusals import CheckpointError
+from nvfp4lab.checkpoint.safetensors_files import (
     quantization_block,
     read_header,
     weight_files,

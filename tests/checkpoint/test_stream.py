@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from nvfp4lab.checkpoint import FORMATS
-from nvfp4lab.checkpoint.files import CheckpointError
+from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.stream import RowReader, inventory, read_scalar, run_tasks
 from nvfp4lab.vocab import CheckpointFormat
 

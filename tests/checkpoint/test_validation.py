@@ -33,7 +33,7 @@ from safetensors.torch import save_file
 import nvfp4lab
 from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError
-from nvfp4lab.checkpoint.files import block_scale_error
+from nvfp4lab.checkpoint.refusals import block_scale_error
 from tests import processes
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from compressed_tensors.compressors import ModelCompressor
 from transformers import AutoModelForCausalLM
 
 from nvfp4lab import checkpoint, metrics
-from nvfp4lab.checkpoint import CheckpointError
+from nvfp4lab.checkpoint import CheckpointError, safetensors_files
 from nvfp4lab.execution import calibrate_inputs, quantize_model
 from tests.checkpoint.builders import (
     assert_same_tensors,
@@ -103,7 +103,7 @@ def test_round_trip_is_byte_identical(tmp_path: Path, shards: bool) -> None:
     calibrate_inputs(model, token_batches())
     max_bytes = 20_000 if shards else checkpoint.writer.DEFAULT_MAX_SHARD_BYTES
     first = checkpoint.save_pretrained(model, tmp_path / "a", max_shard_bytes=max_bytes)
-    assert (first / checkpoint.files.WEIGHTS_INDEX_NAME).is_file() == shards
+    assert (first / safetensors_files.WEIGHTS_INDEX_NAME).is_file() == shards
     loaded = checkpoint.load(first, backend="emulation")
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight  # still tied
     original = model.state_dict()
@@ -205,12 +205,10 @@ def test_failed_overwrite_keeps_old_checkpoint(
     before = file_tensors(target)
     model = tiny_llama(seed=9)
     quantize_model(model, backend="w4a16")
-    from nvfp4lab.checkpoint import files
-
     def broken(*args: object, **kwargs: object) -> None:
         raise OSError("write failed")
 
-    monkeypatch.setattr(files, "write_safetensors", broken)
+    monkeypatch.setattr(safetensors_files, "write_safetensors", broken)
     with pytest.raises(OSError, match="write failed"):
         checkpoint.save_pretrained(model, target, overwrite=True)
     assert_same_tensors(before, file_tensors(target))

@@ -14,13 +14,15 @@ of it, ``SPEC``; :data:`FORMATS` maps every :class:`nvfp4lab.vocab.CheckpointFor
 its spec. ``writer``, ``reader``, ``conversion``, ``auditing`` and ``stream`` only look specs up
 here (:func:`format_spec`) and call them; no other module knows a format's names or files. A
 spec reads and writes its own container: ``read_weights`` describes the stored tensors under the
-model's names (:class:`~nvfp4lab.checkpoint.files.StoredWeights`), ``model_config`` gives the
+model's names (:class:`~nvfp4lab.checkpoint.records.StoredWeights`), ``model_config`` gives the
 model's ``config.json`` content and ``write_checkpoint`` writes a new checkpoint from one
-:class:`~nvfp4lab.checkpoint.files.Contents`; the safetensors formats implement the three
-through the shared plumbing of :mod:`nvfp4lab.checkpoint.files`.
-The format modules import only :mod:`nvfp4lab.checkpoint.files` (and numerics / vocab), never
-this registry, the writer or the reader. Adding a format: ``docs/architecture.md``, "How to add a
-checkpoint format".
+:class:`~nvfp4lab.checkpoint.records.Contents`; the safetensors formats implement the three
+through the shared container of :mod:`nvfp4lab.checkpoint.safetensors_files`.
+The format modules import only the checkpoint plumbing (:mod:`~nvfp4lab.checkpoint.records`,
+:mod:`~nvfp4lab.checkpoint.rows`, :mod:`~nvfp4lab.checkpoint.refusals`,
+:mod:`~nvfp4lab.checkpoint.safetensors_files`, :mod:`~nvfp4lab.checkpoint.folders`) and
+numerics / vocab, never this registry, the writer or the reader. Adding a format:
+``docs/architecture.md``, "How to add a checkpoint format".
 """
 
 from __future__ import annotations
@@ -32,17 +34,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from nvfp4lab.checkpoint.files import (
-    CONFIG_NAME,
-    CheckpointError,
-    Contents,
-    LayerNames,
-    StoredWeights,
-    TaskRunner,
-    quantization_block,
-)
 from nvfp4lab.checkpoint.folders import hf_snapshot
 from nvfp4lab.checkpoint.formats import compressed_tensors, gguf, modelopt
+from nvfp4lab.checkpoint.records import Contents, LayerNames, StoredWeights, TaskRunner
+from nvfp4lab.checkpoint.refusals import CheckpointError
+from nvfp4lab.checkpoint.safetensors_files import CONFIG_NAME, quantization_block
 from nvfp4lab.vocab import CheckpointFormat, Scheme, check_choice
 
 __all__ = [
@@ -85,7 +81,7 @@ class CheckpointFormatSpec(Protocol):
 
     ``format``: its vocabulary member; ``title``: how help texts name it; ``description``: how
     the unknown-format error names it; ``names``: the tensor names of a quantized Linear and the
-    scale convention on disk (:class:`~nvfp4lab.checkpoint.files.LayerNames`: ``decode`` True for
+    scale convention on disk (:class:`~nvfp4lab.checkpoint.records.LayerNames`: ``decode`` True for
     DECODE amax/2688, False for ENCODE 2688/amax); ``config_files``: the files it writes besides
     ``config.json`` and the weights; ``weight_files``: the fixed names of the weight files it
     writes (those a name alone does not mark as weights, as ``*.safetensors`` does), which

@@ -9,7 +9,7 @@ before anything is read or allocated: key-value and tensor counts, string length
 lengths (and their total, :data:`MAX_METADATA_VALUES`), nesting, ``n_dims``, each tensor's
 dims, type, byte count and offset, which must lie inside the file. It only reads; a file it
 passes parses in ``GGUFReader`` with every count already checked. Errors are one line naming the
-file and the key or tensor (:class:`~nvfp4lab.checkpoint.files.CheckpointError`).
+file and the key or tensor (:class:`~nvfp4lab.checkpoint.refusals.CheckpointError`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from nvfp4lab.checkpoint.files import CheckpointError
+from nvfp4lab.checkpoint.refusals import CheckpointError
 
 __all__ = ["MAX_METADATA_VALUES", "check_layout"]
 

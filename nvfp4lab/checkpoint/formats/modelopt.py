@@ -53,14 +53,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from nvfp4lab.checkpoint.files import (
+from nvfp4lab.checkpoint.records import LayerNames, Unquantized
+from nvfp4lab.checkpoint.refusals import CheckpointError, read_json
+from nvfp4lab.checkpoint.safetensors_files import (
     CONFIG_NAME,
-    CheckpointError,
-    LayerNames,
     SafetensorsContainer,
-    Unquantized,
     quantization_block,
-    read_json,
 )
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.vocab import CheckpointFormat, Scheme

@@ -18,7 +18,6 @@ from compressed_tensors.quantization import (
 
 from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError
-from nvfp4lab.checkpoint.files import Unquantized
 from nvfp4lab.checkpoint.formats.compressed_tensors import (
     QUANTIZED_TENSOR_NAMES,
     SPEC,
@@ -26,6 +25,7 @@ from nvfp4lab.checkpoint.formats.compressed_tensors import (
     ignore_entries,
     quantization_config,
 )
+from nvfp4lab.checkpoint.records import Unquantized
 from nvfp4lab.vocab import Scheme
 from tests.checkpoint.builders import copy_checkpoint
 

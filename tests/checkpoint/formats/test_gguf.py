@@ -20,8 +20,8 @@ from torch import nn
 
 from nvfp4lab import checkpoint
 from nvfp4lab.checkpoint import CheckpointError
-from nvfp4lab.checkpoint.files import RowReader
 from nvfp4lab.checkpoint.formats.gguf import CONFIG_KEY, NAIVE_NOTE, WEIGHTS_FILE
+from nvfp4lab.checkpoint.rows import RowReader
 from nvfp4lab.codec import quantize
 from nvfp4lab.execution import NVFP4Linear, quantize_model
 from nvfp4lab.tensor import NVFP4Tensor
