@@ -325,14 +325,17 @@ def _gguf_parsed_once() -> Iterator[None]:
     each for SmolLM2, whose 49,152-token vocabulary gguf reads element by element) and builds
     gguf's tensor-name table once per tensor (397 times, ~14 ms each). It only reads both, so
     the checkpoint it writes is the same, and the first build of SmolLM2 is about 12 s shorter.
-    The shared reader is :func:`nvfp4lab.checkpoint.formats.gguf.gguf_reader`, whose plain array
-    makes its parse and transformers' reading of the parsed fields several times faster.
+    The shared reader is :func:`nvfp4lab.checkpoint.formats.gguf_read.gguf_reader`, whose plain
+    array makes its parse and transformers' reading of the parsed fields several times faster.
+    gguf's module attributes are replaced for the block (restored after it, even on error):
+    transformers imports ``GGUFReader`` and ``get_tensor_name_map`` from ``gguf`` inside its
+    loader at each call, so there is no narrower place to hand it the shared ones.
     """
     import functools
 
     import gguf
 
-    from nvfp4lab.checkpoint.formats.gguf import gguf_reader
+    from nvfp4lab.checkpoint.formats.gguf_read import gguf_reader
 
     reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict[tuple[str, str], Any] = {}
@@ -423,7 +426,7 @@ def smollm2(
     (Q4_1 projections, Q8_0 embedding), so this float32 model is the GGUF file dequantized, not
     the original bfloat16 release, and every NVFP4 error nvfp4lab reports for SmolLM2 is
     measured against it. The model's ``nvfp4lab_source`` attribute
-    (:data:`nvfp4lab.checkpoint.files.SOURCE_ATTRIBUTE`) names that GGUF file, so that
+    (:data:`nvfp4lab.checkpoint.records.SOURCE_ATTRIBUTE`) names that GGUF file, so that
     ``checkpoint.save_pretrained(model, path, format="gguf")`` keeps its metadata and tokenizer
     (llama.cpp can load the result).
 
@@ -433,7 +436,7 @@ def smollm2(
     path = smollm2_path(cache)
     from transformers import AutoModelForCausalLM
 
-    from nvfp4lab.checkpoint.files import SOURCE_ATTRIBUTE
+    from nvfp4lab.checkpoint.records import SOURCE_ATTRIBUTE
 
     with _transformers_progress():
         tokenizer = smollm2_tokenizer(cache)
