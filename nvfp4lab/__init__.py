@@ -71,6 +71,7 @@ _SUBMODULES = (
     "ggml_blocks",
     "gpus",
     "hadamard",
+    "inputs",
     "kernels",
     "layout",
     "metrics",

@@ -15,7 +15,8 @@ is ggml's quantizer run on ``f32(x * gs)``, decoded as ``value * s / gs``). The
 first three disagree on a small fraction of codes (mostly bf16/fp16 inputs); llama.cpp's, without
 a tensor scale, on many more (its block scales alone span E4M3's range). The block-level functions
 (:mod:`nvfp4lab.blocks`, re-exported here) are the arithmetic every NVFP4 path calls, GPTQ
-included.
+included; the input check, the NaN/Inf-aware amax and the cut into blocks are
+:mod:`nvfp4lab.inputs`' (``check_input``, ``finite_amax``, ``split_blocks`` re-exported here).
 
 Tensor scale (``global_scale``, ENCODE convention ``2688 / amax``)
     ``None`` (default) computes it from ``amax(|x|)`` (:func:`compute_global_scale`; with a
@@ -90,8 +91,16 @@ from nvfp4lab.blocks import block_scales_of, decode_codes, encode_blocks, quanti
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import pack_fp4
 from nvfp4lab.hadamard import check_seed, hadamard_transform
+from nvfp4lab.inputs import (
+    check_geometry,
+    check_input,
+    finite_amax,
+    from_blocks,
+    split_blocks,
+    to_blocks,
+)
 from nvfp4lab.kernels import quantize as fused_kernels
-from nvfp4lab.options import NVFP4Options, block_shape, nvfp4_options
+from nvfp4lab.options import NVFP4Options, nvfp4_options
 from nvfp4lab.orders import KERNEL_MAX_GLOBAL_SCALE, ArithmeticOrder, TensorScaleRule
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import (
@@ -102,7 +111,7 @@ from nvfp4lab.scales import (
     tensor_scale_from_amax,
 )
 from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor, block_chunks, decode_blocks
-from nvfp4lab.vocab import Convention, NonFinite, check_dtype
+from nvfp4lab.vocab import Convention, NonFinite
 
 __all__ = [
     "KERNEL_MAX_GLOBAL_SCALE",
@@ -120,101 +129,6 @@ __all__ = [
     "quantize_blocks",
     "split_blocks",
 ]
-
-# --------------------------------------------------------------------------------------------
-# input checks and blocks
-# --------------------------------------------------------------------------------------------
-
-
-def check_input(x: torch.Tensor, what: str = "x") -> None:
-    """TypeError/ValueError unless ``x`` is a ≥1-d fp32/bf16/fp16 tensor."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
-    check_dtype(x.dtype, f"NVFP4 quantization input {what} (dtype)")
-    if x.ndim == 0:
-        raise ValueError(f"{what} must have at least one dimension (the K axis), got a 0-d tensor")
-
-
-def finite_amax(
-    x: torch.Tensor, nonfinite: str = NonFinite.RAISE, *, fix: str | None = None
-) -> torch.Tensor:
-    """``abs_max(x)`` of the finite values (0-d, x.dtype); raises under ``nonfinite="raise"``
-    when ``x`` holds NaN/Inf, naming the count, the first index and ``fix`` (the remedy).
-
-    One ``aminmax`` pass in the common all-finite case (NaN and Inf propagate into it).
-    """
-    amax = abs_max(x)
-    if x.is_meta or bool(torch.isfinite(amax)):
-        return amax
-    finite = torch.isfinite(x)
-    if nonfinite == NonFinite.RAISE:
-        bad = ~finite
-        first = tuple(int(i) for i in torch.nonzero(bad)[0])
-        raise ValueError(
-            f"input of shape {tuple(x.shape)} holds {int(bad.sum())} NaN/Inf value(s), first at "
-            f"index {first} (value {x[first].item()}); "
-            + (fix or "clean the input, or pass nonfinite='propagate' to quantize it anyway "
-               "(NaN blocks get NaN scales)")
-        )
-    return abs_max(torch.where(finite, x, 0))  # NaN/Inf must not set the finite values' scale
-
-
-def split_blocks(
-    x: torch.Tensor, block_size: int, pad: bool = False, what: str = "NVFP4"
-) -> torch.Tensor:
-    """View ``x [..., K]`` as ``[..., K/block, block]``, zero-padding K when ``pad``.
-
-    A K that is not a multiple of ``block_size`` without ``pad`` raises ValueError naming the
-    shape, the format ``what`` and the fix.
-    """
-    block_shape(block_size)
-    if not isinstance(pad, bool):
-        raise ValueError(f"pad must be True or False, got {pad!r}")
-    k = x.shape[-1]
-    if k % block_size:
-        if not pad:
-            raise ValueError(
-                f"{what}: the last dimension K={k} of shape {tuple(x.shape)} is not a multiple "
-                f"of {block_size}; pass pad=True to zero-pad K to "
-                f"{-(-k // block_size) * block_size}"
-            )
-        x = F.pad(x, (0, -k % block_size))
-    return x.reshape(*x.shape[:-1], x.shape[-1] // block_size, block_size)
-
-
-def _to_blocks(x: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """``[..., K]`` → ``[..., K/c, c]`` for ``(1, c)``; ``[M, K]`` → ``[M/r, K/c, r·c]`` tiles."""
-    rows, cols = shape
-    if rows == 1:
-        return x.reshape(*x.shape[:-1], x.shape[-1] // cols, cols)
-    m, k = x.shape
-    tiles = x.reshape(m // rows, rows, k // cols, cols).permute(0, 2, 1, 3)
-    return tiles.reshape(m // rows, k // cols, rows * cols)
-
-
-def _from_blocks(values: torch.Tensor, like: torch.Size, shape: tuple[int, int]) -> torch.Tensor:
-    """Inverse of :func:`_to_blocks`, back to the shape ``like``."""
-    rows, cols = shape
-    if rows == 1:
-        return values.reshape(like)
-    m, k = like
-    tiles = values.reshape(m // rows, k // cols, rows, cols).permute(0, 2, 1, 3)
-    return tiles.reshape(m, k)
-
-
-def _check_geometry(x: torch.Tensor, opts: NVFP4Options) -> None:
-    rows, cols = opts.block_shape
-    if rows > 1 and (x.ndim != 2 or x.shape[0] % rows or x.shape[1] % cols):
-        raise ValueError(
-            f"block_size {opts.block_shape} needs a 2-D tensor [M, K] with M a multiple of "
-            f"{rows} and K of {cols}, got shape {tuple(x.shape)}"
-        )
-    k = x.shape[-1]
-    if rows == 1 and k % cols and not opts.pad:
-        raise ValueError(
-            f"NVFP4: the last dimension K={k} of shape {tuple(x.shape)} is not a multiple of "
-            f"{cols}; pass pad=True to zero-pad K to {-(-k // cols) * cols}"
-        )
 
 
 class ScaleUnderflowWarning(UserWarning):
@@ -333,7 +247,7 @@ def _prepare(
 ) -> tuple[torch.Tensor, TensorScale]:
     """The one input check; returns (x padded and rotated as the options say, its scale)."""
     check_input(x)
-    _check_geometry(x, opts)
+    check_geometry(x, opts)
     if global_scale is not None and decode_scale is not None:
         raise ValueError(
             "pass either global_scale (ENCODE, 2688/amax) or decode_scale (DECODE, amax/2688), "
@@ -352,7 +266,7 @@ def _prepare(
         amax = finite_amax(x, NonFinite.PROPAGATE)
     scale = _tensor_scale(amax, global_scale, decode_scale, opts, x.device)
     if global_scale is None and decode_scale is None:
-        _warn_if_blocks_vanish(_to_blocks(x, opts.block_shape), amax, scale, opts)
+        _warn_if_blocks_vanish(to_blocks(x, opts.block_shape), amax, scale, opts)
     return x, scale
 
 
@@ -478,7 +392,7 @@ def quantize(
     packed = torch.empty((*lead, kp // 2), dtype=torch.uint8, device=xp.device)
     scales = torch.empty((*lead, kp // cols), dtype=torch.float8_e4m3fn, device=xp.device)
     if not xp.is_meta:
-        blocks = _to_blocks(xp, opts.block_shape)
+        blocks = to_blocks(xp, opts.block_shape)
         flat = blocks.reshape(-1, blocks.shape[-1])
         if rows == 1:
             packed_rows, scale_rows = packed.view(-1, cols // 2), scales.view(-1)
@@ -514,7 +428,7 @@ def _quantize_tiles(
         codes[part], scales[part] = c, s
 
     _encode_blocks(flat, gs, opts, sink)
-    packed = pack_fp4(_from_blocks(codes.reshape(tiles_shape), like, opts.block_shape))
+    packed = pack_fp4(from_blocks(codes.reshape(tiles_shape), like, opts.block_shape))
     per_tile = scales.reshape(tiles_shape[:-1])
     return packed, per_tile.repeat_interleave(opts.block_shape[0], dim=0)
 
@@ -574,7 +488,7 @@ def _fake_quantize(
     xp, scale = _prepare(x, global_scale, opts, decode_scale)
     if xp.is_meta:
         return torch.empty_like(x)
-    blocks = _to_blocks(xp, opts.block_shape)
+    blocks = to_blocks(xp, opts.block_shape)
     flat = blocks.reshape(-1, blocks.shape[-1])
     rotated = opts.hadamard is not None
     out = torch.empty(flat.shape, dtype=torch.float32 if rotated else x.dtype, device=x.device)
@@ -583,7 +497,7 @@ def _fake_quantize(
         out[part] = decode_blocks(codes, scales, scale.encode, scale.decode)
 
     _encode_blocks(flat, scale.arithmetic, opts, sink)
-    values = _from_blocks(out.reshape(blocks.shape), xp.shape, opts.block_shape)
+    values = from_blocks(out.reshape(blocks.shape), xp.shape, opts.block_shape)
     if rotated:
         values = hadamard_transform(values, opts.hadamard, inverse=True).to(x.dtype)  # type: ignore[arg-type]
     return values if values.shape[-1] == x.shape[-1] else values[..., : x.shape[-1]]

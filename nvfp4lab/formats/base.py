@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from nvfp4lab.codec import check_input, finite_amax, split_blocks
 from nvfp4lab.e2m1 import pack_fp4, unpack_fp4
+from nvfp4lab.inputs import check_input, finite_amax, split_blocks
 from nvfp4lab.scales import abs_max
 from nvfp4lab.vocab import NonFinite
 
