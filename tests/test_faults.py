@@ -171,7 +171,7 @@ def test_dead_kernel_and_stuck_cell_fail_fast_and_the_report_goes_on(
     assert code == 1 and "failed notebooks: 01_sigkill, 02_exit, 03_stuck" in err
     index = (out / "index.html").read_text()
     assert index.count("kernel died") >= 2 and "timed out" in index
-    from nvfp4lab.reports import run_reports
+    from nvfp4lab.report import run_reports
 
     results = {r.name: r for r in run_reports(["01_sigkill", "04_fine"], out, notebook_dir=nbs)}
     assert results["01_sigkill"].error.startswith("kernel died")
@@ -180,7 +180,7 @@ def test_dead_kernel_and_stuck_cell_fail_fast_and_the_report_goes_on(
 
 
 def test_timeout_must_be_positive(tmp_path: Path) -> None:
-    from nvfp4lab.reports import run_reports
+    from nvfp4lab.report import run_reports
 
     with pytest.raises(ValueError, match="--timeout must be a positive"):
         run_reports(out_dir=tmp_path, timeout_s=0)
@@ -382,7 +382,7 @@ def test_a_killed_save_leaves_a_temp_folder_the_next_save_removes(tmp_path: Path
     target = tmp_path / "ckpt"
     code = (
         "import os, sys, pathlib\n"
-        "from nvfp4lab.checkpoint.files import fresh_dir\n"
+        "from nvfp4lab.checkpoint.folders import fresh_dir\n"
         "tmp = fresh_dir(pathlib.Path(sys.argv[1]), 'tmp')\n"
         "(tmp / 'model.safetensors').write_bytes(b'half')\n"
         "os._exit(9)\n"  # killed mid-save: no cleanup runs
@@ -400,7 +400,7 @@ def test_a_killed_save_leaves_a_temp_folder_the_next_save_removes(tmp_path: Path
 def test_save_errors_name_the_target_not_the_temp_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nvfp4lab.checkpoint import files
+    from nvfp4lab.checkpoint import safetensors_files
 
     model = tiny_llama()
     quantize_model(model, backend="w4a16")
@@ -408,7 +408,7 @@ def test_save_errors_name_the_target_not_the_temp_folder(
     def broken(filename: object, tensors: object, metadata: object = None) -> None:
         raise OSError(28, f"No space left on device: '{filename}'")
 
-    monkeypatch.setattr(files, "write_safetensors", broken)
+    monkeypatch.setattr(safetensors_files, "write_safetensors", broken)
     target = tmp_path / "ckpt"
     with pytest.raises(OSError) as err:
         checkpoint.save_pretrained(model, target)
