@@ -48,12 +48,14 @@ def test_audit_out_writes_csv_and_html_only_there(unshared: Path, tmp_path: Path
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["audit.csv", "audit.html"]
     with open(tmp_path / "report" / "audit.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 14 and {"layer", "issues"} <= set(rows[0])
+    assert len(rows) == 14 and {"layer", "scale_form", "issues"} <= set(rows[0])
+    assert "convention" not in rows[0]  # issue 33: the scale's ENCODE/DECODE form, renamed
     flagged = [r["layer"] for r in rows if r["issues"]]
     assert "model.layers.0.self_attn.q_proj" in flagged or "model.layers.0.self_attn.k_proj" in (
         flagged)
     page = (tmp_path / "report" / "audit.html").read_text()
     assert "Checkpoint audit" in page and "data:image/png" in page
+    assert "<th>scale_form</th>" in page and "<th>convention</th>" not in page
     assert page.index(flagged[0]) < page.index("model.layers.0.self_attn.o_proj")
     assert _snapshot(unshared) == before
     code, _, err = _run(["audit", str(unshared), "--out", "report", "--workers", "0"], capsys)

@@ -8,12 +8,13 @@ no model is built. One row per quantized layer:
 
 * format: codes uint8 ``[N, K/2]``, block scales float8_e4m3fn ``[N, K/16]`` (a 128x4-padded
   shape means the swizzled layout), one float32 tensor scale (and input scale);
-* tensor scale: finite and > 0; in the format's convention. Decoded weights have
-  ``|W|max = max_b(|code|max * s_b) * d`` with ``d`` the DECODE scale. A value stored in the
-  wrong convention swaps ``d`` and ``1/d``: the two readings give ``|W|max`` whose product is
-  about ``(6*448)^2``, so the reading with ``d > 1`` (|W|max above ~2688, implausible for
-  weights) is flagged, with what its reciprocal would give; with ``--reference`` the float
-  weights' amax decides;
+* tensor scale: finite and > 0; in the format's scale form (``scale_form``: ``encode``,
+  ``2688/amax``, or ``decode``, ``amax/2688``; the column was ``convention`` before). Decoded
+  weights have ``|W|max = max_b(|code|max * s_b) * d`` with ``d`` the DECODE scale. A value
+  stored in the wrong form swaps ``d`` and ``1/d``: the two readings give ``|W|max`` whose
+  product is about ``(6*448)^2``, so the reading with ``d > 1`` (|W|max above ~2688,
+  implausible for weights) is flagged, with what its reciprocal would give; with
+  ``--reference`` the float weights' amax decides;
 * block scales: NaN, negative and zero counts (zero scales over nonzero codes lose the codes),
   fraction saturated at 448 and underflowed (at or below 2^-9), range (min nonzero, max);
 * block scales piled at E4M3's floor (``floor_frac``): among the blocks that hold a nonzero
@@ -91,7 +92,7 @@ CHUNK_ELEMENTS = 1 << 21
 #: The columns of every row, in order; then one ``vllm <release> on <gpu>`` column per GPU,
 #: then ``issues``. Values a layer does not have are None.
 COLUMNS: tuple[str, ...] = (
-    "layer", "format", "scheme", "shape", "convention", "tensor_scale", "input_scale",
+    "layer", "format", "scheme", "shape", "scale_form", "tensor_scale", "input_scale",
     "decoded_amax", "scale_min", "scale_max", "scale_range_binades", "nan_scales",
     "negative_scales", "zero_scales", "saturated_frac", "underflow_frac", "floor_frac",
     "layout_r2",
@@ -270,7 +271,7 @@ def _reference_checks(lay: _Layer, signal: float, noise: float, ref_amax: float,
                               "matches it only in the other convention (its reciprocal)")
 
 
-def _convention_check(lay: _Layer, names: LayerNames) -> None:
+def _scale_form_check(lay: _Layer, names: LayerNames) -> None:
     """Flag a tensor scale whose DECODE reading exceeds 1 (|W|max above the block scales'
     reach, see the module docstring); also NaN, infinite, zero and negative values."""
     problem = scale_value_problem(lay.stored, names.decode)  # load's and convert's refusal
@@ -297,14 +298,14 @@ def _audit_layer(task: _Task, name: str) -> _Layer:
     if not _check_structure(task, lay, spec):
         return lay
     stored = _info(task, name, names.global_scale)
-    lay.row["convention"] = "decode" if names.decode else "encode"
+    lay.row["scale_form"] = "decode" if names.decode else "encode"
     if stored is None:  # allowed by the format (validated above): decoded with 1
         lay.stored = 1.0
         lay.issues.append(str(spec.optional_tensor_scale))
     else:
         lay.stored = read_scalar(stored)
         lay.row["tensor_scale"] = lay.stored
-    _convention_check(lay, names)
+    _scale_form_check(lay, names)
     with RowReader(task.tensors[f"{name}.{names.scale}"]) as reader:
         _scale_stats(lay, reader.rows())
     if math.isfinite(lay.decode):

@@ -31,14 +31,21 @@ __all__ = [
 #: The parameterised notebook that renders an audit table.
 TEMPLATE = Path(__file__).with_name("audit.ipynb")
 FLAGGED, CLEAN = "#b00020", "#4a7ab5"
+#: Columns renamed since an older release, old name -> new: an old ``audit.csv`` still reads.
+#: ``convention`` named the ENCODE/DECODE form of the stored tensor scale (deprecated; dropped
+#: in the next release).
+RENAMED_COLUMNS: dict[str, str] = {"convention": "scale_form"}
 
 
 def load_table(csv: str | os.PathLike[str]) -> pd.DataFrame:
     """The audit CSV as a DataFrame with a boolean ``flagged`` column, flagged layers first
-    (checkpoint order kept within each part)."""
+    (checkpoint order kept within each part); an older CSV's columns take their new names
+    (:data:`RENAMED_COLUMNS`)."""
     import pandas as pd
 
     df = pd.read_csv(csv)
+    df = df.rename(columns={old: new for old, new in RENAMED_COLUMNS.items()
+                            if old in df and new not in df})
     df["issues"] = df["issues"].fillna("").astype(str)
     df["flagged"] = df["issues"] != ""
     df["order"] = range(len(df))
@@ -65,8 +72,8 @@ def summary(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def flagged_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Layer, shape, tensor scale and issues of the flagged layers."""
-    cols = [c for c in ("layer", "shape", "convention", "tensor_scale", "issues") if c in df]
+    """Layer, shape, tensor scale (its form and value) and issues of the flagged layers."""
+    cols = [c for c in ("layer", "shape", "scale_form", "tensor_scale", "issues") if c in df]
     return df.loc[df["flagged"], cols].reset_index(drop=True)
 
 

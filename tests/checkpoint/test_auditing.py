@@ -76,7 +76,7 @@ def test_a_shared_checkpoint_is_clean(nvfp4lab_checkpoint: Path) -> None:
     assert list(df["issues"]) == [""] * len(df) == [""] * 14
     fused = df.dropna(subset=["fused_group"])
     assert len(fused) == 10 and fused["fused_shared"].all()
-    assert (df["convention"] == "encode").all() and (df["nan_scales"] == 0).all()
+    assert (df["scale_form"] == "encode").all() and (df["nan_scales"] == 0).all()
 
 
 def test_backend_columns_are_select_backends(nvfp4lab_checkpoint: Path) -> None:
@@ -169,7 +169,7 @@ def test_missing_tensor_is_a_row_issue(nvfp4lab_checkpoint: Path, tmp_path: Path
 def test_modelopt_checkpoint_is_clean(nvfp4lab_checkpoint: Path, tmp_path: Path) -> None:
     checkpoint.convert(nvfp4lab_checkpoint, tmp_path / "mo", format="modelopt", workers=0)
     df = checkpoint.audit(tmp_path / "mo", workers=0)
-    assert (df["issues"] == "").all() and (df["convention"] == "decode").all()
+    assert (df["issues"] == "").all() and (df["scale_form"] == "decode").all()
     ct = checkpoint.audit(nvfp4lab_checkpoint, workers=0)
     assert (df["decoded_amax"] - ct["decoded_amax"]).abs().max() < 1e-6
 
