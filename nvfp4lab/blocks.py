@@ -7,16 +7,17 @@ order's form (:attr:`nvfp4lab.scales.TensorScale.arithmetic`: ENCODE ``2688/amax
 kernel and compressed-tensors orders, DECODE ``amax/2688`` for the modelopt order) and reads
 the order's steps; none names a convention.
 
-========================  =====================================================================
-function                  computes
-========================  =====================================================================
-:func:`block_scales_of`   float32 E4M3 block scales of ``blocks [..., nb, B]``
-:func:`encode_blocks`     uint8 E2M1 codes of blocks at given block scales
-:func:`decode_codes`      float32 values of codes at given block scales (the order's decode)
-:func:`quantize_blocks`   both, with optional scale search over several targets
-:func:`fixed_scale_codec` encode and decode at fixed block scales, their arithmetic done once
-                          (:func:`encode_blocks` and :func:`decode_codes`, bit for bit)
-========================  =====================================================================
+=================================  =================================================================
+function                           computes
+=================================  =================================================================
+:func:`block_scales_from_blocks`   float32 E4M3 block scales of ``blocks [..., nb, B]``
+:func:`encode_blocks`              uint8 E2M1 codes of blocks at given block scales
+:func:`decode_codes`               float32 values of codes at given block scales (order's decode)
+:func:`quantize_blocks`            both, with optional scale search over several targets
+:func:`fixed_scale_codec`          encode and decode at fixed block scales, their arithmetic
+                                   done once (:func:`encode_blocks`, :func:`decode_codes`, bit for
+                                   bit)
+=================================  =================================================================
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from nvfp4lab.orders import ArithmeticOrder, DecodeRule, E2M1Ties, ElementScalin
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import (
     abs_max,
-    block_scales,
+    block_scales_from_amax,
     element_multiplier,
     element_scaler,
     scale_elements,
@@ -45,6 +46,7 @@ from nvfp4lab.tensor import block_decode_factor, decode_blocks
 from nvfp4lab.vocab import Convention, Rounding
 
 __all__ = [
+    "block_scales_from_blocks",
     "block_scales_of",
     "check_stochastic",
     "decode_codes",
@@ -124,7 +126,7 @@ def _round_codes(
     )
 
 
-def block_scales_of(
+def block_scales_from_blocks(
     blocks: torch.Tensor,
     scale: torch.Tensor,
     convention: str | ArithmeticOrder = Convention.KERNEL,
@@ -134,7 +136,13 @@ def block_scales_of(
     """float32 E4M3 block scales ``[..., nb]`` of ``blocks [..., nb, B]`` (input dtype) mapping
     each block's max to ``target``; ``scale``: float32 ``[1]`` tensor scale in the order's form
     (:attr:`~nvfp4lab.scales.TensorScale.arithmetic`)."""
-    return block_scales(abs_max(blocks, -1), scale, convention, target)
+    return block_scales_from_amax(abs_max(blocks, -1), scale, convention, target)
+
+
+#: Deprecated alias of :func:`block_scales_from_blocks` (the same function), kept for one
+#: release: beside :func:`nvfp4lab.scales.block_scales` (now ``block_scales_from_amax``) the
+#: name did not say which takes the blocks and which their maxima.
+block_scales_of = block_scales_from_blocks
 
 
 def encode_blocks(
@@ -254,7 +262,7 @@ def quantize_blocks(
     if len(targets) > 1:
         scales, codes = _best_scales(blocks, global_scale, order, targets)
     else:
-        scales = block_scales_of(blocks, global_scale, order, target=targets[0])
+        scales = block_scales_from_blocks(blocks, global_scale, order, target=targets[0])
     if rounding == Rounding.STOCHASTIC or codes is None:
         codes = encode_blocks(
             blocks, scales, global_scale, order, rounding=rounding, generator=generator
@@ -273,7 +281,7 @@ def _best_scales(
     amax = abs_max(blocks, -1)
     best: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     for target in targets:
-        scales = block_scales(amax, global_scale, order, target)
+        scales = block_scales_from_amax(amax, global_scale, order, target)
         codes = encode_blocks(blocks, scales, global_scale, order)
         err = (decode_codes(codes, scales, global_scale, order) - reference).square_().sum(-1)
         if best is None:

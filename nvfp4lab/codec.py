@@ -87,7 +87,13 @@ import torch
 import torch.nn.functional as F
 
 from nvfp4lab import kernels
-from nvfp4lab.blocks import block_scales_of, decode_codes, encode_blocks, quantize_blocks
+from nvfp4lab.blocks import (  # block_scales_of: the deprecated alias, re-exported
+    block_scales_from_blocks,
+    block_scales_of,
+    decode_codes,
+    encode_blocks,
+    quantize_blocks,
+)
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.e2m1 import pack_fp4
 from nvfp4lab.hadamard import check_seed, hadamard_transform
@@ -117,6 +123,7 @@ __all__ = [
     "KERNEL_MAX_GLOBAL_SCALE",
     "ScaleUnderflowWarning",
     "TensorScale",
+    "block_scales_from_blocks",
     "block_scales_of",
     "check_input",
     "compute_global_scale",
@@ -166,7 +173,8 @@ def _warn_if_blocks_vanish(
     if not (0 < a < math.inf) or gs * a >= GLOBAL_SCALE_NUMERATOR / 2:
         return
     nonzero = abs_max(blocks, -1) > 0
-    lost = int((nonzero & (block_scales_of(blocks, scale.arithmetic, opts.order) == 0)).sum())
+    zero = block_scales_from_blocks(blocks, scale.arithmetic, opts.order) == 0
+    lost = int((nonzero & zero).sum())
     if not lost:
         return
     order, k = opts.order, round(-math.log2(a))

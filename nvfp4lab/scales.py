@@ -47,6 +47,7 @@ __all__ = [
     "abs_max",
     "as_global_scale",
     "block_scales",
+    "block_scales_from_amax",
     "decode_scale_from_amax",
     "decode_to_encode_scale",
     "element_multiplier",
@@ -244,7 +245,7 @@ def _round_e4m3(pre: torch.Tensor, rounding: E4M3Rounding) -> torch.Tensor:
     raise NotImplementedError(f"E4M3 rounding {rounding}")  # pragma: no cover
 
 
-def block_scales(
+def block_scales_from_amax(
     amax: torch.Tensor,
     global_scale: torch.Tensor,
     convention: str | ArithmeticOrder = Convention.KERNEL,
@@ -283,6 +284,12 @@ def block_scales(
     if order.zero_scale_replacement is not None:
         scales = torch.where(scales == 0, order.zero_scale_replacement, scales)
     return scales
+
+
+#: Deprecated alias of :func:`block_scales_from_amax` (the same function), kept for one
+#: release: the name did not say that it takes the blocks' maxima, not the blocks
+#: (:func:`nvfp4lab.blocks.block_scales_from_blocks` takes the blocks).
+block_scales = block_scales_from_amax
 
 
 def element_multiplier(scales: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:

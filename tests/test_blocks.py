@@ -9,8 +9,11 @@ import math
 import pytest
 import torch
 
+from nvfp4lab import blocks as blocks_module
+from nvfp4lab import codec
+from nvfp4lab import scales as scales_module
 from nvfp4lab.blocks import (
-    block_scales_of,
+    block_scales_from_blocks,
     decode_codes,
     encode_blocks,
     fixed_scale_codec,
@@ -34,6 +37,24 @@ def _arithmetic_scale(x: torch.Tensor, convention: Convention) -> float:
     return ref_nvfp4.global_scale(x, convention.value)
 
 
+def test_the_old_block_scale_names_are_the_same_functions() -> None:
+    """Issue 33: ``blocks.block_scales_of`` (takes the blocks) and ``scales.block_scales``
+    (takes their maxima) are renamed to say which is which; the old names stay one release as
+    deprecated aliases, the same objects, and still give the reference's scales."""
+    assert blocks_module.block_scales_of is blocks_module.block_scales_from_blocks
+    assert codec.block_scales_of is blocks_module.block_scales_from_blocks
+    assert scales_module.block_scales is scales_module.block_scales_from_amax
+    assert {"block_scales_of", "block_scales_from_blocks"} <= set(blocks_module.__all__)
+    assert {"block_scales", "block_scales_from_amax"} <= set(scales_module.__all__)
+    x = make("outliers", (4, 32), torch.bfloat16, seed=3)
+    scale = _arithmetic_scale(x, Convention.KERNEL)
+    _, want = ref_nvfp4.quantize_blocks(x, scale, Convention.KERNEL.value)
+    t = torch.tensor([scale], dtype=torch.float32)
+    blocks = x.reshape(4, 2, 16)
+    assert torch.equal(blocks_module.block_scales_of(blocks, t), want)
+    assert torch.equal(scales_module.block_scales(blocks.abs().amax(-1), t), want)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", ["normal", "outliers", "zero_blocks"])
 @pytest.mark.parametrize("convention", list(Convention))
@@ -46,7 +67,7 @@ def test_block_functions_match_the_reference(
     blocks = x.reshape(6, 4, 16)
     t = torch.tensor([scale], dtype=torch.float32)
 
-    scales = block_scales_of(blocks, t, convention)
+    scales = block_scales_from_blocks(blocks, t, convention)
     assert torch.equal(scales, want_scales)
     codes = encode_blocks(blocks, scales, t, convention)
     assert torch.equal(codes.reshape(6, 64), want_codes)

@@ -87,7 +87,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from nvfp4lab import formats
-from nvfp4lab.blocks import block_scales_of, fixed_scale_codec, multiply_factors
+from nvfp4lab.blocks import block_scales_from_blocks, fixed_scale_codec, multiply_factors
 from nvfp4lab.codec import finite_amax
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.e2m1 import pack_fp4
@@ -237,7 +237,7 @@ class _NVFP4Columns:
 
     def scales(self, w: torch.Tensor) -> torch.Tensor:
         blocks = w.reshape(w.shape[0], -1, self.group)
-        return block_scales_of(blocks, self.scale.arithmetic, self.order)
+        return block_scales_from_blocks(blocks, self.scale.arithmetic, self.order)
 
     def native_factors(self, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not native_columns_support(self.order):  # a step the C++ loop does not implement
