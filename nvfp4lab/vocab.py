@@ -29,7 +29,9 @@ vocabulary             values                                                   
 :class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)         corpus
 =====================  ==============================================================  ========
 
-:data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in.
+:data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in;
+:data:`TENSOR_SCALE_STORAGE` says, per ``CheckpointFormat``, which form of the tensor scale it
+stores and whether its engine shares one tensor scale across a fused group.
 
 The overlaps, one line each (a value is written once: the later enum takes it from the earlier):
 
@@ -51,6 +53,7 @@ Values are spelled only here: the package names the members, and
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
@@ -59,6 +62,7 @@ import torch
 __all__ = [
     "AUTO",
     "SUPPORTED_DTYPES",
+    "TENSOR_SCALE_STORAGE",
     "Backend",
     "BiasMode",
     "CheckpointFormat",
@@ -77,6 +81,7 @@ __all__ = [
     "ScaleSelection",
     "ScaleTiming",
     "Scheme",
+    "TensorScaleStorage",
     "VllmAlias",
     "VllmPackage",
     "check_choice",
@@ -250,6 +255,30 @@ class CheckpointFormat(StrEnum):
     #: llama.cpp's file: DECODE scale, amax/2688, in a ``<name>.scale`` sidecar (no arithmetic
     #: order of its own here: GGUF is a container, whatever order made the codes)
     GGUF = "gguf"
+
+
+@dataclass(frozen=True)
+class TensorScaleStorage:
+    """How a checkpoint format stores a quantized layer's tensor (global) scale, and how the
+    engine that runs it reads a fused group's.
+
+    ``decode``: True for the DECODE form on disk (amax/2688), False for ENCODE (2688/amax);
+    ``shared_in_fused_groups``: whether that engine keeps ONE tensor scale for a fused group
+    (q/k/v, gate/up: vLLM, the ``max`` of the stored values), else one per tensor (llama.cpp).
+    """
+
+    decode: bool
+    shared_in_fused_groups: bool
+
+
+#: Each checkpoint format's :class:`TensorScaleStorage`: the one statement of these facts, which
+#: the format specs (``checkpoint/formats``) and ``execution/shared_scales`` both read.
+TENSOR_SCALE_STORAGE: dict[CheckpointFormat, TensorScaleStorage] = {
+    CheckpointFormat.COMPRESSED_TENSORS: TensorScaleStorage(decode=False,
+                                                            shared_in_fused_groups=True),
+    CheckpointFormat.MODELOPT: TensorScaleStorage(decode=True, shared_in_fused_groups=True),
+    CheckpointFormat.GGUF: TensorScaleStorage(decode=True, shared_in_fused_groups=False),
+}
 
 
 class FusedMode(StrEnum):

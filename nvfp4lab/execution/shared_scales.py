@@ -22,7 +22,7 @@ float32 (an exporter that computed ``amax/2688`` itself may differ by an ulp).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +30,16 @@ import torch
 from nvfp4lab import metrics
 from nvfp4lab.execution.gemm import vllm_dequantize
 from nvfp4lab.tensor import NVFP4Tensor
-from nvfp4lab.vocab import CheckpointFormat, check_choice
+from nvfp4lab.vocab import TENSOR_SCALE_STORAGE, CheckpointFormat, check_choice
 
-__all__ = ["MERGED_FORMATS", "ShardMergeError", "decode_with", "merge_error", "merged_decode_scale"]
+__all__ = [
+    "MERGED_FORMATS",
+    "ShardMergeError",
+    "decode_with",
+    "fused_decode_from_stored",
+    "merge_error",
+    "merged_decode_scale",
+]
 
 
 @dataclass(frozen=True)
@@ -64,31 +71,43 @@ def _decode_scale(t: NVFP4Tensor) -> torch.Tensor:
     return torch.reciprocal(t.global_scale.to(torch.float32).reshape(1))
 
 
-#: The checkpoint formats whose fused q/k/v and gate/up shards vLLM merges into one scale (GGUF
-#: is run by llama.cpp, which keeps one tensor scale per tensor).
-MERGED_FORMATS: tuple[CheckpointFormat, ...] = (
-    CheckpointFormat.COMPRESSED_TENSORS,
-    CheckpointFormat.MODELOPT,
+#: The checkpoint formats whose fused q/k/v and gate/up shards vLLM merges into one scale, read
+#: from :data:`nvfp4lab.vocab.TENSOR_SCALE_STORAGE` (GGUF is run by llama.cpp, which keeps one
+#: tensor scale per tensor).
+MERGED_FORMATS: tuple[CheckpointFormat, ...] = tuple(
+    fmt for fmt, storage in TENSOR_SCALE_STORAGE.items() if storage.shared_in_fused_groups
 )
 
 
+def fused_decode_from_stored(stored: Sequence[float] | torch.Tensor, decode: bool) -> torch.Tensor:
+    """The one DECODE scale (float32 ``[1]``) vLLM keeps for a fused group whose shards store
+    the tensor scales ``stored``: the ``max`` of the stored values, as a DECODE scale. ``decode``:
+    the stored form (:attr:`nvfp4lab.vocab.TensorScaleStorage.decode`): DECODE ``max(decode)``,
+    ENCODE ``1 / max(encode)``; the one rule every format's ``fused_decode_scale`` uses."""
+    values = torch.as_tensor(stored, dtype=torch.float32).reshape(-1)
+    if values.numel() == 0:
+        raise ValueError("merge needs at least one shard; got none")
+    top = values.max()
+    return (top if decode else torch.reciprocal(top)).reshape(1)
+
+
 def merged_decode_scale(shards: Mapping[str, NVFP4Tensor], fmt: str) -> torch.Tensor:
-    """The one decode scale vLLM keeps for fused ``shards`` of checkpoint format ``fmt``:
-    compressed-tensors ``1 / max(encode)``, ModelOpt ``max(decode)`` (float32 ``[1]``)."""
-    form = check_choice("checkpoint format", fmt, CheckpointFormat)
+    """The one decode scale vLLM keeps for fused ``shards`` of checkpoint format ``fmt``
+    (float32 ``[1]``): :func:`fused_decode_from_stored` on the scales the format stores
+    (compressed-tensors ``1 / max(encode)``, ModelOpt ``max(decode)``)."""
+    form = CheckpointFormat(check_choice("checkpoint format", fmt, CheckpointFormat))
     if form not in MERGED_FORMATS:
+        merged = " and ".join(repr(f.value) for f in MERGED_FORMATS)
         raise ValueError(
-            f"checkpoint format {form.value!r} is not merged: llama.cpp, which runs it, keeps "
-            "one tensor scale per tensor; vLLM's merge applies to "
-            f"{CheckpointFormat.COMPRESSED_TENSORS.value!r} and {CheckpointFormat.MODELOPT.value!r}"
+            f"checkpoint format {form.value!r} is not merged: the engine that runs it keeps "
+            f"one tensor scale per tensor; vLLM's merge applies to {merged}"
         )
     if not shards:
         raise ValueError("merge needs at least one shard; got none")
-    if form == CheckpointFormat.COMPRESSED_TENSORS:
-        encode = torch.stack([t.global_scale.to(torch.float32).reshape(()) for t in
-                              shards.values()])
-        return torch.reciprocal(encode.max()).reshape(1)
-    return torch.stack([_decode_scale(t).reshape(()) for t in shards.values()]).max().reshape(1)
+    decode = TENSOR_SCALE_STORAGE[form].decode
+    stored = [(_decode_scale(t) if decode else t.global_scale.to(torch.float32)).reshape(())
+              for t in shards.values()]
+    return fused_decode_from_stored(torch.stack(stored), decode)
 
 
 def decode_with(t: NVFP4Tensor, decode: torch.Tensor) -> torch.Tensor:
@@ -105,7 +124,7 @@ def merge_error(
     """Per shard, the extra error vLLM's max-merge of unshared global scales causes.
 
     ``shards``: name -> the shard's :class:`NVFP4Tensor` (``[N_i, K]``, its own ENCODE global
-    scale); ``fmt``: "compressed-tensors" or "modelopt" (which ``max`` vLLM takes);
+    scale); ``fmt``: a format of :data:`MERGED_FORMATS` (which ``max`` vLLM takes);
     ``activations``: optional ``[..., K]`` input, then the output error of ``x @ W.T`` too
     (float64 products of the float32 decoded weights, so only the weights differ). Exact: no
     estimate, the decoded tensors themselves are compared (:mod:`nvfp4lab.metrics`).

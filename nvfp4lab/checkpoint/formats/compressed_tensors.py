@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from nvfp4lab.checkpoint.formats.tensor_scales import TensorScaleForm
 from nvfp4lab.checkpoint.records import LayerNames, Unquantized
 from nvfp4lab.checkpoint.refusals import CheckpointError, read_json
 from nvfp4lab.checkpoint.safetensors_files import (
@@ -33,7 +34,7 @@ from nvfp4lab.checkpoint.safetensors_files import (
     quantization_block,
 )
 from nvfp4lab.constants import BLOCK_SIZE
-from nvfp4lab.vocab import CheckpointFormat, Scheme, check_choice
+from nvfp4lab.vocab import TENSOR_SCALE_STORAGE, CheckpointFormat, Scheme, check_choice
 
 if TYPE_CHECKING:
     from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
@@ -59,7 +60,8 @@ CT_FORMAT = "nvfp4-pack-quantized"
 QUANT_METHOD = "compressed-tensors"
 #: The tensor names of one quantized Linear (ENCODE tensor scales, float32 ``[1]``).
 NAMES = LayerNames(
-    "weight_packed", "weight_scale", "weight_global_scale", "input_global_scale", (1,), False
+    "weight_packed", "weight_scale", "weight_global_scale", "input_global_scale", (1,),
+    TENSOR_SCALE_STORAGE[CheckpointFormat.COMPRESSED_TENSORS].decode,
 )
 #: Per-module tensors of a quantized Linear, as compressed-tensors names them.
 QUANTIZED_TENSOR_NAMES: tuple[str, ...] = (
@@ -266,7 +268,7 @@ class CompressedTensorsConfig:
         return out
 
 
-class CompressedTensors(SafetensorsContainer):
+class CompressedTensors(TensorScaleForm, SafetensorsContainer):
     """The compressed-tensors ``nvfp4-pack-quantized`` format (see the module docstring)."""
 
     format = CheckpointFormat.COMPRESSED_TENSORS
@@ -275,7 +277,7 @@ class CompressedTensors(SafetensorsContainer):
     names = NAMES
     weight_files: tuple[str, ...] = ()
     optional_tensor_scale: str | None = None
-    shares_fused_scales = True
+    shares_fused_scales = TENSOR_SCALE_STORAGE[format].shared_in_fused_groups
     writes_in_tasks = True
     config_files: tuple[str, ...] = ()
     #: compressed-tensors 0.20 decompresses NVFP4 weights to bfloat16 in transformers.
@@ -297,20 +299,6 @@ class CompressedTensors(SafetensorsContainer):
 
         config = quantization_config(scheme, ignore=ignore_entries(unquantized.listed))
         ModelCompressor(quantization_config=config).update_config(str(folder))
-
-    def to_disk(self, encode: torch.Tensor, decode: torch.Tensor | None) -> torch.Tensor:
-        """The stored tensor scale: the ENCODE scale as nvfp4lab holds it."""
-        return encode
-
-    def from_disk(self, stored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(ENCODE scale, exact DECODE scale or None) of a stored tensor scale."""
-        return stored, None
-
-    def fused_decode_scale(self, stored: Sequence[float]) -> torch.Tensor:
-        """The one DECODE scale vLLM keeps for a fused group: ``1 / max(encode)`` (float32
-        ``[1]``)."""
-        encode = torch.tensor(list(stored), dtype=torch.float32)
-        return torch.reciprocal(encode.max()).reshape(1)
 
 
 SPEC = CompressedTensors()

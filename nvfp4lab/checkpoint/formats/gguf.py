@@ -99,12 +99,13 @@ from nvfp4lab.checkpoint.formats.gguf_read import (
     one_line,
 )
 from nvfp4lab.checkpoint.formats.gguf_write import CHUNK_BYTES, WEIGHTS_FILE, write_gguf
+from nvfp4lab.checkpoint.formats.tensor_scales import TensorScaleForm
 from nvfp4lab.checkpoint.records import ST_DTYPES, Contents, StoredWeights, TaskRunner, TensorInfo
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.validation import config_problem
 from nvfp4lab.constants import BLOCK_SIZE, GGML_NVFP4_BLOCK, GGML_NVFP4_BLOCK_BYTES
 from nvfp4lab.layout import from_ggml_nvfp4
-from nvfp4lab.vocab import CheckpointFormat, Scheme
+from nvfp4lab.vocab import TENSOR_SCALE_STORAGE, CheckpointFormat, Scheme
 
 __all__ = [
     "CHUNK_BYTES",
@@ -428,7 +429,7 @@ class GgufConfig:
         return dict(self.quantized)
 
 
-class Gguf:
+class Gguf(TensorScaleForm):
     """The GGUF NVFP4 format (see the module docstring)."""
 
     format = CheckpointFormat.GGUF
@@ -440,7 +441,7 @@ class Gguf:
     transformers_needs_bfloat16 = False
     optional_tensor_scale: str | None = NAIVE_NOTE
     #: llama.cpp keeps one tensor scale per tensor: q/k/v and gate/up are never merged
-    shares_fused_scales = False
+    shares_fused_scales = TENSOR_SCALE_STORAGE[format].shared_in_fused_groups
     writes_in_tasks = False
 
     def detect(self, path: Path) -> bool:
@@ -484,23 +485,6 @@ class Gguf:
         process: ``run`` is not needed)."""
         del run
         return write_gguf(folder, contents)
-
-    def to_disk(self, encode: torch.Tensor, decode: torch.Tensor | None) -> torch.Tensor:
-        """The stored DECODE scale ``[1]``: the layer's exact DECODE buffer when it has one,
-        else the float32 reciprocal of the ENCODE scale."""
-        if encode.shape != (1,):
-            return encode
-        value = decode if decode is not None else torch.reciprocal(encode)
-        return value.reshape(NAMES.scalar_shape)
-
-    def from_disk(self, stored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(ENCODE scale = the float32 reciprocal, the stored DECODE scale kept exactly)."""
-        return torch.reciprocal(stored), stored
-
-    def fused_decode_scale(self, stored: Sequence[float]) -> torch.Tensor:
-        """llama.cpp merges no group (:attr:`shares_fused_scales` is False); were one merged,
-        its DECODE scale would be the max (float32 ``[1]``)."""
-        return torch.tensor([max(stored)], dtype=torch.float32)
 
 
 SPEC = Gguf()

@@ -24,6 +24,7 @@ from nvfp4lab.checkpoint.formats.gguf_read import config_dict, ggml_package, one
 from nvfp4lab.checkpoint.records import Contents, LayerNames
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.rows import read_rows
+from nvfp4lab.vocab import TENSOR_SCALE_STORAGE, CheckpointFormat
 
 __all__ = [
     "FFN_SCALE_IGNORED",
@@ -42,7 +43,8 @@ __all__ = [
 #: ``[N, K/2]``) and ``weight_scale`` (E4M3 ``[N, K/16]``) are both read from the NVFP4 tensor
 #: ``<t>.weight``; ``scale`` and ``input_scale`` are the sidecars ``<t>.scale`` /
 #: ``<t>.input_scale`` (DECODE, F32 ``[1]``).
-NAMES = LayerNames("weight", "weight_scale", "scale", "input_scale", (1,), True)
+NAMES = LayerNames("weight", "weight_scale", "scale", "input_scale", (1,),
+                   TENSOR_SCALE_STORAGE[CheckpointFormat.GGUF].decode)
 
 
 #: transformers ``model_type`` -> (GGUF architecture, whether llama.cpp's converter stores the

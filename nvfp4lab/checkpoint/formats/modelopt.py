@@ -45,14 +45,14 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
+from nvfp4lab.checkpoint.formats.tensor_scales import TensorScaleForm
 from nvfp4lab.checkpoint.records import LayerNames, Unquantized
 from nvfp4lab.checkpoint.refusals import CheckpointError, read_json
 from nvfp4lab.checkpoint.safetensors_files import (
@@ -61,7 +61,7 @@ from nvfp4lab.checkpoint.safetensors_files import (
     quantization_block,
 )
 from nvfp4lab.constants import BLOCK_SIZE
-from nvfp4lab.vocab import CheckpointFormat, Scheme
+from nvfp4lab.vocab import TENSOR_SCALE_STORAGE, CheckpointFormat, Scheme
 
 __all__ = [
     "HF_QUANT_CONFIG_NAME",
@@ -82,7 +82,8 @@ HF_QUANT_CONFIG_NAME = "hf_quant_config.json"
 QUANT_METHOD = "modelopt"
 #: The tensor names of one quantized Linear (DECODE tensor scales, float32 ``[]``; ``[1]`` is
 #: also read, as vLLM does).
-NAMES = LayerNames("weight", "weight_scale", "weight_scale_2", "input_scale", (), True, ((1,),))
+NAMES = LayerNames("weight", "weight_scale", "weight_scale_2", "input_scale", (),
+                   TENSOR_SCALE_STORAGE[CheckpointFormat.MODELOPT].decode, ((1,),))
 #: The ModelOpt export format nvfp4lab reads and writes.
 MODELOPT_VERSION = "0.47.0"
 #: ModelOpt ``quant_algo`` -> the NVFP4 scheme it stores.
@@ -235,7 +236,7 @@ def config_quantization(scheme: str, exclude: Iterable[str]) -> dict[str, Any]:
     }
 
 
-class ModelOpt(SafetensorsContainer):
+class ModelOpt(TensorScaleForm, SafetensorsContainer):
     """The ModelOpt NVFP4 format (see the module docstring)."""
 
     format = CheckpointFormat.MODELOPT
@@ -244,7 +245,7 @@ class ModelOpt(SafetensorsContainer):
     names = NAMES
     weight_files: tuple[str, ...] = ()
     optional_tensor_scale: str | None = None
-    shares_fused_scales = True
+    shares_fused_scales = TENSOR_SCALE_STORAGE[format].shared_in_fused_groups
     writes_in_tasks = True
     config_files: tuple[str, ...] = (HF_QUANT_CONFIG_NAME,)
     transformers_needs_bfloat16 = False
@@ -278,24 +279,6 @@ class ModelOpt(SafetensorsContainer):
             json.dump(data, handle, indent=4)
         with open(folder / HF_QUANT_CONFIG_NAME, "w", encoding="utf-8") as handle:
             json.dump(hf_quant_config(scheme, exclude), handle, indent=4)
-
-    def to_disk(self, encode: torch.Tensor, decode: torch.Tensor | None) -> torch.Tensor:
-        """The stored DECODE scale ``[]``: the layer's exact DECODE buffer when it has one, else
-        the float32 reciprocal of the ENCODE scale (anything but a ``[1]`` ENCODE scale is
-        returned as it is, for the caller's shape check to name)."""
-        if encode.shape != (1,):
-            return encode
-        value = decode if decode is not None else torch.reciprocal(encode)
-        return value.reshape(NAMES.scalar_shape)
-
-    def from_disk(self, stored: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(ENCODE scale = the float32 reciprocal, the stored DECODE scale kept exactly)."""
-        return torch.reciprocal(stored), stored
-
-    def fused_decode_scale(self, stored: Sequence[float]) -> torch.Tensor:
-        """The one DECODE scale vLLM's ModelOpt loader keeps for a fused group: the max of the
-        stored DECODE scales (float32 ``[1]``)."""
-        return torch.tensor([max(stored)], dtype=torch.float32)
 
 
 SPEC = ModelOpt()
