@@ -1,6 +1,7 @@
 """NVFP4 scale arithmetic: the FP32 tensor (global) scale and the E4M3 block scales.
 
-Global scale, two conventions (a mix-up is a classic bug):
+Tensor scale (one float32 per tensor), two forms (a mix-up is a classic bug; the glossary of
+``docs/architecture.md`` keeps "global scale" for the ENCODE form only):
 
 * ENCODE, ``gs = 2688 / amax`` (2688 = 448 · 6): what compressed-tensors and vLLM checkpoints
   store (``weight_global_scale``, ``input_global_scale``) and what every nvfp4lab function
