@@ -268,7 +268,7 @@ def _reference_checks(lay: _Layer, signal: float, noise: float, ref_amax: float,
         if abs(math.log2(lay.row["decoded_amax"] / ref_amax)) > 1 >= abs(
                 math.log2(flipped / ref_amax)):
             lay.issues.append(f"the reference |W|max is {ref_amax:.4g}: the tensor scale "
-                              "matches it only in the other convention (its reciprocal)")
+                              "matches it only in the other form (its reciprocal)")
 
 
 def _scale_form_check(lay: _Layer, names: LayerNames) -> None:

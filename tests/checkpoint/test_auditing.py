@@ -121,7 +121,7 @@ def test_reference_sqnr_and_convention(tmp_path: Path) -> None:
     _edit(tmp_path / "ct", **{f"{Q}.weight_global_scale": torch.reciprocal(gs)})
     issues = _row(checkpoint.audit(tmp_path / "ct", reference=tmp_path / "float", workers=0),
                   Q)["issues"]
-    assert "matches it only in the other convention" in issues and "weight SQNR" in issues
+    assert "matches it only in the other form" in issues and "weight SQNR" in issues
 
 
 def test_swizzled_scales_are_detected(tmp_path: Path) -> None:
