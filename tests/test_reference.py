@@ -17,6 +17,7 @@ import torch
 from nvfp4lab.oracles import kv_cache as ref_kv
 from nvfp4lab.oracles import numbers as ref_numbers
 from nvfp4lab.oracles import nvfp4 as ref_nvfp4
+from nvfp4lab.orders import ORDERS, ArithmeticOrder, E2M1Ties
 
 # --------------------------------------------------------------------------------------------
 # helpers
@@ -289,25 +290,42 @@ def test_global_scale_hand_values() -> None:
         ref_nvfp4.global_scale(x, "kernal")
 
 
-def test_quantize_blocks_exact_grid_block() -> None:
+def test_the_oracle_covers_every_order() -> None:
+    assert set(ref_nvfp4.CONVENTIONS) == {str(c) for c in ORDERS}
+
+
+@pytest.mark.parametrize("order", list(ORDERS.values()), ids=lambda o: str(o.convention))
+def test_quantize_blocks_exact_grid_block(order: ArithmeticOrder) -> None:
+    """Each order's oracle on grid values and an all-zero block; what differs between orders
+    is read from the order's steps, not its name."""
+    convention = str(order.convention)
     vals = [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -1, -1.5, -2, -3, -4, -6, -0.1]
     x = torch.tensor([vals, [0.0] * 16])
-    for convention in ref_nvfp4.CONVENTIONS:
-        codes, scales = ref_nvfp4.quantize_blocks(x, 1.0, convention)
-        # llama.cpp's nearest-of-table keeps the earlier index on a tie: -0.1 -> +0 (code 0)
-        minus_zero = 0 if convention == "llama.cpp" else 8
-        assert codes[0].tolist() == [*range(8), *range(9, 16), minus_zero]
-        assert codes[1].tolist() == [0] * 16
-        assert scales[0].item() == 1.0
-        zero_block_scale = {
-            "kernel": 0.0, "compressed-tensors": 0.125, "modelopt": 1.0, "llama.cpp": 0.0
-        }
-        assert scales[1].item() == zero_block_scale[convention]
-        deq = ref_nvfp4.dequantize_blocks(codes, scales, 1.0, convention)
-        assert deq[0, :15].tolist() == vals[:15]
-        sign = 1 if convention == "llama.cpp" else -1
-        assert deq[0, 15].item() == 0.0 and math.copysign(1, deq[0, 15].item()) == sign
-        assert deq[1].tolist() == [0.0] * 16
+    codes, scales = ref_nvfp4.quantize_blocks(x, 1.0, convention)
+    # ties to the earlier index (llama.cpp's nearest-of-table) keep +0 for -0.1 (code 0)
+    earlier = order.e2m1_ties is E2M1Ties.FIRST_NEAREST_SCALED_TABLE
+    minus_zero = 0 if earlier else 8
+    assert codes[0].tolist() == [*range(8), *range(9, 16), minus_zero]
+    assert codes[1].tolist() == [0] * 16
+    assert scales[0].item() == 1.0
+    # an all-zero block: the order's zero-block scale, else its replacement of a 0 scale, else 0
+    zero_block_scale = next((v for v in (order.zero_block_scale, order.zero_scale_replacement)
+                             if v is not None), 0.0)
+    assert scales[1].item() == zero_block_scale
+    deq = ref_nvfp4.dequantize_blocks(codes, scales, 1.0, convention)
+    assert deq[0, :15].tolist() == vals[:15]
+    sign = 1 if earlier else -1
+    assert deq[0, 15].item() == 0.0 and math.copysign(1, deq[0, 15].item()) == sign
+    assert deq[1].tolist() == [0.0] * 16
+
+
+def test_the_zero_block_scales_are_the_published_ones() -> None:
+    """The step values above, as the four sources publish them (a hand-written check of the
+    table the previous test reads)."""
+    published = {"kernel": 0.0, "compressed-tensors": 0.125, "modelopt": 1.0, "llama.cpp": 0.0}
+    for name, want in published.items():
+        x = torch.zeros(1, 16)
+        assert ref_nvfp4.quantize_blocks(x, 1.0, name)[1].item() == want
 
 
 def test_quantize_blocks_kernel_by_hand() -> None:

@@ -12,7 +12,12 @@ from nvfp4lab.vocab import AUTO, Backend, BiasMode, Convention, GemmPath, check_
 def test_members_are_their_strings() -> None:
     assert Backend.EMULATION == "emulation" and str(Backend.NATIVE) == "native"
     assert [str(m) for m in BiasMode] == ["output", "fp32", "dropped"]
-    assert [str(m) for m in Convention] == ["kernel", "compressed-tensors", "modelopt", "llama.cpp"]
+    from nvfp4lab.orders import ORDERS
+
+    # every order of the registry is named once, and the published names lead, in this order
+    assert list(ORDERS) == list(Convention)
+    assert [str(m) for m in Convention][:4] == [
+        "kernel", "compressed-tensors", "modelopt", "llama.cpp"]
 
 
 def test_roofline_paths_are_named_after_the_backends() -> None:
@@ -52,7 +57,10 @@ def test_overlapping_vocabularies_share_one_spelling() -> None:
     assert [str(m) for m in Numerics] == ["native", "emulation", "w4a16", "w4a8", "q8_0", "q8_1"]
     for b in Backend:
         assert GemmPath[b.name] == b and Numerics[b.name] == b
-    assert [str(m) for m in CheckpointFormat] == ["compressed-tensors", "modelopt", "gguf"]
+    from nvfp4lab.checkpoint.formats import FORMATS
+
+    assert list(FORMATS) == list(CheckpointFormat)
+    assert [str(m) for m in CheckpointFormat][:3] == ["compressed-tensors", "modelopt", "gguf"]
     # a safetensors family takes its value from the convention its producer computes in; GGUF is
     # a container named after its file format (no convention of that name)
     assert all(Convention[f.name] == f for f in CheckpointFormat if f != CheckpointFormat.GGUF)

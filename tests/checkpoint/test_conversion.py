@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from nvfp4lab import checkpoint
-from nvfp4lab.checkpoint import CheckpointError, conversion
+from nvfp4lab.checkpoint import CheckpointError, conversion, detect_format
 from nvfp4lab.checkpoint.safetensors_files import read_header
 from nvfp4lab.execution import quantize_model
+from nvfp4lab.vocab import CheckpointFormat
 from tests.checkpoint.builders import file_tensors, raw, tiny_llama, token_batches
 from tests.checkpoint.hf_cache import LFS_POINTER, hf_cache_layout, sharded_checkpoint
 from tests.processes import one_line_error
@@ -138,15 +139,21 @@ def test_a_failure_leaves_nothing(nvfp4lab_checkpoint: Path, tmp_path: Path,
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(
-    ("fmt", "options", "expected"),
-    [
-        ("modelopt", {"workers": -3}, "workers must be an int >= 0 (0 = in this process), got -3"),
-        ("gguf", {"workers": -3}, "workers must be an int >= 0"),
-        ("gguf", {"workers": 2}, "GGUF is written in this process: workers and dask"),
-        ("gguf", {"dask": "nohost:9"}, "GGUF is written in this process: workers and dask"),
-    ],
-)
+def _bad_task_options() -> list[tuple[str, dict, str]]:
+    """(format, options, the error) for every format of the registry: a negative worker count
+    for each; workers or a Dask address for each format written in this process."""
+    from nvfp4lab.checkpoint.formats import FORMATS
+
+    cases = [(fmt.value, {"workers": -3},
+              "workers must be an int >= 0 (0 = in this process), got -3") for fmt in FORMATS]
+    for fmt, spec in FORMATS.items():
+        if not spec.writes_in_tasks:
+            said = f"{spec.title} is written in this process: workers and dask"
+            cases += [(fmt.value, {"workers": 2}, said), (fmt.value, {"dask": "nohost:9"}, said)]
+    return cases
+
+
+@pytest.mark.parametrize(("fmt", "options", "expected"), _bad_task_options())
 def test_workers_and_dask_are_checked_before_anything_is_read(
     nvfp4lab_checkpoint: Path, tmp_path: Path, fmt: str, options: dict, expected: str
 ) -> None:
@@ -155,15 +162,23 @@ def test_workers_and_dask_are_checked_before_anything_is_read(
     with pytest.raises(ValueError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         conversion.convert(nvfp4lab_checkpoint, tmp_path / "out", format=fmt, **options)
     assert not (tmp_path / "out").exists()
-    conversion.convert(nvfp4lab_checkpoint, tmp_path / "ok", format="gguf", workers=0)
+    if detect_format(nvfp4lab_checkpoint) != fmt:  # and the same call without them converts
+        conversion.convert(nvfp4lab_checkpoint, tmp_path / "ok", format=fmt, workers=0)
+
+
+def test_the_bad_task_options_cover_an_in_process_format() -> None:
+    """The cases above are drawn from the registry: GGUF, written in this process, is among
+    them with workers and with a Dask address."""
+    cases = {(fmt, tuple(options)) for fmt, options, _ in _bad_task_options()}
+    assert {("gguf", ("workers",)), ("gguf", ("dask",)), ("modelopt", ("workers",))} <= cases
 
 
 def test_every_format_says_whether_it_writes_in_tasks() -> None:
     from nvfp4lab.checkpoint.formats import FORMATS
 
-    assert {spec.format.value: spec.writes_in_tasks for spec in FORMATS.values()} == {
-        "compressed-tensors": True, "modelopt": True, "gguf": False
-    }
+    assert all(isinstance(spec.writes_in_tasks, bool) for spec in FORMATS.values())
+    known = {"compressed-tensors": True, "modelopt": True, "gguf": False}
+    assert {f: FORMATS[CheckpointFormat(f)].writes_in_tasks for f in known} == known
 
 
 def test_reciprocal_round_trip_rate() -> None:
@@ -403,13 +418,14 @@ def modelopt_checkpoint(nvfp4lab_checkpoint: Path, tmp_path_factory: pytest.Temp
     return out
 
 
-@pytest.mark.parametrize("target", ["compressed-tensors", "modelopt", "gguf"])
+@pytest.mark.parametrize("target", [f.value for f in CheckpointFormat])
 def test_issue32_case1_links_out_of_the_source_are_refused_before_writing(
         nvfp4lab_checkpoint: Path, modelopt_checkpoint: Path, tmp_path: Path,
         target: str) -> None:
     """issue 32 case 1: README.md -> /etc/hostname, sub/notes.txt -> /etc/passwd and a relative
     ../../../secret were copied into DST; every one is listed and nothing is written."""
-    base = modelopt_checkpoint if target == "compressed-tensors" else nvfp4lab_checkpoint
+    same = detect_format(nvfp4lab_checkpoint) == target  # convert needs another format
+    base = modelopt_checkpoint if same else nvfp4lab_checkpoint
     src = tmp_path / "src"
     shutil.copytree(base, src)
     (tmp_path / "secret").write_text("my private key")

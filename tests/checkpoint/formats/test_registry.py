@@ -41,9 +41,43 @@ def test_every_format_has_a_module_and_a_registry_entry() -> None:
 
 
 def test_an_unknown_format_is_named_with_the_accepted_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown format 'awq'; accepted values: "
-                                         r"'compressed-tensors', 'modelopt', 'gguf'$"):
+    accepted = ", ".join(repr(f.value) for f in FORMATS)
+    assert accepted.startswith("'compressed-tensors', 'modelopt', 'gguf'")
+    with pytest.raises(ValueError) as err:
         format_spec("awq")
+    assert str(err.value) == f"unknown format 'awq'; accepted values: {accepted}"
+
+
+def test_each_formats_tensor_scale_facts_come_from_the_one_table() -> None:
+    """``vocab.TENSOR_SCALE_STORAGE`` states each format's stored scale form and fused-group
+    sharing once: every spec and ``execution/shared_scales`` read it."""
+    from nvfp4lab.checkpoint.formats.tensor_scales import TensorScaleForm
+    from nvfp4lab.execution.shared_scales import MERGED_FORMATS
+
+    assert set(vocab.TENSOR_SCALE_STORAGE) == set(FORMATS)
+    for fmt, spec in FORMATS.items():
+        storage = vocab.TENSOR_SCALE_STORAGE[fmt]
+        assert spec.names.decode is storage.decode
+        assert spec.shares_fused_scales is storage.shared_in_fused_groups
+        assert isinstance(spec, TensorScaleForm)
+    assert tuple(f for f, s in FORMATS.items() if s.shares_fused_scales) == MERGED_FORMATS
+    # the facts themselves, as the sources say (module docstrings of each format)
+    assert {f.value: (s.names.decode, s.shares_fused_scales) for f, s in FORMATS.items()
+            if f.value in ("compressed-tensors", "modelopt", "gguf")} == {
+        "compressed-tensors": (False, True), "modelopt": (True, True), "gguf": (True, False)}
+
+
+@pytest.mark.parametrize("fmt", list(CheckpointFormat))
+def test_the_fused_decode_scale_is_the_max_of_the_stored_scales(fmt: CheckpointFormat) -> None:
+    """vLLM keeps ``max`` of the stored tensor scales of a fused group: DECODE formats that max,
+    ENCODE formats its float32 reciprocal (independent float64 -> float32 oracle)."""
+    spec = FORMATS[fmt]
+    stored = [_f32(0.5), _f32(1 / 3), _f32(0.7)]
+    top = max(stored)
+    want = top if spec.names.decode else _f32(1 / top)
+    got = spec.fused_decode_scale(stored)
+    assert got.dtype == torch.float32 and tuple(got.shape) == (1,)
+    assert torch.equal(got, torch.tensor([want], dtype=torch.float32))
 
 
 #: One quantized Linear of a two-layer Llama (K = 64: every format can hold it).
