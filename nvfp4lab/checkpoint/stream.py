@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from nvfp4lab.checkpoint.folders import hf_snapshot
-from nvfp4lab.checkpoint.formats import detect_format, format_spec
+from nvfp4lab.checkpoint.formats import detect_format, format_spec, registered_format
 from nvfp4lab.checkpoint.records import TensorInfo
 from nvfp4lab.checkpoint.rows import RowReader, read_scalar
 from nvfp4lab.settings import torch_threads, tqdm_class
@@ -89,7 +89,7 @@ def inventory(path: str | os.PathLike[str], fmt: str | None = None) -> Inventory
     tensor stored in two files is an error naming both.
     """
     where = hf_snapshot(Path(path))  # a Hugging Face cache models--* folder: its snapshot
-    form = CheckpointFormat(fmt) if fmt is not None else detect_format(where)
+    form = registered_format(fmt) if fmt is not None else detect_format(where)
     stored = format_spec(form).read_weights(where)
     return Inventory(stored.directory, form, stored.tensors, stored.files, stored.metadata,
                      _layers(stored.tensors, form), stored.indexed, where)

@@ -39,7 +39,7 @@ from nvfp4lab.checkpoint.formats import compressed_tensors, gguf, modelopt
 from nvfp4lab.checkpoint.records import Contents, LayerNames, StoredWeights, TaskRunner
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.safetensors_files import CONFIG_NAME, quantization_block
-from nvfp4lab.vocab import CheckpointFormat, Scheme, check_choice
+from nvfp4lab.vocab import CheckpointFormat, Scheme
 
 __all__ = [
     "FORMATS",
@@ -49,6 +49,7 @@ __all__ = [
     "checkpoint_files",
     "detect_format",
     "format_spec",
+    "registered_format",
 ]
 
 
@@ -161,10 +162,22 @@ FORMATS: dict[CheckpointFormat, CheckpointFormatSpec] = {
 LAYER_NAMES: dict[CheckpointFormat, LayerNames] = {f: s.names for f, s in FORMATS.items()}
 
 
+def registered_format(fmt: object, keyword: str = "format") -> CheckpointFormat:
+    """The key of :data:`FORMATS` that ``fmt`` (a member or its string) names, read from the
+    registry (so a format registered at run time is found); ValueError ``unknown <keyword> …;
+    accepted values: …`` (the registered formats) otherwise."""
+    if isinstance(fmt, str):
+        for key in FORMATS:
+            if key == fmt:
+                return key
+    accepted = ", ".join(repr(key.value) for key in FORMATS)
+    raise ValueError(f"unknown {keyword} {fmt!r}; accepted values: {accepted}")
+
+
 def format_spec(fmt: object) -> CheckpointFormatSpec:
     """The spec of the checkpoint format ``fmt`` (a member or its string); ValueError
     ``unknown format …; accepted values: …`` otherwise."""
-    return FORMATS[check_choice("format", fmt, CheckpointFormat)]  # type: ignore[index]
+    return FORMATS[registered_format(fmt)]
 
 
 def checkpoint_files() -> frozenset[str]:
@@ -194,7 +207,7 @@ def detect_format(path: str | Path, fmt: object = None, *,
     if not where.exists():
         raise FileNotFoundError(f"checkpoint folder {where} does not exist")
     if fmt is not None:
-        chosen = CheckpointFormat(check_choice(keyword, fmt, CheckpointFormat))
+        chosen = registered_format(fmt, keyword)
         if not FORMATS[chosen].detect(where):
             raise CheckpointError(f"{where} is not a {FORMATS[chosen].description} checkpoint, "
                                   f"which {keyword}={chosen.value!r} asks for; pass the format "
