@@ -20,8 +20,10 @@ model's ``config.json`` content and ``write_checkpoint`` writes a new checkpoint
 through the shared container of :mod:`nvfp4lab.checkpoint.safetensors_files`.
 The format modules import only the checkpoint plumbing (:mod:`~nvfp4lab.checkpoint.records`,
 :mod:`~nvfp4lab.checkpoint.rows`, :mod:`~nvfp4lab.checkpoint.refusals`,
-:mod:`~nvfp4lab.checkpoint.safetensors_files`, :mod:`~nvfp4lab.checkpoint.folders`) and
-numerics / vocab, never this registry, the writer or the reader. Adding a format:
+:mod:`~nvfp4lab.checkpoint.safetensors_files`, :mod:`~nvfp4lab.checkpoint.folders`,
+:mod:`~nvfp4lab.checkpoint.formats.tensor_scales`), numerics / vocab and, one layer down,
+:mod:`nvfp4lab.execution.shared_scales` (the fused-group merge rule), never this registry, the
+writer or the reader. Adding a format:
 ``docs/architecture.md``, "How to add a checkpoint format".
 """
 
