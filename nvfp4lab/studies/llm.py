@@ -17,17 +17,9 @@ log-likelihood (NLL) are computed in float64, in nats:
 next-token distribution, Q the quantized model's. Perplexity is ``exp(mean NLL)`` of the true next
 tokens.
 
-**Confidence intervals.** The tokens of one window are not independent samples: they share a
-context, and neighbouring positions carry similar errors, so an interval over tokens as if they
-were would be too narrow. The windows are the independent units instead (consecutive windows of
-one text are still a little correlated, which this ignores): a mean over tokens is the ratio
-``m = Σ_w s_w / Σ_w n_w`` of the windows' sums ``s_w`` and token counts ``n_w``, its standard
-error the cluster-robust (ratio-estimator) one, ``SE² = W/(W-1) · Σ_w (s_w - m n_w)² / (Σ_w n_w)²``
-over W windows (with equal windows: the standard error of the W window means), and the interval
-``m ± 1.96 SE``, a normal approximation (NaN with fewer than 2 windows). Perplexity's interval is
-``exp`` of the mean NLL's. The ratio of perplexities quantized / reference is ``exp`` of the mean
-of the per-token NLL difference, paired over the same tokens, so its interval is much narrower
-than either perplexity's: compare configurations with it, or with the KL divergence.
+**Confidence intervals** (:mod:`nvfp4lab.studies.llm_statistics`): the windows are the
+independent units; every mean (KL divergence, perplexity and its ratio, top-1 agreement) has a 95 %
+interval, and two configurations on the same run compare by :func:`paired_difference`.
 
 **One reference pass for many configurations.** A :class:`ReferenceRun` keeps the reference's
 per-token NLL and, to give its logits again later, the input of its output head (the hidden
@@ -43,7 +35,6 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,13 +46,24 @@ from torch import nn
 from nvfp4lab import corpus
 from nvfp4lab.models import module_device
 from nvfp4lab.settings import tqdm_class
+from nvfp4lab.studies.llm_statistics import (
+    PairedDifference,
+    TokenFidelity,
+    fidelity_of,
+    mean_ci,
+    paired_difference,
+)
 from nvfp4lab.vocab import CorpusPart
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_CONTEXT",
+    "PairedDifference",
     "ReferenceRun",
     "TokenFidelity",
+    "fidelity_of",
+    "mean_ci",
+    "paired_difference",
     "reference_run",
     "token_fidelity",
     "windows_of",
@@ -73,8 +75,6 @@ DEFAULT_CONTEXT = 512
 DEFAULT_BATCH_SIZE = 4
 #: Predicted positions whose float64 log-softmax is computed at once (limits the memory used).
 _ROWS = 256
-#: Two-sided 95 % quantile of the standard normal distribution.
-_Z95 = statistics.NormalDist().inv_cdf(0.975)
 
 #: A causal LM: ``model(input_ids=int64 [B, T])`` returns an object with ``.logits`` ``[B, T, V]``
 #: (or the logits tensor itself).
@@ -450,76 +450,6 @@ def _keep_hidden(
 # ---------------------------------------------------------------------------------------------
 
 
-def _mean_ci(
-    values: torch.Tensor, counts: Sequence[int]
-) -> tuple[float, tuple[float, float]]:
-    """Mean of ``values`` (float64 ``[Σ counts]``, window after window) and its 95 % interval
-    with the windows as the independent units (cluster-robust standard error; see the module's
-    docstring); the interval is NaN with fewer than two windows."""
-    sums = torch.stack([chunk.sum() for chunk in values.split(list(counts))])
-    n = torch.tensor(counts, dtype=torch.float64)
-    mean = float(sums.sum() / n.sum())
-    windows = len(counts)
-    if windows < 2:
-        return mean, (math.nan, math.nan)
-    spread = float(((sums - mean * n) ** 2).sum())
-    se = math.sqrt(windows / (windows - 1) * spread) / float(n.sum())
-    return mean, (mean - _Z95 * se, mean + _Z95 * se)
-
-
-def _exp_ci(ci: tuple[float, float]) -> tuple[float, float]:
-    return (math.exp(ci[0]), math.exp(ci[1]))
-
-
-@dataclass(frozen=True)
-class TokenFidelity:
-    """A quantized causal LM against its reference on one text (:func:`token_fidelity`).
-
-    ``tokens``: predicted tokens scored (over ``windows`` windows of at most ``context``).
-    ``perplexity`` / ``reference_perplexity``: ``exp(mean NLL)`` of the quantized model and the
-    reference; ``perplexity_ratio``: quantized / reference, ``exp`` of the mean per-token NLL
-    difference. ``kld_mean``, ``kld_p99``: mean and 99th percentile (linear interpolation) of the
-    per-token KL(reference ‖ quantized), nats. ``top1_agreement``: fraction of positions where
-    both models' most likely next token is the same. ``*_ci95``: 95 % confidence intervals,
-    windows as the independent units (see the module's docstring). ``kld``, ``nll``,
-    ``reference_nll``: the per-token values, float64 ``[tokens]`` in window order, CPU;
-    ``window_tokens``: predicted tokens per window.
-    """
-
-    tokens: int
-    windows: int
-    context: int
-    perplexity: float
-    perplexity_ci95: tuple[float, float]
-    reference_perplexity: float
-    reference_perplexity_ci95: tuple[float, float]
-    perplexity_ratio: float
-    perplexity_ratio_ci95: tuple[float, float]
-    kld_mean: float
-    kld_ci95: tuple[float, float]
-    kld_p99: float
-    top1_agreement: float
-    window_tokens: tuple[int, ...] = field(repr=False)
-    kld: torch.Tensor = field(repr=False, compare=False)
-    nll: torch.Tensor = field(repr=False, compare=False)
-    reference_nll: torch.Tensor = field(repr=False, compare=False)
-
-    def row(self) -> dict[str, float | int]:
-        """The scalars as one table row, an interval as its ``_lo`` / ``_hi`` bounds."""
-        out: dict[str, float | int] = {}
-        for name in ("tokens", "windows", "context", "perplexity", "perplexity_ci95",
-                     "reference_perplexity", "reference_perplexity_ci95", "perplexity_ratio",
-                     "perplexity_ratio_ci95", "kld_mean", "kld_ci95", "kld_p99",
-                     "top1_agreement"):
-            value = getattr(self, name)
-            if isinstance(value, tuple):
-                stem = name.removesuffix("_ci95")
-                out[f"{stem}_lo"], out[f"{stem}_hi"] = value
-            else:
-                out[name] = value
-        return out
-
-
 def token_fidelity(
     reference: CausalLM | ReferenceRun,
     quantized: CausalLM,
@@ -582,19 +512,5 @@ def token_fidelity(
             nll.append(n)
             agree.append(a)
             bar.update(len(batch))
-    kld_t, nll_t, agree_t = torch.cat(kld), torch.cat(nll), torch.cat(agree)
-    counts = run.window_tokens
-    kld_mean, kld_ci = _mean_ci(kld_t, counts)
-    nll_mean, nll_ci = _mean_ci(nll_t, counts)
-    ref_mean, ref_ci = _mean_ci(run.nll, counts)
-    diff_mean, diff_ci = _mean_ci(nll_t - run.nll, counts)
-    return TokenFidelity(
-        tokens=run.tokens, windows=len(run.windows), context=run.context,
-        perplexity=math.exp(nll_mean), perplexity_ci95=_exp_ci(nll_ci),
-        reference_perplexity=math.exp(ref_mean), reference_perplexity_ci95=_exp_ci(ref_ci),
-        perplexity_ratio=math.exp(diff_mean), perplexity_ratio_ci95=_exp_ci(diff_ci),
-        kld_mean=kld_mean, kld_ci95=kld_ci,
-        kld_p99=float(torch.quantile(kld_t, 0.99)),
-        top1_agreement=float(agree_t.double().mean()),
-        window_tokens=counts, kld=kld_t, nll=nll_t, reference_nll=run.nll,
-    )
+    return fidelity_of(torch.cat(kld), torch.cat(nll), run.nll, torch.cat(agree),
+                       run.window_tokens, run.context)

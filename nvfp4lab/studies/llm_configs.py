@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 import csv
 import math
+import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,16 +39,20 @@ from nvfp4lab.execution.calibrate import calibration, run_batch
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import tqdm_class
-from nvfp4lab.studies.llm import ReferenceRun, token_fidelity
-from nvfp4lab.vocab import Backend, Convention, KVCacheKind, QuantMethod
+from nvfp4lab.studies.llm import ReferenceRun, TokenFidelity, token_fidelity
+from nvfp4lab.vocab import Backend, KVCacheKind, OrderName, QuantMethod
 
 __all__ = [
     "ANCHORS_PATH",
     "CALIBRATED",
     "DYNAMIC",
+    "HEADLINE_LABELS",
+    "ConfigResult",
     "LLMConfig",
     "anchor_rows",
     "build",
+    "config_result",
+    "config_results",
     "config_row",
     "config_rows",
     "config_text",
@@ -72,7 +78,7 @@ class LLMConfig:
     cache only), ``method`` (``rtn`` / ``gptq``), ``rotation`` (GPTQ on block-Hadamard-rotated
     weights), ``input_scales`` (:data:`DYNAMIC` or :data:`CALIBRATED`, W4A4 only), ``kv_cache``
     (a :class:`~nvfp4lab.vocab.KVCacheKind` value or ``None``), ``convention`` (the weights'
-    arithmetic order: a :class:`~nvfp4lab.vocab.Convention` name or an
+    arithmetic order: a :class:`~nvfp4lab.vocab.OrderName` name or an
     :class:`~nvfp4lab.orders.ArithmeticOrder`; ``studies.llm_llama_cpp`` compares them)."""
 
     label: str
@@ -81,7 +87,7 @@ class LLMConfig:
     rotation: bool = False
     input_scales: str = DYNAMIC
     kv_cache: str | None = None
-    convention: str | ArithmeticOrder = Convention.KERNEL
+    convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL
 
     @property
     def weights(self) -> str:
@@ -148,35 +154,138 @@ def build(reference: nn.Module, config: LLMConfig,
     return model, time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class ConfigResult:
+    """One configuration scored on a reference run (:func:`config_result`): ``config``, its
+    ``fidelity`` (:class:`~nvfp4lab.studies.llm.TokenFidelity`, per-token values kept for
+    :func:`~nvfp4lab.studies.llm.paired_difference`), ``build_seconds`` (GPTQ and calibration
+    included) and ``peak_rss_mb``: the process's peak resident memory while building and scoring
+    it, in MiB (the reference model and run included; None when not measured)."""
+
+    config: LLMConfig
+    fidelity: TokenFidelity
+    build_seconds: float
+    peak_rss_mb: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.config.label
+
+    def row(self) -> dict[str, Any]:
+        """The table row of :func:`config_row`: settings, ``build_seconds``, ``peak_rss_mb``
+        when measured, then :meth:`TokenFidelity.row`."""
+        config = self.config
+        memory = {} if self.peak_rss_mb is None else {"peak_rss_mb": self.peak_rss_mb}
+        return {"label": config.label, "weights": config.weights,
+                "activations": config.activations, "kv_cache": config.kv_cache or "float",
+                "method": config.quant_method if config.backend is not None else "-",
+                "build_seconds": self.build_seconds, **memory, **self.fidelity.row()}
+
+
+def _rss_bytes(field_name: str | None = None) -> int | None:
+    """This process's resident set size now (``field_name`` None, from ``/proc/self/statm``) or
+    its high-water mark (``"VmHWM"`` of ``/proc/self/status``), bytes; None off Linux."""
+    try:
+        if field_name is None:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(f"{field_name}:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class _PeakRSS:
+    """Peak resident memory of this process inside a ``with`` block, MiB (``mb``; None off
+    Linux): the kernel's exact high-water mark when the block raised it, else the largest
+    resident size sampled every ``interval`` seconds by a background thread."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self.interval = interval
+        self.mb: float | None = None
+        self._peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        now = _rss_bytes()
+        if now is not None:
+            self._peak = max(self._peak, now)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> _PeakRSS:
+        self._hwm = _rss_bytes("VmHWM")
+        if self._hwm is not None:
+            self._sample()
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        hwm = _rss_bytes("VmHWM")
+        peak = hwm if hwm is not None and hwm > (self._hwm or 0) else self._peak
+        self.mb = peak / 2**20
+
+
+def config_result(reference: nn.Module, run: ReferenceRun, config: LLMConfig,
+                  calibration_batches: Sequence[Any] = ()) -> ConfigResult:
+    """Build ``config`` from ``reference`` (:func:`build`) and score it on ``run`` (the
+    reference's pass over the evaluation text) with
+    :func:`~nvfp4lab.studies.llm.token_fidelity`, measuring the build's seconds and the peak
+    resident memory of both steps. The model is freed after use."""
+    with _PeakRSS() as peak:
+        model, seconds = build(reference, config, calibration_batches)
+        with torch.no_grad():
+            fidelity = token_fidelity(run, model, progress=False)
+        del model
+    return ConfigResult(config, fidelity, seconds, peak.mb)
+
+
+def config_results(reference: nn.Module, run: ReferenceRun, configs: Sequence[LLMConfig],
+                   calibration_batches: Sequence[Any] = (), *, progress: bool = True
+                   ) -> list[ConfigResult]:
+    """:func:`config_result` of every configuration, in order, with a progress bar over the
+    configurations unless ``progress`` is False."""
+    bar = tqdm_class()(configs, desc="configurations", unit="config", disable=not progress)
+    return [config_result(reference, run, config, calibration_batches) for config in bar]
+
+
 def config_row(reference: nn.Module, run: ReferenceRun, config: LLMConfig,
                calibration_batches: Sequence[Any] = ()) -> dict[str, Any]:
-    """One configuration's row: its settings, the seconds to build it, and
-    :meth:`~nvfp4lab.studies.llm.TokenFidelity.row` on ``run`` (the reference's pass over the
-    evaluation text): perplexity and its ratio to the reference's, mean and p99 KL divergence
-    (nats per token), top-1 agreement, with 95 % intervals. The model is freed after use."""
-    model, seconds = build(reference, config, calibration_batches)
-    row = scored_row(model, seconds, run, config)
-    del model
-    return row
+    """One configuration's row, :meth:`ConfigResult.row` of :func:`config_result`: its
+    settings, the seconds to build it, its peak memory, and
+    :meth:`~nvfp4lab.studies.llm.TokenFidelity.row` on ``run``: perplexity and its ratio to the
+    reference's, mean and p99 KL divergence (nats per token), top-1 agreement, with 95 %
+    intervals. The model is freed after use."""
+    return config_result(reference, run, config, calibration_batches).row()
 
 
 def scored_row(model: nn.Module, seconds: float, run: ReferenceRun,
                config: LLMConfig) -> dict[str, Any]:
-    """:func:`config_row` of an already built ``model`` (``build``'s pair) of ``config``."""
+    """:func:`config_row` of an already built ``model`` (``build``'s pair) of ``config``
+    (no memory measured)."""
     with torch.no_grad():
         fidelity = token_fidelity(run, model, progress=False)
-    return {"label": config.label, "weights": config.weights,
-            "activations": config.activations, "kv_cache": config.kv_cache or "float",
-            "method": config.quant_method if config.backend is not None else "-",
-            "build_seconds": seconds, **fidelity.row()}
+    return ConfigResult(config, fidelity, seconds).row()
 
 
 def config_rows(reference: nn.Module, run: ReferenceRun, configs: Sequence[LLMConfig],
                 calibration_batches: Sequence[Any] = (), *, progress: bool = True
                 ) -> list[dict[str, Any]]:
     """:func:`config_row` of every configuration, in order, with a progress bar."""
-    bar = tqdm_class()(configs, desc="configurations", unit="config", disable=not progress)
-    return [config_row(reference, run, config, calibration_batches) for config in bar]
+    return [result.row() for result in config_results(reference, run, configs,
+                                                      calibration_batches, progress=progress)]
 
 
 def published_anchors(path: str | Path = ANCHORS_PATH) -> list[dict[str, Any]]:
@@ -229,21 +338,41 @@ def anchor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _interval_unit(unit: str, row: dict[str, Any], stem: str, digits: int = 4) -> str:
+    """``unit`` with the row's 95 % interval of ``stem`` (``{stem}_lo`` / ``{stem}_hi``) and its
+    window count, e.g. ``nats/token (95 % interval 0.1001 to 0.1150, 8 windows)``."""
+    lo, hi = row.get(f"{stem}_lo"), row.get(f"{stem}_hi")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{unit} (no interval)"
+    windows = row.get("windows")
+    over = f", {windows} windows" if windows is not None else ""
+    return f"{unit} (95 % interval {lo:.{digits}f} to {hi:.{digits}f}{over})"
+
+
+#: The configurations whose mean KLD is a headline, in order.
+HEADLINE_LABELS = ("W4A16 RTN", "W4A16 GPTQ", "W4A16 MR-GPTQ", "W4A4 RTN, dynamic", "KV nvfp4",
+                   "KV nvfp4_4over6", "KV fp8", "W4A4 + KV nvfp4")
+
+
 def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The notebook's headlines: mean KLD of W4A16 RTN, W4A4 and the KV caches; GPTQ's cut of
-    RTN's mean KLD (%); every one measured against the Q4_1-dequantized reference."""
+    """The notebook's headlines: mean KLD of W4A16 RTN, GPTQ, MR-GPTQ, W4A4 and the KV caches,
+    each with its 95 % interval and window count in the unit; GPTQ's and MR-GPTQ's cut of RTN's
+    mean KLD (%, a point estimate); every one measured against the Q4_1-dequantized
+    reference."""
     out = []
-    for label in ("W4A16 RTN", "W4A4 RTN, dynamic", "KV nvfp4", "KV nvfp4_4over6", "KV fp8",
-                  "W4A4 + KV nvfp4"):
+    for label in HEADLINE_LABELS:
         row = _row(rows, label)
         if row is not None:
             out.append({"name": f"SmolLM2 {label}: mean KLD vs Q4_1-dequantized reference",
-                        "value": round(row["kld_mean"], 4), "unit": "nats/token"})
-    rtn, gptq = _row(rows, "W4A16 RTN"), _row(rows, "W4A16 GPTQ")
-    if rtn is not None and gptq is not None and rtn["kld_mean"] > 0:
-        out.append({"name": "SmolLM2 W4A16: GPTQ's cut of RTN's mean KLD",
-                    "value": round(100.0 * (1.0 - gptq["kld_mean"] / rtn["kld_mean"]), 1),
-                    "unit": "%"})
+                        "value": round(row["kld_mean"], 4),
+                        "unit": _interval_unit("nats/token", row, "kld")})
+    rtn = _row(rows, "W4A16 RTN")
+    for label, name in (("W4A16 GPTQ", "GPTQ"), ("W4A16 MR-GPTQ", "MR-GPTQ")):
+        other = _row(rows, label)
+        if rtn is not None and other is not None and rtn["kld_mean"] > 0:
+            out.append({"name": f"SmolLM2 W4A16: {name}'s cut of RTN's mean KLD",
+                        "value": round(100.0 * (1.0 - other["kld_mean"] / rtn["kld_mean"]), 1),
+                        "unit": "%"})
     return out
 
 
@@ -271,12 +400,18 @@ def plot_configs(rows: Sequence[dict[str, Any]]) -> Any:
 
 
 def config_text(row: dict[str, Any]) -> str:
-    """One line for one :func:`config_rows` row."""
+    """One line for one :func:`config_rows` row, 95 % intervals in brackets."""
+    def interval(stem: str, digits: int) -> str:
+        lo, hi = row.get(f"{stem}_lo"), row.get(f"{stem}_hi")
+        return "" if lo is None or hi is None else f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+
     return (f"{row['label']} (weights {row['weights']}, activations {row['activations']}, KV "
-            f"cache {row['kv_cache']}): mean KLD {row['kld_mean']:.4f} nats/token "
-            f"[{row['kld_lo']:.4f}, {row['kld_hi']:.4f}], p99 {row['kld_p99']:.3f} | perplexity "
-            f"{row['perplexity']:.3f} = {row['perplexity_ratio']:.3f} x the reference's | top-1 "
-            f"agreement {row['top1_agreement']:.3f} | {row['tokens']} tokens")
+            f"cache {row['kv_cache']}): mean KLD {row['kld_mean']:.4f} nats/token"
+            f"{interval('kld', 4)}, p99 {row['kld_p99']:.3f} | perplexity "
+            f"{row['perplexity']:.3f} = {row['perplexity_ratio']:.3f}"
+            f"{interval('perplexity_ratio', 3)} x the reference's | top-1 agreement "
+            f"{row['top1_agreement']:.3f}{interval('top1', 3)} | {row['tokens']} tokens in "
+            f"{row.get('windows', '?')} windows")
 
 
 def llm_explorer(

@@ -130,7 +130,7 @@ def test_identical_models_agree_exactly(pair: tuple[Any, Any]) -> None:
     assert got.kld_ci95 == (0.0, 0.0)
     assert got.perplexity == got.reference_perplexity
     assert got.perplexity_ratio == 1.0 and got.perplexity_ratio_ci95 == (1.0, 1.0)
-    assert got.top1_agreement == 1.0
+    assert got.top1_agreement == 1.0 and got.top1_ci95 == (1.0, 1.0)
     assert torch.equal(got.nll, got.reference_nll)
 
 
@@ -154,6 +154,9 @@ def test_confidence_intervals_over_windows(pair: tuple[Any, Any]) -> None:
         tuple(math.exp(v) for v in interval(got.reference_nll)), rel=1e-9)
     assert got.perplexity_ratio_ci95 == pytest.approx(
         tuple(math.exp(v) for v in interval(got.nll - got.reference_nll)), rel=1e-9)
+    assert got.top1.dtype == torch.float64 and set(got.top1.tolist()) == {0.0, 1.0}
+    assert got.top1_agreement == pytest.approx(statistics.fmean(got.top1.tolist()), rel=1e-12)
+    assert got.top1_ci95 == pytest.approx(interval(got.top1), rel=1e-9)
     lo, hi = got.kld_ci95
     assert lo < got.kld_mean < hi
     # the paired ratio is tighter than the ratio of the two perplexities' intervals
@@ -163,7 +166,13 @@ def test_confidence_intervals_over_windows(pair: tuple[Any, Any]) -> None:
     assert one.windows == 1 and all(math.isnan(v) for v in one.kld_ci95)
     row = got.row()
     assert row["kld_lo"] == lo and row["kld_hi"] == hi and row["tokens"] == got.tokens
-    assert "kld_ci95" not in row and len(row) == 17
+    assert "kld_ci95" not in row and len(row) == 19
+    assert (row["top1_lo"], row["top1_hi"]) == got.top1_ci95
+    old_keys = ["tokens", "windows", "context", "perplexity", "perplexity_lo", "perplexity_hi",
+                "reference_perplexity", "reference_perplexity_lo", "reference_perplexity_hi",
+                "perplexity_ratio", "perplexity_ratio_lo", "perplexity_ratio_hi", "kld_mean",
+                "kld_lo", "kld_hi", "kld_p99", "top1_agreement"]
+    assert [k for k in row if k in old_keys] == old_keys  # the old keys, in their old order
 
 
 def test_a_reference_run_serves_many_comparisons(pair: tuple[Any, Any]) -> None:
