@@ -24,6 +24,7 @@ from tests.checkpoint.hf_cache import hf_cache_layout
 __all__ = [
     "ARCHITECTURES",
     "TINY_VOCAB",
+    "cast_parameters",
     "save_hf_cache",
     "tiny_config",
     "tiny_model",
@@ -105,6 +106,16 @@ def tiny_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float3
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
                                                  attn_implementation=_attention(config))
     return model.to(dtype).eval()
+
+
+def cast_parameters(model: Any, dtype: torch.dtype) -> Any:
+    """A copy of ``model`` cast as transformers loads a checkpoint in ``dtype``: the parameters
+    in ``dtype``, the buffers (RoPE's ``inv_freq``, float32) as they are. ``model.to(dtype)``
+    would round ``inv_freq`` to ``dtype`` too, which a loaded model never does."""
+    out = copy.deepcopy(model)
+    for param in out.parameters():  # a tied head shares its Parameter: cast once
+        param.data = param.data.to(dtype)
+    return out
 
 
 def tiny_tokenizer() -> Any:
