@@ -203,7 +203,7 @@ def _lead_sentence(verdict: FamilyVerdict, digits: int) -> str:
     parts = []
     if ties:
         names = ", ".join(c.result.label for c in ties)
-        parts.append(f"it ties with {names} (the same mean KLD; listed first, it is named)")
+        parts.append(f"it ties with {names} (the same mean KLD; the one listed first is named)")
     if not_significant:
         each = "; over ".join(f"{c.result.label} ({c.kld.text(digits)})" for c in not_significant)
         parts.append(f"its lead over {each} is **not significant**")

@@ -130,3 +130,47 @@ def test_explorer_starts_from_the_setup_cell() -> None:
     assert "1.q_proj" in text(box)
     with pytest.raises(ValueError, match="at least one configuration"):
         lc.llm_explorer(reference, IDS[:1], run, [])
+
+
+def test_config_result_is_config_row_with_per_token_values() -> None:
+    reference = tiny_llama()
+    run = llm.reference_run(reference, IDS[0], context=8, progress=False)
+    config = lc.LLMConfig("W4A16 RTN", Backend.W4A16)
+    result = lc.config_result(reference, run, config)
+    row = lc.config_row(reference, run, config)
+    timing = ("build_seconds", "peak_rss_mb")  # measured anew each time
+    assert {k: v for k, v in result.row().items() if k not in timing} == \
+        {k: v for k, v in row.items() if k not in timing}
+    assert set(row) == set(result.row()) and result.label == "W4A16 RTN"
+    old_keys = {"label", "weights", "activations", "kv_cache", "method", "build_seconds",
+                *result.fidelity.row()}
+    assert old_keys <= set(row) and {"top1_lo", "top1_hi", "peak_rss_mb"} <= set(row)
+    model, seconds = lc.build(reference, config)
+    scored = lc.scored_row(model, seconds, run, config)
+    assert set(scored) == set(row) - {"peak_rss_mb"}
+    assert torch.equal(result.fidelity.kld, llm.token_fidelity(run, model, progress=False).kld)
+    assert result.peak_rss_mb is not None and result.peak_rss_mb > 10  # a Python with torch
+    (again,) = lc.config_results(reference, run, [config], progress=False)
+    assert again.fidelity == result.fidelity and "[" in lc.config_text(row)
+
+
+def test_peak_memory_sees_an_allocation_inside_the_block() -> None:
+    before = lc._rss_bytes() / 2**20
+    with lc._PeakRSS() as peak:
+        big = torch.ones(64 * 2**20 // 4 * 4)  # 256 MiB of float32, every page written
+        del big
+    assert peak.mb is not None and peak.mb >= before + 250
+    with lc._PeakRSS() as quiet:
+        pass
+    assert quiet.mb is not None and quiet.mb < peak.mb
+
+
+def test_headlines_carry_intervals_and_mr_gptq() -> None:
+    rows = [{**_row("W4A16 RTN", 0.2), "windows": 8}, {**_row("W4A16 GPTQ", 0.1), "windows": 8},
+            {**_row("W4A16 MR-GPTQ", 0.05), "windows": 8}]
+    heads = {h["name"]: h for h in lc.headline_numbers(rows)}
+    mr = heads["SmolLM2 W4A16 MR-GPTQ: mean KLD vs Q4_1-dequantized reference"]
+    assert mr["value"] == 0.05
+    assert mr["unit"] == "nats/token (95 % interval 0.0450 to 0.0550, 8 windows)"
+    assert heads["SmolLM2 W4A16: MR-GPTQ's cut of RTN's mean KLD"]["value"] == 75.0
+    assert heads["SmolLM2 W4A16: GPTQ's cut of RTN's mean KLD"]["value"] == 50.0
