@@ -44,12 +44,14 @@ from nvfp4lab.layout import swizzle_scales, unswizzle_scales
 from nvfp4lab.orders import ORDERS, ArithmeticOrder
 from nvfp4lab.scales import decode_to_encode_scale, encode_to_decode_scale
 from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor
-from nvfp4lab.vocab import Backend, BiasMode, Convention
+from nvfp4lab.vocab import Backend, BiasMode, OrderName
 
 __version__ = "0.1.0"
 
-#: Conventions (arithmetic orders) of quantize/fake_quantize.
-CONVENTIONS: tuple[str, ...] = tuple(Convention)
+#: The arithmetic orders' names (``order=`` of quantize / fake_quantize / quantize_model).
+ORDER_NAMES: tuple[str, ...] = tuple(OrderName)
+#: The old name of :data:`ORDER_NAMES` (the same tuple).
+CONVENTIONS = ORDER_NAMES
 
 # public name -> module that defines it, imported on first use
 _LAZY: dict[str, str] = {
@@ -98,6 +100,7 @@ _SUBMODULES = (
 
 __all__ = [
     "CONVENTIONS",
+    "ORDER_NAMES",
     "FUSED_GROUPS",
     "ORDERS",
     "SHARE_PRESETS",
@@ -106,7 +109,7 @@ __all__ = [
     "BackendChoice",
     "BiasMode",
     "CalibrationResult",
-    "Convention",
+    "OrderName",
     "DroppedBiasWarning",
     "GPTQFallbackWarning",
     "GPTQOptions",
@@ -151,6 +154,8 @@ def __getattr__(name: str) -> Any:
         return value
     if name in _SUBMODULES:
         return importlib.import_module(f"nvfp4lab.{name}")
+    if name == "Convention":  # the old name of OrderName (issue 33), warns
+        return getattr(importlib.import_module("nvfp4lab.vocab"), name)
     raise AttributeError(f"module 'nvfp4lab' has no attribute {name!r}")
 
 

@@ -43,7 +43,7 @@ from nvfp4lab.scales import (
     scale_elements,
 )
 from nvfp4lab.tensor import block_decode_factor, decode_blocks
-from nvfp4lab.vocab import Convention, Rounding
+from nvfp4lab.vocab import OrderName, Rounding
 
 __all__ = [
     "block_scales_from_blocks",
@@ -129,7 +129,7 @@ def _round_codes(
 def block_scales_from_blocks(
     blocks: torch.Tensor,
     scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL,
     *,
     target: float = E2M1_MAX,
 ) -> torch.Tensor:
@@ -149,7 +149,7 @@ def encode_blocks(
     blocks: torch.Tensor,
     scales: torch.Tensor,
     scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL,
     *,
     rounding: str = Rounding.RNE,
     generator: torch.Generator | None = None,
@@ -172,7 +172,7 @@ def decode_codes(
     codes: torch.Tensor,
     scales: torch.Tensor,
     scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL,
 ) -> torch.Tensor:
     """float32 values of ``codes [..., nb, B]`` at block ``scales [..., nb]`` and tensor ``scale``
     (the order's form), by the order's :class:`~nvfp4lab.orders.DecodeRule`."""
@@ -196,7 +196,7 @@ def _exact_decode_scale(order: ArithmeticOrder, scale: torch.Tensor) -> torch.Te
 def fixed_scale_codec(
     scales: torch.Tensor,
     scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
     """``(encode, decode)`` at fixed float32 block ``scales [..., nb]`` and tensor ``scale`` (the
     order's form): ``encode(blocks [..., nb, B])`` is :func:`encode_blocks` (the order's
@@ -224,7 +224,7 @@ def fixed_scale_codec(
 def multiply_factors(
     scales: torch.Tensor,
     scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """What :func:`fixed_scale_codec` computes once per block, as numbers, for an order that
     scales its elements by a multiply (``ElementScaling.MULTIPLY_BY_INVERSE``) and rounds them
@@ -243,7 +243,7 @@ def multiply_factors(
 def quantize_blocks(
     blocks: torch.Tensor,
     global_scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL,
     *,
     targets: Sequence[float] = (E2M1_MAX,),
     rounding: str = Rounding.RNE,

@@ -4,7 +4,7 @@ Every call runs the same steps: check the input once, pad/rotate it, choose the 
 cut it into blocks, then per block pick an E4M3 scale and round the elements to E2M1 codes.
 Plain NVFP4 is the default of every option; the research options change one step each.
 
-Arithmetic (``convention``, the order of operations): a :class:`~nvfp4lab.vocab.Convention` name
+Arithmetic (``convention``, the order of operations): a :class:`~nvfp4lab.vocab.OrderName` name
 or an :class:`~nvfp4lab.orders.ArithmeticOrder`; :mod:`nvfp4lab.orders` states each order step by
 step and this module only reads those steps. ``"kernel"`` (default) is vLLM's float32 reference
 of its CUDA kernel, ``"compressed-tensors"`` compressed-tensors 0.20 bit for bit, ``"modelopt"``
@@ -18,11 +18,11 @@ a tensor scale, on many more (its block scales alone span E4M3's range). The blo
 included; the input check, the NaN/Inf-aware amax and the cut into blocks are
 :mod:`nvfp4lab.inputs`' (``check_input``, ``finite_amax``, ``split_blocks`` re-exported here).
 
-Tensor scale (``global_scale``, ENCODE convention ``2688 / amax``)
+Tensor scale (``global_scale``, ENCODE form ``2688 / amax``)
     ``None`` (default) computes it from ``amax(|x|)`` (:func:`compute_global_scale`; with a
     non-default ``scale_selection`` the numerator is 1536 = 256·6, see below); a float or a
     one-element tensor is used as given; ``1.0`` means "no tensor scale" (the block scales alone
-    must then cover the data's range, E4M3 spanning 2^-9..448). A DECODE-convention scale
+    must then cover the data's range, E4M3 spanning 2^-9..448). A DECODE-form scale
     (ModelOpt ``weight_scale_2``, torchao ``per_tensor_scale``) must be inverted first.
 
 Blocks (``block_size``)
@@ -106,7 +106,7 @@ from nvfp4lab.inputs import (
     to_blocks,
 )
 from nvfp4lab.kernels import quantize as fused_kernels
-from nvfp4lab.options import NVFP4Options, nvfp4_options
+from nvfp4lab.options import NVFP4Options, nvfp4_options, order_argument
 from nvfp4lab.orders import KERNEL_MAX_GLOBAL_SCALE, ArithmeticOrder, TensorScaleRule
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import (
@@ -117,7 +117,7 @@ from nvfp4lab.scales import (
     tensor_scale_from_amax,
 )
 from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor, block_chunks, decode_blocks
-from nvfp4lab.vocab import Convention, NonFinite
+from nvfp4lab.vocab import NonFinite, OrderName
 
 __all__ = [
     "KERNEL_MAX_GLOBAL_SCALE",
@@ -148,12 +148,12 @@ class ScaleUnderflowWarning(UserWarning):
 def _warn_if_everything_underflows(gs: float, amax: float) -> None:
     """Every block scale is at most ``gs * amax / 6``; at or below 2**-10 (half of E4M3's
     smallest subnormal) all of them round to zero and the whole tensor quantizes to zeros: the
-    classic sign of a DECODE-convention scale passed where the ENCODE one is expected."""
+    classic sign of a DECODE-form scale passed where the ENCODE one is expected."""
     if amax > 0 and gs * amax / E2M1_MAX <= 2.0**-10:
         warnings.warn(
             f"global_scale {gs:.6g} maps this tensor's amax {amax:.6g} to block scales below "
             f"E4M3's smallest (2**-9): every block quantizes to zero. nvfp4lab takes the ENCODE "
-            f"convention, 2688/amax = {GLOBAL_SCALE_NUMERATOR / amax:.6g} here; a DECODE scale "
+            f"form, 2688/amax = {GLOBAL_SCALE_NUMERATOR / amax:.6g} here; a DECODE scale "
             "(amax/2688: torchao per_tensor_scale, ModelOpt weight_scale_2 / input_scale) must be "
             "converted with nvfp4lab.decode_to_encode_scale",
             ScaleUnderflowWarning,
@@ -194,7 +194,7 @@ def _warn_if_blocks_vanish(
         else f"2688/amax is not finite in the {order.name} order's arithmetic, so it takes 1.0"
     )
     other = (
-        f", or convention={Convention.COMPRESSED_TENSORS.value!r} (no cap; float32 inputs)"
+        f", or convention={OrderName.COMPRESSED_TENSORS.value!r} (no cap; float32 inputs)"
         if order.max_global_scale is not None and GLOBAL_SCALE_NUMERATOR / a < 3.4e38 else ""
     )
     warnings.warn(
@@ -338,11 +338,13 @@ def _encode_blocks(
 def compute_global_scale(
     x: torch.Tensor,
     *,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    order: str | ArithmeticOrder | None = None,
     numerator: float = GLOBAL_SCALE_NUMERATOR,
+    convention: str | ArithmeticOrder | None = None,
 ) -> torch.Tensor:
-    """ENCODE-convention global scale ``numerator / amax(|x|)`` as float32 ``[1]``.
+    """ENCODE-form global scale ``numerator / amax(|x|)`` as float32 ``[1]``.
 
+    ``order`` (old keyword: ``convention``) names the arithmetic order.
     ``numerator``: 2688 = 448·6 for NVFP4 (Four Over Six uses 1536 = 256·6). ``kernel``: the
     division in float32 (NOT torch's ``2688 / t``, which is ``reciprocal(t) * 2688`` and differs
     by one ulp for about a quarter of amax values); ``compressed-tensors``: in ``x.dtype`` (a
@@ -352,7 +354,7 @@ def compute_global_scale(
     the scale at 2**116 (amax < 3.2e-32) so its reciprocal arithmetic cannot overflow.
     """
     check_input(x)
-    order = get_order(convention)
+    order = get_order(order_argument(order, convention))
     if x.is_meta:
         return torch.empty(1, dtype=torch.float32, device="meta")
     amax = finite_amax(x.detach(), NonFinite.PROPAGATE)
@@ -364,7 +366,8 @@ def quantize(
     global_scale: torch.Tensor | float | None = None,
     *,
     block_size: int | tuple[int, int] = BLOCK_SIZE,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    order: str | ArithmeticOrder | None = None,
+    convention: str | ArithmeticOrder | None = None,
     pad: bool = False,
     nonfinite: str = NonFinite.RAISE,
     decode_scale: torch.Tensor | float | None = None,
@@ -373,7 +376,9 @@ def quantize(
 ) -> NVFP4Tensor:
     """Quantize ``x`` (fp32/bf16/fp16, ``[..., K]``) to an :class:`NVFP4Tensor`.
 
-    ``global_scale``: ENCODE convention (2688/amax); None computes it. ``decode_scale``: instead
+    ``order``: the arithmetic order, an :class:`~nvfp4lab.vocab.OrderName` name or an
+    :class:`~nvfp4lab.orders.ArithmeticOrder` (``convention``: its old keyword, still accepted).
+    ``global_scale``: ENCODE form (2688/amax); None computes it. ``decode_scale``: instead
     of it, the DECODE scale (amax/2688, e.g. ModelOpt's ``weight_scale_2``), used exactly by
     ``convention="modelopt"`` (whose arithmetic is written in it) and kept by the result
     (``NVFP4Tensor.decode_scale``); other conventions use its reciprocal. ``options``: the research
@@ -385,7 +390,8 @@ def quantize(
     :func:`fake_quantize`, a straight-through estimator.
     """
     opts = nvfp4_options(
-        block_size=block_size, convention=convention, pad=pad, nonfinite=nonfinite, **options
+        block_size=block_size, order=order, convention=convention, pad=pad,
+        nonfinite=nonfinite, **options,
     )
     if _fused_route(x, opts, decode_scale, fused):
         first, scale = _fused_prepare(x, global_scale, opts)

@@ -20,7 +20,7 @@ E4M3_MIN_SUBNORMAL: float = 2.0**-9
 
 #: NVFP4 block size along the last (K, reduction) dimension.
 BLOCK_SIZE: int = 16
-#: Numerator of the ENCODE-convention global scale: ``global_scale = 2688 / amax``.
+#: Numerator of the ENCODE-form global scale: ``global_scale = 2688 / amax``.
 GLOBAL_SCALE_NUMERATOR: float = E4M3_MAX * E2M1_MAX
 
 #: compressed-tensors replaces a zero block scale by the E4M3 "eps" 0.125.

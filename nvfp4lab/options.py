@@ -18,7 +18,7 @@ from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.hadamard import check_seed
 from nvfp4lab.orders import ArithmeticOrder, check_steps
 from nvfp4lab.orders import get as get_order
-from nvfp4lab.vocab import Convention, NonFinite, Rounding, ScaleSelection, check_choice
+from nvfp4lab.vocab import NonFinite, OrderName, Rounding, ScaleSelection, check_choice
 
 __all__ = [
     "DEFAULT_SEARCH_TARGETS",
@@ -26,6 +26,7 @@ __all__ = [
     "NVFP4Options",
     "block_shape",
     "nvfp4_options",
+    "order_argument",
 ]
 
 #: E4M3 "max" in the tensor scale of the non-default scale selections (Four Over Six paper).
@@ -48,7 +49,7 @@ class NVFP4Options:
     """
 
     block_shape: tuple[int, int] = (1, BLOCK_SIZE)
-    convention: Convention = Convention.KERNEL
+    convention: OrderName = OrderName.VLLM_KERNEL
     pad: bool = False
     nonfinite: NonFinite = NonFinite.RAISE
     rounding: Rounding = Rounding.RNE
@@ -131,10 +132,28 @@ def _search_targets(targets: object) -> tuple[float, ...]:
     return values
 
 
+def order_argument(
+    order: str | ArithmeticOrder | None, convention: str | ArithmeticOrder | None
+) -> str | ArithmeticOrder:
+    """The arithmetic order a call names: ``order=`` (its keyword since issue 33) or
+    ``convention=`` (the old keyword, still accepted); the default order (``"kernel"``, vLLM's
+    CUDA quantize kernel's arithmetic) when neither is given. Both given and different:
+    ValueError naming both."""
+    if order is None:
+        return OrderName.VLLM_KERNEL if convention is None else convention
+    if convention is not None and convention != order:
+        raise ValueError(
+            f"order={order!r} and convention={convention!r} disagree: convention= is the old "
+            "name of order=, give only order="
+        )
+    return order
+
+
 def nvfp4_options(
     *,
     block_size: int | tuple[int, int] = BLOCK_SIZE,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    order: str | ArithmeticOrder | None = None,
+    convention: str | ArithmeticOrder | None = None,
     pad: bool = False,
     nonfinite: str = NonFinite.RAISE,
     rounding: str = Rounding.RNE,
@@ -145,13 +164,14 @@ def nvfp4_options(
 ) -> NVFP4Options:
     """Validate the pipeline's options; ValueError names the bad one and the accepted values.
 
-    ``convention``: a :class:`~nvfp4lab.vocab.Convention` name, or an
-    :class:`~nvfp4lab.orders.ArithmeticOrder` (a custom order, e.g. a registered one with a step
-    changed by ``dataclasses.replace``).
+    ``order`` (or its old name ``convention``, :func:`order_argument`): an
+    :class:`~nvfp4lab.vocab.OrderName` name, or an :class:`~nvfp4lab.orders.ArithmeticOrder` (a
+    custom order, e.g. a registered one with a step changed by ``dataclasses.replace``).
     """
+    convention = order_argument(order, convention)
     shape = block_shape(block_size)
     custom = check_steps(convention) if isinstance(convention, ArithmeticOrder) else None
-    conv = custom.convention if custom else check_choice("convention", convention, Convention)
+    conv = custom.convention if custom else check_choice("convention", convention, OrderName)
     policy = check_choice("nonfinite policy", nonfinite, NonFinite)
     rnd = check_choice("rounding", rounding, Rounding)
     selection = check_choice("scale_selection", scale_selection, ScaleSelection)

@@ -1,4 +1,4 @@
-"""Arithmetic orders as data: how each :class:`~nvfp4lab.vocab.Convention` computes NVFP4.
+"""Arithmetic orders as data: how each :class:`~nvfp4lab.vocab.OrderName` computes NVFP4.
 
 NVFP4's format is fixed (E2M1 codes, one E4M3 scale per 16 values, one FP32 tensor scale), but
 the float32 arithmetic that picks the scales and codes is not: libraries differ in where they
@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 
 from nvfp4lab.constants import CT_ZERO_SCALE_REPLACEMENT, E4M3_MIN_SUBNORMAL
-from nvfp4lab.vocab import Convention, check_choice
+from nvfp4lab.vocab import OrderName, check_choice
 
 __all__ = [
     "ENUM_FIELDS",
@@ -169,7 +169,7 @@ class ArithmeticOrder:
     ENCODE scale the order accepts (None: any finite one). ``source``: where the order comes from.
     """
 
-    convention: Convention
+    convention: OrderName
     scale_form: ScaleForm
     tensor_scale: TensorScaleRule
     block_scale: BlockScaleRule
@@ -202,9 +202,9 @@ def _enum_fields() -> dict[str, type[Enum]]:
 ENUM_FIELDS: dict[str, type[Enum]] = _enum_fields()
 
 #: Every arithmetic order nvfp4lab runs, by convention.
-ORDERS: dict[Convention, ArithmeticOrder] = {
-    Convention.KERNEL: ArithmeticOrder(
-        Convention.KERNEL,
+ORDERS: dict[OrderName, ArithmeticOrder] = {
+    OrderName.VLLM_KERNEL: ArithmeticOrder(
+        OrderName.VLLM_KERNEL,
         scale_form=ScaleForm.ENCODE,
         tensor_scale=TensorScaleRule.FLOAT32_DIVISION,
         block_scale=BlockScaleRule.ENCODE_TIMES_AMAX_TIMES_INVERSE_TARGET,
@@ -215,8 +215,8 @@ ORDERS: dict[Convention, ArithmeticOrder] = {
         max_global_scale=KERNEL_MAX_GLOBAL_SCALE,
         source="vLLM 0.33: the float32 reference of its CUDA NVFP4 quantize kernel",
     ),
-    Convention.COMPRESSED_TENSORS: ArithmeticOrder(
-        Convention.COMPRESSED_TENSORS,
+    OrderName.COMPRESSED_TENSORS: ArithmeticOrder(
+        OrderName.COMPRESSED_TENSORS,
         scale_form=ScaleForm.ENCODE,
         tensor_scale=TensorScaleRule.INPUT_DTYPE_RECIPROCAL,
         block_scale=BlockScaleRule.ENCODE_TIMES_AMAX_OVER_TARGET_IN_INPUT_DTYPE,
@@ -227,8 +227,8 @@ ORDERS: dict[Convention, ArithmeticOrder] = {
         zero_scale_replacement=CT_ZERO_SCALE_REPLACEMENT,
         source="compressed-tensors 0.20: its NVFP4 quantize and global-scale helpers",
     ),
-    Convention.MODELOPT: ArithmeticOrder(
-        Convention.MODELOPT,
+    OrderName.MODELOPT: ArithmeticOrder(
+        OrderName.MODELOPT,
         scale_form=ScaleForm.DECODE,
         tensor_scale=TensorScaleRule.DECODE_FLOAT32_DIVISION,
         block_scale=BlockScaleRule.AMAX_OVER_TARGET_TIMES_DECODE,
@@ -240,8 +240,8 @@ ORDERS: dict[Convention, ArithmeticOrder] = {
         min_block_scale=E4M3_MIN_SUBNORMAL,
         source="NVIDIA ModelOpt 0.47: NVFP4QTensor.quantize and its dequantize",
     ),
-    Convention.LLAMA_CPP: ArithmeticOrder(
-        Convention.LLAMA_CPP,
+    OrderName.LLAMA_CPP: ArithmeticOrder(
+        OrderName.LLAMA_CPP,
         scale_form=ScaleForm.ENCODE,
         tensor_scale=TensorScaleRule.UNIT,
         block_scale=BlockScaleRule.PRESCALED_AMAX_OVER_TARGET,
@@ -280,4 +280,4 @@ def get(order: str | ArithmeticOrder) -> ArithmeticOrder:
     the vocabulary's one error, ``unknown convention …; accepted values: …``."""
     if isinstance(order, ArithmeticOrder):
         return order
-    return ORDERS[check_choice("convention", order, Convention)]  # type: ignore[index]
+    return ORDERS[check_choice("convention", order, OrderName)]  # type: ignore[index]

@@ -39,7 +39,7 @@ from nvfp4lab.orders import (
     TensorScaleRule,
 )
 from nvfp4lab.orders import get as get_order
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 
 __all__ = [
     "KERNEL_MAX_GLOBAL_SCALE",
@@ -61,7 +61,7 @@ __all__ = [
 
 #: ModelOpt clamps every block scale to at least E4M3's smallest subnormal (the modelopt order's
 #: ``min_block_scale``, stated once in :mod:`nvfp4lab.orders`).
-MODELOPT_MIN_BLOCK_SCALE: float = ORDERS[Convention.MODELOPT].min_block_scale
+MODELOPT_MIN_BLOCK_SCALE: float = ORDERS[OrderName.MODELOPT].min_block_scale
 
 
 def abs_max(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -80,7 +80,7 @@ def abs_max(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
 def as_global_scale(
     global_scale: torch.Tensor | float, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """Validate an ENCODE-convention global scale and return it as float32 ``[1]`` on ``device``.
+    """Validate an ENCODE-form global scale and return it as float32 ``[1]`` on ``device``.
 
     Raises ValueError for a wrong element count, or (off the meta device) a value that is not
     finite and > 0.
@@ -105,8 +105,8 @@ def as_global_scale(
         value = float(gs)
         if not (math.isfinite(value) and value > 0):
             raise ValueError(
-                f"global_scale must be finite and > 0 (ENCODE convention, 2688/amax), got {value}. "
-                "A DECODE-convention scale (amax/2688, e.g. ModelOpt weight_scale_2 or torchao "
+                f"global_scale must be finite and > 0 (ENCODE form, 2688/amax), got {value}. "
+                "A DECODE-form scale (amax/2688, e.g. ModelOpt weight_scale_2 or torchao "
                 "per_tensor_scale) must be inverted first: pass 1/scale."
             )
     return gs
@@ -249,7 +249,7 @@ def _round_e4m3(pre: torch.Tensor, rounding: E4M3Rounding) -> torch.Tensor:
 def block_scales_from_amax(
     amax: torch.Tensor,
     global_scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL,
     target: float = E2M1_MAX,
 ) -> torch.Tensor:
     """float32 block scales (E4M3 values) mapping each block max ``amax [..., nb]`` to ``target``.
@@ -304,7 +304,7 @@ def element_multiplier(scales: torch.Tensor, global_scale: torch.Tensor) -> torc
 def element_scaler(
     scales: torch.Tensor,
     global_scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """The order's element scaling at fixed float32 block ``scales [..., nb]``, its per-block
     factor computed once: a function of ``blocks [..., nb, B]`` returning float32
@@ -349,7 +349,7 @@ def scale_elements(
     blocks: torch.Tensor,
     scales: torch.Tensor,
     global_scale: torch.Tensor,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL,
 ) -> torch.Tensor:
     """float32 ``x * gs / s`` clamped to ±6 for ``blocks [..., nb, B]`` and float32 ``scales``,
     by the order's :class:`~nvfp4lab.orders.ElementScaling` (``global_scale`` in the order's form;

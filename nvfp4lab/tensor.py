@@ -4,7 +4,7 @@ Conventions
 -----------
 * ``packed``: uint8 ``[..., Kp/2]``, two E2M1 codes per byte, element ``2i`` in the low nibble.
 * ``scales``: ``torch.float8_e4m3fn`` ``[..., Kp/block]``, plain row-major layout (as on disk).
-* ``global_scale``: float32 ``[1]`` in the ENCODE convention, ``2688 / amax`` (what
+* ``global_scale``: float32 ``[1]`` in the ENCODE form, ``2688 / amax`` (what
   compressed-tensors stores as ``weight_global_scale`` / ``input_global_scale``). The DECODE
   convention (torchao ``per_tensor_scale``, ModelOpt ``weight_scale_2``) is its reciprocal.
 * ``shape``: the original shape; its last dim ``K`` may be smaller than ``Kp`` when the input was
@@ -72,7 +72,7 @@ def decode_blocks(
     decode_scale)`` when the exact DECODE scale is given (ModelOpt's and vLLM's decode order).
 
     ``codes``: uint8 ``[..., nb, block]``; ``scales``: ``[..., nb]`` (any float dtype holding the
-    E4M3 values); ``global_scale``: float32 ``[1]`` (encode convention). Returns float32 of the
+    E4M3 values); ``global_scale``: float32 ``[1]`` (encode form). Returns float32 of the
     shape of ``codes``.
     """
     block_factor = block_decode_factor(scales, global_scale, decode_scale)
@@ -107,7 +107,7 @@ class NVFP4Tensor:
     ``decode_scale``: the exact DECODE tensor scale (amax/2688) when the producer stored one
     (ModelOpt's ``weight_scale_2``, or a ``convention="modelopt"`` quantization); decoding then
     multiplies by it, as ModelOpt and vLLM do, and ``global_scale`` is its float32 reciprocal.
-    See the module docstring for the layout and scale conventions. NaN or negative block scales
+    See the module docstring for the layout and scale forms. NaN or negative block scales
     are refused (:func:`invalid_block_scales`) unless ``check_scales=False``, the opt-out for
     studying broken data. Two NVFP4Tensors are ``==`` when their bytes, global scale, shape, dtype
     and block size are identical.

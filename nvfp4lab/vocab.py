@@ -10,7 +10,7 @@ vocabulary             values                                                   
 :class:`Backend`       native, emulation, w4a16, q8_0 (``"auto"`` asks the dispatcher)  execution
 :class:`GemmPath`      Backend's four plus bf16 and fp8 (roofline paths)               roofline
 :class:`BiasMode`      output, fp32, dropped                                           execution
-:class:`Convention`    kernel, compressed-tensors, modelopt (arithmetic orders)        codec
+:class:`OrderName`    kernel, compressed-tensors, modelopt (arithmetic orders)        codec
 :class:`Rounding`      rne, stochastic                                                 codec
 :class:`ScaleSelection`  amax, four_over_six, mse_search                               codec
 :class:`NonFinite`     raise, propagate                                                codec
@@ -38,10 +38,10 @@ The overlaps, one line each (a value is written once: the later enum takes it fr
 - ``Backend`` / ``GemmPath`` / ``Numerics``: what an NVFP4 layer runs / that plus the unquantized
   ``bf16`` and ``fp8`` GEMMs the roofline models / what a vLLM or llama.cpp kernel computes (that
   plus ``w4a8`` and ``q8_1``).
-- ``Convention`` / ``CheckpointFormat``: the arithmetic order in memory (``kernel`` included) /
+- ``OrderName`` / ``CheckpointFormat``: the arithmetic order in memory (``kernel`` included) /
   the disk family, named after the order its producer computes in, with its global-scale storage
   (``gguf`` is named after its file: llama.cpp's container, not an order).
-- ``Convention`` / ``Engine``: ``llama.cpp`` is ggml's quantizer order (in memory) / the engine
+- ``OrderName`` / ``Engine``: ``llama.cpp`` is ggml's quantizer order (in memory) / the engine
   whose execution path :func:`nvfp4lab.select_backend` models.
 - ``GemmPath`` / ``KVCacheKind``: ``fp8`` is the unquantized FP8 GEMM the roofline models / the
   FP8 E4M3 KV cache (vLLM spells both ``fp8``).
@@ -66,7 +66,6 @@ __all__ = [
     "Backend",
     "BiasMode",
     "CheckpointFormat",
-    "Convention",
     "CorpusPart",
     "Engine",
     "FusedMode",
@@ -75,6 +74,7 @@ __all__ = [
     "NativeIsa",
     "NonFinite",
     "Numerics",
+    "OrderName",
     "Platform",
     "QuantMethod",
     "Rounding",
@@ -129,14 +129,18 @@ class BiasMode(StrEnum):
     DROPPED = "dropped"  #: not at all: the seed's emulation bug, reproduced on purpose
 
 
-class Convention(StrEnum):
-    """Arithmetic order of quantization (see :mod:`nvfp4lab.codec`).
+class OrderName(StrEnum):
+    """The name of an arithmetic order of quantization (its steps: :mod:`nvfp4lab.orders`).
 
-    Convention = how the numbers are computed (in memory); :class:`CheckpointFormat` = which disk
+    An order = how the numbers are computed (in memory); :class:`CheckpointFormat` = which disk
     family stores them (its members share these values; ``kernel`` has no disk family).
+    ``VLLM_KERNEL`` (value ``"kernel"``) is the arithmetic of vLLM's CUDA quantize kernel, the
+    default; its member is also reachable as ``KERNEL`` (the name before issue 33). The value
+    stays ``"kernel"``: results shards, CSV columns and the command line store it.
     """
 
-    KERNEL = "kernel"
+    VLLM_KERNEL = "kernel"
+    KERNEL = "kernel"  #: alias of VLLM_KERNEL (the same member)
     COMPRESSED_TENSORS = "compressed-tensors"
     MODELOPT = "modelopt"
     LLAMA_CPP = "llama.cpp"  #: ggml's ``quantize_row_nvfp4_ref``: no tensor scale
@@ -221,8 +225,8 @@ class Engine(StrEnum):
 
     VLLM = "vllm"  #: vLLM, release by release (execution/vllm_rules.py, vllm_select.py)
     #: llama.cpp as llama-cpp-python 0.3.36 vendors it (execution/llama_cpp_rules.py); the value
-    #: is Convention's: the engine and its own quantizer's order share the name
-    LLAMA_CPP = Convention.LLAMA_CPP.value
+    #: is OrderName's: the engine and its own quantizer's order share the name
+    LLAMA_CPP = OrderName.LLAMA_CPP.value
 
 
 class VllmPackage(StrEnum):
@@ -244,14 +248,14 @@ class VllmAlias(StrEnum):
 class CheckpointFormat(StrEnum):
     """An NVFP4 checkpoint family, by how it stores the per-tensor (global) scale.
 
-    CheckpointFormat = the disk family; :class:`Convention` = the arithmetic order. A
+    CheckpointFormat = the disk family; :class:`OrderName` = the arithmetic order. A
     safetensors family is named after the convention its producer computes in, so those values
-    are Convention's; ``gguf`` is named after its file format.
+    are OrderName's; ``gguf`` is named after its file format.
     """
 
     #: ENCODE scale, 2688/amax (weight_global_scale)
-    COMPRESSED_TENSORS = Convention.COMPRESSED_TENSORS.value
-    MODELOPT = Convention.MODELOPT.value  #: DECODE scale, amax/2688 (weight_scale_2)
+    COMPRESSED_TENSORS = OrderName.COMPRESSED_TENSORS.value
+    MODELOPT = OrderName.MODELOPT.value  #: DECODE scale, amax/2688 (weight_scale_2)
     #: llama.cpp's file: DECODE scale, amax/2688, in a ``<name>.scale`` sidecar (no arithmetic
     #: order of its own here: GGUF is a container, whatever order made the codes)
     GGUF = "gguf"
@@ -355,3 +359,20 @@ def check_dtype(dtype: object, what: str = "dtype") -> torch.dtype:
             f"{what} must be float32, bfloat16 or float16, got {dtype}{hint}"
         )
     return dtype  # type: ignore[return-value]
+
+
+#: Names renamed by issue 33 ("one word per idea"), kept one release as deprecated aliases:
+#: old name -> (the object, its new name).
+_RENAMED: dict[str, tuple[object, str]] = {"Convention": (OrderName, "OrderName")}
+
+
+def __getattr__(name: str) -> object:
+    """The deprecated aliases of :data:`_RENAMED` (they warn, and go in the next release)."""
+    if name in _RENAMED:
+        import warnings
+
+        value, new = _RENAMED[name]
+        warnings.warn(f"nvfp4lab.vocab.{name} is deprecated: use {new}", DeprecationWarning,
+                      stacklevel=2)
+        return value
+    raise AttributeError(f"module 'nvfp4lab.vocab' has no attribute {name!r}")

@@ -24,13 +24,13 @@ from nvfp4lab.codec import fake_quantize
 from nvfp4lab.oracles import numbers as ref_numbers
 from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from nvfp4lab.orders import ORDERS, ScaleForm
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 from tests.sample_data import make
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-def _arithmetic_scale(x: torch.Tensor, convention: Convention) -> float:
+def _arithmetic_scale(x: torch.Tensor, convention: OrderName) -> float:
     """The tensor scale in the order's form, as the reference computes it."""
     if ORDERS[convention].scale_form is ScaleForm.DECODE:
         return ref_nvfp4.modelopt_decode_scale(x)
@@ -47,8 +47,8 @@ def test_the_old_block_scale_names_are_the_same_functions() -> None:
     assert {"block_scales_of", "block_scales_from_blocks"} <= set(blocks_module.__all__)
     assert {"block_scales", "block_scales_from_amax"} <= set(scales_module.__all__)
     x = make("outliers", (4, 32), torch.bfloat16, seed=3)
-    scale = _arithmetic_scale(x, Convention.KERNEL)
-    _, want = ref_nvfp4.quantize_blocks(x, scale, Convention.KERNEL.value)
+    scale = _arithmetic_scale(x, OrderName.VLLM_KERNEL)
+    _, want = ref_nvfp4.quantize_blocks(x, scale, OrderName.VLLM_KERNEL.value)
     t = torch.tensor([scale], dtype=torch.float32)
     blocks = x.reshape(4, 2, 16)
     assert torch.equal(blocks_module.block_scales_of(blocks, t), want)
@@ -57,9 +57,9 @@ def test_the_old_block_scale_names_are_the_same_functions() -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", ["normal", "outliers", "zero_blocks"])
-@pytest.mark.parametrize("convention", list(Convention))
+@pytest.mark.parametrize("convention", list(OrderName))
 def test_block_functions_match_the_reference(
-    convention: Convention, kind: str, dtype: torch.dtype
+    convention: OrderName, kind: str, dtype: torch.dtype
 ) -> None:
     x = make(kind, (6, 64), dtype, seed=31)
     scale = _arithmetic_scale(x, convention)
@@ -165,7 +165,7 @@ class _NewDecodeRule(enum.Enum):
 def test_an_unknown_decode_rule_is_refused_not_decoded_as_another() -> None:
     """Issue 32, case 15 (found there): the eager block functions decoded every rule but
     ``SCALE_TIMES_DECODE`` as ``value * (s / gs)``; a new rule is refused by name."""
-    order = dataclasses.replace(ORDERS[Convention.KERNEL], decode=_NewDecodeRule.SOMETHING_ELSE)
+    order = dataclasses.replace(ORDERS[OrderName.VLLM_KERNEL], decode=_NewDecodeRule.SOMETHING_ELSE)
     scales, scale = torch.full((2,), 1.5), torch.tensor(2.0)
     codes = torch.zeros((2, 16), dtype=torch.uint8)
     for call in (lambda: decode_codes(codes, scales, scale, order),

@@ -417,7 +417,7 @@ def test_save_errors_name_the_target_not_the_temp_folder(
 
 
 # --------------------------------------------------------------------------------------------
-# 7. a DECODE-convention global scale warns instead of silently zeroing everything
+# 7. a DECODE-form global scale warns instead of silently zeroing everything
 
 
 def test_decode_convention_scale_warns_and_names_the_fix() -> None:

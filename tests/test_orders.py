@@ -19,7 +19,7 @@ from nvfp4lab.kernels.steps import STEP_FIELDS
 from nvfp4lab.oracles import numbers as ref_numbers
 from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from nvfp4lab.orders import ORDERS, ArithmeticOrder, DecodeRule, ScaleForm, TensorScaleRule
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:
@@ -27,7 +27,7 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_every_convention_has_one_order() -> None:
-    assert set(ORDERS) == set(Convention)
+    assert set(ORDERS) == set(OrderName)
     for convention, order in ORDERS.items():
         assert order.convention is convention and order.name == convention.value
         assert orders.get(convention.value) is order and orders.get(order) is order
@@ -45,21 +45,22 @@ def test_the_scale_form_decides_tensor_scale_and_decode(order: ArithmeticOrder) 
 
 
 def test_the_graphs_implement_the_encode_orders_only() -> None:
-    assert supports(ORDERS[Convention.KERNEL]) and supports(ORDERS[Convention.COMPRESSED_TENSORS])
-    assert not supports(ORDERS[Convention.MODELOPT])
+    assert supports(ORDERS[OrderName.VLLM_KERNEL])
+    assert supports(ORDERS[OrderName.COMPRESSED_TENSORS])
+    assert not supports(ORDERS[OrderName.MODELOPT])
     x = torch.randn(4, 64)
     assert not fused_route(x.numel(), 64, x.dtype, x.device, True,
-                           order=ORDERS[Convention.MODELOPT])
+                           order=ORDERS[OrderName.MODELOPT])
 
 
 #: An order that exists only as data: the kernel order with compressed-tensors' replacement of a
 #: zero block scale by 0.125. No caller names it; the fused graphs implement its steps.
 KERNEL_WITH_EPS = dataclasses.replace(
-    ORDERS[Convention.KERNEL], zero_scale_replacement=0.125, source="test"
+    ORDERS[OrderName.VLLM_KERNEL], zero_scale_replacement=0.125, source="test"
 )
 #: Another: the kernel order with ModelOpt's lower clamp of block scales to 2**-9 (eager only).
 KERNEL_WITH_FLOOR = dataclasses.replace(
-    ORDERS[Convention.KERNEL], min_block_scale=2.0**-9, source="test"
+    ORDERS[OrderName.VLLM_KERNEL], min_block_scale=2.0**-9, source="test"
 )
 
 
@@ -126,15 +127,15 @@ def test_check_steps_evaluates_no_type_hints_per_call(monkeypatch: pytest.Monkey
         raise AssertionError("type hints evaluated on a call")
 
     monkeypatch.setattr(typing, "get_type_hints", no_hints)
-    kernel = ORDERS[Convention.KERNEL]
+    kernel = ORDERS[OrderName.VLLM_KERNEL]
     assert all(orders.check_steps(order) is order for order in ORDERS.values())
     assert fake_quantize(torch.randn(4, 32), convention=kernel).shape == (4, 32)
     bad = dataclasses.replace(kernel, e2m1_ties="even")
     with pytest.raises(ValueError, match=r"^the kernel order's e2m1_ties step is 'even', not a "
                        r"member of E2M1Ties \(EVEN, FIRST_NEAREST_SCALED_TABLE\)"):
         orders.check_steps(bad)
-    nameless = dataclasses.replace(kernel, convention="mine")  # no Convention: still one message
+    nameless = dataclasses.replace(kernel, convention="mine")  # no OrderName: still one message
     with pytest.raises(ValueError, match=r"^the 'mine' order's convention step is 'mine', not a "
-                       r"member of Convention"):
+                       r"member of OrderName"):
         orders.check_steps(nameless)
     assert set(orders.ENUM_FIELDS) == {"convention", *STEP_FIELDS}

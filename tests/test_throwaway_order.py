@@ -7,7 +7,7 @@ and put into :data:`nvfp4lab.orders.ORDERS` for this test only. Its oracle is wr
 the steps (the kernel oracle's scale, element and code steps, ggml's rounding for the scale).
 
 Finding: an order cannot be registered under a NEW name at run time. ``ORDERS`` is keyed by
-:class:`~nvfp4lab.vocab.Convention`, a ``StrEnum`` that cannot grow, and
+:class:`~nvfp4lab.vocab.OrderName`, a ``StrEnum`` that cannot grow, and
 ``ArithmeticOrder.convention`` must be one of its members (``orders.check_steps``); so the
 throw-away order borrows the kernel's name and is registered in place of the kernel's entry.
 Likewise a step member that no enum holds yet cannot be added at run time (the recipe's step 4
@@ -37,14 +37,14 @@ from nvfp4lab.oracles.numbers import (
 )
 from nvfp4lab.oracles.nvfp4 import ggml_fp32_to_ue4m3
 from nvfp4lab.orders import E4M3Rounding
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 
 #: The throw-away order: the kernel's steps but the E4M3 rounding of the block scale.
 HALF_UP_KERNEL = dataclasses.replace(
-    orders.ORDERS[Convention.KERNEL],
+    orders.ORDERS[OrderName.VLLM_KERNEL],
     e4m3_rounding=E4M3Rounding.HALF_UP_UE4M3,
     source="a throw-away order of tests/test_throwaway_order.py",
 )
@@ -53,7 +53,7 @@ HALF_UP_KERNEL = dataclasses.replace(
 @pytest.fixture
 def registered(monkeypatch: pytest.MonkeyPatch) -> orders.ArithmeticOrder:
     """The throw-away order registered in ``ORDERS`` (under the kernel's name) for one test."""
-    monkeypatch.setitem(orders.ORDERS, Convention.KERNEL, HALF_UP_KERNEL)
+    monkeypatch.setitem(orders.ORDERS, OrderName.VLLM_KERNEL, HALF_UP_KERNEL)
     return HALF_UP_KERNEL
 
 
@@ -105,7 +105,7 @@ def test_the_order_is_new_arithmetic() -> None:
     test below could pass with the kernel's arithmetic)."""
     x = sample()
     ours = quantize(x, convention=HALF_UP_KERNEL, fused=False)
-    kernel = quantize(x, convention=Convention.KERNEL, fused=False)
+    kernel = quantize(x, convention=OrderName.VLLM_KERNEL, fused=False)
     assert not torch.equal(ours.scales.float(), kernel.scales.float())
 
 
@@ -113,7 +113,7 @@ def test_the_order_is_new_arithmetic() -> None:
 def test_eager_quantize_dequantize_fake_quantize_match_the_oracle(
         registered: orders.ArithmeticOrder, by_name: bool) -> None:
     x = sample()
-    convention = Convention.KERNEL if by_name else registered
+    convention = OrderName.VLLM_KERNEL if by_name else registered
     q = quantize(x, convention=convention, fused=False)
     gs = float(q.global_scale)
     assert gs == round_f32(2688.0 / float(x.abs().max()))

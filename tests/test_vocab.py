@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nvfp4lab import vocab
-from nvfp4lab.vocab import AUTO, Backend, BiasMode, Convention, GemmPath, check_choice, check_dtype
+from nvfp4lab.vocab import AUTO, Backend, BiasMode, GemmPath, OrderName, check_choice, check_dtype
 
 
 def test_members_are_their_strings() -> None:
@@ -15,8 +15,8 @@ def test_members_are_their_strings() -> None:
     from nvfp4lab.orders import ORDERS
 
     # every order of the registry is named once, and the published names lead, in this order
-    assert list(ORDERS) == list(Convention)
-    assert [str(m) for m in Convention][:4] == [
+    assert list(ORDERS) == list(OrderName)
+    assert [str(m) for m in OrderName][:4] == [
         "kernel", "compressed-tensors", "modelopt", "llama.cpp"]
 
 
@@ -63,7 +63,7 @@ def test_overlapping_vocabularies_share_one_spelling() -> None:
     assert [str(m) for m in CheckpointFormat][:3] == ["compressed-tensors", "modelopt", "gguf"]
     # a safetensors family takes its value from the convention its producer computes in; GGUF is
     # a container named after its file format (no convention of that name)
-    assert all(Convention[f.name] == f for f in CheckpointFormat if f != CheckpointFormat.GGUF)
-    assert CheckpointFormat.GGUF.name not in Convention.__members__
+    assert all(OrderName[f.name] == f for f in CheckpointFormat if f != CheckpointFormat.GGUF)
+    assert CheckpointFormat.GGUF.name not in OrderName.__members__
     assert [str(m) for m in vocab.Engine] == ["vllm", "llama.cpp"]
-    assert vocab.Engine.LLAMA_CPP == Convention.LLAMA_CPP
+    assert vocab.Engine.LLAMA_CPP == OrderName.LLAMA_CPP

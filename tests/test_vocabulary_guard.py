@@ -49,7 +49,7 @@ CONTEXT: dict[type[StrEnum], tuple[str, ...]] = {
     vocab.GemmPath: ("path", "paths", "backend", "backends"),
     vocab.Numerics: ("numerics",),
     vocab.BiasMode: ("bias_mode", "bias_modes", "bias", "mode", "modes"),
-    vocab.Convention: ("convention", "conventions", "conv"),
+    vocab.OrderName: ("convention", "conventions", "conv"),
     vocab.CheckpointFormat: ("format", "formats", "fmt"),
     vocab.Rounding: ("rounding",),
     vocab.ScaleSelection: ("scale_selection", "selection"),

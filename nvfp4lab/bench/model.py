@@ -31,7 +31,7 @@ from typing import Any
 from nvfp4lab.bench.store import Measurement, measured_row
 from nvfp4lab.bench.timing import Timing, time_interleaved
 from nvfp4lab.settings import fused_mode
-from nvfp4lab.vocab import Backend, Convention, CorpusPart, FusedMode
+from nvfp4lab.vocab import Backend, CorpusPart, FusedMode, OrderName
 
 __all__ = [
     "FLOAT_IMPL",
@@ -120,7 +120,7 @@ def run_forward(
     copies: dict[str, Any] = {FLOAT_IMPL: base}
     for backend in MODEL_IMPLS[1:]:
         quantized = copy.deepcopy(base)
-        quantize_model(quantized, backend=backend, convention=Convention.KERNEL)
+        quantize_model(quantized, backend=backend, convention=OrderName.VLLM_KERNEL)
         copies[backend] = quantized
 
     def forward(m: Any) -> Callable[[], None]:
@@ -158,7 +158,7 @@ def forward_rows(
                 K=0,
                 dtype=r.dtype,
                 backend=r.impl,
-                convention="" if r.impl == FLOAT_IMPL else str(Convention.KERNEL),
+                convention="" if r.impl == FLOAT_IMPL else str(OrderName.VLLM_KERNEL),
                 timing=r.timing,
                 flops=r.flops,
                 path=r.path,

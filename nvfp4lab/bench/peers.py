@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from nvfp4lab.bench import timing
 from nvfp4lab.bench.runner import bench_dtype, check_timing, seeded_randn
 from nvfp4lab.bench.store import Measurement, measured_row
-from nvfp4lab.vocab import Convention, Scheme
+from nvfp4lab.vocab import OrderName, Scheme
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -101,7 +101,7 @@ def _torchao_closure(
 
     compressed-tensors scales two-level (a per-tensor FP32 scale from the tensor's amax, then
     E4M3 block scales), so torchao is given a per-tensor scale too, computed inside the timed
-    call like CT's: ``to_nvfp4(x, per_tensor_scale=amax / 2688)`` (torchao's DECODE convention,
+    call like CT's: ``to_nvfp4(x, per_tensor_scale=amax / 2688)`` (torchao's DECODE form,
     2688 = 448 · 6). A ``to_nvfp4`` without that keyword is timed with block scales only, with a
     note saying its work is then not comparable.
     """
@@ -211,7 +211,7 @@ def _nvfp4lab_impls(x: torch.Tensor) -> dict[str, Callable[[], Any]]:
 
     impls: dict[str, Callable[[], Any]] = {}
     for fused in (False, True):
-        for conv in (str(Convention.COMPRESSED_TENSORS), str(Convention.KERNEL)):
+        for conv in (str(OrderName.COMPRESSED_TENSORS), str(OrderName.VLLM_KERNEL)):
             name = f"nvfp4lab[{conv}{', fused' if fused else ''}]"
             impls[name] = lambda c=conv, f=fused: quantize(x, convention=c, fused=f)
             if fused:

@@ -35,7 +35,7 @@ from nvfp4lab.bench.store import Measurement, environment, measured_row
 from nvfp4lab.bench.timing import Timing, time_fn
 from nvfp4lab.kernels.graphs import supports
 from nvfp4lab.orders import ORDERS
-from nvfp4lab.vocab import SUPPORTED_DTYPES, Backend, Convention, check_dtype
+from nvfp4lab.vocab import SUPPORTED_DTYPES, Backend, OrderName, check_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -247,10 +247,10 @@ def _weight_cases(cfg: BenchConfig, N: int, K: int, dtype: str) -> list[_Case]:
     copies = [_Case("copy", 0, N, K, dtype, b, "") for b in ("copy_", "clone")]
     cases = copies if ops or "copy" in cfg.ops else []
     for op in ops:
-        for conv in map(str, Convention) if op == "quantize" else (str(Convention.KERNEL),):
+        for conv in map(str, OrderName) if op == "quantize" else (str(OrderName.VLLM_KERNEL),):
             # orders the fused graphs do not implement (modelopt, llama.cpp): eager only;
             # default rows: linear only
-            fusable = supports(ORDERS[Convention(conv)])
+            fusable = supports(ORDERS[OrderName(conv)])
             paths = [p for p in cfg.paths if p != "default" and (p == "eager" or fusable)]
             cases += [_Case(op, 0, N, K, dtype, "torch", conv, path) for path in paths]
     return cases
@@ -269,7 +269,7 @@ def _cases(cfg: BenchConfig) -> list[_Case]:
             if "linear" in cfg.ops:
                 for b in cfg.backends:
                     paths = ("",) if b == Backend.NATIVE else cfg.paths
-                    conv = str(Convention.KERNEL)
+                    conv = str(OrderName.VLLM_KERNEL)
                     cases += [_Case("linear", M, N, K, dtype, b, conv, p) for p in paths]
     return cases
 

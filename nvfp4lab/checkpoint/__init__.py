@@ -5,7 +5,7 @@ module             holds
 =================  ==========================================================================
 ``files``          the shared plumbing: names, JSON, safetensors streaming, atomic folders
 ``formats``        one module per checkpoint format (``compressed_tensors``, ``modelopt``,
-                   ``gguf``): detection, tensor names, configs, the tensor-scale convention
+                   ``gguf``): detection, tensor names, configs, the tensor-scale form
                    on disk, the container (reading and writing the files); the interface and
                    the registry :data:`FORMATS` (:func:`detect_format`)
 ``writer``         :func:`save_pretrained` (any format, ``format=``)

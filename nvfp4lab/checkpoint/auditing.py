@@ -144,7 +144,7 @@ def _check_structure(task: _Task, lay: _Layer, spec: CheckpointFormatSpec) -> bo
     inp = _info(task, lay.name, names.input_scale)
     if inp is not None and not inputs:
         lay.row["input_scale"] = read_scalar(inp)
-        problem = scale_value_problem(lay.row["input_scale"], names.decode)
+        problem = scale_value_problem(lay.row["input_scale"], names.decode_form)
         if problem is not None:  # load's and convert's refusal
             lay.issues.append(f"input scale {names.input_scale} {problem}")
     if problems:
@@ -224,7 +224,7 @@ def _stream_layer(task: _Task, lay: _Layer, spec: CheckpointFormatSpec) -> None:
     code_max, lost, ref_amax, signal, noise = 0.0, 0, 0.0, 0.0, 0.0
     nonzero, floor = 0, 0
     with RowReader(task.tensors[f"{lay.name}.{names.packed}"]) as pr, \
-            RowReader(task.tensors[f"{lay.name}.{names.scale}"]) as sr:
+            RowReader(task.tensors[f"{lay.name}.{names.block_scale}"]) as sr:
         ref = RowReader(ref_info) if ref_info is not None else None
         for start in range(0, lay.n, step):
             packed, scales = pr.rows(start, start + step), sr.rows(start, start + step)
@@ -274,14 +274,14 @@ def _reference_checks(lay: _Layer, signal: float, noise: float, ref_amax: float,
 def _scale_form_check(lay: _Layer, names: LayerNames) -> None:
     """Flag a tensor scale whose DECODE reading exceeds 1 (|W|max above the block scales'
     reach, see the module docstring); also NaN, infinite, zero and negative values."""
-    problem = scale_value_problem(lay.stored, names.decode)  # load's and convert's refusal
+    problem = scale_value_problem(lay.stored, names.decode_form)  # load's and convert's refusal
     if problem is not None:
-        lay.issues.append(f"tensor scale {names.global_scale} {problem}")
+        lay.issues.append(f"tensor scale {names.tensor_scale} {problem}")
         return
-    lay.decode = lay.stored if names.decode else 1.0 / lay.stored
+    lay.decode = lay.stored if names.decode_form else 1.0 / lay.stored
     if lay.decode > 1.0:
-        expected = "DECODE (amax/2688)" if names.decode else "ENCODE (2688/amax)"
-        other = "ENCODE" if names.decode else "DECODE"
+        expected = "DECODE (amax/2688)" if names.decode_form else "ENCODE (2688/amax)"
+        other = "ENCODE" if names.decode_form else "DECODE"
         lay.issues.append(
             f"tensor scale {lay.stored:.6g} looks like an {other} scale stored where the "
             f"{expected} one is expected: it decodes |W| up to {lay.decode * 6 * E4M3_MAX:.4g} "
@@ -297,8 +297,8 @@ def _audit_layer(task: _Task, name: str) -> _Layer:
     lay.row["scheme"] = (Scheme.NVFP4 if has_input else Scheme.NVFP4A16).value
     if not _check_structure(task, lay, spec):
         return lay
-    stored = _info(task, name, names.global_scale)
-    lay.row["scale_form"] = "decode" if names.decode else "encode"
+    stored = _info(task, name, names.tensor_scale)
+    lay.row["scale_form"] = "decode" if names.decode_form else "encode"
     if stored is None:  # allowed by the format (validated above): decoded with 1
         lay.stored = 1.0
         lay.issues.append(str(spec.optional_tensor_scale))
@@ -306,7 +306,7 @@ def _audit_layer(task: _Task, name: str) -> _Layer:
         lay.stored = read_scalar(stored)
         lay.row["tensor_scale"] = lay.stored
     _scale_form_check(lay, names)
-    with RowReader(task.tensors[f"{name}.{names.scale}"]) as reader:
+    with RowReader(task.tensors[f"{name}.{names.block_scale}"]) as reader:
         _scale_stats(lay, reader.rows())
     if math.isfinite(lay.decode):
         try:
@@ -336,7 +336,7 @@ def _merge_cost(task: _Task, layers: list[_Layer]) -> None:
         signal = noise = 0.0
         step = max(1, CHUNK_ELEMENTS // lay.k)
         with RowReader(task.tensors[f"{lay.name}.{names.packed}"]) as pr, \
-                RowReader(task.tensors[f"{lay.name}.{names.scale}"]) as sr:
+                RowReader(task.tensors[f"{lay.name}.{names.block_scale}"]) as sr:
             for start in range(0, lay.n, step):
                 t = NVFP4Tensor(pr.rows(start, start + step), sr.rows(start, start + step), gs,
                                 check_scales=False)

@@ -12,7 +12,7 @@ model is built. Safetensors shards are written in parallel
 one file, written in this process, a chunk of rows at a time (about 64 MiB of output rows,
 ``formats.gguf.CHUNK_BYTES``, and a few times that in temporaries while repacking). Per quantized
 Linear only the names, the layout and the tensor scales change; each format's spec says all
-three (its ``names``, its container, and ``from_disk`` / ``to_disk`` between its convention on
+three (its ``names``, its container, and ``from_disk`` / ``to_disk`` between its scale form on
 disk and nvfp4lab's in-memory ENCODE scale). Codes ``[N, K/2]`` and block scales ``[N, K/16]``
 keep their values and their bytes (GGUF: the four scale bytes of each 64-element block
 unchanged, the codes repacked, LLaMA's q/k rows permuted whole); a tensor scale stored ENCODE
@@ -143,7 +143,7 @@ def reciprocal_round_trips(value: float) -> bool:
 
 def _convert_scale(value: float, src: CheckpointFormatSpec, dst: CheckpointFormatSpec) -> float:
     """A stored float32 tensor scale of ``src`` as ``dst`` stores it (through nvfp4lab's
-    in-memory convention: ``src.from_disk`` then ``dst.to_disk``)."""
+    in-memory form: ``src.from_disk`` then ``dst.to_disk``)."""
     stored = torch.tensor([value], dtype=torch.float32)
     return float(dst.to_disk(*src.from_disk(stored)).reshape(()))
 
@@ -200,8 +200,8 @@ def _convert_shard(inv: Inventory, file: Path, src: CheckpointFormatSpec,
             continue
         out.append(StoredTensor(new, info.dtype, info.shape, info.nbytes, info))
         prefix = key.rpartition(".")[0]
-        if role == "block" and f"{prefix}.{src.names.global_scale}" not in inv.tensors:
-            out.append(scales.stored(f"{prefix}.{dst.names.global_scale}", 1.0, src, dst))
+        if role == "block" and f"{prefix}.{src.names.tensor_scale}" not in inv.tensors:
+            out.append(scales.stored(f"{prefix}.{dst.names.tensor_scale}", 1.0, src, dst))
     name = file.name if file.suffix == ".safetensors" else WEIGHTS_NAME
     return Shard(name, tuple(out), inv.metadata.get(file) or {"format": "pt"})
 
@@ -221,13 +221,13 @@ def _check_layers(inv: Inventory, stores_input: bool) -> None:
         problems = weight_problems(layer, names, inv.tensors, tensor_scale_optional=optional)
         problems += input_problems(layer, names, inv.tensors, stores_input)
         if problems:
-            info = inv.tensors.get(f"{layer}.{names.global_scale}") or inv.tensors.get(
-                f"{layer}.{names.scale}")
+            info = inv.tensors.get(f"{layer}.{names.tensor_scale}") or inv.tensors.get(
+                f"{layer}.{names.block_scale}")
             where = info.file if info is not None else inv.directory
             raise CheckpointError(f"{where}: layer {layer!r}: {problems[0]}; nothing was "
                                   "converted")
     for layer in inv.layers:
-        _check_block_scales(inv.tensors[f"{layer}.{names.scale}"])
+        _check_block_scales(inv.tensors[f"{layer}.{names.block_scale}"])
 
 
 def _check_block_scales(info: TensorInfo) -> None:

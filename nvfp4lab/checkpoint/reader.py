@@ -177,7 +177,7 @@ def _expected_keys(model: nn.Module, quantized: Mapping[str, Any], names: LayerN
     prefixes = tuple(f"{name}." for name in quantized)
     keys = {k for k in model.state_dict() if not k.startswith(prefixes)}
     for name in quantized:
-        keys.update(f"{name}.{leaf}" for leaf in (names.packed, names.scale))
+        keys.update(f"{name}.{leaf}" for leaf in (names.packed, names.block_scale))
     return keys
 
 

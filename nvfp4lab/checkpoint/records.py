@@ -11,6 +11,7 @@ Plain data only: reading rows is :mod:`nvfp4lab.checkpoint.rows`, the safetensor
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,23 +108,46 @@ class StoredWeights:
     indexed: bool = False
 
 
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
+
+
 @dataclass(frozen=True)
 class LayerNames:
     """The tensor leaves of one quantized Linear ``<name>`` in a checkpoint format.
 
-    ``packed``: uint8 ``[N, K/2]`` codes; ``scale``: float8_e4m3fn ``[N, K/16]`` block scales
-    (plain layout); ``global_scale`` / ``input_scale``: float32 of shape ``scalar_shape`` (also
-    read: any shape of ``scalar_shapes``), in the DECODE convention (amax/2688) when ``decode``
-    is True, else ENCODE (2688/amax).
+    ``packed``: uint8 ``[N, K/2]`` codes; ``block_scale``: float8_e4m3fn ``[N, K/16]`` block
+    scales (plain layout); ``tensor_scale`` / ``input_scale``: float32 of shape ``scalar_shape``
+    (also read: any shape of ``scalar_shapes``), in the DECODE form (amax/2688) when
+    ``decode_form`` is True, else ENCODE (2688/amax). The fields' names before issue 33
+    (``scale``, ``global_scale``, ``decode``) still read, with a DeprecationWarning.
     """
 
     packed: str
-    scale: str
-    global_scale: str
+    block_scale: str
+    tensor_scale: str
     input_scale: str
     scalar_shape: tuple[int, ...]
-    decode: bool
+    decode_form: bool
     also_read: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def scale(self) -> str:
+        """Deprecated: :attr:`block_scale`."""
+        _renamed("LayerNames.scale", "block_scale")
+        return self.block_scale
+
+    @property
+    def global_scale(self) -> str:
+        """Deprecated: :attr:`tensor_scale` (it holds either form, not only the ENCODE one)."""
+        _renamed("LayerNames.global_scale", "tensor_scale")
+        return self.tensor_scale
+
+    @property
+    def decode(self) -> bool:
+        """Deprecated: :attr:`decode_form`."""
+        _renamed("LayerNames.decode", "decode_form")
+        return self.decode_form
 
     @property
     def scalar_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -133,7 +157,7 @@ class LayerNames:
     def roles(self) -> dict[str, str]:
         """role -> leaf for the four quantized tensors (roles: packed, block (the block
         scales), global, input)."""
-        return {"packed": self.packed, "block": self.scale, "global": self.global_scale,
+        return {"packed": self.packed, "block": self.block_scale, "global": self.tensor_scale,
                 "input": self.input_scale}
 
     def keys(self, prefix: str) -> dict[str, str]:
@@ -194,7 +218,7 @@ class Contents:
     """Everything a format's ``write_checkpoint`` writes into a new folder.
 
     ``shards``: the tensors under nvfp4lab's names (the model's names; a quantized Linear's
-    leaves and tensor-scale convention those of the format written), grouped as the caller
+    leaves and tensor-scale form those of the format written), grouped as the caller
     wants them in files (a format holding one file ignores the grouping); ``config_json``: the
     model's ``config.json`` text without a quantization config; ``scheme`` / ``unquantized``:
     what the format's quantization config records; ``index``: write a safetensors index

@@ -100,7 +100,7 @@ def tensor_scale_error(file: Path | None, key: str, value: float,
     in the same words): not finite and > 0, or a float32 reciprocal that overflows
     (:func:`~nvfp4lab.checkpoint.validation.scale_value_problem`), naming the file, the tensor
     and the format's convention; None for a valid one."""
-    problem = scale_value_problem(value, names.decode)
+    problem = scale_value_problem(value, names.decode_form)
     return None if problem is None else CheckpointError(f"{file}: tensor {key!r} {problem}")
 
 

@@ -72,10 +72,10 @@ class Inventory:
 def _layers(tensors: dict[str, TensorInfo], fmt: CheckpointFormat) -> tuple[str, ...]:
     spec = format_spec(fmt)
     names = spec.names
-    suffix = "." + names.global_scale
+    suffix = "." + names.tensor_scale
     out = dict.fromkeys(k.removesuffix(suffix) for k in tensors if k.endswith(suffix))
     if spec.optional_tensor_scale is not None:
-        block = "." + names.scale
+        block = "." + names.block_scale
         out.update(dict.fromkeys(k.removesuffix(block) for k in tensors if k.endswith(block)))
     return tuple(out)
 

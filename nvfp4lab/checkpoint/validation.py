@@ -40,8 +40,8 @@ class LayerNames(Protocol):
     (a structural type: this module stays below ``files.py``, which imports it)."""
 
     packed: str
-    scale: str
-    global_scale: str
+    block_scale: str
+    tensor_scale: str
     input_scale: str
     scalar_shape: tuple[int, ...]
 
@@ -148,10 +148,10 @@ def weight_problems(layer: str, names: LayerNames, tensors: Mapping[str, _Stored
     ``layer`` (``tensors``: stored name -> dtype and shape); [] when they can be decoded.
     ``tensor_scale_optional``: the format decodes a layer without a tensor scale with 1 (GGUF),
     so a missing one is not a problem here."""
-    leaves = (names.packed, names.scale, names.global_scale)
+    leaves = (names.packed, names.block_scale, names.tensor_scale)
     found = [tensors.get(f"{layer}.{leaf}") for leaf in leaves]
     missing = [leaf for leaf, info in zip(leaves, found, strict=True) if info is None
-               and not (tensor_scale_optional and leaf == names.global_scale)]
+               and not (tensor_scale_optional and leaf == names.tensor_scale)]
     if missing:
         return [f"missing tensor(s) {', '.join(missing)}"]
     packed, scale, glob = found
@@ -167,18 +167,18 @@ def weight_problems(layer: str, names: LayerNames, tensors: Mapping[str, _Stored
         return [f"codes {names.packed} are U8 {list(packed.shape)}: K = {k} elements per row is "
                 f"not a multiple of {_BLOCK} (an NVFP4 block holds {_BLOCK})"]
     out = []
-    problem = None if glob is None else _scalar_problem(glob, names.global_scale,
+    problem = None if glob is None else _scalar_problem(glob, names.tensor_scale,
                                                         "tensor scale", names)
     if problem:
         out.append(problem)
     plain = (n, k // _BLOCK)
     if scale.dtype != "F8_E4M3":
-        out.append(f"block scales {names.scale} are {scale.dtype} {list(scale.shape)}; expected "
+        out.append(f"block scales {names.block_scale} are {scale.dtype} {list(scale.shape)}; expected "
                    "F8_E4M3 (E4M3)")
     elif tuple(scale.shape) != plain:
         hint = (" (the 128x4-padded shape of the swizzled layout)"
                 if tuple(scale.shape) == tuple(padded_scale_shape(*plain)) else "")
-        out.append(f"block scales {names.scale} are {list(scale.shape)}{hint}; expected plain "
+        out.append(f"block scales {names.block_scale} are {list(scale.shape)}{hint}; expected plain "
                    f"{list(plain)} for codes {list(packed.shape)}")
     return out
 
@@ -210,7 +210,7 @@ def scale_value_problem(value: float, decode: bool) -> str | None:
     stores DECODE scales, amax/2688, else ENCODE, 2688/amax), or None: it must be finite and
     > 0, and its float32 reciprocal finite (every format reads or writes the other convention
     by that reciprocal: a denormal 1e-44 would become inf)."""
-    what = "DECODE convention, amax/2688" if decode else "ENCODE convention, 2688/amax"
+    what = "DECODE form, amax/2688" if decode else "ENCODE form, 2688/amax"
     if not (math.isfinite(value) and value > 0):
         return f"must be finite and > 0 ({what}), got {value}"
     if Fraction(value) <= _RECIPROCAL_LIMIT:

@@ -1,6 +1,6 @@
 """Write a model whose quantized Linears are NVFP4Linear as an NVFP4 checkpoint, in any format of
 :data:`nvfp4lab.checkpoint.formats.FORMATS` (its spec names the tensors, converts the tensor
-scales to the convention on disk and writes the quantization config).
+scales to the form on disk and writes the quantization config).
 
 The directory is assembled under a hidden temporary name and renamed into place only when
 everything is written, so a failed save never leaves a directory that looks like a checkpoint.
@@ -153,7 +153,7 @@ def _quantized_tensors(
     name: str, module: nn.Module, scheme: Scheme, spec: CheckpointFormatSpec
 ) -> dict[str, torch.Tensor]:
     """The tensors of one NVFP4Linear under the format's names, tensor scales converted to its
-    convention on disk (``spec.to_disk``), validated."""
+    form on disk (``spec.to_disk``), validated."""
     names = spec.names
     out: dict[str, torch.Tensor] = {}
     packed = module.weight_packed
@@ -167,8 +167,8 @@ def _quantized_tensors(
     scalar = names.scalar_shape
     expected = {
         names.packed: (packed, torch.uint8, (n, k // 2)),
-        names.scale: (scale, torch.float8_e4m3fn, (n, k // BLOCK_SIZE)),
-        names.global_scale: (spec.to_disk(module.weight_global_scale,
+        names.block_scale: (scale, torch.float8_e4m3fn, (n, k // BLOCK_SIZE)),
+        names.tensor_scale: (spec.to_disk(module.weight_global_scale,
                                           module.weight_decode_scale), torch.float32, scalar),
     }
     if scheme == Scheme.NVFP4:

@@ -1,5 +1,5 @@
 """Activation-scale calibration: record each NVFP4Linear's input amax, set its
-``input_global_scale`` (ENCODE convention, 2688/amax); the calibration batches GPTQ runs
+``input_global_scale`` (ENCODE form, 2688/amax); the calibration batches GPTQ runs
 (:func:`calibration_batches`, :func:`run_batch`; :mod:`nvfp4lab.execution.gptq_model` runs them)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch import nn
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.scales import abs_max
-from nvfp4lab.vocab import Convention, check_choice
+from nvfp4lab.vocab import OrderName, check_choice
 
 __all__ = [
     "CalibrationResult",
@@ -41,7 +41,7 @@ class CalibrationResult:
 
 @contextmanager
 def calibration(
-    model: nn.Module, *, convention: str = Convention.KERNEL
+    model: nn.Module, *, convention: str = OrderName.VLLM_KERNEL
 ) -> Iterator[CalibrationResult]:
     """Record each NVFP4Linear's running max |input| (of ``x Q`` for a rotated layer, what its
     GEMM quantizes); on a normal exit set its ``input_global_scale = 2688/amax``
@@ -52,7 +52,7 @@ def calibration(
     compressed-tensors calibrates with activation quantization disabled). On an exception the
     hooks are removed and no scale is changed.
     """
-    check_choice("convention", convention, Convention)
+    check_choice("convention", convention, OrderName)
     layers = {n: m for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
     running: dict[str, torch.Tensor] = {}
     result = CalibrationResult()
@@ -95,7 +95,7 @@ def calibration(
 
 
 def calibrate_inputs(
-    model: nn.Module, batches: Iterable[Any], *, convention: str = Convention.KERNEL
+    model: nn.Module, batches: Iterable[Any], *, convention: str = OrderName.VLLM_KERNEL
 ) -> CalibrationResult:
     """Run ``batches`` through ``model`` inside :func:`calibration` (no grad) and return the
     result. A batch is passed as ``model(**b)`` for a mapping, ``model(*b)`` for a tuple/list,

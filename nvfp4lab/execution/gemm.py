@@ -23,7 +23,7 @@ Backends (``backend="auto"`` asks :func:`nvfp4lab.execution.dispatch.select_back
   differ by one ulp in many blocks (the only cause of the fp32 mismatch with vLLM; bf16/fp16
   rounding hides it almost always); tests/peers/test_vllm.py checks both bit for bit.
 
-  ``gs_x`` is ``input_global_scale`` (ENCODE convention, 2688/amax, e.g. a calibrated
+  ``gs_x`` is ``input_global_scale`` (ENCODE form, 2688/amax, e.g. a calibrated
   ``input_global_scale`` of a compressed-tensors checkpoint); when None it is computed from THIS
   call's ``x`` (all leading dims together), ``compute_global_scale(x)`` — dynamic per-tensor
   activation scaling.
@@ -92,7 +92,7 @@ from nvfp4lab.orders import DecodeRule
 from nvfp4lab.scales import as_global_scale
 from nvfp4lab.settings import BACKEND_ENV
 from nvfp4lab.tensor import NVFP4Tensor
-from nvfp4lab.vocab import AUTO, Backend, BiasMode, Convention, check_choice, check_dtype
+from nvfp4lab.vocab import AUTO, Backend, BiasMode, OrderName, check_choice, check_dtype
 
 __all__ = [
     "DroppedBiasWarning",
@@ -159,7 +159,7 @@ def _check_args(
 
 def _input_scale(x: torch.Tensor, input_global_scale: torch.Tensor | float | None) -> torch.Tensor:
     if input_global_scale is None:
-        return compute_global_scale(x, convention=Convention.KERNEL)
+        return compute_global_scale(x, convention=OrderName.VLLM_KERNEL)
     return as_global_scale(input_global_scale, x.device)
 
 
@@ -278,7 +278,7 @@ def _emulation(
     pad = x2d.shape[-1] % BLOCK_SIZE != 0  # a weight quantized with pad=True
     # The activations take the same route rule as every tensor (kernels.fused_route): the
     # weight's and theirs are decided apart, and either route gives the same bits.
-    x_dq = fake_quantize(x2d, gs_x, convention=Convention.KERNEL, pad=pad, fused=fused)
+    x_dq = fake_quantize(x2d, gs_x, convention=OrderName.VLLM_KERNEL, pad=pad, fused=fused)
     return _gemm(x_dq, w_dq, bias, bias_mode)
 
 
@@ -300,7 +300,7 @@ class ScaledMMArgs:
     * ``scale_a`` / ``scale_b``: ``float8_e4m3fn``, the 128x4 blocked ("swizzled") layout of the
       plain ``[M, Kp/16]`` / ``[Np, Kp/16]`` block scales, 2-D ``[ceil(rows/128)*128,
       ceil(Kp/16/4)*4]``, contiguous, zero padded.
-    * ``alpha``: float32 ``[1]`` = ``1 / (gs_x * gs_w)`` (ENCODE-convention global scales).
+    * ``alpha``: float32 ``[1]`` = ``1 / (gs_x * gs_w)`` (ENCODE-form global scales).
     * ``Kp`` = K rounded up to a multiple of 32, ``Np`` = N rounded up to 16 (zero padding).
     """
 
@@ -372,7 +372,7 @@ def native_scaled_mm_args(
     kp = -(-k // _NATIVE_K_MULTIPLE) * _NATIVE_K_MULTIPLE
     np_ = -(-n // _NATIVE_N_MULTIPLE) * _NATIVE_N_MULTIPLE
     gs_x = _input_scale(x2d, input_global_scale)
-    xq = quantize(x2d, gs_x, convention=Convention.KERNEL, pad=k % BLOCK_SIZE != 0)
+    xq = quantize(x2d, gs_x, convention=OrderName.VLLM_KERNEL, pad=k % BLOCK_SIZE != 0)
     a_packed = _pad_cols(xq.packed, kp // 2).contiguous()
     a_scales = _pad_cols(xq.scales, kp // BLOCK_SIZE)
     w_packed = _pad_cols(_pad_rows(weight.packed, np_), kp // 2).contiguous()
@@ -496,7 +496,7 @@ def linear(
 ) -> torch.Tensor:
     """``x [..., K] @ weight[N, K].T + bias`` with an NVFP4 weight; output ``[..., N]`` in x.dtype.
 
-    ``input_global_scale``: ENCODE convention (2688/amax) for the activations (emulation and
+    ``input_global_scale``: ENCODE form (2688/amax) for the activations (emulation and
     native); None computes it from this ``x``. ``backend``: "auto" | "native" | "emulation" |
     "w4a16" | "q8_0" (llama.cpp's CPU path); ``bias_mode``: "output" | "fp32" | "dropped". The
     exact arithmetic of each is in the module docstring. ``dequantized_weight``:

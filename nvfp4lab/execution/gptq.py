@@ -100,7 +100,7 @@ from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import TensorScale, abs_max, as_global_scale, tensor_scale_from_amax
 from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor
-from nvfp4lab.vocab import Convention, NonFinite, ScaleTiming, check_choice, check_dtype
+from nvfp4lab.vocab import NonFinite, OrderName, ScaleTiming, check_choice, check_dtype
 
 __all__ = [
     "GPTQFallbackWarning",
@@ -472,14 +472,14 @@ def gptq_quantize(
     hessian: torch.Tensor,
     *,
     global_scale: torch.Tensor | float | None = None,
-    convention: str = Convention.KERNEL,
+    convention: str = OrderName.VLLM_KERNEL,
     options: GPTQOptions | None = None,
     hadamard: int | None = None,
 ) -> GPTQResult:
     """GPTQ of a Linear weight ``[N, K]`` (fp32/bf16/fp16, K a multiple of 16) to NVFP4.
 
     ``hessian``: float ``[K, K]``, proportional to ``Σ x xᵀ`` of the layer's inputs (a
-    :class:`Hessian`'s ``matrix()``). ``global_scale``: ENCODE convention; None computes
+    :class:`Hessian`'s ``matrix()``). ``global_scale``: ENCODE form; None computes
     ``2688/amax(weight)``. Returns a :class:`GPTQResult` whose ``weight`` is an
     :class:`NVFP4Tensor` (packed codes, E4M3 scales, the global scale) in ``weight.dtype``.
 
@@ -571,7 +571,7 @@ def gptq_fake_quantize(
         w = hadamard_transform(w.to(torch.float32), hadamard, block=group)
         h = rotated_hessian(h.to(device=w.device), hadamard, block=group)
     if cols is None:
-        order = get_order(Convention.KERNEL)
+        order = get_order(OrderName.VLLM_KERNEL)
         cols = _NVFP4Columns(_tensor_scale(w, None, order), order)
     q, _, _, _, reason = _run(w, h, cols, options)
     if reason:

@@ -50,7 +50,7 @@ from nvfp4lab.execution.gptq import (
 from nvfp4lab.execution.sequential import BlockRunner, Blocks, capture_block_inputs, find_blocks
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.tensor import NVFP4Tensor
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 
 __all__ = ["collect_hessians", "sequential_gptq"]
 
@@ -322,7 +322,7 @@ def sequential_gptq(
     *,
     groups: Sequence[tuple[str, ...]] = (),
     global_scales: Mapping[str, torch.Tensor] | None = None,
-    convention: str = Convention.KERNEL,
+    convention: str = OrderName.VLLM_KERNEL,
     options: GPTQOptions | None = None,
     hadamard: int | None = None,
 ) -> Iterator[tuple[str, GPTQResult]]:

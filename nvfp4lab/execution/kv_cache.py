@@ -65,7 +65,7 @@ from nvfp4lab.blocks import block_scales_from_blocks, encode_blocks
 from nvfp4lab.constants import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
 from nvfp4lab.e2m1 import decode_e2m1, pack_fp4, unpack_fp4
 from nvfp4lab.orders import KERNEL_MAX_GLOBAL_SCALE
-from nvfp4lab.vocab import SUPPORTED_DTYPES, Convention, KVCacheKind, check_choice
+from nvfp4lab.vocab import SUPPORTED_DTYPES, KVCacheKind, OrderName, check_choice
 
 __all__ = [
     "FOUR_OVER_SIX_TARGET",
@@ -297,13 +297,13 @@ def _nvfp4_write(
     """(codes uint8 ``[..., nb, 16]``, float32 E4M3 block scales ``[..., nb]``) of ``x``."""
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // KV_BLOCK_SIZE, KV_BLOCK_SIZE)
     encode = torch.ones_like(decode) / decode  # f32(1/d): the writer's 1.0f / k_scale
-    scales = block_scales_from_blocks(blocks, encode, Convention.KERNEL, target=E2M1_MAX)
-    codes = encode_blocks(blocks, scales, encode, Convention.KERNEL)
+    scales = block_scales_from_blocks(blocks, encode, OrderName.VLLM_KERNEL, target=E2M1_MAX)
+    codes = encode_blocks(blocks, scales, encode, OrderName.VLLM_KERNEL)
     if not four_over_six:
         return codes, scales
-    scales4 = block_scales_from_blocks(blocks, encode, Convention.KERNEL,
+    scales4 = block_scales_from_blocks(blocks, encode, OrderName.VLLM_KERNEL,
                                        target=FOUR_OVER_SIX_TARGET)
-    codes4 = encode_blocks(blocks, scales4, encode, Convention.KERNEL)
+    codes4 = encode_blocks(blocks, scales4, encode, OrderName.VLLM_KERNEL)
     use4 = _block_errors(blocks, codes4, scales4, decode) < _block_errors(
         blocks, codes, scales, decode
     )

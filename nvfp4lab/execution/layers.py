@@ -9,8 +9,8 @@ name                     dtype / shape               meaning
 =======================  ==========================  ==========================================
 ``weight_packed``        uint8 ``[N, K/2]``          E2M1 codes, element 2i in the low nibble
 ``weight_scale``         float8_e4m3fn ``[N, K/16]`` block scales, plain row-major layout
-``weight_global_scale``  float32 ``[1]``             ENCODE convention, 2688/amax(W)
-``input_global_scale``   float32 ``[1]`` or None     ENCODE convention for the activations;
+``weight_global_scale``  float32 ``[1]``             ENCODE form, 2688/amax(W)
+``input_global_scale``   float32 ``[1]`` or None     ENCODE form for the activations;
                                                      None -> computed from each call's input
 ``bias``                 ``dtype`` ``[N]`` or None   a Parameter, untouched by quantization
 ``weight_decode_scale``  float32 ``[1]`` or None     optional: the exact DECODE scale (amax/2688,
@@ -20,7 +20,7 @@ name                     dtype / shape               meaning
 =======================  ==========================  ==========================================
 
 The two DECODE buffers exist because the float32 reciprocal does not round-trip: for about 14%
-of float32 values ``d``, ``1/(1/d) != d``. A layer that came from a DECODE-convention source (a
+of float32 values ``d``, ``1/(1/d) != d``. A layer that came from a DECODE-form source (a
 ModelOpt checkpoint, or ``convention="modelopt"`` quantization) keeps ``d`` itself, so that
 saving it back writes ``d`` byte for byte. When ``weight_decode_scale`` is set,
 :meth:`NVFP4Linear.weight_nvfp4` carries it (``NVFP4Tensor.decode_scale``) and the weight
@@ -55,6 +55,7 @@ from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.dispatch import BackendChoice, select_backend
 from nvfp4lab.execution.gemm import linear, vllm_dequantize
 from nvfp4lab.hadamard import HADAMARD_SIZE, check_seed, hadamard_transform
+from nvfp4lab.options import order_argument
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.scales import as_global_scale
 from nvfp4lab.tensor import NVFP4Tensor, RotatedNVFP4Tensor, invalid_block_scales
@@ -63,7 +64,6 @@ from nvfp4lab.vocab import (
     SUPPORTED_DTYPES,
     Backend,
     BiasMode,
-    Convention,
     check_choice,
     check_dtype,
 )
@@ -228,15 +228,17 @@ class NVFP4Linear(nn.Module):
         backend: str = AUTO,
         input_global_scale: torch.Tensor | float | None = None,
         weight_global_scale: torch.Tensor | float | None = None,
-        convention: str | ArithmeticOrder = Convention.KERNEL,
+        order: str | ArithmeticOrder | None = None,
         cache_dequantized: bool = False,
         bias_mode: str = BiasMode.OUTPUT,
         hadamard: int | None = None,
+        convention: str | ArithmeticOrder | None = None,
     ) -> NVFP4Linear:
         """Quantize an ``nn.Linear`` (weight ``[N, K]``, K a multiple of 16).
 
-        ``weight_global_scale`` (ENCODE convention) defaults to ``2688/amax(W)``
-        (``2688/amax(W Q)`` when rotated); ``convention`` is the quantization arithmetic.
+        ``weight_global_scale`` (ENCODE form) defaults to ``2688/amax(W)``
+        (``2688/amax(W Q)`` when rotated); ``order`` (old keyword: ``convention``) is the
+        quantization arithmetic order.
         ``hadamard=seed``: quantize ``W Q`` (:func:`nvfp4lab.quantize` with ``hadamard``, the
         rotation in the weight's dtype) into a rotated layer.
         """
@@ -251,7 +253,8 @@ class NVFP4Linear(nn.Module):
             )
         if hadamard is not None:
             check_seed(hadamard)
-        q = quantize(w, weight_global_scale, convention=convention, hadamard=hadamard)
+        q = quantize(w, weight_global_scale, order=order_argument(order, convention),
+                     hadamard=hadamard)
         bias = linear.bias.detach() if linear.bias is not None else None
         return cls.from_quantized(
             q,
@@ -294,7 +297,7 @@ class NVFP4Linear(nn.Module):
         return hadamard_transform(x, self.hadamard, block=HADAMARD_SIZE)
 
     def set_input_global_scale(self, value: torch.Tensor | float | None) -> None:
-        """Set the ENCODE-convention activation scale (2688/amax); None -> dynamic per call.
+        """Set the ENCODE-form activation scale (2688/amax); None -> dynamic per call.
 
         Clears ``input_decode_scale`` (it would no longer describe this scale)."""
         self.input_decode_scale = None

@@ -19,7 +19,7 @@ IgnoreSpec = str | re.Pattern[str]
 
 @dataclass(frozen=True)
 class ReplacedLayer:
-    """A Linear replaced by an NVFP4Linear. ``weight_global_scale``: ENCODE convention."""
+    """A Linear replaced by an NVFP4Linear. ``weight_global_scale``: ENCODE form."""
 
     name: str
     in_features: int

@@ -39,9 +39,10 @@ from nvfp4lab.execution.quantize_report import (
     SkippedLayer,
 )
 from nvfp4lab.hadamard import check_seed, hadamard_transform
+from nvfp4lab.options import order_argument
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.orders import get as get_order
-from nvfp4lab.vocab import AUTO, BiasMode, Convention, QuantMethod
+from nvfp4lab.vocab import AUTO, BiasMode, QuantMethod
 
 __all__ = [
     "DEFAULT_IGNORE",
@@ -295,7 +296,7 @@ def quantize_model(
     backend: str | None = AUTO,
     ignore: str | re.Pattern[str] | Iterable[IgnoreSpec] | None = None,
     share_global_scale: str | Sequence[Sequence[str]] | None = AUTO,
-    convention: str | ArithmeticOrder = Convention.KERNEL,
+    order: str | ArithmeticOrder | None = None,
     cache_dequantized: bool = False,
     bias_mode: str = BiasMode.OUTPUT,
     method: str = QuantMethod.RTN,
@@ -304,6 +305,7 @@ def quantize_model(
     kv_cache: str | KVCacheOptions | None = None,
     kv_scales: KVScales | None = None,
     hadamard: int | None = None,
+    convention: str | ArithmeticOrder | None = None,
 ) -> QuantizeReport:
     """Replace ``nn.Linear`` layers of ``model`` in place by :class:`NVFP4Linear`, and with
     ``kv_cache`` make its attention read K and V back from a quantized KV cache.
@@ -332,8 +334,8 @@ def quantize_model(
     model inputs (tokenizer outputs as dicts of tensors -> ``model(**b)``, tuples ->
     ``model(*b)``, tensors -> ``model(b)``); GPTQ methods only. ``gptq``: :class:`GPTQOptions`
     (damping, act order, block-scale timing). The global scales (shared ones included) are the
-    same for every method. ``convention``: the weights' arithmetic order, a
-    :class:`~nvfp4lab.vocab.Convention` name or an :class:`~nvfp4lab.orders.ArithmeticOrder` (e.g.
+    same for every method. ``order`` (old keyword: ``convention``): the weights' arithmetic order, a
+    :class:`~nvfp4lab.vocab.OrderName` name or an :class:`~nvfp4lab.orders.ArithmeticOrder` (e.g.
     one with a step changed by ``dataclasses.replace``).
 
     ``hadamard``: None, or a seed: every replaced layer holds the NVFP4 weight of ``W Q`` (Q the
@@ -364,7 +366,8 @@ def quantize_model(
     if backend is None:
         return _kv_cache_only(model, kv, quant_method, calibration, gptq, ignore)
     vocab.check_choice("backend", backend, vocab.Backend, extra=(AUTO,))
-    get_order(convention)  # a Convention name (the vocabulary's error otherwise) or an order
+    convention = order_argument(order, convention)
+    get_order(convention)  # an OrderName name (the vocabulary's error otherwise) or an order
     hadamard = _rotation_seed(quant_method, hadamard)
     batches = _method_inputs(quant_method, calibration, gptq)
     report = QuantizeReport()

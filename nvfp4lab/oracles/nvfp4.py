@@ -128,7 +128,7 @@ def global_scale(x: torch.Tensor, convention: str = "kernel") -> float:
 
 
 def modelopt_decode_scale(x: torch.Tensor) -> float:
-    """DECODE-convention tensor scale as ModelOpt 0.47 computes it on the CPU: ``amax / 2688``,
+    """DECODE-form tensor scale as ModelOpt 0.47 computes it on the CPU: ``amax / 2688``,
     amax exact (in x.dtype, then float32), one float32 division. An all-zero tensor gets 1.0."""
     check_input(x)
     amax = float(x.detach().abs().max()) if x.numel() else 0.0

@@ -48,7 +48,7 @@ from nvfp4lab.codec import ScaleUnderflowWarning
 from nvfp4lab.hadamard import rotated_matmul
 from nvfp4lab.plots import new_figure
 from nvfp4lab.studies.explorer import explorer, stream_output
-from nvfp4lab.vocab import Convention, Rounding, ScaleSelection
+from nvfp4lab.vocab import OrderName, Rounding, ScaleSelection
 
 if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
@@ -137,7 +137,7 @@ def default_configs(seed: int = 0, *, fast: bool = False) -> list[StudyConfig]:
     nv = [
         StudyConfig("nvfp4", "nvfp4"),
         StudyConfig("nvfp4 compressed-tensors", "nvfp4",
-                    {"convention": Convention.COMPRESSED_TENSORS}),
+                    {"convention": OrderName.COMPRESSED_TENSORS}),
         StudyConfig("nvfp4 four_over_six", "nvfp4",
                     {"scale_selection": ScaleSelection.FOUR_OVER_SIX}),
         StudyConfig("nvfp4 mse_search", "nvfp4", {"scale_selection": ScaleSelection.MSE_SEARCH}),

@@ -47,7 +47,7 @@ from nvfp4lab.settings import tqdm_class
 from nvfp4lab.studies.llm import ReferenceRun
 from nvfp4lab.studies.llm_configs import LLMConfig, build, scored_row
 from nvfp4lab.studies.llm_layers import short_name
-from nvfp4lab.vocab import Backend, Convention
+from nvfp4lab.vocab import Backend, OrderName
 
 __all__ = [
     "CONVERTER",
@@ -67,9 +67,9 @@ __all__ = [
 #: llama.cpp's order with a tensor scale: ``gs = 2688/amax`` (one float32 division) multiplies
 #: the elements before ggml's quantizer runs, the decode divides by it.
 LLAMA_CPP_PRESCALED = dataclasses.replace(
-    ORDERS[Convention.LLAMA_CPP],
+    ORDERS[OrderName.LLAMA_CPP],
     tensor_scale=TensorScaleRule.FLOAT32_DIVISION,
-    source=f"{ORDERS[Convention.LLAMA_CPP].source}; tensor scale as the kernel order (a study)",
+    source=f"{ORDERS[OrderName.LLAMA_CPP].source}; tensor scale as the kernel order (a study)",
 )
 
 NAIVE = "llama.cpp naive (no tensor scale)"
@@ -80,9 +80,9 @@ CONVERTER = "converter (modelopt order + .scale)"
 def configurations() -> list[LLMConfig]:
     """The three W4A16 RTN configurations, naive first (module docstring)."""
     return [
-        LLMConfig(NAIVE, Backend.W4A16, convention=Convention.LLAMA_CPP),
+        LLMConfig(NAIVE, Backend.W4A16, convention=OrderName.LLAMA_CPP),
         LLMConfig(PRESCALED, Backend.W4A16, convention=LLAMA_CPP_PRESCALED),
-        LLMConfig(CONVERTER, Backend.W4A16, convention=Convention.MODELOPT),
+        LLMConfig(CONVERTER, Backend.W4A16, convention=OrderName.MODELOPT),
     ]
 
 

@@ -108,12 +108,12 @@ def e4m3_positive_values() -> torch.Tensor:
 class BlockWalkthrough:
     """One block through the kernel-order arithmetic (see ``nvfp4-format.md``), step by step.
 
-    Tensors are 1-D over the block's elements. ``global_scale`` is the ENCODE convention
+    Tensors are 1-D over the block's elements. ``global_scale`` is the ENCODE form
     (``2688 / amax_tensor``); the decode factor of the block is ``block_scale / global_scale``.
     """
 
     values: torch.Tensor  # float32 [B] inputs
-    global_scale: float  # encode convention
+    global_scale: float  # encode form
     amax: float  # max |x| over the block
     block_scale: float  # the E4M3 block scale, as a float
     block_scale_bits: int  # its FP8 bit pattern (0..126)
@@ -159,7 +159,7 @@ def block_walkthrough(
 ) -> BlockWalkthrough:
     """Quantize one block of ``BLOCK_SIZE`` values (float, 1-D) and keep every intermediate.
 
-    ``global_scale`` (encode convention) defaults to ``compute_global_scale(values)``; pass the
+    ``global_scale`` (encode form) defaults to ``compute_global_scale(values)``; pass the
     scale of the tensor the block came from to see a typical (non-448) block scale.
     """
 

@@ -134,15 +134,15 @@ BAD_SCALES = {
         "nvfp4lab_checkpoint", "weight_global_scale", 1e-44,
         "tensor scale weight_global_scale is 9.80909e-45, whose float32 reciprocal overflows",
         f"tensor '{Q}.weight_global_scale' is 9.80909e-45, whose float32 reciprocal overflows "
-        "to inf (ENCODE convention, 2688/amax)"),
+        "to inf (ENCODE form, 2688/amax)"),
     "ModelOpt weight_scale_2 1e-44": (
         "modelopt_checkpoint", "weight_scale_2", 1e-44,
         "tensor scale weight_scale_2 is 9.80909e-45, whose float32 reciprocal overflows",
         f"tensor '{Q}.weight_scale_2' is 9.80909e-45, whose float32 reciprocal overflows to inf "
-        "(DECODE convention, amax/2688)"),
+        "(DECODE form, amax/2688)"),
     "CT input_global_scale NaN": (
         "ct_w4a4_checkpoint", "input_global_scale", float("nan"),
-        "input scale input_global_scale must be finite and > 0 (ENCODE convention, "
+        "input scale input_global_scale must be finite and > 0 (ENCODE form, "
         "2688/amax), got nan",
         f"tensor '{Q}.input_global_scale' must be finite and > 0"),
 }

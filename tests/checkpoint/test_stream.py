@@ -25,9 +25,9 @@ def sharded(tmp_path: Path) -> Path:
     gen = torch.Generator().manual_seed(0)
     first = {f"l0.{names.packed}": torch.randint(0, 255, (6, 8), generator=gen,
                                                    dtype=torch.uint8),
-             f"l0.{names.global_scale}": torch.tensor([123.5]),
+             f"l0.{names.tensor_scale}": torch.tensor([123.5]),
              "emb.weight": torch.randn(5, 4, generator=gen, dtype=torch.bfloat16)}
-    second = {f"l1.{names.global_scale}": torch.tensor([7.25]),
+    second = {f"l1.{names.tensor_scale}": torch.tensor([7.25]),
               "norm.weight": torch.randn(4, generator=gen)}
     save_file(first, str(tmp_path / "a.safetensors"), metadata={"format": "pt"})
     save_file(second, str(tmp_path / "b.safetensors"))

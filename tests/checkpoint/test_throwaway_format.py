@@ -76,8 +76,8 @@ def test_save_load_round_trip(registered: None, quantized: torch.nn.Module,
     assert detect_format(path) == THROWAWAY
     stored = file_tensors(path)
     layer = "model.layers.0.self_attn.q_proj"
-    assert {f"{layer}.{NAMES.packed}", f"{layer}.{NAMES.scale}",
-            f"{layer}.{NAMES.global_scale}"} <= stored.keys()
+    assert {f"{layer}.{NAMES.packed}", f"{layer}.{NAMES.block_scale}",
+            f"{layer}.{NAMES.tensor_scale}"} <= stored.keys()
     loaded = checkpoint.load(path, backend="w4a16")
     want, got = _layers(quantized), _layers(loaded)
     assert want.keys() == got.keys() and want

@@ -331,7 +331,7 @@ def test_a_tensor_scale_load_refuses_is_refused_by_convert(
     dst = tmp_path / "out"
     _one_line_error(_cli("convert", str(folder), str(dst), "--format", "modelopt", capfd=capfd),
                     "convert", str(folder / WEIGHTS), "'layer.weight_global_scale' must be "
-                    f"finite and > 0 (ENCODE convention, 2688/amax), got {value}",
+                    f"finite and > 0 (ENCODE form, 2688/amax), got {value}",
                     "nothing was converted")
     assert not dst.exists()
 

@@ -1,4 +1,4 @@
-"""Activation-scale calibration: encode-convention input scales, nothing changed on failure."""
+"""Activation-scale calibration: encode-form input scales, nothing changed on failure."""
 
 from __future__ import annotations
 

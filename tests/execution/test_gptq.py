@@ -29,7 +29,7 @@ from nvfp4lab.hadamard import hadamard_transform, rotation_matrix
 from nvfp4lab.oracles import numbers as ref_numbers
 from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from nvfp4lab.tensor import RotatedNVFP4Tensor
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 from tests.conftest import needs_minilm
 from tests.execution.reference_gptq import differing, whole_model_gptq
 from tests.execution.tiny_models import tiny_model, token_batches
@@ -66,7 +66,7 @@ def _output_error(x: torch.Tensor, w: torch.Tensor, w_hat: torch.Tensor) -> floa
 # -- (a) identity Hessian: GPTQ is RTN -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("convention", list(Convention))  # every arithmetic order
+@pytest.mark.parametrize("convention", list(OrderName))  # every arithmetic order
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_identity_hessian_is_rtn_bit_for_bit(convention: str, dtype: torch.dtype) -> None:
     w = (_layer(64, 128) * 0.05).to(dtype)

@@ -17,7 +17,7 @@ from nvfp4lab.execution import (
 )
 from nvfp4lab.metrics import sqnr_db
 from nvfp4lab.orders import ORDERS
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 from tests.execution.tiny_models import tiny_model, token_batches
 
 SQNR_BOUNDS_DB = {"w4a16": 23.5, "emulation-static": 21.0, "emulation-dynamic": 21.0}
@@ -145,7 +145,7 @@ def test_the_convention_may_be_an_order_given_as_data() -> None:
     way gives the same layers, and a bad name raises the vocabulary's error."""
     named, data = tiny_model(), tiny_model()
     quantize_model(named, convention="llama.cpp")
-    order = dataclasses.replace(ORDERS[Convention.LLAMA_CPP], source="a copy")
+    order = dataclasses.replace(ORDERS[OrderName.LLAMA_CPP], source="a copy")
     quantize_model(data, convention=order)
     for (name, a), (_, b) in zip(named.named_modules(), data.named_modules(), strict=True):
         if isinstance(a, NVFP4Linear):

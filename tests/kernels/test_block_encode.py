@@ -18,7 +18,7 @@ from nvfp4lab.codec import fake_quantize, quantize
 from nvfp4lab.kernels import block_encode, native
 from nvfp4lab.kernels import quantize as fused_quantize
 from nvfp4lab.orders import ORDERS
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 from tests.test_e2m1 import _fp32_sample
 
 pytestmark = pytest.mark.skipif(
@@ -53,7 +53,7 @@ def every_finite(dtype: torch.dtype) -> torch.Tensor:
 def assert_same(x: torch.Tensor, gs: float | None, convention: str, threads: int = 1) -> None:
     """quantize and fake_quantize of ``x`` by the kernel on every vector path equal the eager
     codec's (computed once)."""
-    order = ORDERS[Convention(convention)]
+    order = ORDERS[OrderName(convention)]
     want = quantize(x, gs, convention=convention, fused=False)
     want_fake = bits(fake_quantize(x, gs, convention=convention, fused=False))
     t = want.global_scale if want.decode_scale is None else want.decode_scale  # the order's form
@@ -148,13 +148,13 @@ def test_every_order_is_supported_and_an_unknown_step_refused() -> None:
 
     assert all(block_encode.supports(order) for order in ORDERS.values())
     x = torch.randn(4, 32)
-    odd = dataclasses.replace(ORDERS[Convention.MODELOPT], zero_block_scale=2.0)
+    odd = dataclasses.replace(ORDERS[OrderName.MODELOPT], zero_block_scale=2.0)
     assert not block_encode.supports(odd)
     with pytest.raises(ValueError, match="every step of the modelopt order; use the eager"):
         block_encode.encode(x, torch.ones(1), odd)
     assert not kernels.fused_route(x.numel(), 32, x.dtype, x.device, True, order=odd,
                                    native=True)
-    kernel = ORDERS[Convention.KERNEL]
+    kernel = ORDERS[OrderName.VLLM_KERNEL]
     with pytest.raises(ValueError, match=r"multiple of 16, got shape \(4, 24\); use nvfp4lab"):
         block_encode.encode(torch.randn(4, 24), torch.ones(1), kernel)
     with pytest.raises(ValueError, match=r"got a torch\.float64 tensor on cpu; move it"):
@@ -162,7 +162,7 @@ def test_every_order_is_supported_and_an_unknown_step_refused() -> None:
     with pytest.raises(ValueError, match=r"got a torch\.float32 tensor on meta"):
         block_encode.abs_max(x.to("meta"))
     with pytest.raises(ValueError, match=r"out must be a contiguous torch\.float32 tensor"):
-        block_encode.fake_quantize(x, torch.ones(1), ORDERS[Convention.KERNEL],
+        block_encode.fake_quantize(x, torch.ones(1), ORDERS[OrderName.VLLM_KERNEL],
                                    out=torch.empty(4, 32, dtype=torch.bfloat16))
 
 
@@ -193,7 +193,7 @@ def test_the_codec_runs_it_from_the_first_call(
     assert torch.equal(bits(fake_quantize(x, convention=convention)),
                        bits(fake_quantize(x, convention=convention, fused=False)))
     assert calls == ["encode", "fake_quantize"]
-    assert fused_quantize.first_pass(x, ORDERS[Convention(convention)]).stats is None
+    assert fused_quantize.first_pass(x, ORDERS[OrderName(convention)]).stats is None
     monkeypatch.setenv("NVFP4LAB_FUSED", "off")
     quantize(x, convention=convention)
     fake_quantize(x, convention=convention)

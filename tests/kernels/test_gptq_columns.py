@@ -17,7 +17,7 @@ from nvfp4lab.execution.gptq import GPTQOptions, gptq_fake_quantize, gptq_quanti
 from nvfp4lab.kernels import native
 from nvfp4lab.kernels.gptq_columns import run_group
 from nvfp4lab.orders import ORDERS
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 
 pytestmark = pytest.mark.skipif(
     not native.available(), reason="the native C++ library cannot be built here"
@@ -79,7 +79,7 @@ def test_the_float64_work_matrix_ends_bit_for_bit_the_same(
     """Below the codes: the loop's float64 weight rows after every column's error has been
     spread (one ulp of a product fused into a subtract would show here)."""
     options = OPTIONS[name]
-    order = ORDERS[Convention.KERNEL]
+    order = ORDERS[OrderName.VLLM_KERNEL]
     w = _weight(64, 384, 5, torch.float32)  # three blocks of 128: later blocks get the errors
     h = _hessian(384, 6).double()
     perm = (torch.argsort(h.diagonal(), descending=True, stable=True) if options.act_order
@@ -176,15 +176,15 @@ def test_rounding_of_every_bfloat16_value_and_the_boundaries() -> None:
     assert torch.equal(q[0].view(torch.int32), e2m1_table()[expected.long()].view(torch.int32))
 
 
-@pytest.mark.parametrize("convention", list(Convention))
-def test_multiply_factors_are_the_codecs_numbers(convention: Convention) -> None:
+@pytest.mark.parametrize("convention", list(OrderName))
+def test_multiply_factors_are_the_codecs_numbers(convention: OrderName) -> None:
     """For the kernel order, the multiplier and factor reproduce ``fixed_scale_codec`` bit for
     bit (subnormal, zero and plain scales); the other orders are left to the eager loop."""
     order = ORDERS[convention]
     scales = torch.tensor([0.0, 2.0**-9, 0.375, 1.0, 448.0, 6.0, 2.0**-6, 30.0])[:, None]
     scale = torch.tensor([3.7e3])
     found = multiply_factors(scales, scale, order)
-    if convention is not Convention.KERNEL:
+    if convention is not OrderName.VLLM_KERNEL:
         assert found is None
         return
     assert found is not None

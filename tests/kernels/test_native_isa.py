@@ -20,7 +20,7 @@ from nvfp4lab.kernels import block_encode, lut_decode, native
 from nvfp4lab.kernels.linear import EncodedWeight, row_decoder
 from nvfp4lab.orders import ORDERS, DecodeRule
 from nvfp4lab.settings import NATIVE_ISA_ENV, native_isa
-from nvfp4lab.vocab import Convention, NativeIsa
+from nvfp4lab.vocab import NativeIsa, OrderName
 from tests.processes import child_env
 
 needs_native = pytest.mark.skipif(
@@ -79,9 +79,9 @@ def test_every_kernel_call_runs_at_most_the_capped_path(
     for order in ORDERS.values():
         block_encode.encode(x, t, order)
         block_encode.encode(x, t, order, path=NativeIsa.AVX512)  # a wider request is capped too
-    lut_decode.decode(*block_encode.encode(x, t, ORDERS[Convention.KERNEL]), t, torch.float32,
+    lut_decode.decode(*block_encode.encode(x, t, ORDERS[OrderName.VLLM_KERNEL]), t, torch.float32,
                       rule=DecodeRule.SCALE_OVER_ENCODE)
-    packed, scales = block_encode.encode(x, t, ORDERS[Convention.KERNEL])
+    packed, scales = block_encode.encode(x, t, ORDERS[OrderName.VLLM_KERNEL])
     decoder = row_decoder(EncodedWeight(packed, scales, t, DecodeRule.SCALE_OVER_ENCODE),
                           torch.bfloat16)
     decoder(0, 8, torch.empty(8, 256, dtype=torch.bfloat16))
@@ -106,12 +106,12 @@ _CHILD = r"""
 import json, torch
 import nvfp4lab
 from nvfp4lab.kernels import block_encode, lut_decode
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 out = {"lut": lut_decode.isa(), "encode": block_encode.isa(), "same": []}
 g = torch.Generator().manual_seed(7)
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
     x = (torch.randn(96, 512, generator=g) * torch.logspace(-3, 3, 512)).to(dtype)
-    for convention in Convention:
+    for convention in OrderName:
         fused = nvfp4lab.quantize(x, convention=convention, fused=True)
         eager = nvfp4lab.quantize(x, convention=convention, fused=False)
         same = torch.equal(fused.packed, eager.packed) and torch.equal(

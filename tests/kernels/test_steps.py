@@ -24,7 +24,7 @@ from nvfp4lab import kernels
 from nvfp4lab.kernels import block_encode, gptq_columns, graphs, lut_decode, native
 from nvfp4lab.kernels.steps import STEP_FIELDS, implements, missing
 from nvfp4lab.orders import ORDERS, ArithmeticOrder, E4M3Rounding
-from nvfp4lab.vocab import Convention
+from nvfp4lab.vocab import OrderName
 
 #: Every kernel that reads an arithmetic order, with its table.
 KERNELS: tuple[ModuleType, ...] = (graphs, block_encode, gptq_columns, lut_decode)
@@ -41,7 +41,7 @@ SENTINEL = object()
 
 
 def step_enum(name: str) -> type[Enum]:
-    return type(getattr(ORDERS[Convention.KERNEL], name))
+    return type(getattr(ORDERS[OrderName.VLLM_KERNEL], name))
 
 
 def unimplemented(kernel: ModuleType, name: str) -> list[object]:
@@ -86,15 +86,15 @@ def test_every_kernel_declines_every_step_it_does_not_implement() -> None:
 def test_a_table_without_a_step_field_declines() -> None:
     table = dict(block_encode.STEPS)
     del table["e4m3_rounding"]
-    assert not implements(table, ORDERS[Convention.KERNEL])
-    assert implements(block_encode.STEPS, ORDERS[Convention.KERNEL])
+    assert not implements(table, ORDERS[OrderName.VLLM_KERNEL])
+    assert implements(block_encode.STEPS, ORDERS[OrderName.VLLM_KERNEL])
 
 
 def test_the_shipped_orders_keep_their_kernels() -> None:
     assert all(block_encode.supports(o) and lut_decode.supports(o) for o in ORDERS.values())
     assert [o.name for o in ORDERS.values() if graphs.supports(o)] == [
-        Convention.KERNEL, Convention.COMPRESSED_TENSORS]
-    assert [o.name for o in ORDERS.values() if gptq_columns.supports(o)] == [Convention.KERNEL]
+        OrderName.VLLM_KERNEL, OrderName.COMPRESSED_TENSORS]
+    assert [o.name for o in ORDERS.values() if gptq_columns.supports(o)] == [OrderName.VLLM_KERNEL]
 
 
 @pytest.mark.parametrize("fused", [None, True])
@@ -103,9 +103,9 @@ def test_quantize_with_an_unknown_e4m3_rounding_never_returns_the_kernel_orders_
 ) -> None:
     monkeypatch.setenv("NVFP4LAB_FUSED", "on")
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
-    kernel = nvfp4lab.quantize(x, convention=Convention.KERNEL, fused=False)
+    kernel = nvfp4lab.quantize(x, convention=OrderName.VLLM_KERNEL, fused=False)
     for value in (NewStep.INVENTED, SENTINEL):
-        order = swapped(ORDERS[Convention.KERNEL], "e4m3_rounding", value)
+        order = swapped(ORDERS[OrderName.VLLM_KERNEL], "e4m3_rounding", value)
         try:
             got = nvfp4lab.quantize(x, convention=order, fused=fused)
         except (NotImplementedError, ValueError) as err:  # the options or eager codec refuse it
@@ -162,11 +162,11 @@ def test_every_swap_the_block_encode_accepts_gives_the_eager_bits(
 
 def test_an_unknown_e4m3_rounding_reaches_no_kernel_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The C++ encode's flags exist only for listed members: asking for another is an error."""
-    order = swapped(ORDERS[Convention.KERNEL], "e4m3_rounding", NewStep.INVENTED)
+    order = swapped(ORDERS[OrderName.VLLM_KERNEL], "e4m3_rounding", NewStep.INVENTED)
     with pytest.raises(ValueError, match="does not implement every step"):
         block_encode.order_flags(order)
-    assert block_encode.order_flags(ORDERS[Convention.KERNEL]) == block_encode.order_flags(
-        swapped(ORDERS[Convention.KERNEL], "e4m3_rounding", E4M3Rounding.NEAREST_EVEN))
+    assert block_encode.order_flags(ORDERS[OrderName.VLLM_KERNEL]) == block_encode.order_flags(
+        swapped(ORDERS[OrderName.VLLM_KERNEL], "e4m3_rounding", E4M3Rounding.NEAREST_EVEN))
 
 
 @pytest.mark.skipif(not native.available(), reason="the native C++ library cannot be built here")
@@ -182,7 +182,7 @@ def test_a_quantize_reads_an_orders_steps_once(monkeypatch: pytest.MonkeyPatch) 
         return real(table, order)  # type: ignore[arg-type]
 
     monkeypatch.setattr(block_encode, "implements", counting)
-    order = dataclasses.replace(ORDERS[Convention.KERNEL])  # a new object: never seen
+    order = dataclasses.replace(ORDERS[OrderName.VLLM_KERNEL])  # a new object: never seen
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(2))
     got = [nvfp4lab.quantize(x, convention=order, fused=True) for _ in range(3)]
     assert read == [order]

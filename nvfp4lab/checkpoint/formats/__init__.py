@@ -84,7 +84,7 @@ class CheckpointFormatSpec(Protocol):
 
     ``format``: its vocabulary member; ``title``: how help texts name it; ``description``: how
     the unknown-format error names it; ``names``: the tensor names of a quantized Linear and the
-    scale convention on disk (:class:`~nvfp4lab.checkpoint.records.LayerNames`: ``decode`` True for
+    scale form on disk (:class:`~nvfp4lab.checkpoint.records.LayerNames`: ``decode`` True for
     DECODE amax/2688, False for ENCODE 2688/amax); ``config_files``: the files it writes besides
     ``config.json`` and the weights; ``weight_files``: the fixed names of the weight files it
     writes (those a name alone does not mark as weights, as ``*.safetensors`` does), which

@@ -3,7 +3,7 @@
 Built and validated with compressed-tensors' own classes, never by hand. On disk, per quantized
 Linear ``<name>``: ``<name>.weight_packed`` uint8 ``[N, K/2]`` (element ``2i`` in the low
 nibble), ``<name>.weight_scale`` float8_e4m3fn ``[N, K/16]`` (plain row-major layout),
-``<name>.weight_global_scale`` float32 ``[1]`` (ENCODE convention, 2688/amax, as nvfp4lab holds
+``<name>.weight_global_scale`` float32 ``[1]`` (ENCODE form, 2688/amax, as nvfp4lab holds
 it in memory), ``<name>.input_global_scale`` float32 ``[1]`` (scheme "NVFP4", W4A4 only) and
 ``<name>.bias``. ``config.json`` carries ``quantization_config`` with ``quant_method:
 "compressed-tensors"``, ``format: "nvfp4-pack-quantized"``, ``quantization_status:
@@ -65,7 +65,7 @@ NAMES = LayerNames(
 )
 #: Per-module tensors of a quantized Linear, as compressed-tensors names them.
 QUANTIZED_TENSOR_NAMES: tuple[str, ...] = (
-    NAMES.packed, NAMES.scale, NAMES.global_scale, NAMES.input_scale
+    NAMES.packed, NAMES.block_scale, NAMES.tensor_scale, NAMES.input_scale
 )
 
 

@@ -356,7 +356,7 @@ def _tensor_infos(parsed: _Parsed) -> tuple[dict[str, TensorInfo], dict[str, boo
             out[f"{prefix}.{NAMES.packed}"] = TensorInfo(
                 parsed.file, t.name, "U8", (n, k // 2), t.offset, n * k // 2,
                 view(part="codes", cols=k // 2))
-            out[f"{prefix}.{NAMES.scale}"] = TensorInfo(
+            out[f"{prefix}.{NAMES.block_scale}"] = TensorInfo(
                 parsed.file, t.name, "F8_E4M3", (n, k // BLOCK_SIZE), t.offset,
                 n * k // BLOCK_SIZE, view(part="scales", cols=k // BLOCK_SIZE))
             quantized[prefix] = f"{module}.{NAMES.input_scale}" in present

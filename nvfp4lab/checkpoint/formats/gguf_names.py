@@ -108,7 +108,7 @@ def warn_ignored_ffn_scales(contents: Contents, names: ModelNames) -> None:
     for tensor in contents.tensors():
         module, _, leaf = tensor.name.rpartition(".")
         base = gguf_module.get(module, "")
-        if leaf == NAMES.global_scale and base.rpartition(".")[2].startswith("ffn_"):
+        if leaf == NAMES.tensor_scale and base.rpartition(".")[2].startswith("ffn_"):
             value = float(read_rows(tensor).reshape(-1)[0])
             if value != 1.0:
                 off.append((base, value))

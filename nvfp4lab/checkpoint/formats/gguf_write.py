@@ -157,8 +157,8 @@ def _float_out(name: str, tensor: StoredTensor, heads: int) -> _Out:
 def _plan(contents: Contents, names: ModelNames) -> list[_Out]:
     """The GGUF tensors of ``contents``, in its order (an NVFP4 tensor where its codes are)."""
     tensors = {t.name: t for t in contents.tensors()}
-    quantized = {k.removesuffix(f".{NAMES.scale}") for k in tensors
-                 if k.endswith(f".{NAMES.scale}")}
+    quantized = {k.removesuffix(f".{NAMES.block_scale}") for k in tensors
+                 if k.endswith(f".{NAMES.block_scale}")}
     gguf_module = {hf: g for g, hf in names.modules.items()}
     out: list[_Out] = []
     for key, tensor in tensors.items():
@@ -169,13 +169,13 @@ def _plan(contents: Contents, names: ModelNames) -> list[_Out]:
                 raise CheckpointError(f"{module}: gguf's name map for {names.arch} has no name "
                                       "for this layer; it cannot be written as GGUF")
             if leaf == NAMES.packed:
-                out.append(_nvfp4_out(base, tensor, tensors[f"{module}.{NAMES.scale}"],
+                out.append(_nvfp4_out(base, tensor, tensors[f"{module}.{NAMES.block_scale}"],
                                       names.heads.get(base, 0)))
-            elif leaf in (NAMES.global_scale, NAMES.input_scale):
+            elif leaf in (NAMES.tensor_scale, NAMES.input_scale):
                 out.append(_float_out(f"{base}.{leaf}", tensor, 0))
             elif leaf == "bias":
                 out.append(_float_out(f"{base}.{leaf}", tensor, names.heads.get(base, 0)))
-            elif leaf != NAMES.scale:
+            elif leaf != NAMES.block_scale:
                 raise CheckpointError(f"{key}: a quantized layer's tensor GGUF has no place for")
             continue
         target = names.keys.get(key)

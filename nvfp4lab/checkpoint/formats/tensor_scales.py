@@ -23,7 +23,7 @@ __all__ = ["TensorScaleForm"]
 
 
 class TensorScaleForm:
-    """A format spec's tensor-scale conversions, keyed on ``names.decode`` (a mixin: the spec
+    """A format spec's tensor-scale conversions, keyed on ``names.decode_form`` (a mixin: the spec
     sets ``names``)."""
 
     names: LayerNames
@@ -33,7 +33,7 @@ class TensorScaleForm:
         formats: the layer's exact DECODE buffer when it has one, else the float32 reciprocal of
         the ENCODE scale, shaped ``names.scalar_shape`` (anything but a ``[1]`` ENCODE scale is
         returned as it is, for the caller's shape check to name)."""
-        if not self.names.decode or encode.shape != (1,):
+        if not self.names.decode_form or encode.shape != (1,):
             return encode
         value = decode if decode is not None else torch.reciprocal(encode)
         return value.reshape(self.names.scalar_shape)
@@ -42,7 +42,7 @@ class TensorScaleForm:
         """(ENCODE scale, exact DECODE scale or None) of a stored float32 ``[1]`` scale: ENCODE
         formats ``(stored, None)``; DECODE formats ``(1 / stored, stored)``, the DECODE scale
         kept exactly."""
-        if not self.names.decode:
+        if not self.names.decode_form:
             return stored, None
         return torch.reciprocal(stored), stored
 
@@ -50,4 +50,4 @@ class TensorScaleForm:
         """The one DECODE scale (float32 ``[1]``) vLLM keeps for a fused group whose shards store
         ``stored``: DECODE ``max(stored)``, ENCODE ``1 / max(stored)`` (an engine that merges
         no group never asks: the spec's ``shares_fused_scales``)."""
-        return fused_decode_from_stored(list(stored), self.names.decode)
+        return fused_decode_from_stored(list(stored), self.names.decode_form)

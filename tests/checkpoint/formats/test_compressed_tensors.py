@@ -95,7 +95,7 @@ def test_tensor_names_are_compressed_tensors_own(with_input: bool) -> None:
         scheme.input_activations.dynamic = False
     expected = NVFP4PackedCompressor.compression_param_names(scheme)
     names = SPEC.names
-    ours = (names.packed, names.scale, names.global_scale)
+    ours = (names.packed, names.block_scale, names.tensor_scale)
     assert ours + ((names.input_scale,) if with_input else ()) == expected
     assert QUANTIZED_TENSOR_NAMES[:3] == ours and QUANTIZED_TENSOR_NAMES[3] == names.input_scale
     assert SPEC.names.keys("m.q") == {"packed": "m.q.weight_packed", "block": "m.q.weight_scale",
@@ -107,7 +107,7 @@ def test_encode_scales_are_stored_as_held() -> None:
     encode = torch.tensor([81.30082], dtype=torch.float32)
     assert SPEC.to_disk(encode, torch.tensor([0.5])) is encode
     assert SPEC.from_disk(encode) == (encode, None)
-    assert not SPEC.names.decode and SPEC.names.scalar_shapes == ((1,),)
+    assert not SPEC.names.decode_form and SPEC.names.scalar_shapes == ((1,),)
 
 
 def test_fused_decode_scale_is_vllms_reciprocal_of_the_max() -> None:

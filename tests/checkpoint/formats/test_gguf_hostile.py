@@ -273,7 +273,7 @@ def test_files_load_refuses_are_refused_by_audit_and_convert(
 
 BAD_VALUES: dict[str, tuple[Callable[..., Any], str, str]] = {
     "NaN input scale": (_replace("blk.0.attn_q.input_scale", _f32(float("nan"))),
-                        "input scale input_scale must be finite and > 0 (DECODE convention, "
+                        "input scale input_scale must be finite and > 0 (DECODE form, "
                         "amax/2688), got nan",
                         f"tensor '{Q}.input_scale' must be finite and > 0"),
     "denormal tensor scale": (_replace("blk.0.attn_q.scale", _f32(1e-44)),

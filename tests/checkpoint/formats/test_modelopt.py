@@ -258,8 +258,8 @@ def test_names_and_convention_match_compressed_tensors_modelopt_converter() -> N
     scales = torch.rand(2, generator=gen, dtype=torch.float32) * 0.1 + 1e-3
     stored = {
         f"m.{SPEC.names.packed}": torch.zeros(4, 8, dtype=torch.uint8),
-        f"m.{SPEC.names.scale}": torch.ones(4, 1, dtype=torch.float8_e4m3fn),
-        f"m.{SPEC.names.global_scale}": scales[0].reshape(SPEC.names.scalar_shape),
+        f"m.{SPEC.names.block_scale}": torch.ones(4, 1, dtype=torch.float8_e4m3fn),
+        f"m.{SPEC.names.tensor_scale}": scales[0].reshape(SPEC.names.scalar_shape),
         f"m.{SPEC.names.input_scale}": scales[1].reshape(SPEC.names.scalar_shape),
     }
     oracle = ModelOptNvfp4Converter(targets=["Linear"]).process(dict(stored))
@@ -269,7 +269,7 @@ def test_names_and_convention_match_compressed_tensors_modelopt_converter() -> N
         value = stored[mo[role]].reshape(1)
         converted = ct.to_disk(*SPEC.from_disk(value))
         assert float(converted) == float(oracle[ours[role]]), role
-    assert SPEC.names.decode and not ct.names.decode
+    assert SPEC.names.decode_form and not ct.names.decode_form
 
 
 def test_decode_scales_stored_exactly_and_read_back() -> None:

@@ -57,12 +57,12 @@ def test_each_formats_tensor_scale_facts_come_from_the_one_table() -> None:
     assert set(vocab.TENSOR_SCALE_STORAGE) == set(FORMATS)
     for fmt, spec in FORMATS.items():
         storage = vocab.TENSOR_SCALE_STORAGE[fmt]
-        assert spec.names.decode is storage.decode
+        assert spec.names.decode_form is storage.decode
         assert spec.shares_fused_scales is storage.shared_in_fused_groups
         assert isinstance(spec, TensorScaleForm)
     assert tuple(f for f, s in FORMATS.items() if s.shares_fused_scales) == MERGED_FORMATS
     # the facts themselves, as the sources say (module docstrings of each format)
-    assert {f.value: (s.names.decode, s.shares_fused_scales) for f, s in FORMATS.items()
+    assert {f.value: (s.names.decode_form, s.shares_fused_scales) for f, s in FORMATS.items()
             if f.value in ("compressed-tensors", "modelopt", "gguf")} == {
         "compressed-tensors": (False, True), "modelopt": (True, True), "gguf": (True, False)}
 
@@ -74,7 +74,7 @@ def test_the_fused_decode_scale_is_the_max_of_the_stored_scales(fmt: CheckpointF
     spec = FORMATS[fmt]
     stored = [_f32(0.5), _f32(1 / 3), _f32(0.7)]
     top = max(stored)
-    want = top if spec.names.decode else _f32(1 / top)
+    want = top if spec.names.decode_form else _f32(1 / top)
     got = spec.fused_decode_scale(stored)
     assert got.dtype == torch.float32 and tuple(got.shape) == (1,)
     assert torch.equal(got, torch.tensor([want], dtype=torch.float32))
@@ -94,9 +94,9 @@ def _contents(spec: CheckpointFormatSpec) -> Contents:
     scale = spec.to_disk(torch.tensor([2688.0]), None)
     tensors = (
         stored_tensor(f"{LAYER}.{names.packed}", torch.full((64, 32), 0x21, dtype=torch.uint8)),
-        stored_tensor(f"{LAYER}.{names.scale}",
+        stored_tensor(f"{LAYER}.{names.block_scale}",
                       torch.full((64, 4), 1.0).to(torch.float8_e4m3fn)),
-        stored_tensor(f"{LAYER}.{names.global_scale}", scale.contiguous()),
+        stored_tensor(f"{LAYER}.{names.tensor_scale}", scale.contiguous()),
     )
     return Contents((Shard("model.safetensors", tensors),), config.to_json_string(),
                     Scheme.NVFP4A16, Unquantized(("lm_head",), ("lm_head",)))
@@ -143,10 +143,10 @@ def test_the_scale_convention_on_disk(fmt: CheckpointFormat) -> None:
     encode = torch.tensor([2688 / 3.7], dtype=torch.float32)
     stored = spec.to_disk(encode, None)
     assert tuple(stored.shape) == spec.names.scalar_shape and stored.dtype == torch.float32
-    expected = _f32(1 / float(encode)) if spec.names.decode else float(encode)
+    expected = _f32(1 / float(encode)) if spec.names.decode_form else float(encode)
     assert float(stored) == expected
     back, exact = spec.from_disk(stored.reshape(1))
-    if spec.names.decode:
+    if spec.names.decode_form:
         assert float(exact) == expected and float(back) == _f32(1 / expected)
         held = torch.tensor([0.123], dtype=torch.float32)
         assert float(spec.to_disk(torch.reciprocal(held), held)) == float(held)
@@ -165,7 +165,7 @@ def _format_names() -> set[str]:
     """On-disk names of the formats that no other module may spell."""
     out: set[str] = set()
     for fmt, spec in FORMATS.items():
-        out |= {spec.names.global_scale, spec.names.input_scale, *spec.config_files}
+        out |= {spec.names.tensor_scale, spec.names.input_scale, *spec.config_files}
         out |= set(spec.weight_files)
         module = _module(fmt)
         for attr in ("CT_FORMAT", "QUANT_METHOD", "HF_QUANT_CONFIG_NAME", "SUFFIX",
@@ -179,7 +179,7 @@ def _format_names() -> set[str]:
 
 def _vocabulary() -> set[str]:
     enums = (vocab.CheckpointFormat, vocab.Scheme, vocab.Backend, vocab.Numerics,
-             vocab.Convention)
+             vocab.OrderName)
     return {m.value for e in enums for m in e} | {vocab.AUTO}
 
 
