@@ -46,6 +46,7 @@ __all__ = [
     "comparison_rows",
     "family",
     "family_rows",
+    "family_table",
     "verdict_text",
     "worst_layers",
 ]
@@ -169,6 +170,41 @@ def family_rows(verdicts: Sequence[FamilyVerdict]) -> list[dict[str, Any]]:
             "significant": diff.significant if diff is not None else False,
         })
     return rows
+
+
+def _with_interval(value: float, lo: float, hi: float, digits: int) -> str:
+    if math.isnan(lo) or math.isnan(hi):
+        return f"{value:.{digits}g} (one window: no interval)"
+    return f"{value:.{digits}g} [{lo:.{digits}g}, {hi:.{digits}g}]"
+
+
+def family_table(verdicts: Sequence[FamilyVerdict], digits: int = 4) -> list[dict[str, Any]]:
+    """:func:`family_rows` for reading: one row per family, each measure a string ``value [lo,
+    hi]`` (95 % interval, ``digits`` significant digits), the runner-up's paired KLD difference
+    likewise with ``significant`` yes / no; build seconds and peak MiB rounded."""
+    out = []
+    for r in family_rows(verdicts):
+        has_next = r["next"] != "-"
+        memory = r["peak_rss_mb"]
+        out.append({
+            "family": r["family"], "best": r["best"],
+            "mean KLD, nats/token [95 % interval]": _with_interval(
+                r["kld_mean"], r["kld_lo"], r["kld_hi"], digits),
+            "perplexity / reference's": _with_interval(
+                r["perplexity_ratio"], r["perplexity_ratio_lo"], r["perplexity_ratio_hi"],
+                digits),
+            "top-1 agreement": _with_interval(r["top1_agreement"], r["top1_lo"], r["top1_hi"],
+                                              digits),
+            "windows (tokens)": f"{r['windows']} ({r['tokens']})",
+            "build s": f"{r['build_seconds']:.1f}",
+            "peak memory, MiB": "-" if math.isnan(memory) else f"{memory:.0f}",
+            "runner-up": r["next"],
+            "its mean KLD - the best's": _with_interval(
+                r["kld_difference"], r["difference_lo"], r["difference_hi"], digits)
+            if has_next else "-",
+            "lead significant": ("yes" if r["significant"] else "no") if has_next else "-",
+        })
+    return out
 
 
 def comparison_rows(verdicts: Sequence[FamilyVerdict]) -> list[dict[str, Any]]:

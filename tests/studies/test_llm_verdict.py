@@ -208,6 +208,15 @@ def test_rows_and_verdict_text_carry_the_numbers() -> None:
     assert kv["peak_rss_mb"] == best.peak_rss_mb and kv["significant"]
     assert math.isnan(rows[lv.WEIGHTS_ACTIVATIONS]["kld_difference"])
     assert math.isnan(rows[lv.WEIGHTS_ACTIVATIONS_KV]["peak_rss_mb"])  # not measured
+    table = {r["family"]: r for r in lv.family_table(verdicts)}
+    assert table[lv.KV_ONLY]["mean KLD, nats/token [95 % interval]"] == \
+        f"{f.kld_mean:.4g} [{f.kld_ci95[0]:.4g}, {f.kld_ci95[1]:.4g}]"
+    assert table[lv.KV_ONLY]["top-1 agreement"] == \
+        f"{f.top1_agreement:.4g} [{f.top1_ci95[0]:.4g}, {f.top1_ci95[1]:.4g}]"
+    assert table[lv.KV_ONLY]["windows (tokens)"] == "6 (34)"
+    assert table[lv.KV_ONLY]["lead significant"] == "yes"
+    assert table[lv.WEIGHTS_ACTIVATIONS]["runner-up"] == "-"
+    assert table[lv.WEIGHTS_ACTIVATIONS_KV]["peak memory, MiB"] == "-"
     comparisons = lv.comparison_rows(verdicts)
     assert [c["configuration"] for c in comparisons] == ["W4A16 GPTQ", "W4A16 RTN", "KV nvfp4"]
 
