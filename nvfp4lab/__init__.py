@@ -70,6 +70,7 @@ _SUBMODULES = (
     "e2m1",
     "execution",
     "formats",
+    "number_formats",
     "ggml_blocks",
     "gpus",
     "hadamard",

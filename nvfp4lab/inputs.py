@@ -2,7 +2,7 @@
 the NaN/Inf refusal) and the cut of ``[..., K]`` into blocks or 2-D tiles.
 
 One job: what a quantization does to its input before any arithmetic. :mod:`nvfp4lab.codec` (NVFP4)
-and the study formats of :mod:`nvfp4lab.formats` (MXFP4, INT4-g128, ...) call it; it names no
+and the study formats of :mod:`nvfp4lab.number_formats` (MXFP4, INT4-g128, ...) call it; it names no
 format's arithmetic. Shapes: ``x [..., K]`` (fp32/bf16/fp16); blocks ``[..., K/B, B]``; tiles of
 a 2-D ``[M, K]`` as ``[M/r, K/c, r*c]``.
 """

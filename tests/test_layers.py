@@ -40,7 +40,8 @@ FOLDERS: dict[str, str] = {
     "bench": "bench",
     "checkpoint": "interop",
     "execution": "execution",
-    "formats": "formats",
+    "number_formats": "formats",
+    "formats": "formats",  # the deprecated alias of number_formats (one release)
     "kernels": "kernels",
     "oracles": ORACLES,
 }
@@ -58,6 +59,7 @@ ROOT: dict[str, str] = {
     "report_pages": "faces",
     "notebook_imports": "faces",
     "models": "interop",
+    "local_models": "interop",
     "codec": "numerics",
     "inputs": "numerics",
     "blocks": "numerics",

@@ -70,3 +70,26 @@ def test_layer_names_old_fields_warn_and_read_the_new_ones(fmt: str) -> None:
                      ("decode", "decode_form")):
         with pytest.warns(DeprecationWarning, match=f"LayerNames.{old} is deprecated: use {new}"):
             assert getattr(names, old) == getattr(names, new)
+
+
+def _fresh_import(name: str) -> object:
+    import importlib
+    import sys
+
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
+def test_formats_packages_moved_to_number_formats_and_the_old_paths_warn() -> None:
+    from nvfp4lab import number_formats
+    from nvfp4lab.studies import number_formats as study
+
+    with pytest.warns(DeprecationWarning, match="import nvfp4lab.number_formats"):
+        old = _fresh_import("nvfp4lab.formats")
+    assert old.get is number_formats.get and old.available() == number_formats.available()
+    import nvfp4lab.formats.base as old_base
+
+    assert old_base is number_formats.base
+    with pytest.warns(DeprecationWarning, match="import nvfp4lab.studies.number_formats"):
+        old_study = _fresh_import("nvfp4lab.studies.formats")
+    assert old_study.default_configs is study.default_configs

@@ -71,8 +71,8 @@ its first column from the block-start weights unless ``static_groups``), FP-Quan
 H in float64 instead of float32.
 
 Study-only: :func:`gptq_fake_quantize` runs the same loop for MXFP4 and INT4-g128 (any
-:class:`~nvfp4lab.formats.base.BlockFormatInfo`) and, with ``hadamard=seed``, on weights rotated
-by the block Hadamard whose block matches the format's group (MR-GPTQ style, arXiv 2509.23202:
+:class:`~nvfp4lab.number_formats.base.BlockFormatInfo`) and, with ``hadamard=seed``, on weights
+rotated by the block Hadamard whose block matches the format's group (MR-GPTQ style, arXiv 2509.23202:
 ``W' = W Q``, ``H' = Qᵀ H Q``); it returns the dequantized weight rotated back (the weight
 rotated in float32 here; the layer path rotates in the weight's dtype, as the codec does).
 """
@@ -86,16 +86,16 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from nvfp4lab import formats
+from nvfp4lab import number_formats
 from nvfp4lab.blocks import block_scales_from_blocks, fixed_scale_codec, multiply_factors
 from nvfp4lab.codec import finite_amax
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.e2m1 import pack_fp4
-from nvfp4lab.formats.base import BlockFormat, BlockFormatInfo
 from nvfp4lab.hadamard import check_seed, hadamard_transform, rotation_matrix
 from nvfp4lab.kernels import native as native_lib
 from nvfp4lab.kernels.gptq_columns import run_group
 from nvfp4lab.kernels.gptq_columns import supports as native_columns_support
+from nvfp4lab.number_formats.base import BlockFormat, BlockFormatInfo
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.orders import get as get_order
 from nvfp4lab.scales import TensorScale, abs_max, as_global_scale, tensor_scale_from_amax
@@ -547,13 +547,13 @@ def gptq_fake_quantize(
 ) -> torch.Tensor:
     """Study function: GPTQ-quantized-then-dequantized ``weight [N, K]`` in ``weight.dtype``.
 
-    ``format``: "nvfp4" or a scaled block format of :mod:`nvfp4lab.formats` ("mxfp4",
+    ``format``: "nvfp4" or a scaled block format of :mod:`nvfp4lab.number_formats` ("mxfp4",
     "int4_g128"). ``hadamard=seed``: run GPTQ on ``W Q`` with ``Qᵀ H Q`` (Q the seeded block
     Hadamard, block = the format's group size, MR-GPTQ style) and rotate the result back, so the
     return value is comparable with ``weight``.
     """
     options = options or GPTQOptions()
-    fmt = formats.get(format)
+    fmt = number_formats.get(format)
     if format == "nvfp4":
         cols: _Columns | None = None
     elif isinstance(fmt, BlockFormat):

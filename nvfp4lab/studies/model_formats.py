@@ -5,7 +5,7 @@ Configurations (:class:`ModelConfig`) are of two kinds. An NVFP4 *path* is the r
 :func:`~nvfp4lab.execution.whole_model.quantize_model` with a backend ("w4a16", or "emulation" =
 W4A4)
 and a bias epilogue ("output", "fp32", or the seed's bug "dropped"). A *format* configuration
-fake-quantizes every Linear weight with a :class:`~nvfp4lab.studies.formats.StudyConfig` and,
+fake-quantizes every Linear weight with a :class:`~nvfp4lab.studies.number_formats.StudyConfig` and,
 for "W+A", every Linear input too (forward pre-hooks, a dynamic per-call tensor scale); 16×16
 weight tiles quantize activations with plain 16-element blocks (a tile would mix tokens).
 Activations are captured with forward hooks while the model embeds the project's own
@@ -33,12 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nvfp4lab import formats, metrics
+from nvfp4lab import metrics, number_formats
 from nvfp4lab.execution import DroppedBiasWarning, quantize_model
 from nvfp4lab.models import SentenceEncoder
 from nvfp4lab.plots import new_figure
 from nvfp4lab.studies.explorer import explorer, stream_output, table_output
-from nvfp4lab.studies.formats import StudyConfig
 from nvfp4lab.studies.model_fidelity import (
     SENTENCES,
     capture_inputs,
@@ -47,6 +46,7 @@ from nvfp4lab.studies.model_fidelity import (
     linear_names,
     paraphrase_recall,
 )
+from nvfp4lab.studies.number_formats import StudyConfig
 from nvfp4lab.vocab import Backend, BiasMode, ScaleSelection
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -199,8 +199,8 @@ def config_rows(
                 keep[cfg.label] = enc
             fidelity = embedding_fidelity(fp, enc, sentences)
             recall = paraphrase_recall(enc, sentences) if sentences == SENTENCES else math.nan
-        bits = (formats.get(cfg.weights.format).bits_per_element if cfg.weights is not None
-                else formats.get("nvfp4").bits_per_element)
+        bits = (number_formats.get(cfg.weights.format).bits_per_element if cfg.weights is not None
+                else number_formats.get("nvfp4").bits_per_element)
         quantized_inputs = cfg.activations is not None or cfg.backend == Backend.EMULATION
         rows.append({
             "label": cfg.label, "kind": cfg.kind, "weight_bits": bits,

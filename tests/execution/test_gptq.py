@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from nvfp4lab import formats, models, quantize
+from nvfp4lab import models, number_formats, quantize
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.e2m1 import unpack_fp4
 from nvfp4lab.execution import NVFP4Linear, quantize_model
@@ -97,7 +97,7 @@ def test_orthogonal_inputs_are_rtn_and_act_order_changes_nothing() -> None:
 def test_identity_hessian_is_the_comparator_format(name: str) -> None:
     w = _layer(32, 256)
     got = gptq_fake_quantize(w, torch.eye(256), name)
-    assert torch.equal(got, formats.get(name).fake_quantize(w))
+    assert torch.equal(got, number_formats.get(name).fake_quantize(w))
 
 
 def test_global_scale_given_or_from_the_original_weights() -> None:
@@ -133,7 +133,7 @@ def test_gptq_output_error_below_rtn(options: GPTQOptions) -> None:
 @pytest.mark.parametrize("hadamard", [None, 5])
 def test_format_gptq_beats_format_rtn(name: str, hadamard: int | None) -> None:
     w, x = _layer(64, 256), _inputs(2048, 256)
-    fq = formats.get(name).fake_quantize
+    fq = number_formats.get(name).fake_quantize
     if hadamard is None:
         rtn_w = fq(w)
     else:  # RTN in the rotated basis, rotated back
@@ -148,7 +148,7 @@ def test_hadamard_with_identity_hessian_is_rotated_rtn() -> None:
     """With H = I the rotated GPTQ is RTN of W·Q rotated back (= fake_quantize(hadamard=seed))."""
     w = _layer(32, 128)
     got = gptq_fake_quantize(w, torch.eye(128), "nvfp4", hadamard=7)
-    want = formats.get("nvfp4").fake_quantize(w, hadamard=7)
+    want = number_formats.get("nvfp4").fake_quantize(w, hadamard=7)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 

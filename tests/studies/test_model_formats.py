@@ -11,7 +11,7 @@ from nvfp4lab import fake_quantize, formats, metrics, models
 from nvfp4lab.execution import DroppedBiasWarning
 from nvfp4lab.studies import model_fidelity as study
 from nvfp4lab.studies import model_formats as mf
-from nvfp4lab.studies.formats import StudyConfig
+from nvfp4lab.studies.number_formats import StudyConfig
 from tests.conftest import needs_minilm
 
 NAMES = {

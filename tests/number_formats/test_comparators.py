@@ -1,4 +1,5 @@
-"""Tests of nvfp4lab.formats: the registry, every comparator format, and the published anchors."""
+"""Tests of nvfp4lab.number_formats: the registry, every comparator format, and the published
+anchors."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 import nvfp4lab
-from nvfp4lab import formats, metrics
+from nvfp4lab import metrics, number_formats
 from nvfp4lab.codec import quantize as nvfp4_quantize
-from nvfp4lab.studies.formats import default_configs, error_rows, rank_table, sample
+from nvfp4lab.studies.number_formats import default_configs, error_rows, rank_table, sample
 
 NAMES = ("nvfp4", "mxfp4", "int4_g128", "fp8_e4m3", "bf16")
 
@@ -31,7 +32,7 @@ def small() -> torch.Tensor:
 
 
 def test_available_lists_every_format_with_bits() -> None:
-    assert formats.available() == {
+    assert number_formats.available() == {
         "nvfp4": 4.5,
         "mxfp4": 4.25,
         "int4_g128": 4.125,
@@ -39,23 +40,23 @@ def test_available_lists_every_format_with_bits() -> None:
         "bf16": 16.0,
     }
     for name in NAMES:
-        fmt = formats.get(name)
+        fmt = number_formats.get(name)
         assert fmt.name == name
         assert name in repr(fmt)
 
 
 def test_lazy_submodule_access() -> None:
-    assert nvfp4lab.formats is formats
+    assert nvfp4lab.number_formats is number_formats
 
 
 def test_unknown_format_lists_available() -> None:
     with pytest.raises(ValueError, match=r"unknown format 'nvfp8'.*nvfp4, mxfp4, int4_g128"):
-        formats.get("nvfp8")
+        number_formats.get("nvfp8")
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_unknown_option_lists_accepted(name: str, small: torch.Tensor) -> None:
-    fmt = formats.get(name)
+    fmt = number_formats.get(name)
     with pytest.raises(ValueError, match="unknown option") as info:
         fmt.fake_quantize(small, no_such_option=1)
     for option in fmt.options:
@@ -64,9 +65,9 @@ def test_unknown_option_lists_accepted(name: str, small: torch.Tensor) -> None:
 
 def test_register_refuses_duplicates() -> None:
     with pytest.raises(ValueError, match="already registered"):
-        formats.register(formats.BlockFormat(formats.get("mxfp4").info))
+        number_formats.register(number_formats.BlockFormat(number_formats.get("mxfp4").info))
     with pytest.raises(ValueError, match="named QuantFormat"):
-        formats.register("mxfp4")  # type: ignore[arg-type]
+        number_formats.register("mxfp4")  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,7 +92,7 @@ def test_published_anchors(
     rel: float,
     anchor_db: float | None,
 ) -> None:
-    y = formats.get(name).fake_quantize(normal, **options)
+    y = number_formats.get(name).fake_quantize(normal, **options)
     assert y.dtype == normal.dtype and y.shape == normal.shape
     assert metrics.nmse(normal, y) == pytest.approx(anchor_nmse, rel=rel)
     if anchor_db is not None:
@@ -99,8 +100,8 @@ def test_published_anchors(
 
 
 def test_bf16_and_per_channel_fp8_on_normal(normal: torch.Tensor) -> None:
-    assert metrics.nmse(normal, formats.get("bf16").fake_quantize(normal)) < 1e-5
-    per_channel = formats.get("fp8_e4m3").fake_quantize(normal, granularity="channel")
+    assert metrics.nmse(normal, number_formats.get("bf16").fake_quantize(normal)) < 1e-5
+    per_channel = number_formats.get("fp8_e4m3").fake_quantize(normal, granularity="channel")
     assert metrics.nmse(normal, per_channel) == pytest.approx(7.0e-4, rel=0.03)
 
 
@@ -133,7 +134,7 @@ def test_student_t_changes_the_ranking() -> None:
 def test_shape_dtype_and_packed_round_trip(
     name: str, dtype: torch.dtype, small: torch.Tensor
 ) -> None:
-    fmt = formats.get(name)
+    fmt = number_formats.get(name)
     x = small.to(dtype).reshape(2, 4, 256)
     y = fmt.fake_quantize(x)
     assert y.shape == x.shape and y.dtype == dtype
@@ -146,12 +147,12 @@ def test_shape_dtype_and_packed_round_trip(
 @pytest.mark.parametrize("name", NAMES)
 def test_zero_tensor_quantizes_to_zero(name: str) -> None:
     x = torch.zeros(4, 256)
-    assert torch.equal(formats.get(name).fake_quantize(x), x)
+    assert torch.equal(number_formats.get(name).fake_quantize(x), x)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_empty_tensor(name: str) -> None:
-    fmt = formats.get(name)
+    fmt = number_formats.get(name)
     x = torch.zeros(0, 256)
     assert fmt.fake_quantize(x).shape == x.shape
     assert fmt.dequantize(fmt.quantize(x)).shape == x.shape
@@ -162,27 +163,28 @@ def test_nonfinite_input_raises(name: str) -> None:
     x = torch.ones(2, 256)
     x[1, 3] = float("nan")
     with pytest.raises(ValueError, match="NaN/Inf"):
-        formats.get(name).fake_quantize(x)
+        number_formats.get(name).fake_quantize(x)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_bad_input_types(name: str) -> None:
     with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
-        formats.get(name).fake_quantize(torch.ones(2, 256, dtype=torch.int32))
+        number_formats.get(name).fake_quantize(torch.ones(2, 256, dtype=torch.int32))
 
 
 def test_storage_bits() -> None:
     n = 2048 * 2048
-    assert formats.get("nvfp4").storage_bits((2048, 2048)) == 4.5 + 32 / n
-    assert formats.get("nvfp4").storage_bits((2048, 2048), block_size=(16, 16)) == (
+    assert number_formats.get("nvfp4").storage_bits((2048, 2048)) == 4.5 + 32 / n
+    assert number_formats.get("nvfp4").storage_bits((2048, 2048), block_size=(16, 16)) == (
         4 + 8 / 256 + 32 / n
     )
-    assert formats.get("nvfp4").storage_bits((2048, 2048), global_scale=None) == 4.5 + 32 / n
-    assert formats.get("nvfp4").storage_bits((2048, 2048), global_scale=1.0) == 4.5  # none
-    assert formats.get("mxfp4").storage_bits((64, 64)) == 4.25
-    assert formats.get("fp8_e4m3").storage_bits((64, 128), granularity="channel") == 8 + 32 / 128
+    assert number_formats.get("nvfp4").storage_bits((2048, 2048), global_scale=None) == 4.5 + 32 / n
+    assert number_formats.get("nvfp4").storage_bits((2048, 2048), global_scale=1.0) == 4.5  # none
+    assert number_formats.get("mxfp4").storage_bits((64, 64)) == 4.25
+    fp8 = number_formats.get("fp8_e4m3")
+    assert fp8.storage_bits((64, 128), granularity="channel") == 8 + 32 / 128
     with pytest.raises(ValueError, match="non-empty"):
-        formats.get("bf16").storage_bits((0, 4))
+        number_formats.get("bf16").storage_bits((0, 4))
 
 
 # --------------------------------------------------------------------------------------------
@@ -193,7 +195,7 @@ def test_storage_bits() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_nvfp4_is_the_foundation(convention: str, dtype: torch.dtype, small: torch.Tensor) -> None:
     x = small.to(dtype)
-    fmt = formats.get("nvfp4")
+    fmt = number_formats.get("nvfp4")
     expected = nvfp4lab.fake_quantize(x, convention=convention)
     assert torch.equal(fmt.fake_quantize(x, convention=convention), expected)
     q, ref = fmt.quantize(x, convention=convention), nvfp4_quantize(x, convention=convention)
@@ -207,7 +209,7 @@ def test_nvfp4_is_the_foundation(convention: str, dtype: torch.dtype, small: tor
 
 
 def test_mxfp4_scale_is_the_ocp_floor_rule() -> None:
-    fmt = formats.get("mxfp4")
+    fmt = number_formats.get("mxfp4")
     blocks = torch.zeros(5, 32)
     blocks[0, 0] = 6.0  # floor(log2 6) - 2 = 0 -> scale 1, exact
     blocks[1, :3] = torch.tensor([7.9, -3.0, 0.5])  # scale 1: 7.9 clips to 6 (floor rule)
@@ -225,7 +227,7 @@ def test_mxfp4_scale_is_the_ocp_floor_rule() -> None:
 
 def test_mxfp4_matches_a_slow_reference() -> None:
     x = sample("student_t", (4, 64), seed=3)
-    y = formats.get("mxfp4").fake_quantize(x)
+    y = number_formats.get("mxfp4").fake_quantize(x)
     grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
     for row in range(4):
         for b in range(2):
@@ -238,7 +240,7 @@ def test_mxfp4_matches_a_slow_reference() -> None:
 
 
 def test_mxfp4_pad() -> None:
-    fmt = formats.get("mxfp4")
+    fmt = number_formats.get("mxfp4")
     x = torch.randn(3, 40)
     with pytest.raises(ValueError, match=r"multiple of 32.*pad=True"):
         fmt.fake_quantize(x)
@@ -254,7 +256,7 @@ def test_mxfp4_pad() -> None:
 
 
 def test_int4_symmetric_grid_and_rounding() -> None:
-    fmt = formats.get("int4_g128")
+    fmt = number_formats.get("int4_g128")
     x = torch.zeros(1, 128)
     x[0, :6] = torch.tensor([7.0, 2.5, 3.5, -0.5, -7.0, -6.6])  # scale = 7/7 = 1 (exact in fp16)
     q = fmt.quantize(x)
@@ -270,7 +272,7 @@ def test_int4_symmetric_grid_and_rounding() -> None:
 
 
 def test_int4_group_size_and_pad() -> None:
-    fmt = formats.get("int4_g128")
+    fmt = number_formats.get("int4_g128")
     with pytest.raises(ValueError, match="multiple of 128"):
         fmt.fake_quantize(torch.randn(2, 100))
     assert fmt.fake_quantize(torch.randn(2, 100), pad=True).shape == (2, 100)
@@ -281,7 +283,7 @@ def test_int4_group_size_and_pad() -> None:
 
 
 def test_fp8_per_tensor_and_per_channel() -> None:
-    fmt = formats.get("fp8_e4m3")
+    fmt = number_formats.get("fp8_e4m3")
     x = torch.randn(4, 64) * torch.tensor([[1.0], [10.0], [0.1], [1e3]])
     q = fmt.quantize(x)
     assert q.scale.shape == (1,)
@@ -299,13 +301,13 @@ def test_fp8_per_tensor_and_per_channel() -> None:
 
 def test_bf16_is_a_cast() -> None:
     x = torch.randn(3, 32, dtype=torch.float32)
-    assert torch.equal(formats.get("bf16").fake_quantize(x), x.bfloat16().float())
+    assert torch.equal(number_formats.get("bf16").fake_quantize(x), x.bfloat16().float())
     xb = x.bfloat16()
-    assert torch.equal(formats.get("bf16").fake_quantize(xb), xb)
+    assert torch.equal(number_formats.get("bf16").fake_quantize(xb), xb)
 
 
 def test_get_is_forgiving_about_case_and_separators() -> None:
-    assert formats.get("NVFP4") is formats.get("nvfp4")
-    assert formats.get("INT4-G128") is formats.get("int4_g128")
+    assert number_formats.get("NVFP4") is number_formats.get("nvfp4")
+    assert number_formats.get("INT4-G128") is number_formats.get("int4_g128")
     with pytest.raises(ValueError, match=r"available formats: .*mxfp4"):
-        formats.get("nvfp8")
+        number_formats.get("nvfp8")

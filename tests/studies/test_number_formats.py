@@ -1,11 +1,11 @@
-"""nvfp4lab.studies.formats: the error study behind notebook 04 and its explorer."""
+"""nvfp4lab.studies.number_formats: the error study behind notebook 04 and its explorer."""
 
 from __future__ import annotations
 
 import pytest
 
 from nvfp4lab.codec import ScaleUnderflowWarning
-from nvfp4lab.studies import formats as fs
+from nvfp4lab.studies import number_formats as fs
 from tests.studies.widgets import control, text
 
 # -- explorer --------------------------------------------------------------------------------------

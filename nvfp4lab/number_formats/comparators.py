@@ -36,7 +36,7 @@ import torch
 
 from nvfp4lab.constants import E2M1_MAX, E4M3_MAX
 from nvfp4lab.e2m1 import decode_e2m1, round_to_e2m1_codes
-from nvfp4lab.formats.base import (
+from nvfp4lab.number_formats.base import (
     BlockFormatInfo,
     ElementFormat,
     QuantFormat,

@@ -9,15 +9,15 @@ import re
 import pytest
 import torch
 
-from nvfp4lab import formats, hadamard, metrics
+from nvfp4lab import hadamard, metrics, number_formats
 from nvfp4lab.codec import compute_global_scale, quantize_blocks
 from nvfp4lab.codec import fake_quantize as nvfp4_fake_quantize
 from nvfp4lab.codec import quantize as nvfp4_quantize
 from nvfp4lab.e2m1 import stochastic_round_to_e2m1_codes
-from nvfp4lab.studies.formats import sample, stochastic_bias, tensor_scale_sweep
+from nvfp4lab.studies.number_formats import sample, stochastic_bias, tensor_scale_sweep
 from nvfp4lab.tensor import RotatedNVFP4Tensor
 
-NV = formats.get("nvfp4")
+NV = number_formats.get("nvfp4")
 
 
 @pytest.fixture(scope="module")
@@ -406,8 +406,8 @@ def test_nonfinite_policy() -> None:
 
 
 def test_options_label() -> None:
-    assert formats.options_label({}) == "defaults"
-    label = formats.options_label({"scale_selection": "four_over_six", "rounding": "rne"})
+    assert number_formats.options_label({}) == "defaults"
+    label = number_formats.options_label({"scale_selection": "four_over_six", "rounding": "rne"})
     assert label == "scale_selection=four_over_six"
-    assert formats.options_label({"global_scale": torch.ones(1)}).startswith("global_scale=")
-    assert formats.options_label({"block_size": (1, 16)}) == "defaults"
+    assert number_formats.options_label({"global_scale": torch.ones(1)}).startswith("global_scale=")
+    assert number_formats.options_label({"block_size": (1, 16)}) == "defaults"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from nvfp4lab.codec import dequantize, fake_quantize, quantize
-from nvfp4lab.formats.base import QuantFormat
+from nvfp4lab.number_formats.base import QuantFormat
 from nvfp4lab.options import NVFP4Options, nvfp4_options
 from nvfp4lab.scales import as_global_scale
 from nvfp4lab.tensor import NVFP4Tensor

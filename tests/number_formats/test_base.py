@@ -1,4 +1,5 @@
-"""nvfp4lab.formats.base: the QuantFormat interface and BlockFormat running a format given as data.
+"""nvfp4lab.number_formats.base: the QuantFormat interface and BlockFormat running a format given
+as data.
 
 The block format here (E2M1 elements, an fp16 scale ``amax / 6``, 16 per block) is registered
 nowhere: BlockFormat runs it from its description alone. The oracle is a slow loop written
@@ -14,14 +15,14 @@ import pytest
 import torch
 
 from nvfp4lab.constants import E2M1_VALUES
-from nvfp4lab.formats.base import (
+from nvfp4lab.number_formats.base import (
     BlockFormat,
     BlockFormatInfo,
     PackedBlocks,
     QuantFormat,
     checked_input,
 )
-from nvfp4lab.formats.comparators import E2M1, FP16_SCALE
+from nvfp4lab.number_formats.comparators import E2M1, FP16_SCALE
 
 INFO = BlockFormatInfo("e2m1_fp16", E2M1, FP16_SCALE, 16, "E2M1, fp16 scale amax/6 per 16")
 FMT = BlockFormat(INFO)
