@@ -47,6 +47,7 @@ __all__ = [
     "ModelPackageMissing",
     "SentenceEncoder",
     "cache_dir",
+    "load_gguf",
     "mean_pool",
     "minilm",
     "minilm_path",
@@ -354,9 +355,12 @@ def _gguf_parsed_once() -> Iterator[None]:
         gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
 
 
-def _dequantize_gguf(gguf_file: Path, out: Path) -> None:
-    """Read ``gguf_file`` with transformers (weights dequantized to float32, tokenizer rebuilt
-    from the GGUF vocabulary) and save both into ``out`` as a plain checkpoint."""
+def load_gguf(gguf_file: Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
+    """``(model, tokenizer)`` read from ``gguf_file`` by transformers: the weights dequantized
+    to ``dtype`` (a plain model, no longer marked as GGUF-quantized, so it saves as a plain
+    checkpoint), the tokenizer rebuilt from the GGUF vocabulary; offline, progress bars as
+    :func:`_transformers_progress` draws them. ModelPackageMissing without gguf or
+    accelerate."""
     missing = [name for name in _GGUF_READERS if importlib.util.find_spec(name) is None]
     if missing:
         raise ModelPackageMissing(
@@ -369,12 +373,21 @@ def _dequantize_gguf(gguf_file: Path, out: Path) -> None:
                  local_files_only=True)
     with _transformers_progress(gguf=True), _gguf_parsed_once():
         tokenizer = AutoTokenizer.from_pretrained(**where)
-        model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
-        # The weights are plain float32 tensors now, but the model is still marked as loaded
-        # through the GGUF quantizer: unmark it so that it saves as a plain checkpoint.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+        model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype)
+    # The weights are plain tensors now, but the model is still marked as loaded through the
+    # GGUF quantizer: unmark it so that it saves as a plain checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tokenizer
+
+
+def _dequantize_gguf(gguf_file: Path, out: Path) -> None:
+    """Read ``gguf_file`` with transformers (:func:`load_gguf`: weights dequantized to float32,
+    tokenizer rebuilt from the GGUF vocabulary) and save both into ``out`` as a plain
+    checkpoint."""
+    model, tokenizer = load_gguf(gguf_file, torch.float32)
+    with _transformers_progress():
         model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
 

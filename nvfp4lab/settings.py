@@ -51,6 +51,10 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
   :data:`DEFAULT_THREADS`; every ``nvfp4lab`` command checks it before it starts). nvfp4lab
   runs in parallel across processes (notebooks side by side in ``make report``,
   ``--workers``, Dask workers), never inside one.
+* ``HF_HUB_CACHE`` / ``HF_HOME`` / ``XDG_CACHE_HOME`` — the Hugging Face hub cache, where a model
+  named ``org/name`` is looked up (:func:`hf_hub_cache`, huggingface_hub's order; nothing is
+  ever downloaded); ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` (:func:`hf_offline`) is only
+  said in the refusal of a name that is not there.
 """
 
 from __future__ import annotations
@@ -90,6 +94,8 @@ __all__ = [
     "cpu_signature",
     "environ",
     "fused_mode",
+    "hf_hub_cache",
+    "hf_offline",
     "kernel_cache_dir",
     "native_isa",
     "text_progress",
@@ -153,6 +159,27 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
         return Path(env[CACHE_ENV]).expanduser()
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "nvfp4lab"
+
+
+def hf_hub_cache(env: Mapping[str, str] | None = None) -> Path:
+    """The Hugging Face hub cache folder, as huggingface_hub finds it: ``$HF_HUB_CACHE``, else
+    ``$HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``, else
+    ``~/.cache/huggingface/hub`` (``env`` defaults to ``os.environ``; nothing is created)."""
+    env = environ(env)
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "huggingface" / "hub"
+
+
+def hf_offline(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) of ``env`` is set to 1, ON, YES
+    or TRUE (any case), as huggingface_hub reads it."""
+    env = environ(env)
+    value = env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
 def torch_default_kernel_cache() -> Path:
