@@ -420,9 +420,11 @@ def load_decoder(source: ModelSource, *, dtype: str | torch.dtype | None = None,
     """``(model, tokenizer)`` of ``source``, offline: ``model`` an ``AutoModelForCausalLM`` in
     eval mode on the CPU (``model(input_ids=[B, T] int64).logits`` is ``[B, T, vocab]``) in
     ``dtype`` (default: the checkpoint's own, float32 for a GGUF file), its tokenizer from the
-    same folder or GGUF file. Checked first (:func:`check_decoder`), then every weight matrix of
-    the decoder blocks must be ``nn.Linear`` (:func:`check_projections`) and the tokenizer's ids
-    must fit the vocabulary (:func:`check_tokenizer`)."""
+    same folder or GGUF file. A model read from a GGUF file (SmolLM2's too) names it in its
+    :data:`~nvfp4lab.checkpoint.records.SOURCE_ATTRIBUTE`, so that saving it as GGUF keeps the
+    file's metadata and tokenizer. Checked first (:func:`check_decoder`), then every weight
+    matrix of the decoder blocks must be ``nn.Linear`` (:func:`check_projections`) and the
+    tokenizer's ids must fit the vocabulary (:func:`check_tokenizer`)."""
     from nvfp4lab import models
 
     info = check_decoder(source, trust_remote_code=trust_remote_code)
@@ -438,6 +440,11 @@ def load_decoder(source: ModelSource, *, dtype: str | torch.dtype | None = None,
             tokenizer = _tokenizer(source.path, where)
             model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch_dtype)
     model.eval()
+    if source.kind != ModelKind.FOLDER:  # the GGUF file it came from, as models.smollm2 marks it
+        from nvfp4lab.checkpoint.records import SOURCE_ATTRIBUTE
+
+        gguf_file = source.path if source.kind == ModelKind.GGUF else models._smollm2_gguf()[0]
+        setattr(model, SOURCE_ATTRIBUTE, gguf_file)
     check_projections(model)
     check_tokenizer(tokenizer, int(model.config.vocab_size))
     return model, tokenizer

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from nvfp4lab import local_models, models, settings
+from nvfp4lab.checkpoint.records import SOURCE_ATTRIBUTE
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.local_models import (
     DecoderInfo,
@@ -148,6 +149,7 @@ def test_resolve_and_load(model_type: str, tmp_path: Path, tokenizer: Any,
             config.tie_word_embeddings, True)
         loaded, loaded_tokenizer = load_decoder(source)
         assert not loaded.training and loaded.dtype == torch.bfloat16
+        assert not hasattr(loaded, SOURCE_ATTRIBUTE)
         assert loaded_tokenizer(TEXT)["input_ids"] == ids[0].tolist()
         assert torch.equal(_logits(loaded, ids), expected)
 
@@ -385,6 +387,7 @@ def test_smollm2_default_and_as_gguf(smollm2: tuple[Any, Any], cache: Path,
         "llama", 30, 576, 9, 3, 64, 49152, "float32",
         sum(p.numel() for p in reference.parameters()), True)
     model, tokenizer = load_decoder(source)
+    assert getattr(model, SOURCE_ATTRIBUTE) == gguf_file.resolve()
     ids = torch.tensor([reference_tokenizer("NVFP4 stores 16 values per block.")["input_ids"]])
     assert tokenizer("NVFP4 stores 16 values per block.")["input_ids"] == ids[0].tolist()
     assert torch.equal(_logits(model, ids), _logits(reference, ids))
