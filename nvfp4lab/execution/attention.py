@@ -6,18 +6,22 @@
 attention: before the KV heads are repeated for the query heads), per token, in 16-value blocks
 along ``head_dim``. :func:`remove_kv_cache_quantization` undoes it.
 
-**How.** transformers (5.x) attention modules of the supported model types apply RoPE, update
-the generation cache, then call the function ``AttentionInterface`` holds under
+**How.** transformers (5.x) decoders' attention modules apply RoPE (where the layer has it),
+update the generation cache, then call the function ``AttentionInterface`` holds under
 ``config._attn_implementation`` with ``(module, query, key, value, attention_mask, ...)``,
 query ``[batch, heads, q_len, head_dim]``, key / value ``[batch, kv_heads, kv_len, head_dim]``.
-This module registers one such function per wrapped implementation, named
-``"nvfp4lab_kv:<inner>"`` (``inner``: ``sdpa`` or ``eager``, the implementation the model had),
-together with the inner implementation's mask function (``AttentionMaskInterface``), and
+:mod:`nvfp4lab.execution.attention_modules` finds those modules in any model by a stated rule
+checked by a one-token probe forward (not by a list of model types), and registers one function
+per wrapped implementation, ``"nvfp4lab_kv:<inner>"`` (``inner``: ``sdpa`` or ``eager``, the
+implementation the model had), with the inner implementation's mask function; this module
 switches the model's config to it. The function fake-quantizes key and value with the settings
 stored on the attention module (kind, ``k_scale``, ``v_scale``) and calls the inner
-implementation, looked up at call time (``sdpa``: ``ALL_ATTENTION_FUNCTIONS["sdpa"]``;
-``eager``: the modeling module's ``eager_attention_forward``). A module without settings passes
-through unchanged. Nothing of transformers is copied or patched.
+implementation with every keyword unchanged (Gemma's ``softcap`` and ``sliding_window``,
+``scaling``, ``s_aux``, ...). A module without settings passes through unchanged. Whatever a
+model does before that call (Gemma 3's and OLMo 2's Q / K norms, Phi-3's fused ``qkv_proj``,
+SmolLM3's layers without RoPE) is part of the K it hands over. Nothing of transformers is copied
+or patched. Tested model types: :data:`SUPPORTED_MODEL_TYPES`; any other type that passes the
+rule and the probe is accepted, others are refused in one line.
 
 **Scales.** One DECODE scale per side (K, V) and layer (vLLM's ``layer._k_scale`` /
 ``_v_scale``: values are read back as ``code * block_scale * k_scale``; the NVFP4 write
@@ -44,7 +48,6 @@ scale doubling. Implementations other than ``sdpa`` / ``eager`` (flash, flex) ar
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,12 +55,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from nvfp4lab.execution.kv_cache import (
-    KV_BLOCK_SIZE,
-    fake_quantize_kv,
-    kv_cache_kind,
-    kv_global_scale,
+from nvfp4lab.execution.attention_modules import (
+    KV_ATTENTION_PREFIX,
+    OBSERVER_ATTR,
+    SETTINGS_ATTR,
+    SUPPORTED_MODEL_TYPES,
+    WRAPPED_IMPLEMENTATIONS,
+    AttentionModule,
+    KVSettings,
+    find_attention_modules,
+    kv_attention_name,
+    register,
 )
+from nvfp4lab.execution.kv_cache import KV_BLOCK_SIZE, kv_cache_kind, kv_global_scale
 from nvfp4lab.vocab import KVCacheKind
 
 __all__ = [
@@ -74,22 +84,6 @@ __all__ = [
     "quantize_kv_cache",
     "remove_kv_cache_quantization",
 ]
-
-#: The prefix of the attention implementations this module registers ("nvfp4lab_kv:sdpa", ...).
-KV_ATTENTION_PREFIX: str = "nvfp4lab_kv:"
-#: transformers implementations the KV attention can wrap (the model's before the call).
-WRAPPED_IMPLEMENTATIONS: tuple[str, ...] = ("sdpa", "eager")
-#: config.model_type -> the attention class (module, name) whose call nvfp4lab reaches: each
-#: applies RoPE to K, then calls the AttentionInterface function (transformers 5.24 read).
-_ATTENTION_CLASSES: dict[str, tuple[str, str]] = {
-    "llama": ("transformers.models.llama.modeling_llama", "LlamaAttention"),
-    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3Attention"),
-}
-#: Model types whose attention :func:`quantize_kv_cache` reaches.
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_ATTENTION_CLASSES)
-#: The attribute holding a module's settings.
-_SETTINGS = "_nvfp4lab_kv_cache"
-_OBSERVER = "_nvfp4lab_attention_observer"
 
 #: Called by :func:`observe_attention` with ``(module, query, key, value)`` at every attention
 #: call, key / value as the cache gives them back (after the KV quantization, if any).
@@ -151,93 +145,6 @@ class KVCacheLayer:
         )
 
 
-@dataclass(frozen=True)
-class _Settings:
-    kind: KVCacheKind
-    k_scale: float
-    v_scale: float
-
-
-def kv_attention_name(inner: str) -> str:
-    """The registered name of the KV attention wrapping ``inner`` (``"sdpa"`` / ``"eager"``)."""
-    return KV_ATTENTION_PREFIX + inner
-
-
-def _eager_of(module: nn.Module) -> Callable[..., Any]:
-    """The modeling module's own ``eager_attention_forward`` (what ``"eager"`` means there)."""
-    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-    if fn is None:
-        raise ValueError(
-            f"{type(module).__name__}'s module {type(module).__module__} has no "
-            "eager_attention_forward; use attn_implementation='sdpa'"
-        )
-    return fn  # type: ignore[no-any-return]
-
-
-def _kv_attention(inner: str) -> Callable[..., Any]:
-    """The attention function registered as ``kv_attention_name(inner)``."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    def attention(
-        module: nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        **kwargs: Any,
-    ) -> Any:
-        settings: _Settings | None = module.__dict__.get(_SETTINGS)
-        if settings is not None:  # key / value: [batch, kv_heads, kv_len, head_dim]
-            key = fake_quantize_kv(key, settings.kind, settings.k_scale)
-            value = fake_quantize_kv(value, settings.kind, settings.v_scale)
-        observer: AttentionObserver | None = module.__dict__.get(_OBSERVER)
-        if observer is not None:
-            observer(module, query, key, value)
-        default = _eager_of(module) if inner == "eager" else None
-        fn = ALL_ATTENTION_FUNCTIONS.get_interface(inner, default)
-        return fn(module, query, key, value, attention_mask, **kwargs)
-
-    attention.__name__ = attention.__qualname__ = f"nvfp4lab_kv_{inner}_attention"
-    return attention
-
-
-def _register(inner: str) -> str:
-    """Register the KV attention wrapping ``inner`` and its mask function (idempotent)."""
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
-
-    name = kv_attention_name(inner)
-    if name not in AttentionInterface._global_mapping:
-        AttentionInterface.register(name, _kv_attention(inner))
-    if name not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[inner])
-    return name
-
-
-def _attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The supported attention modules of ``model``; ValueError (one line) when there are none."""
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    supported = ", ".join(SUPPORTED_MODEL_TYPES)
-    if model_type not in _ATTENTION_CLASSES:
-        raise ValueError(
-            f"quantize_kv_cache: {type(model).__name__} (model_type {model_type!r}) is not "
-            f"supported: nvfp4lab reaches K after RoPE only in the attention of transformers "
-            f"model types {supported}"
-        )
-    module_path, class_name = _ATTENTION_CLASSES[model_type]
-    found = [
-        (name, m) for name, m in model.named_modules()
-        if type(m).__module__ == module_path and type(m).__name__ == class_name
-    ]
-    if not found:
-        raise ValueError(
-            f"quantize_kv_cache: {type(model).__name__} (model_type {model_type!r}) has no "
-            f"{class_name} module (subclasses are not reached); supported model types: {supported}"
-        )
-    return found
-
-
 def _resolve_scales(
     modules: list[tuple[str, nn.Module]], kv_scales: KVScales | None, kind: KVCacheKind
 ) -> dict[str, tuple[float, float, str]]:
@@ -286,16 +193,20 @@ def quantize_kv_cache(
 ) -> list[KVCacheLayer]:
     """Make ``model``'s attention see K and V as vLLM 0.33's ``kind`` KV cache gives them back.
 
-    ``model``: a transformers model of a type in :data:`SUPPORTED_MODEL_TYPES` (``llama``:
-    SmolLM2, Llama; ``qwen3``), with ``attn_implementation`` ``sdpa`` or ``eager``; any other
-    model raises ValueError naming the supported types. ``kind``: a
+    ``model``: a transformers decoder whose attention modules call the ``AttentionInterface``
+    (the rule and the one-token probe of :mod:`~nvfp4lab.execution.attention_modules`; tested:
+    :data:`SUPPORTED_MODEL_TYPES`: Llama / SmolLM2, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3
+    text, Phi-3, OLMo 2, SmolLM3, Granite), with ``attn_implementation`` ``sdpa`` or ``eager``;
+    any other model (GPT-2, BERT, encoder-decoders, custom attention) raises ValueError in one
+    line naming its type, why, and the tested types. ``kind``: a
     :class:`~nvfp4lab.vocab.KVCacheKind` value (``nvfp4``, ``nvfp4_4over6``, ``fp8``, or
-    vLLM's ``fp8_e4m3`` for ``fp8``); the NVFP4 kinds need ``head_dim`` a multiple of 16.
+    vLLM's ``fp8_e4m3`` for ``fp8``); the NVFP4 kinds need K's and V's head dims multiples of 16.
 
     Each attention call then sees ``fake_quantize_kv(key, kind, k_scale)`` and likewise value:
     key / value ``[batch, kv_heads, kv_len, head_dim]`` in the model's dtype (float32 / bfloat16
-    / float16), K after RoPE, one block per 16 values of one KV head of one token. The query is
-    not quantized (vLLM's FP8 query on SM100 paths is not modelled).
+    / float16), K as the model hands it to attention (after RoPE where the layer has RoPE, after
+    any K norm), one block per 16 values of one KV head of one token. The query is not quantized
+    (vLLM's FP8 query on SM100 paths is not modelled).
 
     ``kv_scales``: the DECODE scales (vLLM's ``k_scale`` / ``v_scale``, as a checkpoint stores
     them; values read back as ``code * block_scale * k_scale``), per layer: a mapping from the
@@ -308,65 +219,66 @@ def quantize_kv_cache(
     2**116, naming the layer and the value (it used to fail at the first forward, unnamed).
 
     All or nothing: on any error the model is left as it was. A model whose KV cache is
-    quantized already raises (call :func:`remove_kv_cache_quantization` first). Returns one
-    :class:`KVCacheLayer` per attention module, in module order.
+    quantized already raises (call :func:`remove_kv_cache_quantization` first). Runs one
+    one-token forward (the probe). Returns one :class:`KVCacheLayer` per attention module, in
+    module order.
     """
     k = kv_cache_kind(kind)
-    modules = _attention_modules(model)
-    done = {m.__dict__[_SETTINGS].kind.value for _, m in modules if _SETTINGS in m.__dict__}
+    found = find_attention_modules(model, "quantize_kv_cache")
+    done = {f.module.__dict__[SETTINGS_ATTR].kind.value for f in found
+            if SETTINGS_ATTR in f.module.__dict__}
     if done:
         raise ValueError(
             f"quantize_kv_cache: {type(model).__name__} has a quantized KV cache already "
             f"({', '.join(sorted(done))}); call remove_kv_cache_quantization(model) first"
         )
-    layers: list[KVCacheLayer] = []
-    inner_of: dict[int, tuple[Any, str]] = {}
-    for name, module in modules:
-        config = module.config  # type: ignore[union-attr]
-        impl = config._attn_implementation
-        if impl not in WRAPPED_IMPLEMENTATIONS:
-            raise ValueError(
-                f"quantize_kv_cache: {name} runs attn_implementation {impl!r}; the KV cache "
-                f"attention wraps {', '.join(map(repr, WRAPPED_IMPLEMENTATIONS))}: load the model "
-                "with attn_implementation='sdpa'"
-            )
-        head_dim = int(module.head_dim)  # type: ignore[arg-type]
-        if k is not KVCacheKind.FP8 and head_dim % KV_BLOCK_SIZE:
-            raise ValueError(
-                f"quantize_kv_cache: an {k.value} KV cache needs head_dim a multiple of "
-                f"{KV_BLOCK_SIZE}, {name} has {head_dim}"
-            )
-        if impl == "eager":
-            _eager_of(module)
-        inner_of[id(config)] = (config, impl)
-    scales = _resolve_scales(modules, kv_scales, k)
-    for name, module in modules:
-        k_scale, v_scale, source = scales[name]
-        config = module.config  # type: ignore[union-attr]
-        layers.append(KVCacheLayer(
-            name=name, layer_idx=getattr(module, "layer_idx", None), kind=k.value,
-            k_scale=k_scale, v_scale=v_scale,
-            kv_heads=int(config.num_key_value_heads), head_dim=int(module.head_dim),  # type: ignore[arg-type]
-            attention=config._attn_implementation, scales_from=source,
-        ))
-    names = {inner: _register(inner) for _, inner in inner_of.values()}
+    for f in found:
+        for side, dim in (("head_dim", f.head_dim), ("V head_dim", f.value_dim)):
+            if k is not KVCacheKind.FP8 and dim % KV_BLOCK_SIZE:
+                raise ValueError(
+                    f"quantize_kv_cache: an {k.value} KV cache needs {side} a multiple of "
+                    f"{KV_BLOCK_SIZE}, {f.name} has {dim}"
+                )
+    scales = _resolve_scales([(f.name, f.module) for f in found], kv_scales, k)
+    layers = [
+        KVCacheLayer(
+            name=f.name, layer_idx=getattr(f.module, "layer_idx", None), kind=k.value,
+            k_scale=scales[f.name][0], v_scale=scales[f.name][1], kv_heads=f.kv_heads,
+            head_dim=f.head_dim, attention=f.implementation, scales_from=scales[f.name][2],
+        )
+        for f in found
+    ]
     try:
-        for (_, module), layer in zip(modules, layers, strict=True):
-            setattr(module, _SETTINGS, _Settings(k, layer.k_scale, layer.v_scale))
-        for config, inner in inner_of.values():
-            config._attn_implementation = names[inner]
+        for f, layer in zip(found, layers, strict=True):
+            setattr(f.module, SETTINGS_ATTR, KVSettings(k, layer.k_scale, layer.v_scale))
+        _switch(found)
     except BaseException:
         remove_kv_cache_quantization(model)
         raise
     return layers
 
 
+def _switch(found: list[AttentionModule]) -> list[tuple[Any, str]]:
+    """Switch the configs of ``found`` to the KV attention around their implementation; returns
+    (config, implementation before) of those switched (a config switched already is left)."""
+    switched: list[tuple[Any, str]] = []
+    done: set[int] = set()
+    for f in found:
+        config = f.module.config  # type: ignore[union-attr]
+        if id(config) in done or config._attn_implementation.startswith(KV_ATTENTION_PREFIX):
+            continue
+        done.add(id(config))
+        switched.append((config, config._attn_implementation))
+        config._attn_implementation = register(f.implementation)
+    return switched
+
+
 def kv_cache_settings(model: nn.Module) -> dict[str, tuple[str, float, float]]:
     """The quantized KV cache :func:`quantize_kv_cache` set on ``model``: attention module name
     -> (kind, k_scale, v_scale), the scales float32 DECODE values; empty when there is none."""
-    return {name: (m.__dict__[_SETTINGS].kind.value, m.__dict__[_SETTINGS].k_scale,
-                   m.__dict__[_SETTINGS].v_scale)
-            for name, m in model.named_modules() if _SETTINGS in m.__dict__}
+    return {name: (m.__dict__[SETTINGS_ATTR].kind.value, m.__dict__[SETTINGS_ATTR].k_scale,
+                   m.__dict__[SETTINGS_ATTR].v_scale)
+            for name, m in model.named_modules() if SETTINGS_ATTR in m.__dict__}
 
 
 def remove_kv_cache_quantization(model: nn.Module) -> list[str]:
@@ -376,8 +288,8 @@ def remove_kv_cache_quantization(model: nn.Module) -> list[str]:
     as it is (empty list)."""
     removed: list[str] = []
     for name, module in model.named_modules():
-        if _SETTINGS in module.__dict__:
-            delattr(module, _SETTINGS)
+        if SETTINGS_ATTR in module.__dict__:
+            delattr(module, SETTINGS_ATTR)
             removed.append(name)
         config = getattr(module, "config", None)
         impl = getattr(config, "_attn_implementation", None)
@@ -388,33 +300,23 @@ def remove_kv_cache_quantization(model: nn.Module) -> list[str]:
 
 @contextlib.contextmanager
 def observe_attention(model: nn.Module, observer: AttentionObserver) -> Iterator[None]:
-    """Inside the block, every attention call of ``model`` (a supported model type, as for
-    :func:`quantize_kv_cache`) first calls ``observer(module, query, key, value)``: query
+    """Inside the block, every attention call of ``model`` (a model :func:`quantize_kv_cache`
+    accepts; same rule and probe) first calls ``observer(module, query, key, value)``: query
     ``[batch, heads, q_len, head_dim]`` after RoPE, key / value ``[batch, kv_heads, kv_len,
-    head_dim]`` after RoPE and as the KV cache gives them back (float when the KV cache is not
-    quantized). The model computes exactly what it computes outside; on exit the observers go
-    and a config switched for them gets its implementation back (a quantized KV cache stays).
+    head_dim]`` as the model hands them to attention and as the KV cache gives them back (float
+    when the KV cache is not quantized). The model computes exactly what it computes outside; on
+    exit the observers go and a config switched for them gets its implementation back (a
+    quantized KV cache stays).
     """
-    modules = _attention_modules(model)
+    found = find_attention_modules(model, "observe_attention")
     switched: list[tuple[Any, str]] = []
     try:
-        for _, module in modules:
-            config = module.config  # type: ignore[union-attr]
-            impl = config._attn_implementation
-            if not impl.startswith(KV_ATTENTION_PREFIX):
-                if impl not in WRAPPED_IMPLEMENTATIONS:
-                    raise ValueError(
-                        f"observe_attention: attn_implementation {impl!r} is not wrapped; load "
-                        "the model with attn_implementation='sdpa'"
-                    )
-                if impl == "eager":
-                    _eager_of(module)
-                config._attn_implementation = _register(impl)
-                switched.append((config, impl))
-            setattr(module, _OBSERVER, observer)
+        switched = _switch(found)
+        for f in found:
+            setattr(f.module, OBSERVER_ATTR, observer)
         yield
     finally:
-        for _, module in modules:
-            module.__dict__.pop(_OBSERVER, None)
+        for f in found:
+            f.module.__dict__.pop(OBSERVER_ATTR, None)
         for config, impl in switched:
             config._attn_implementation = impl
