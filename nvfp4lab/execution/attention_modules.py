@@ -18,7 +18,9 @@ They are found in two steps, and a model fails as a whole, in one line naming it
    is refused), and its ``forward`` must read ``_attn_implementation`` only to look the
    function up (``get_interface(self.config._attn_implementation, ...)``): a forward that
    compares the name (GPT-2's ``== "eager"``) would take another path once nvfp4lab renames
-   the implementation.
+   the implementation. A config with ``num_hidden_layers = L`` must get exactly one candidate
+   per layer, ``layer_idx`` 0 to L - 1 (a layer whose attention was replaced by a class the
+   rule does not know is refused, not skipped).
 2. By a probe. One forward of one token (``input_ids`` zeros ``[1, 1]``, ``use_cache=False``,
    no gradients) runs with the configs switched to the KV function in pass-through mode, which
    counts its calls per module: every candidate must be called exactly once, with 4-d key /
