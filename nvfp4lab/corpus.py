@@ -23,6 +23,12 @@ sorted name order, each ending with a newline, joined by one more newline (a bla
 topics: :func:`pydoc_text`). On CPython 3.11.7 the evaluation part is 16 topics, 51,669
 characters (12,000 SmolLM2 tokens); the calibration part 63 topics, 400,591 characters (98,228
 tokens; 12,787 characters of six topics left out as shared); ``docs/llm.md`` lists them.
+
+The same two rules split any text (:mod:`nvfp4lab.texts`: a user's file, by whole documents
+keyed by their text); every split is a :class:`TextSplit`, the pydoc one included
+(:func:`pydoc_split`), so the study takes one kind of object. :func:`calibration_batches` draws
+windows from any calibration text; :func:`check_evaluation_tokens` refuses an evaluation text
+shorter than one window.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,11 +47,18 @@ from nvfp4lab.vocab import CorpusPart, check_choice
 __all__ = [
     "EVALUATION_MODULUS",
     "OVERLAP_WORDS",
+    "PYDOC_SOURCE",
+    "TextSplit",
     "calibration_batches",
+    "check_evaluation_tokens",
+    "hash_split",
+    "join_documents",
     "part_of",
+    "pydoc_split",
     "pydoc_text",
     "token_ids",
     "topic_names",
+    "without_shared",
     "word_runs",
 ]
 
@@ -55,6 +69,8 @@ EVALUATION_MODULUS = 4
 #: out of the calibration text (the contamination test of GPT-3's paper, Brown et al. 2020,
 #: appendix C, counts 13-gram overlaps).
 OVERLAP_WORDS = 13
+#: The :attr:`TextSplit.source` of the pydoc split.
+PYDOC_SOURCE = "CPython's pydoc topics (pydoc_data.topics)"
 
 
 def _topics() -> Mapping[str, str]:
@@ -64,7 +80,8 @@ def _topics() -> Mapping[str, str]:
 
 
 def part_of(name: str) -> CorpusPart:
-    """The part topic ``name`` belongs to: evaluation when
+    """The part topic ``name`` (or any key: :mod:`nvfp4lab.texts` keys a document by its text)
+    belongs to: evaluation when
     ``int.from_bytes(sha256(name.encode()).digest()[:8], "big") % EVALUATION_MODULUS == 0``,
     else calibration."""
     digest = hashlib.sha256(name.encode("utf-8")).digest()
@@ -85,21 +102,84 @@ def word_runs(text: str, words: int = OVERLAP_WORDS) -> set[tuple[str, ...]]:
     return {tuple(split[i : i + words]) for i in range(len(split) - words + 1)}
 
 
+def _kept_paragraphs(
+    text: str, shared: set[tuple[str, ...]], words: int = OVERLAP_WORDS
+) -> tuple[str, int]:
+    """(``text`` less every paragraph (a block between blank lines) holding one of the
+    ``shared`` runs of ``words`` words, the number of paragraphs left out); the rest byte for
+    byte, ending with one newline ("" when nothing is left)."""
+    pieces = re.split(r"(\n\n+)", text)  # paragraph, separator, paragraph, ...
+    pieces.append("")
+    kept, dropped = [], 0
+    for paragraph, separator in zip(pieces[::2], pieces[1::2], strict=True):
+        if word_runs(paragraph, words) & shared:
+            dropped += 1
+        else:
+            kept.append(paragraph + separator)
+    joined = "".join(kept).rstrip("\n")
+    return (joined + "\n" if joined else ""), dropped
+
+
 def _without_shared_paragraphs(
     text: str, shared: set[tuple[str, ...]], words: int = OVERLAP_WORDS
 ) -> str:
     """``text`` less every paragraph (a block between blank lines) holding one of the ``shared``
     runs of ``words`` words; the rest byte for byte, ending with one newline ("" when nothing is
     left)."""
-    pieces = re.split(r"(\n\n+)", text)  # paragraph, separator, paragraph, ...
-    pieces.append("")
-    kept = "".join(
-        paragraph + separator
-        for paragraph, separator in zip(pieces[::2], pieces[1::2], strict=True)
-        if not word_runs(paragraph, words) & shared
-    )
-    kept = kept.rstrip("\n")
-    return kept + "\n" if kept else ""
+    return _kept_paragraphs(text, shared, words)[0]
+
+
+def without_shared(documents: Sequence[str], evaluation: str) -> tuple[tuple[str, ...], int]:
+    """(``documents`` each less its paragraphs that share a run of :data:`OVERLAP_WORDS` words
+    with ``evaluation``, the ones left empty dropped; the number of paragraphs left out). The
+    one overlap rule of every split."""
+    shared = word_runs(evaluation)
+    kept: list[str] = []
+    dropped = 0
+    for document in documents:
+        text, n = _kept_paragraphs(document, shared)
+        dropped += n
+        if text:
+            kept.append(text)
+    return tuple(kept), dropped
+
+
+def join_documents(documents: Sequence[str]) -> str:
+    """The text of a part: ``documents`` in order, each ending with a newline (one is added
+    where missing), joined by one more newline (a blank line between documents)."""
+    return "\n".join(d if d.endswith("\n") else d + "\n" for d in documents)
+
+
+@dataclass(frozen=True)
+class TextSplit:
+    """A text split into a calibration part and an evaluation part that share no run of
+    :data:`OVERLAP_WORDS` words (:func:`pydoc_split`, :func:`nvfp4lab.texts.split_text`,
+    :func:`nvfp4lab.texts.split_files`).
+
+    ``calibration`` / ``evaluation``: the parts' texts (str, documents joined by blank lines);
+    ``rule``: one sentence saying how this split was made (which rule, how many documents or
+    paragraphs went where, whether a fallback was used); ``source``: where the text came from
+    (paths, or :data:`PYDOC_SOURCE`); ``left_out``: the calibration paragraphs left out as shared
+    with the evaluation part.
+    """
+
+    calibration: str
+    evaluation: str
+    rule: str
+    source: str
+    left_out: int = 0
+
+
+def hash_split(keyed: Sequence[tuple[str, str]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(calibration documents, evaluation documents) of ``keyed`` ``(key, document)`` pairs, in
+    their order: a document is evaluation when :func:`part_of` its key is
+    :attr:`CorpusPart.EVALUATION` (the pydoc topics are keyed by name, a user's documents by
+    their text); whole, nothing left out yet (:func:`without_shared` does that)."""
+    calibration: list[str] = []
+    evaluation: list[str] = []
+    for key, document in keyed:
+        (evaluation if part_of(key) is CorpusPart.EVALUATION else calibration).append(document)
+    return tuple(calibration), tuple(evaluation)
 
 
 @functools.cache
@@ -121,6 +201,24 @@ def pydoc_text(part: CorpusPart | str) -> str:
     return _text(check_choice("corpus part", part, CorpusPart))
 
 
+@functools.cache
+def pydoc_split() -> TextSplit:
+    """The pydoc corpus as a :class:`TextSplit`, made by the rules every text is split by
+    (:func:`hash_split` keyed by topic name, then :func:`without_shared`): its parts equal
+    :func:`pydoc_text`'s."""
+    topics = _topics()
+    calibration, evaluation = hash_split([(name, topics[name]) for name in sorted(topics)])
+    evaluation_text = join_documents(evaluation)
+    kept, dropped = without_shared(calibration, evaluation_text)
+    rule = (f"CPython's pydoc topics by name: evaluation = the {len(evaluation)} of "
+            f"{len(topics)} topics whose name's SHA-256 (first 8 bytes, big-endian) is "
+            f"divisible by {EVALUATION_MODULUS}, whole; calibration = the other "
+            f"{len(calibration)}, less {dropped} paragraphs sharing a run of {OVERLAP_WORDS} "
+            f"words with the evaluation part")
+    return TextSplit(calibration=join_documents(kept), evaluation=evaluation_text, rule=rule,
+                     source=PYDOC_SOURCE, left_out=dropped)
+
+
 def token_ids(tokenizer: Any, text: str) -> torch.Tensor:
     """``text`` tokenized once, without special tokens (no BOS is spliced in): int64 ``[N]``.
 
@@ -134,31 +232,42 @@ def token_ids(tokenizer: Any, text: str) -> torch.Tensor:
 def calibration_batches(
     tokenizer: Any,
     *,
+    text: str | None = None,
     samples: int = 32,
     length: int = 512,
     batch_size: int = 8,
     seed: int = 0,
 ) -> list[dict[str, torch.Tensor]]:
-    """``samples`` sequences of ``length`` tokens from the calibration part only, as model inputs
-    in batches of ``batch_size``: each ``{"input_ids": int64 [B, length], "attention_mask": int64
-    ones [B, length]}`` (the ``calibration=`` of ``quantize_model(method="gptq")``; the last
-    batch may be smaller).
+    """``samples`` sequences of ``length`` tokens from the calibration text only, as model
+    inputs in batches of ``batch_size``: each ``{"input_ids": int64 [B, length],
+    "attention_mask": int64 ones [B, length]}`` (the ``calibration=`` of
+    ``quantize_model(method="gptq")``; the last batch may be smaller).
 
-    The calibration text is tokenized once (:func:`token_ids`) and cut into consecutive,
-    non-overlapping windows of ``length`` tokens (a tail shorter than ``length`` is dropped);
-    ``samples`` distinct windows are drawn without replacement by a ``torch.Generator`` seeded
-    with ``seed``, in the drawn order. Raises ValueError when the part has fewer windows than
-    ``samples`` (about 197 of 512 tokens with SmolLM2's tokenizer).
+    ``text``: the calibration text (a :class:`TextSplit`'s ``calibration``); default the pydoc
+    calibration part (``pydoc_text("calibration")``, the batches of earlier releases, bit for
+    bit). It is tokenized once (:func:`token_ids`) and cut into consecutive, non-overlapping
+    windows of ``length`` tokens (a tail shorter than ``length`` is dropped); ``samples``
+    distinct windows are drawn without replacement by a ``torch.Generator`` seeded with
+    ``seed``, in the drawn order. Raises ValueError when the text has fewer windows than
+    ``samples`` (the pydoc part: about 191 of 512 tokens with SmolLM2's tokenizer), naming the
+    tokens found and the fix.
     """
     for what, value in (("samples", samples), ("length", length), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{what} must be a whole number, got {value!r}")
         if value <= 0:
             raise ValueError(f"{what} must be > 0, got {value}")
-    ids = token_ids(tokenizer, pydoc_text(CorpusPart.CALIBRATION))
+    if text is None:
+        text = pydoc_text(CorpusPart.CALIBRATION)
+    elif not isinstance(text, str):
+        raise TypeError(f"text must be the calibration text (str), got {type(text).__name__}")
+    ids = token_ids(tokenizer, text)
     windows = ids.numel() // length
     if samples > windows:
         raise ValueError(
-            f"the calibration part holds {windows} windows of {length} tokens, fewer than "
-            f"samples={samples}"
+            f"the calibration text holds {ids.numel()} tokens: {windows} windows of {length} "
+            f"tokens, fewer than samples={samples}; ask for fewer samples (at most {windows}), "
+            f"a shorter length, or give more calibration text"
         )
     generator = torch.Generator().manual_seed(seed)
     chosen = torch.randperm(windows, generator=generator)[:samples]
@@ -168,3 +277,23 @@ def calibration_batches(
          "attention_mask": torch.ones_like(rows[i : i + batch_size])}
         for i in range(0, samples, batch_size)
     ]
+
+
+def check_evaluation_tokens(n_tokens: int, context: int) -> None:
+    """Refuse an evaluation text shorter than one window: ValueError naming the tokens found,
+    the context and the fix when ``n_tokens < context`` (``context``: tokens per window, at
+    least 2, one to predict from); TypeError for numbers that are not whole."""
+    for what, value in (("n_tokens", n_tokens), ("context", context)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{what} must be a whole number, got {value!r}")
+    if context < 2:
+        raise ValueError(f"context must be >= 2 tokens (one to predict from), got {context}")
+    if n_tokens < context:
+        raise ValueError(
+            f"the evaluation text holds {n_tokens} tokens, fewer than one window of "
+            f"context={context} tokens; give a longer text or a shorter context (at most "
+            f"{max(n_tokens, 2)}, at least 2)"
+            if n_tokens >= 2 else
+            f"the evaluation text holds {n_tokens} tokens, fewer than one window of "
+            f"context={context} tokens (2 at the least: one to predict from); give a longer text"
+        )

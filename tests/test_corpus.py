@@ -133,3 +133,98 @@ def test_calibration_batches_refuse_too_many_samples() -> None:
     for bad in ("samples", "length", "batch_size"):
         with pytest.raises(ValueError, match=f"{bad} must be > 0"):
             corpus.calibration_batches(char_tokenizer, **{bad: 0})
+
+
+def test_pydoc_split_is_pydoc_text() -> None:
+    """The pydoc corpus through the API every text is split by: the same two parts."""
+    split = corpus.pydoc_split()
+    assert isinstance(split, corpus.TextSplit) and split.source == corpus.PYDOC_SOURCE
+    assert split.calibration == corpus.pydoc_text("calibration")
+    assert split.evaluation == corpus.pydoc_text("evaluation")
+    assert split.rule.startswith(f"CPython's pydoc topics by name: evaluation = the "
+                                 f"{len(corpus.topic_names('evaluation'))} of {len(topics)} ")
+    assert split.rule.endswith(f"less {split.left_out} paragraphs sharing a run of 13 words "
+                               "with the evaluation part")
+    assert corpus.pydoc_split() is split  # built once
+
+
+def test_split_helpers() -> None:
+    assert corpus.join_documents(["a\n", "b", "c\n\n"]) == "a\n\nb\n\nc\n\n"
+    keyed = [(name, topics[name]) for name in sorted(topics)]
+    calibration, evaluation = corpus.hash_split(keyed)
+    assert evaluation == tuple(topics[n] for n in corpus.topic_names("evaluation"))
+    assert calibration == tuple(topics[n] for n in corpus.topic_names("calibration"))
+    run = " ".join(f"w{i}" for i in range(13))
+    kept, dropped = corpus.without_shared(
+        ["keep this\n\nx " + run + " y\n", run + "\n", "none shared\n"], "a " + run + " b\n")
+    assert kept == ("keep this\n", "none shared\n") and dropped == 2
+
+
+@pytest.mark.skipif(sys.version_info[:3] != (3, 11, 7), reason="counts measured on 3.11.7")
+def test_documented_left_out() -> None:
+    assert corpus.pydoc_split().left_out == 35
+
+
+def old_calibration_batches(tokenizer: Any, samples: int, length: int, batch_size: int,
+                            seed: int) -> list[dict[str, torch.Tensor]]:
+    """The batches as the release before ``text=`` drew them, written out as the oracle."""
+    ids = torch.tensor(tokenizer(corpus.pydoc_text("calibration"),
+                                 add_special_tokens=False)["input_ids"], dtype=torch.int64)
+    windows = len(ids) // length
+    order = torch.randperm(windows, generator=torch.Generator().manual_seed(seed))
+    rows = torch.stack([ids[i * length : (i + 1) * length] for i in order[:samples].tolist()])
+    return [{"input_ids": rows[i : i + batch_size],
+             "attention_mask": torch.ones(len(rows[i : i + batch_size]), length,
+                                          dtype=torch.int64)}
+            for i in range(0, samples, batch_size)]
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_calibration_batches_old_calls_same_bits(seed: int) -> None:
+    old = old_calibration_batches(char_tokenizer, 11, 96, 4, seed)
+    for new in (corpus.calibration_batches(char_tokenizer, samples=11, length=96, batch_size=4,
+                                           seed=seed),
+                corpus.calibration_batches(char_tokenizer, text=corpus.pydoc_text("calibration"),
+                                           samples=11, length=96, batch_size=4, seed=seed)):
+        assert len(new) == len(old) == 3
+        for a, b in zip(new, old, strict=True):
+            assert a.keys() == b.keys()
+            assert all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+
+
+def test_calibration_batches_of_a_given_text() -> None:
+    text = "".join(chr(65 + i % 26) for i in range(1000))
+    batches = corpus.calibration_batches(char_tokenizer, text=text, samples=3, length=100,
+                                         batch_size=2, seed=1)
+    rows = torch.cat([b["input_ids"] for b in batches])
+    windows = torch.tensor([ord(c) for c in text]).reshape(10, 100)
+    assert all(any(torch.equal(r, w) for w in windows) for r in rows)
+    with pytest.raises(ValueError) as error:
+        corpus.calibration_batches(char_tokenizer, text=text[:950], samples=10, length=100)
+    assert str(error.value) == (
+        "the calibration text holds 950 tokens: 9 windows of 100 tokens, fewer than "
+        "samples=10; ask for fewer samples (at most 9), a shorter length, or give more "
+        "calibration text")
+    with pytest.raises(TypeError, match="text must be the calibration text"):
+        corpus.calibration_batches(char_tokenizer, text=corpus.pydoc_split())  # type: ignore
+    with pytest.raises(TypeError, match=r"samples must be a whole number, got 2\.5"):
+        corpus.calibration_batches(char_tokenizer, samples=2.5)  # type: ignore[arg-type]
+
+
+def test_check_evaluation_tokens() -> None:
+    corpus.check_evaluation_tokens(512, 512)
+    corpus.check_evaluation_tokens(2, 2)
+    with pytest.raises(ValueError) as error:
+        corpus.check_evaluation_tokens(300, 512)
+    assert str(error.value) == (
+        "the evaluation text holds 300 tokens, fewer than one window of context=512 tokens; "
+        "give a longer text or a shorter context (at most 300, at least 2)")
+    with pytest.raises(ValueError) as error:
+        corpus.check_evaluation_tokens(1, 256)
+    assert str(error.value) == (
+        "the evaluation text holds 1 tokens, fewer than one window of context=256 tokens (2 at "
+        "the least: one to predict from); give a longer text")
+    with pytest.raises(ValueError, match="context must be >= 2 tokens"):
+        corpus.check_evaluation_tokens(10, 1)
+    with pytest.raises(TypeError, match="n_tokens must be a whole number"):
+        corpus.check_evaluation_tokens(10.0, 4)  # type: ignore[arg-type]

@@ -79,6 +79,7 @@ ROOT: dict[str, str] = {
     "roofline": "facts",
     "plots": "facts",
     "corpus": "facts",
+    "texts": "facts",
     # deprecated aliases of nvfp4lab/oracles/ (one release)
     "reference": ORACLES,
     "reference_ggml": ORACLES,
