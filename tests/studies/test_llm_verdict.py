@@ -247,9 +247,15 @@ def test_worst_layers() -> None:
     by_input = lv.worst_layers(rows, 2, by="activation_nmse")
     assert by_input[0]["activation_nmse"] == max(r["activation_nmse"] for r in rows)
     assert len(lv.worst_layers(rows, 10_000)) == len(rows)
+    values = sorted(r["weight_nmse"] for r in rows)
+    middle = len(values) // 2
+    median = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+    assert worst[0]["median"] == median and worst[0]["layers"] == len(rows)
     text = lv.verdict_text(lv.best_per_family(results()), worst=worst)
     assert f"Worst layers by NVFP4 weight NMSE: `{worst[0]['short']}` " \
            f"({worst[0]['weight_nmse']:.3g})" in text
+    assert f"the median over all {len(rows)} layers is {median:.3g}, so the worst is " \
+           f"{worst[0]['weight_nmse'] / median:.2f}× the median." in text
     with pytest.raises(ValueError, match="n must be a whole number >= 1"):
         lv.worst_layers(rows, 0)
     with pytest.raises(ValueError, match="by must be one of"):
