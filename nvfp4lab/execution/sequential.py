@@ -56,6 +56,7 @@ __all__ = [
     "BlockCall",
     "BlockRunner",
     "Blocks",
+    "block_call",
     "block_output",
     "capture_block_inputs",
     "find_blocks",
@@ -162,6 +163,13 @@ def _call_of(batch: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Bl
     if isinstance(clean_kwargs.get("hidden_states"), torch.Tensor):
         return BlockCall(batch, clean_args, clean_kwargs, "hidden_states")
     return None
+
+
+def block_call(batch: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> BlockCall | None:
+    """The :class:`BlockCall` of a block called with ``args`` / ``kwargs`` on ``batch``, caches
+    switched off as :func:`capture_block_inputs` does; None when no hidden-states tensor is
+    found (first positional argument, or keyword ``hidden_states``)."""
+    return _call_of(batch, args, kwargs)
 
 
 def _same(a: object, b: object) -> bool:

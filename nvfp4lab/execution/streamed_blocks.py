@@ -8,13 +8,15 @@ needs (their weights on the ``meta`` device, read from disk one block at a time 
   attribute; hooks still fire) by a stand-in, so the model's own code before and after its
   blocks (embeddings, masks, rotary position embeddings, final norm, output head, logit
   softcapping, ...) runs with real weights while the meta blocks never compute;
-* :func:`capture_calls`: block 0's call per batch (:class:`~nvfp4lab.execution.sequential.
-  BlockCall`), captured with pass-through stand-ins, the chain check of
-  :func:`~nvfp4lab.execution.sequential.capture_block_inputs` included;
+* :func:`capture_calls`: every block's call per batch (:class:`StreamedBatch`: one
+  :class:`~nvfp4lab.execution.sequential.BlockCall` per block, as blocks may get different
+  masks, and block 0's hidden states), captured in one pass with pass-through stand-ins, the
+  blocks checked to form a chain (each called once, in order, nothing between them);
 * :func:`placeholder_weights`: while inside, the blocks' meta tensors are zeros that take no
   memory (one zero expanded to each shape), so a whole forward can run where something needs one
   (``quantize_kv_cache``'s one-token probe, which only looks at which modules call attention);
-* :func:`run_calls`: one materialized block over the calls, its outputs as the next calls;
+* :func:`run_calls`: one materialized block over every batch, its outputs as the hidden states
+  for the next block;
 * :func:`finish`: the model run on one batch with the last block handing back given hidden
   states (the streamed output of the real last block): the model's own output (logits);
 * :func:`quantize_block`: ``quantize_model`` on one block, GPTQ's calibration included (the
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -35,12 +38,13 @@ from torch import nn
 
 from nvfp4lab.execution.calibrate import run_batch
 from nvfp4lab.execution.quantize_report import QuantizeReport
-from nvfp4lab.execution.sequential import BlockCall, Blocks, block_output, capture_block_inputs
+from nvfp4lab.execution.sequential import BlockCall, Blocks, block_call, block_output
 from nvfp4lab.execution.whole_model import quantize_model
 from nvfp4lab.vocab import QuantMethod
 
 __all__ = [
     "StandIn",
+    "StreamedBatch",
     "capture_calls",
     "finish",
     "pass_through",
@@ -108,35 +112,93 @@ def placeholder_weights(blocks: Blocks) -> Iterator[None]:
             store[name] = tensor
 
 
-def capture_calls(model: nn.Module, blocks: Blocks, batches: Sequence[Any]) -> list[BlockCall]:
-    """Block 0's call for each of ``batches`` (model inputs as :func:`run_batch` takes them),
-    caches switched off, the blocks standing in as pass-throughs (their weights may be on the
-    meta device). ValueError when the blocks do not form a chain (each called once, in order,
-    on the previous block's output, with the same other arguments)."""
-    if not batches:
-        return []
-    with torch.no_grad(), stand_ins(blocks):
-        calls = capture_block_inputs(model, blocks, batches)
-    if calls is None:
+_NO_HIDDEN = torch.empty(0)
+
+
+@dataclass(frozen=True)
+class StreamedBatch:
+    """One batch on its way through the blocks: ``calls[i]`` is block ``i``'s call as the model
+    makes it (its hidden states left out), ``hidden`` the hidden states entering the next block
+    to run (e.g. ``[B, T, H]``). Blocks may get different arguments (masks of sliding-window and
+    full-attention layers)."""
+
+    calls: tuple[BlockCall, ...] = field(repr=False)
+    hidden: torch.Tensor = field(repr=False)
+
+    def call(self, index: int) -> BlockCall:
+        """Block ``index``'s call on :attr:`hidden`."""
+        return self.calls[index].with_hidden(self.hidden)
+
+    def moved(self, hidden: torch.Tensor) -> StreamedBatch:
+        """The batch with other hidden states (a block's output)."""
+        return replace(self, hidden=hidden)
+
+
+def capture_calls(model: nn.Module, blocks: Blocks, batches: Sequence[Any]) -> list[StreamedBatch]:
+    """Every block's call for each of ``batches`` (model inputs as :func:`run_batch` takes
+    them; each runs once through the model with the blocks standing in as pass-throughs, their
+    weights possibly on the meta device), caches switched off as in
+    :func:`~nvfp4lab.execution.sequential.capture_block_inputs`; ``hidden``: block 0's input.
+
+    ValueError when the blocks are not a chain: each called once, in order, on the previous
+    block's output (nothing changes the hidden states between blocks). Memory: the hidden states
+    of every batch and what the model builds for its blocks (masks, position embeddings)."""
+    last = len(blocks.modules) - 1
+    out: list[StreamedBatch] = []
+    for batch in batches:
+        seen: list[tuple[int, BlockCall | None]] = []
+
+        def record(index: int, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   _seen: list[tuple[int, BlockCall | None]] = seen, _batch: Any = batch) -> Any:
+            _seen.append((index, block_call(_batch, args, kwargs)))
+            if index == last:
+                raise _Done  # nothing after the blocks is needed (no logits computed)
+            return pass_through(index, args, kwargs)
+
+        with torch.no_grad(), stand_ins(blocks, record), contextlib.suppress(_Done):
+            run_batch(model, batch)
+        out.append(_checked(model, blocks, seen))
+    return out
+
+
+class _Done(Exception):
+    """Ends a capture pass at the last block; never leaves this module."""
+
+
+def _checked(model: nn.Module, blocks: Blocks,
+             seen: list[tuple[int, BlockCall | None]]) -> StreamedBatch:
+    """The :class:`StreamedBatch` of one capture pass; ValueError when it is not a chain."""
+    n = len(blocks.modules)
+    calls = [c for _, c in seen]
+    if [i for i, _ in seen] != list(range(n)) or any(c is None for c in calls):
         raise ValueError(
-            f"{type(model).__name__}'s blocks ({blocks.name}) are not called as a chain (each "
-            "once, in order, on the previous block's output, with the same other arguments): "
-            "the model cannot be run block by block"
+            f"{type(model).__name__}'s blocks ({blocks.name}) are not called once each, in "
+            "order, with their hidden states: the model cannot be run block by block"
         )
-    return calls
+    first = calls[0]
+    assert first is not None
+    if any(c is not None and c.hidden is not first.hidden for c in calls):
+        raise ValueError(
+            f"{type(model).__name__} changes the hidden states between its blocks "
+            f"({blocks.name}): the model cannot be run block by block"
+        )
+    return StreamedBatch(tuple(c.with_hidden(_NO_HIDDEN) for c in calls if c is not None),
+                         first.hidden)
 
 
-def run_calls(block: nn.Module, calls: Sequence[BlockCall]) -> list[BlockCall]:
-    """``block`` run on every call (no grad); its outputs as the next block's calls (the same
-    other arguments). ValueError when the block returns no hidden-states tensor."""
+def run_calls(block: nn.Module, index: int,
+              batches: Sequence[StreamedBatch]) -> list[StreamedBatch]:
+    """``block`` (block ``index`` of the model, materialized) run on every batch's call (no
+    grad); its outputs as the hidden states for the next block. ValueError when the block
+    returns no hidden-states tensor."""
     out = []
     with torch.no_grad():
-        for call in calls:
-            hidden = block_output(call.run(block))
+        for batch in batches:
+            hidden = block_output(batch.call(index).run(block))
             if hidden is None:
                 raise ValueError(f"block {type(block).__name__} returned no tensor (nor a tuple "
                                  "starting with one): cannot feed the next block")
-            out.append(call.with_hidden(hidden))
+            out.append(batch.moved(hidden))
     return out
 
 

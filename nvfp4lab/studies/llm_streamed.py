@@ -53,8 +53,9 @@ from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.safetensors_files import CONFIG_NAME, read_header, weight_files
 from nvfp4lab.execution.attention import quantize_kv_cache, remove_kv_cache_quantization
 from nvfp4lab.execution.calibrate import calibration
-from nvfp4lab.execution.sequential import BlockCall, Blocks, find_blocks
+from nvfp4lab.execution.sequential import Blocks, find_blocks
 from nvfp4lab.execution.streamed_blocks import (
+    StreamedBatch,
     capture_calls,
     finish,
     placeholder_weights,
@@ -248,9 +249,9 @@ class StreamedModel:
                                  f"{tuple(value.shape)}, the model's {prefix + names[0]!r} "
                                  f"{tuple(meta.shape)}: the safetensors are not this config's")
             value = value.to(meta.dtype)
-            value._is_hf_initialized = True  # type: ignore[attr-defined]
             new: torch.Tensor = (nn.Parameter(value, requires_grad=False)
                                  if isinstance(meta, nn.Parameter) else value)
+            new._is_hf_initialized = True  # type: ignore[attr-defined]  # init leaves it
             for name in names:
                 owner, leaf = _owner(root, name)
                 store = owner._parameters if isinstance(meta, nn.Parameter) else owner._buffers
@@ -292,7 +293,8 @@ class StreamedModel:
 
 class _Finisher:
     """A causal LM for :func:`llm.reference_run` / :func:`llm.token_fidelity` whose blocks
-    already ran: called on batch ``i``'s ``input_ids`` (in order), it runs the model's code
+    already ran: called on batch ``i``'s ``input_ids`` (in order, again from the first after the
+    last: a reference kept as a model is run again at each comparison), it runs the model's code
     after the blocks on the streamed last-block outputs ``hidden[i]`` (:func:`finish`)."""
 
     def __init__(self, streamed: StreamedModel, inputs: Sequence[torch.Tensor],
@@ -309,10 +311,10 @@ class _Finisher:
 
     def __call__(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
         index = self._next
-        if index >= len(self._inputs) or not torch.equal(input_ids, self._inputs[index]):
+        if not torch.equal(input_ids, self._inputs[index]):
             raise RuntimeError("the streamed model is asked for windows in another order than "
                                "it ran them")
-        self._next += 1
+        self._next = (index + 1) % len(self._inputs)
         batch = {"input_ids": input_ids, **kwargs}
         return finish(self._streamed.model, self._streamed.blocks, batch, self._hidden[index])
 
@@ -344,10 +346,10 @@ def _streamed_hidden(streamed: StreamedModel, inputs: Sequence[torch.Tensor], de
     with _bar(streamed.num_blocks, desc, progress) as bar:
         for index in range(streamed.num_blocks):
             block = streamed.load_block(index)
-            calls = run_calls(block, calls)
+            calls = run_calls(block, index, calls)
             del block
             bar.update(1)
-    return [call.hidden for call in calls]
+    return [batch.hidden for batch in calls]
 
 
 def streamed_reference(
@@ -415,8 +417,8 @@ def _streamed_fidelity(
                               [_model_inputs(x) for x in inputs])
         both = capture_calls(streamed.model, streamed.blocks,
                              list(calibration_batches)) if gptq or scales else []
-        gptq_calls: list[BlockCall] = both if gptq else []
-        scale_calls: list[BlockCall] = both if scales else []
+        gptq_calls: list[StreamedBatch] = both if gptq else []
+        scale_calls: list[StreamedBatch] = both if scales else []
         del both
         seconds += time.perf_counter() - start
         with _bar(streamed.num_blocks, config.label, progress) as bar:
@@ -424,17 +426,18 @@ def _streamed_fidelity(
                 start = time.perf_counter()
                 block = streamed.load_block(index)
                 if config.backend is not None:
-                    quantize_block(block, gptq_calls, **_block_options(config))
+                    quantize_block(block, [b.call(index) for b in gptq_calls],
+                                   **_block_options(config))
                 if scales:
                     with torch.no_grad(), calibration(block):
-                        scale_calls = run_calls(block, scale_calls)
+                        scale_calls = run_calls(block, index, scale_calls)
                 if gptq and index + 1 < streamed.num_blocks:
-                    gptq_calls = run_calls(block, gptq_calls)
+                    gptq_calls = run_calls(block, index, gptq_calls)
                 seconds += time.perf_counter() - start
-                calls = run_calls(block, calls)
+                calls = run_calls(block, index, calls)
                 del block
                 bar.update(1)
-        hidden = [call.hidden for call in calls]
+        hidden = [batch.hidden for batch in calls]
         del calls, gptq_calls, scale_calls
         with torch.no_grad():
             fidelity = llm.token_fidelity(run, _Finisher(streamed, inputs, hidden),
