@@ -21,14 +21,17 @@ They are found in two steps, and a model fails as a whole, in one line naming it
    the implementation. A config with ``num_hidden_layers = L`` must get exactly one candidate
    per layer, ``layer_idx`` 0 to L - 1 (a layer whose attention was replaced by a class the
    rule does not know is refused, not skipped).
-2. By a probe. One forward of one token (``input_ids`` zeros ``[1, 1]``, ``use_cache=False``,
-   no gradients) runs with the configs switched to the KV function in pass-through mode, which
-   counts its calls per module: every candidate must be called exactly once, with 4-d key /
-   value, and no other module may call it. A model whose attention bypasses the interface, or
-   calls it from modules the rule does not see, is refused. Forward hooks see the probe.
+2. By a probe. One forward of one token (``input_ids`` zeros ``[1, 1]``, a generation cache
+   thrown away, no gradients; on the meta device when any weight is there, so a skeleton
+   whose blocks are loaded later is probed too) runs with the configs switched to the KV
+   function in pass-through mode, which counts its calls per module: every candidate must be
+   called exactly once, with 4-d key / value, and no other module may call it. A model whose
+   attention bypasses the interface, or calls it from modules the rule does not see, is
+   refused. Forward hooks see the probe.
 
-Tested (:data:`SUPPORTED_MODEL_TYPES`): the types below, in float32 and bfloat16, ``sdpa`` and
-``eager``; any other type that passes both steps is accepted.
+Tested: the model types of :data:`SUPPORTED_MODEL_TYPES`, in float32 and bfloat16, ``sdpa``
+and ``eager``; any other type that passes both steps is accepted. The probe runs under a forked
+random state (a model in training mode draws dropout masks), so it leaves the RNG as it was.
 
 **The function.** :func:`register` adds ``"nvfp4lab_kv:<inner>"`` (``inner``: ``sdpa`` or
 ``eager``, the implementation the model had) with the inner implementation's mask function
@@ -247,6 +250,25 @@ def _inner(caller: str, name: str, module: nn.Module) -> str:
     return inner  # type: ignore[no-any-return]
 
 
+def _one_token_forward(model: nn.Module) -> None:
+    """``model(input_ids=[[0]], use_cache=True)``, the cache thrown away (with a cache,
+    transformers skips its packed-sequence check, which reads values). A model with any
+    parameter or buffer on the meta device (a skeleton whose blocks are loaded one at a time)
+    runs on the meta device as a whole: every tensor swapped for a meta one for this call only
+    (``torch.func.functional_call``), nothing allocated or changed."""
+    named = [*model.named_parameters(remove_duplicate=False),
+             *model.named_buffers(remove_duplicate=False)]
+    if any(t.is_meta for _, t in named):
+        meta = {name: torch.empty_like(t, device="meta") for name, t in named}
+        ids = torch.zeros((1, 1), dtype=torch.long, device="meta")
+        torch.func.functional_call(model, meta, kwargs={"input_ids": ids, "use_cache": True})
+        return
+    device = named[0][1].device if named else None
+    cuda = sorted({t.device.index or 0 for _, t in named if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=cuda):
+        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True)
+
+
 def _probe(model: nn.Module, modules: list[tuple[str, nn.Module, str]]) -> list[
         tuple[nn.Module, tuple[int, ...], tuple[int, ...]]]:
     """One forward of one token with every config switched to the KV function in pass-through
@@ -259,15 +281,13 @@ def _probe(model: nn.Module, modules: list[tuple[str, nn.Module, str]]) -> list[
     if id(model_config) not in configs and model_impl in WRAPPED_IMPLEMENTATIONS:
         configs[id(model_config)] = (model_config, model_impl)
     saved = [(config, config._attn_implementation) for config, _ in configs.values()]
-    param = next(model.parameters(), None)
-    ids = torch.zeros((1, 1), dtype=torch.long, device=param.device if param is not None else None)
     calls: list[tuple[nn.Module, tuple[int, ...], tuple[int, ...]]] = []
     token = _PROBE.set(calls)
     try:
         for config, inner in configs.values():
             config._attn_implementation = register(inner)
         with torch.no_grad():
-            model(input_ids=ids, use_cache=False)
+            _one_token_forward(model)
     except Exception as err:
         first = (str(err).splitlines() or [""])[0]
         raise _Refused(f"its one-token probe forward failed ({type(err).__name__}: {first})"

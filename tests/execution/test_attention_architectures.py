@@ -277,3 +277,39 @@ def test_a_module_calling_the_interface_outside_the_rule_is_refused() -> None:
                                          r"attention interface but is not an attention module"):
         att.quantize_kv_cache(model, "fp8")
     assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "phi3"])
+def test_a_meta_skeleton_is_probed_and_quantized(arch: str) -> None:
+    """A model built on the meta device with only its embedding loaded (how a block-by-block
+    run starts) passes the probe without allocating anything; once its weights are assigned it
+    computes what the loaded model quantized the same way computes."""
+    loaded = model_of(arch)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(tiny_config(arch))
+    skeleton.model.embed_tokens = loaded.model.embed_tokens
+    layers = att.quantize_kv_cache(skeleton, "nvfp4")
+    assert [(x.layer_idx, x.kv_heads, x.head_dim) for x in layers] == [
+        (x.layer_idx, x.kv_heads, x.head_dim) for x in att.quantize_kv_cache(loaded, "nvfp4")
+    ]
+    assert skeleton.model.layers[0].self_attn.o_proj.weight.is_meta
+    assert skeleton.model.embed_tokens.weight is loaded.model.embed_tokens.weight
+    skeleton.load_state_dict(loaded.state_dict(), assign=True)
+    skeleton.eval()
+    for name, buffer in loaded.named_buffers():  # RoPE's inv_freq: not in the state dict
+        owner, _, leaf = name.rpartition(".")
+        skeleton.get_submodule(owner)._buffers[leaf] = buffer.clone()
+    assert torch.equal(logits(skeleton), logits(loaded))
+
+
+def test_the_probe_leaves_the_random_state_as_it_was() -> None:
+    """A model in training mode draws dropout masks in its forward; the probe's forward must not
+    move the caller's seeded random stream."""
+    model = model_of("llama").train()
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    state = torch.get_rng_state()
+    att.quantize_kv_cache(model, "fp8")
+    assert torch.equal(torch.get_rng_state(), state)
+    logits(model)  # the same forward outside the probe does draw
+    assert not torch.equal(torch.get_rng_state(), state)
