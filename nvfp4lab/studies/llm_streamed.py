@@ -197,6 +197,10 @@ class StreamedModel:
         self.blocks: Blocks = blocks
         self._prefix = getattr(model, "base_model_prefix", "") or ""
         self._materialize(model, "", skip=f"{blocks.name}.")
+        for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+            owner, leaf = _owner(model, name)
+            if tensor.is_meta and leaf not in owner._non_persistent_buffers_set:
+                self._key(name)  # every block tensor is in the checkpoint: refused up front
 
     @property
     def num_blocks(self) -> int:
