@@ -1,4 +1,4 @@
-"""The ``nvfp4lab`` command line: ``nvfp4lab info | bench | report | audit | convert``.
+"""The ``nvfp4lab`` command line: ``nvfp4lab info | bench | report | audit | convert | study``.
 
 Each subcommand is one entry of :data:`COMMANDS`: a function that adds its arguments to a
 subparser and a handler ``(args) -> exit code``. Handlers import what they need lazily, so
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nvfp4lab import cli_start
+from nvfp4lab.cli_study import add_study, run_study_command
 
 __all__ = ["COMMANDS", "INTERRUPTED_EXIT", "Command", "build_parser", "main", "parse_assignment"]
 
@@ -358,6 +359,9 @@ COMMANDS: dict[str, Command] = {
                      _run_audit, "interrupted; nothing was written"),
     "convert": Command("convert an NVFP4 checkpoint to another checkpoint format", _add_convert,
                        _run_convert, "interrupted; nothing was written"),
+    "study": Command("what NVFP4 does to your model on your text: perplexity, KL divergence and "
+                     "top-1 per configuration, with a verdict", add_study, run_study_command,
+                     "interrupted; nothing was written"),
 }
 
 

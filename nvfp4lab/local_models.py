@@ -56,6 +56,7 @@ __all__ = [
     "check_projections",
     "check_tokenizer",
     "load_decoder",
+    "load_tokenizer",
     "resolve_model",
 ]
 
@@ -448,3 +449,19 @@ def load_decoder(source: ModelSource, *, dtype: str | torch.dtype | None = None,
     check_projections(model)
     check_tokenizer(tokenizer, int(model.config.vocab_size))
     return model, tokenizer
+
+
+def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of ``source`` alone, offline (no weights read): the folder's (as
+    :func:`load_decoder` loads it) or the GGUF file's vocabulary."""
+    if source.kind == ModelKind.GGUF:
+        from transformers import AutoTokenizer
+
+        from nvfp4lab import models
+
+        with models._gguf_parsed_once():
+            return AutoTokenizer.from_pretrained(
+                str(source.path.parent), gguf_file=source.path.name, local_files_only=True)
+    where = dict(pretrained_model_name_or_path=str(source.path), local_files_only=True,
+                 trust_remote_code=trust_remote_code)
+    return _tokenizer(source.path, where)

@@ -52,6 +52,7 @@ ROOT: dict[str, str] = {
     "__main__": "faces",
     "cli": "faces",
     "cli_start": "faces",
+    "cli_study": "faces",
     # deprecated aliases of nvfp4lab/report/ (one release)
     "reports": "faces",
     "report_kernels": "faces",

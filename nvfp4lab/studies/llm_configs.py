@@ -376,11 +376,11 @@ def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def plot_configs(rows: Sequence[dict[str, Any]]) -> Any:
+def plot_configs(rows: Sequence[dict[str, Any]], *, title: str | None = None) -> Any:
     """Mean KL divergence per configuration with its 95 % interval (log scale), top-1
-    agreement written at each bar's end."""
+    agreement written at each bar's end. ``title``: the figure's (default: SmolLM2's)."""
     fig, ax = new_figure(
-        "SmolLM2-135M: next-token KL divergence per configuration (lower is better)",
+        title or "SmolLM2-135M: next-token KL divergence per configuration (lower is better)",
         "mean KL(reference ‖ quantized), nats per token (log scale; bars: 95 % interval)",
         "configuration", figsize=(9.0, 0.4 * len(rows) + 1.6), xscale="log")
     means = [max(r["kld_mean"], 1e-9) for r in rows]
