@@ -21,6 +21,7 @@ What quantization does to them is studied in :mod:`nvfp4lab.studies.model_fideli
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -244,14 +245,29 @@ def module_device(model: nn.Module) -> torch.device:
 
 @contextlib.contextmanager
 def _transformers_progress(*, gguf: bool = False) -> Iterator[None]:
-    """transformers' own progress bars ("Loading weights") drawn with :func:`settings.tqdm_class`
-    while the block runs: plain text under ``NVFP4LAB_TEXT_PROGRESS`` (report pages cannot show a
-    widget), unchanged otherwise. With ``gguf``, the GGUF reader's "Converting and de-quantizing
-    GGUF tensors" bar too: transformers draws that one with ``tqdm.auto`` directly, so its module's
-    ``tqdm`` is swapped for the block's duration. The hook part is a no-op on a transformers
-    without ``set_tqdm_hook``."""
+    """transformers' own progress bars ("Loading weights") while the block runs: none in a report
+    page's kernel (``NVFP4LAB_TEXT_PROGRESS``: its stderr would be drawn into the page), drawn
+    with :func:`settings.tqdm_class` otherwise. With ``gguf``, the GGUF reader's "Converting and
+    de-quantizing GGUF tensors" bar too: transformers draws that one with ``tqdm.auto`` directly,
+    so its module's ``tqdm`` is swapped for the block's duration. The hook part is a no-op on a
+    transformers without ``set_tqdm_hook``."""
     from transformers.utils import logging as hf_logging
 
+    from nvfp4lab.settings import text_progress
+
+    if text_progress():  # a report page: its stderr would land in the page (issue 37)
+        with contextlib.ExitStack() as undo:
+            if hf_logging.is_progress_bar_enabled():
+                hf_logging.disable_progress_bar()
+                undo.callback(hf_logging.enable_progress_bar)
+            if gguf:
+                from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
+                if hasattr(gguf_reader, "tqdm"):
+                    undo.callback(setattr, gguf_reader, "tqdm", gguf_reader.tqdm)
+                    gguf_reader.tqdm = functools.partial(gguf_reader.tqdm, disable=True)
+            yield
+        return
     bar = tqdm_class()
     set_hook = getattr(hf_logging, "set_tqdm_hook", None)
     from tqdm.auto import tqdm as auto_bar

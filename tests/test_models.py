@@ -40,23 +40,34 @@ def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPat
     assert issubclass(models.ModelPackageMissing, ImportError)
 
 
-def test_transformers_bars_follow_the_text_progress_setting(
-    monkeypatch: pytest.MonkeyPatch,
+def test_transformers_bars_stay_out_of_report_pages(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from tqdm.std import tqdm as std_bar
+    """In a report page's kernel (``NVFP4LAB_TEXT_PROGRESS=1``) transformers draws no bar (its
+    stderr would land in the page, issue 37), the GGUF reader's included; afterwards both are
+    as they were. Outside a page the hook is left alone."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
     from transformers.utils import logging as hf_logging
 
     before = hf_logging.set_tqdm_hook(None)
     hf_logging.set_tqdm_hook(before)
+    reader_bar = gguf_reader.tqdm
+    assert hf_logging.is_progress_bar_enabled()
     monkeypatch.setenv(settings.TEXT_PROGRESS_ENV, "1")
-    with models._transformers_progress():
-        bar = hf_logging.tqdm(range(2), desc="Loading weights", disable=False)
-        assert type(bar) is std_bar  # text, not a notebook widget
-        bar.close()
-    assert hf_logging.set_tqdm_hook(before) is before  # the hook is restored afterwards
+    capsys.readouterr()
+    with models._transformers_progress(gguf=True):
+        assert not hf_logging.is_progress_bar_enabled()
+        for _ in hf_logging.tqdm(range(2), desc="Loading weights"):
+            pass
+        for _ in gguf_reader.tqdm(range(2), desc="Converting and de-quantizing GGUF tensors"):
+            pass
+    assert capsys.readouterr().err == ""
+    assert hf_logging.is_progress_bar_enabled() and gguf_reader.tqdm is reader_bar
+    assert hf_logging.set_tqdm_hook(before) is before
     monkeypatch.setenv(settings.TEXT_PROGRESS_ENV, "0")
     with models._transformers_progress():  # unchanged: no hook set
         assert hf_logging.set_tqdm_hook(before) is before
+        assert hf_logging.is_progress_bar_enabled()
 
 
 def test_mean_pool_ignores_padding() -> None:
@@ -162,13 +173,18 @@ def test_smollm2_first_build_without_a_gguf_reader(
     assert not list(tmp_path.iterdir())  # no half-built directory left behind
 
 
-def test_gguf_bar_follows_the_text_progress_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gguf_bar_is_swapped_only_around_a_gguf_read(monkeypatch: pytest.MonkeyPatch) -> None:
     from tqdm.auto import tqdm as auto_bar
     from tqdm.std import tqdm as std_bar
     from transformers import modeling_gguf_pytorch_utils as gguf_reader
 
     assert gguf_reader.tqdm is auto_bar
-    monkeypatch.setenv(settings.TEXT_PROGRESS_ENV, "1")
+    monkeypatch.setenv(settings.TEXT_PROGRESS_ENV, "1")  # a page: no bar at all
+    with models._transformers_progress(gguf=True):
+        assert gguf_reader.tqdm is not auto_bar and gguf_reader.tqdm(range(1)).disable
+    assert gguf_reader.tqdm is auto_bar
+    monkeypatch.setenv(settings.TEXT_PROGRESS_ENV, "0")
+    monkeypatch.setattr(models, "tqdm_class", lambda: std_bar)  # a terminal's text bar
     with models._transformers_progress(gguf=True):
         assert gguf_reader.tqdm is std_bar
     assert gguf_reader.tqdm is auto_bar
