@@ -15,8 +15,10 @@ code up to its first block, :func:`~nvfp4lab.execution.streamed_blocks.capture_c
 every block over all of them in turn, then the model's code after the blocks (final norm, head)
 per batch: the :class:`~nvfp4lab.studies.llm.ReferenceRun` that
 :func:`~nvfp4lab.studies.llm.reference_run` makes of the fully loaded model, bit for bit in the
-same dtype (``reference_run`` itself builds it, from the streamed outputs). It keeps the head's
-input per batch, so configurations need not run the reference again.
+same dtype (built by ``reference_run``'s own steps from the streamed outputs). It keeps the head's
+input per batch, so configurations need not run the reference again, and the model's own head
+(not a copy: nothing here changes it; a vocabulary x hidden matrix, 1 GB for a 128k vocabulary
+in bf16, is not held twice).
 
 :func:`streamed_config_row` is :func:`~nvfp4lab.studies.llm_configs.config_row` computed the same
 way: per block, its weights read, the configuration applied to that block alone
@@ -380,8 +382,28 @@ def streamed_reference(
     batches = llm._batches(windows, batch_size)
     inputs = [llm._stack(ids, windows, batch) for batch in batches]
     hidden = _streamed_hidden(streamed, inputs, "reference", progress)
-    return llm.reference_run(_Finisher(streamed, inputs, hidden), ids, context=context,
-                             batch_size=batch_size, progress=False)
+    finisher = _Finisher(streamed, inputs, hidden)
+    head = llm._output_head(finisher)
+    kept: list[torch.Tensor] | None = [] if head is not None else None
+    captured: list[torch.Tensor] = []
+    handle = None if head is None else head.register_forward_pre_hook(
+        lambda module, args: captured.append(args[0].detach()))
+    nll = []
+    try:  # reference_run's loop, without its copy of the head (nothing changes this one)
+        for input_ids in inputs:
+            captured.clear()
+            logits = llm._forward(finisher, input_ids)
+            if kept is not None:
+                kept = llm._keep_hidden(kept, captured, head, logits)
+            nll.append(llm._nll(logits, input_ids))
+            del logits
+    finally:
+        if handle is not None:
+            handle.remove()
+    return llm.ReferenceRun(
+        ids=ids, windows=windows, batches=batches, context=context, batch_size=batch_size,
+        nll=torch.cat(nll), hidden=None if kept is None else tuple(kept),
+        head=None if kept is None else head, model=finisher if kept is None else None)
 
 
 @contextmanager
