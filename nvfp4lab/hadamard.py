@@ -24,10 +24,14 @@ __all__ = [
     "HADAMARD_SIZE",
     "check_seed",
     "hadamard_matrix",
+    "hadamard_of_order",
     "hadamard_transform",
+    "paley_hadamard",
     "random_signs",
+    "rotate",
     "rotate_gemm_operands",
     "rotated_matmul",
+    "rotation_blocks",
     "rotation_matrix",
 ]
 
@@ -155,3 +159,121 @@ def rotated_matmul(
     if quantize_weight is not None:
         wr = quantize_weight(wr)
     return torch.matmul(xr, wr.to(xr.dtype).T)
+
+
+# --------------------------------------------------------------------------------------------
+# Rotations of any block size: Sylvester powers of two times a Paley Hadamard matrix
+# --------------------------------------------------------------------------------------------
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
+
+
+def paley_hadamard(n: int) -> torch.Tensor:
+    """Unnormalised ±1 Hadamard matrix ``[n, n]`` (float64, ``H Hᵀ = n I``) by Paley's
+    constructions: I for ``n = q + 1`` (``q`` a prime ≡ 3 mod 4), II for ``n = 2 (q + 1)``
+    (``q`` a prime ≡ 1 mod 4). ValueError when neither applies."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 4:
+        raise ValueError(f"a Paley Hadamard order is an int >= 4, got {n!r}")
+    for q, kind in ((n - 1, 1), (n // 2 - 1, 2)):
+        if not _is_prime(q) or q % 4 != (3 if kind == 1 else 1) or (kind == 2 and n % 2):
+            continue
+        squares = {(i * i) % q for i in range(1, q)}
+        chi = torch.tensor([0.0] + [1.0 if i in squares else -1.0 for i in range(1, q)],
+                           dtype=torch.float64)
+        idx = torch.arange(q)
+        jac = chi[(idx[None, :] - idx[:, None]) % q]  # Jacobsthal matrix, Q[i, j] = chi(j - i)
+        core = torch.zeros(q + 1, q + 1, dtype=torch.float64)
+        core[0, 1:] = 1.0
+        core[1:, 0] = -1.0 if kind == 1 else 1.0
+        core[1:, 1:] = jac
+        if kind == 1:  # skew conference matrix S: H = I + S
+            h = torch.eye(q + 1, dtype=torch.float64) + core
+        else:  # symmetric conference matrix C: H = C ⊗ [[1, 1], [1, -1]] + I ⊗ [[1, -1], [-1, -1]]
+            a = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
+            b = torch.tensor([[1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64)
+            h = torch.kron(core, a) + torch.kron(torch.eye(q + 1, dtype=torch.float64), b)
+        assert torch.equal(h @ h.T, n * torch.eye(n, dtype=torch.float64))
+        return h
+    raise ValueError(
+        f"no Paley construction gives a Hadamard matrix of order {n}: it needs n - 1 a prime "
+        "≡ 3 (mod 4) or n/2 - 1 a prime ≡ 1 (mod 4)"
+    )
+
+
+def _factor(n: int) -> tuple[int, int]:
+    """``n = m · p``: ``p`` the largest power of two with ``m`` 1 or a Paley order."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"a Hadamard order is a positive int, got {n!r}")
+    p = n & -n
+    while p >= 1:
+        m = n // p
+        if m == 1:
+            return 1, p
+        try:
+            paley_hadamard(m)
+            return m, p
+        except ValueError:
+            p //= 2
+    raise ValueError(
+        f"no Hadamard matrix of order {n} is known here: it must be a power of two times a "
+        "Paley order (12, 20, 28, 36, 44, 60, ...); use a block size that divides it (16, 32, "
+        "64, 128)"
+    )
+
+
+def hadamard_of_order(
+    n: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Orthonormal Hadamard matrix ``[n, n]`` for ``n = m · 2^a`` (``m`` 1 or a Paley order):
+    ``H_m ⊗ H_{2^a} / sqrt(n)`` (the Sylvester matrix of :func:`hadamard_matrix` when ``n`` is
+    a power of two). Exact ±1/sqrt(n) entries up to the rounding of 1/sqrt(n)."""
+    m, p = _factor(n)
+    if m == 1:
+        return hadamard_matrix(p, dtype=dtype, device=device)
+    h = torch.kron(paley_hadamard(m), hadamard_matrix(p, dtype=torch.float64) * p**0.5)
+    return (h / n**0.5).to(dtype=dtype, device=device)
+
+
+def rotation_blocks(k: int, block: int | None) -> int:
+    """The block of a rotation along ``K = k``: ``block`` (None: ``k`` itself, a full-size
+    rotation), checked to divide ``k`` and to have a Hadamard matrix (:func:`hadamard_of_order`)."""
+    size = k if block is None else block
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1 or k % size:
+        raise ValueError(f"rotation block {block!r} must be a positive divisor of K={k}")
+    _factor(size)
+    return size
+
+
+def rotate(
+    x: torch.Tensor, seed: int, *, block: int | None = HADAMARD_SIZE, inverse: bool = False
+) -> torch.Tensor:
+    """``x Q`` (``x Qᵀ`` with ``inverse``) along the last dim, ``Q = D · blockdiag(H_b, ...)``,
+    ``D`` the seeded signs of :func:`random_signs` and ``H_b`` :func:`hadamard_of_order` of
+    ``b = block`` (None: ``b = K``, a full-size rotation). For a power-of-two block it is
+    :func:`hadamard_transform` itself (same bits); otherwise ``H_m ⊗ H_p`` is applied as two
+    small products. Computed in float32 (float64 stays float64); same shape and dtype."""
+    if not isinstance(x, torch.Tensor) or x.ndim == 0:
+        raise TypeError(f"expected a torch.Tensor with a last dimension K, got {type(x).__name__}")
+    size = rotation_blocks(x.shape[-1], block)
+    m, p = _factor(size)
+    if m == 1:
+        return hadamard_transform(x, seed, inverse=inverse, block=size)
+    _check_k(x, size)
+    check_seed(seed)
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    k = x.shape[-1]
+    signs = random_signs(k, seed, device=x.device).to(work)
+    hm = (paley_hadamard(m) / m**0.5).to(dtype=work, device=x.device)
+    hp = hadamard_matrix(p, dtype=work, device=x.device)
+    v = x.to(work)
+    if not inverse:
+        v = v * signs
+    v = v.reshape(*x.shape[:-1], k // size, m, p)
+    # row vector u (A ⊗ B) is, on u as an [m, p] matrix U, Aᵀ U B; its inverse A U Bᵀ
+    v = hm.T @ v @ hp if not inverse else hm @ v @ hp.T
+    v = v.reshape(x.shape)
+    if inverse:
+        v = v * signs
+    return v.to(x.dtype)

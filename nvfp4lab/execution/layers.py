@@ -40,6 +40,10 @@ rotates its input the same way before the (optional) activation quantization and
 ``x Q`` is computed in float32 and cast back to the input dtype (:func:`hadamard_transform`).
 The seed is an attribute, not a buffer: checkpoints have no rotation, so
 :func:`nvfp4lab.checkpoint.save_pretrained` refuses rotated layers.
+
+``hadamard_block`` (default 16) is the rotation's block: 16/32/64/128 or any divisor of K with a
+Hadamard matrix, and None for one full-size rotation of K (:func:`nvfp4lab.hadamard.rotate`;
+QuaRot / FP-Quant style online rotations, :mod:`nvfp4lab.execution.w4a4_recipes`).
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from nvfp4lab.codec import quantize
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution.dispatch import BackendChoice, select_backend
 from nvfp4lab.execution.gemm import linear, vllm_dequantize
-from nvfp4lab.hadamard import HADAMARD_SIZE, check_seed, hadamard_transform
+from nvfp4lab.hadamard import HADAMARD_SIZE, check_seed, rotate, rotation_blocks
 from nvfp4lab.options import order_argument
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.scales import as_global_scale
@@ -68,7 +72,28 @@ from nvfp4lab.vocab import (
     check_dtype,
 )
 
-__all__ = ["NVFP4Linear"]
+__all__ = ["BlockRotatedNVFP4Tensor", "NVFP4Linear"]
+
+
+class BlockRotatedNVFP4Tensor(RotatedNVFP4Tensor):
+    """A :class:`~nvfp4lab.tensor.RotatedNVFP4Tensor` whose rotation block is
+    ``rotation_block`` (None: full size) instead of 16: :meth:`dequantize` rotates back with
+    :func:`nvfp4lab.hadamard.rotate`."""
+
+    rotation_block: int | None = HADAMARD_SIZE
+
+    def dequantize(
+        self, dtype: torch.dtype | None = None, *, fused: bool | None = None
+    ) -> torch.Tensor:
+        """Decode and rotate back: ``dequantize_rotated() Qᵀ`` (float32), then ``dtype``."""
+        rotated = self.dequantize_rotated(torch.float32, fused=fused)
+        back = rotate(rotated, self.hadamard, block=self.rotation_block, inverse=True)
+        return back.to(dtype or self.dtype)
+
+    def to(self, device: torch.device | str) -> BlockRotatedNVFP4Tensor:
+        moved = NVFP4Tensor.to(self, device)
+        return BlockRotatedNVFP4Tensor(**{**vars(moved), "hadamard": self.hadamard,
+                                          "rotation_block": self.rotation_block})
 
 
 class NVFP4Linear(nn.Module):
@@ -91,6 +116,7 @@ class NVFP4Linear(nn.Module):
 
     ``hadamard``: None, or the seed of the block Hadamard ``Q`` the weight was rotated by (its
     buffers hold ``W Q``): forward then computes ``(x Q) · dequant(W Q)ᵀ + b`` (module docstring).
+    ``hadamard_block``: that rotation's block (16 default; None: full size K).
     """
 
     weight_packed: torch.Tensor
@@ -112,10 +138,12 @@ class NVFP4Linear(nn.Module):
         cache_dequantized: bool = False,
         bias_mode: str = BiasMode.OUTPUT,
         hadamard: int | None = None,
+        hadamard_block: int | None = HADAMARD_SIZE,
     ) -> None:
         super().__init__()
         if hadamard is not None:
             check_seed(hadamard)
+            rotation_blocks(in_features, hadamard_block)
         if in_features <= 0 or in_features % BLOCK_SIZE:
             raise ValueError(
                 f"NVFP4Linear needs in_features (K) to be a positive multiple of {BLOCK_SIZE}, "
@@ -133,6 +161,7 @@ class NVFP4Linear(nn.Module):
         self.dtype = dtype
         self.cache_dequantized = cache_dequantized
         self.hadamard = hadamard
+        self.hadamard_block = hadamard_block
         self._calibrating = False
         self._dq_cache: dict[tuple[Any, ...], torch.Tensor] = {}
         n, k = out_features, in_features
@@ -208,6 +237,7 @@ class NVFP4Linear(nn.Module):
             cache_dequantized=cache_dequantized,
             bias_mode=bias_mode,
             hadamard=weight.hadamard if isinstance(weight, RotatedNVFP4Tensor) else None,
+            hadamard_block=getattr(weight, "rotation_block", HADAMARD_SIZE),
         )
         with torch.no_grad():
             layer.weight_packed.copy_(weight.packed)
@@ -274,6 +304,9 @@ class NVFP4Linear(nn.Module):
         plain = self._gemm_weight()
         if self.hadamard is None:
             return plain
+        if self.hadamard_block != HADAMARD_SIZE:
+            return BlockRotatedNVFP4Tensor(**vars(plain), hadamard=self.hadamard,
+                                           rotation_block=self.hadamard_block)
         return RotatedNVFP4Tensor(**vars(plain), hadamard=self.hadamard)
 
     def _gemm_weight(self) -> NVFP4Tensor:
@@ -294,7 +327,7 @@ class NVFP4Linear(nn.Module):
         rotated layer, else ``x`` itself."""
         if self.hadamard is None:
             return x
-        return hadamard_transform(x, self.hadamard, block=HADAMARD_SIZE)
+        return rotate(x, self.hadamard, block=self.hadamard_block)
 
     def set_input_global_scale(self, value: torch.Tensor | float | None) -> None:
         """Set the ENCODE-form activation scale (2688/amax); None -> dynamic per call.
@@ -382,6 +415,8 @@ class NVFP4Linear(nn.Module):
         else:
             act = f"{float(igs):.6g}"
         rotation = "" if self.hadamard is None else f", hadamard={self.hadamard}"
+        if self.hadamard is not None and self.hadamard_block != HADAMARD_SIZE:
+            rotation += f", hadamard_block={self.hadamard_block or 'full'}"
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, dtype={self.dtype}, input_global_scale={act}, "
