@@ -92,7 +92,7 @@ def render_page(out: Path, title: str) -> Path:
     """Render ``out/study.html`` from ``out/study.csv`` / ``study.json`` (the template notebook
     through the report runner, in a scratch folder: only the page is kept)."""
     from nvfp4lab.report.runner import run_reports
-    from nvfp4lab.studies.llm_study import TEMPLATE
+    from nvfp4lab.studies.llm_study_page import TEMPLATE
 
     with tempfile.TemporaryDirectory(prefix="nvfp4lab-study-") as scratch:
         (result,) = run_reports(notebooks=[TEMPLATE], out_dir=scratch, index=False,

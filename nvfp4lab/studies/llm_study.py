@@ -64,14 +64,10 @@ __all__ = [
     "RESULTS_CSV",
     "RESULTS_JSON",
     "SMOKE_SETTINGS",
-    "TEMPLATE",
-    "SavedStudy",
     "StudyPlan",
     "StudyResult",
     "config_names",
-    "load_saved",
     "plan_study",
-    "plot_domain",
     "run_study",
     "select_configs",
     "study",
@@ -81,8 +77,6 @@ __all__ = [
 SMOKE_SETTINGS: dict[str, int] = {"tokens": 128, "samples": 4, "context": 64}
 #: The study's defaults (notebook 07's): tokens per text, calibration windows and their length.
 DEFAULTS: dict[str, int] = {"tokens": 2048, "samples": 32, "context": 256, "length": 256}
-#: The parameterised notebook that renders a saved study (``nvfp4lab study --out``).
-TEMPLATE = Path(__file__).with_name("llm_study.ipynb")
 #: The files :meth:`StudyResult.save` writes.
 RESULTS_CSV, RESULTS_JSON = "study.csv", "study.json"
 #: The two texts' names in the table's ``text`` column.
@@ -508,69 +502,63 @@ def study(
 
 
 # ---------------------------------------------------------------------------------------------
-# The page: a saved study read back (the template notebook calls these)
+# Notebook 07's setup: the same inputs for any model and text
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SavedStudy:
-    """A study as :meth:`StudyResult.save` wrote it: ``rows`` (``study.csv``, one row per text
-    and configuration) and ``facts`` (``study.json``: ``plan``, ``reference_perplexity``,
-    ``verdict`` markdown, ``families``, ``comparisons``, ``domain``, ``seconds``)."""
+@dataclass(frozen=True, eq=False)
+class NotebookSetup:
+    """What notebook 07's cells use: the model found (``source``), loaded (``model``,
+    ``tokenizer``, float32 by default), the text split (``split``), the configurations, the
+    calibration ``batches``, the reference ``run`` over the evaluation part and ``ids``: its first
+    window ``[1, T]`` for the per-layer views."""
 
-    rows: list[dict[str, Any]]
-    facts: dict[str, Any]
+    source: ModelSource
+    model: Any
+    tokenizer: Any
+    split: corpus.TextSplit
+    configs: list[LLMConfig]
+    batches: list[Any]
+    run: llm.ReferenceRun
+    ids: torch.Tensor
 
-    def evaluation_rows(self) -> list[dict[str, Any]]:
-        """The rows of the evaluation part."""
-        return [r for r in self.rows if r["text"] == EVALUATION]
-
-    def header(self) -> str:
-        """Markdown: what was studied, on what, how."""
-        p = self.facts["plan"]
-        ppl = self.facts["reference_perplexity"]
-        second = p["domain_text"]
-        how = "block by block from its safetensors" if p["streamed"] else "in memory"
-        calibration = (f"{p['calibration_samples']} windows of {DEFAULTS['length']} tokens of "
-                       "the calibration part" if p["calibration_samples"]
-                       else "none (no configuration run needs it)")
-        return (
-            f"**Model** `{p['model']}` ({p['model_type']}, {p['parameters']:,} parameters, run "
-            f"in {p['dtype']}, {how}). **Text** {p['text']}: {p['split_rule'].rstrip('.')}. "
-            f"**Scored** {p['evaluation_windows']} evaluation windows and "
-            f"{p['domain_windows']} windows of a second text ({second}), {p['context']} "
-            f"tokens each; reference perplexity {ppl[EVALUATION]:.3f} on the evaluation part, "
-            f"{ppl[second]:.3f} on the second text. **Calibration** {calibration}. "
-            f"{len(p['configurations'])} configurations in {self.facts['seconds']:.0f} s."
-        )
+    def summary(self) -> str:
+        """One line: model, reference perplexity, tokens, configurations, calibration."""
+        samples = len(self.batches) and sum(b["input_ids"].shape[0] for b in self.batches)
+        return (f"{self.source.name}: reference perplexity {self.run.perplexity:.3f} on "
+                f"{self.run.tokens} evaluation tokens ({len(self.run.windows)} windows) | "
+                f"{len(self.configs)} configurations | {samples} calibration windows")
 
 
-def load_saved(folder: str | os.PathLike[str]) -> SavedStudy:
-    """The study saved in ``folder`` (``study.csv`` and ``study.json``)."""
-    import pandas as pd
+def notebook_setup(
+    model: str | os.PathLike[str] | None = None,
+    text: str | os.PathLike[str] | None = None,
+    *,
+    smoke: bool = False,
+    seed: int = 0,
+    context: int = DEFAULTS["context"],
+    max_tokens: int = DEFAULTS["tokens"],
+    samples: int = DEFAULTS["samples"],
+    length: int = DEFAULTS["length"],
+    dtype: str = "float32",
+) -> NotebookSetup:
+    """Notebook 07's inputs for ``model`` (None: SmolLM2, as :func:`plan_study` finds models)
+    and ``text`` (None: the pydoc topics; a file: split by :func:`nvfp4lab.texts.split_text`):
+    the evaluation part scored up to ``max_tokens`` tokens in windows of ``context`` (``smoke``:
+    128 tokens in windows of 64 and 4 calibration windows), calibration windows of ``length``
+    tokens drawn with ``seed``. No progress bar (a page shows none)."""
+    from nvfp4lab import texts
 
-    folder = Path(folder)
-    rows = pd.read_csv(folder / RESULTS_CSV).to_dict("records")
-    facts = json.loads((folder / RESULTS_JSON).read_text())
-    return SavedStudy(rows, facts)
-
-
-def plot_domain(domain: Sequence[dict[str, Any]], second: str) -> Any:
-    """Mean KLD per configuration on the evaluation part and on the second text, with 95 %
-    intervals: how far the calibration carries to text of another genre."""
-    from nvfp4lab.plots import new_figure
-
-    fig, ax = new_figure("Mean KL divergence on the evaluation part and on a second text",
-                         "mean KL(reference ‖ quantized), nats per token (log scale)",
-                         "configuration", figsize=(9.0, 0.55 * len(domain) + 1.8), xscale="log")
-    for offset, key, name in ((-0.18, "kld_evaluation", "evaluation part"),
-                              (0.18, "kld_second", second)):
-        means = [max(r[key], 1e-9) for r in domain]
-        lo = [m - max(r[f"{key}_lo"], 1e-9) for m, r in zip(means, domain, strict=True)]
-        hi = [max(r[f"{key}_hi"], 1e-9) - m for m, r in zip(means, domain, strict=True)]
-        ax.barh([i + offset for i in range(len(domain))], means, height=0.34,
-                xerr=[lo, hi], capsize=2, label=name)
-    ax.set_yticks(range(len(domain)), [r["label"] for r in domain], fontsize=8)
-    ax.invert_yaxis()
-    ax.legend(loc="lower right", fontsize=7, framealpha=0.9)
-    return fig
+    if smoke:
+        max_tokens, samples, context = (SMOKE_SETTINGS["tokens"], SMOKE_SETTINGS["samples"],
+                                        SMOKE_SETTINGS["context"])
+    source = resolve_model(model)
+    loaded, tokenizer = load_decoder(source, dtype=dtype)
+    split = (corpus.pydoc_split() if text is None
+             else texts.split_text(texts.read_documents(text)))
+    batches = corpus.calibration_batches(tokenizer, text=split.calibration, samples=samples,
+                                         length=length, seed=seed)
+    run = llm.reference_run(loaded, split.evaluation, tokenizer=tokenizer, context=context,
+                            max_tokens=max_tokens, progress=False)
+    return NotebookSetup(source, loaded, tokenizer, split, configurations(smoke=smoke), batches,
+                         run, run.input_ids(0)[:1])

@@ -18,7 +18,7 @@ import torch
 
 from nvfp4lab import corpus, texts
 from nvfp4lab.execution import quantize_model
-from nvfp4lab.studies import llm, llm_study
+from nvfp4lab.studies import llm, llm_study, llm_study_page
 from tests.tiny_decoders import save_hf_cache, tiny_model, tiny_tokenizer
 
 WORDS = (
@@ -115,7 +115,7 @@ def test_saved_study_reads_back_for_the_page(tiny_llama: Path, text_file: Path,
     result = llm_study.study(tiny_llama, text=text_file, configs=["w4a16-rtn", "kv-fp8"],
                              tokens=64, context=32, progress=False)
     result.save(tmp_path)
-    saved = llm_study.load_saved(tmp_path)
+    saved = llm_study_page.load_saved(tmp_path)
     assert [r["label"] for r in saved.evaluation_rows()] == ["W4A16 RTN", "KV fp8"]
     assert saved.evaluation_rows()[0]["kld_mean"] == pytest.approx(
         result.evaluation[0].fidelity.kld_mean, rel=1e-12)
