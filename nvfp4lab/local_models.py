@@ -56,6 +56,7 @@ __all__ = [
     "check_projections",
     "check_tokenizer",
     "load_decoder",
+    "load_encoder",
     "load_tokenizer",
     "resolve_model",
 ]
@@ -465,3 +466,41 @@ def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False) -> A
     where = dict(pretrained_model_name_or_path=str(source.path), local_files_only=True,
                  trust_remote_code=trust_remote_code)
     return _tokenizer(source.path, where)
+
+
+#: Encoder model types a study of sentence embeddings (notebook 05) is tested with.
+ENCODER_TYPES: tuple[str, ...] = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet")
+
+
+def load_encoder(spec: str | os.PathLike[str], *, dtype: str | torch.dtype = "float32",
+                 env: Mapping[str, str] | None = None) -> Any:
+    """A local sentence encoder (notebook 05's ``ENCODER``): ``spec`` a model folder or
+    ``org/name`` in the local Hugging Face cache (:func:`resolve_model`'s rules; nothing is
+    downloaded), returned as :class:`nvfp4lab.models.SentenceEncoder`. Refused in one line: a
+    GGUF file, a decoder (``is_decoder`` or a ``*ForCausalLM`` architecture) and a model type
+    that is not an encoder of :data:`ENCODER_TYPES`."""
+    from nvfp4lab import models
+
+    if spec is None:
+        raise ValueError("load_encoder needs a model folder or org/name (MiniLM: "
+                         "nvfp4lab.models.minilm())")
+    source = resolve_model(spec, env=env)
+    if source.kind != ModelKind.FOLDER:
+        raise ValueError(f"{source.path}: an encoder must be a model folder (config.json and "
+                         "safetensors), not a GGUF file or the shipped decoder")
+    config = read_json(source.path / "config.json")
+    model_type = config.get("model_type")
+    decoder = config.get("is_decoder") or any(
+        str(a).endswith("ForCausalLM") for a in config.get("architectures") or ())
+    if decoder or model_type not in ENCODER_TYPES:
+        raise ValueError(f"{source.path}: model_type {model_type!r} is not a sentence encoder "
+                         f"nvfp4lab studies ({', '.join(ENCODER_TYPES)}); decoders go to "
+                         "nvfp4lab study / notebook 07")
+    found = weight_files(source.path).files
+    if not found:
+        raise ValueError(f"{source.path} holds no *.safetensors weights")
+    check_readable(source.path, found)
+    torch_dtype = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(str(dtype))
+    if torch_dtype is None:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return models.sentence_encoder(source.path, dtype=torch_dtype)

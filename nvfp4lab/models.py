@@ -53,6 +53,7 @@ __all__ = [
     "minilm",
     "minilm_path",
     "module_device",
+    "sentence_encoder",
     "smollm2",
     "smollm2_path",
     "smollm2_tokenizer",
@@ -303,9 +304,21 @@ def minilm(
 
     Raises :class:`ModelPackageMissing` with the install command when the extra is missing.
     """
-    path = minilm_path(cache)
+    return sentence_encoder(minilm_path(cache), dtype=dtype, device=device)
+
+
+def sentence_encoder(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> SentenceEncoder:
+    """The sentence encoder in the folder ``path`` (config.json, safetensors, tokenizer; a
+    sentence-transformers ``sentence_bert_config.json`` sets ``max_length``, else 256) as a
+    :class:`SentenceEncoder` (``AutoModel`` in eval mode, mean pooling), offline."""
     from transformers import AutoModel, AutoTokenizer
 
+    path = Path(path)
     with _transformers_progress():
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=dtype)

@@ -391,3 +391,38 @@ def test_smollm2_default_and_as_gguf(smollm2: tuple[Any, Any], cache: Path,
     ids = torch.tensor([reference_tokenizer("NVFP4 stores 16 values per block.")["input_ids"]])
     assert tokenizer("NVFP4 stores 16 values per block.")["input_ids"] == ids[0].tolist()
     assert torch.equal(_logits(model, ids), _logits(reference, ids))
+
+
+def test_a_local_sentence_encoder_loads_as_notebook_05_uses_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer: Any) -> None:
+    """A tiny BERT in the HF cache layout, by ``org/name``: its embeddings equal the in-memory
+    model's mean-pooled, normalized output on the same tokens; decoders and GGUF files are
+    refused in one line."""
+    from transformers import BertConfig, BertModel
+
+    from nvfp4lab.local_models import load_encoder
+    from nvfp4lab.models import mean_pool
+    from tests.checkpoint.hf_cache import hf_cache_layout
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64)
+    bert = BertModel(config).eval()
+    saved = tmp_path / "bert"
+    bert.save_pretrained(saved)
+    tokenizer.save_pretrained(saved)
+    hf_cache_layout(saved, tmp_path / "hub", repo_id="tiny-org/tiny-bert", revision="b" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    encoder = load_encoder("tiny-org/tiny-bert")
+    sentences = ["the cat sat on the mat", "rain"]
+    batch = encoder.tokenize(sentences)
+    with torch.no_grad():
+        want = torch.nn.functional.normalize(
+            mean_pool(bert(**batch).last_hidden_state, batch["attention_mask"]), dim=-1)
+    assert torch.equal(encoder.encode(sentences), want)
+    with pytest.raises(ValueError, match="model_type 'llama' is not a sentence encoder"):
+        llama = save_hf_cache(tiny_model("llama"), tokenizer, tmp_path / "hub2",
+                              repo_id="tiny-org/tiny-llama")
+        load_encoder(llama)
+    with pytest.raises(ValueError, match="needs a model folder or org/name"):
+        load_encoder(None)  # type: ignore[arg-type]
