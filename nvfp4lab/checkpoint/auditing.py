@@ -37,6 +37,9 @@ no model is built. One row per quantized layer:
 * the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`;
   it describes the scheme, whatever engine the format is for);
 * with ``reference`` (a float checkpoint folder): the weight SQNR against ``<layer>.weight``.
+* a quantized KV cache (rows after the Linear rows, one per attention layer: ``kv_cache``,
+  ``k_scale``, ``v_scale``): the kind a vLLM 0.33 release runs, scales present for every
+  attention layer, finite and > 0 (:mod:`nvfp4lab.checkpoint.kv_scales`).
 
 ``issues`` lists what is wrong in words ("" when nothing is). The dtypes and shapes above and
 the presence of input scales (as the configuration's scheme says) are checked by the validator
@@ -63,6 +66,7 @@ from typing import Any
 import torch
 
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
+from nvfp4lab.checkpoint.kv_scales import kv_cache_names, kv_rows
 from nvfp4lab.checkpoint.records import LayerNames
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.stream import Inventory, RowReader, TensorInfo, inventory, read_scalar
@@ -97,7 +101,7 @@ COLUMNS: tuple[str, ...] = (
     "negative_scales", "zero_scales", "saturated_frac", "underflow_frac", "floor_frac",
     "layout_r2",
     "layout_r2_unswizzled", "fused_group", "fused_shared", "merge_factor", "merge_sqnr_db",
-    "weight_sqnr_db", "reference_amax",
+    "weight_sqnr_db", "reference_amax", "kv_cache", "k_scale", "v_scale",
 )
 
 
@@ -467,7 +471,18 @@ def audit_rows(
         row.update(_backends(row["scheme"], gpus, vllm, cache))
         row["issues"] = issues
         out.append(row)
-    return out
+    return out + _kv_cache_rows(inv)
+
+
+def _kv_cache_rows(inv: Inventory) -> list[dict[str, Any]]:
+    """One row per attention layer of a quantized KV cache (after the Linear rows): ``layer``
+    the attention module, ``kv_cache`` the kind the configuration declares, ``k_scale`` /
+    ``v_scale`` the stored DECODE scales, ``issues`` (``kv_scales.kv_rows``: a kind vLLM 0.33
+    does not run, a layer without scales, a scale not finite or not > 0)."""
+    spec = format_spec(inv.fmt)
+    config = spec.read_config(inv.path or inv.directory)
+    return [dict.fromkeys(COLUMNS) | {"format": inv.fmt.value} | r.row()
+            for r in kv_rows(config, inv.tensors, kv_cache_names(spec))]
 
 
 def audit(path: str | os.PathLike[str], **options: Any) -> Any:

@@ -63,6 +63,7 @@ import torch
 from nvfp4lab.checkpoint.folders import check_target, folder_entries, hf_snapshot
 from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.checkpoint.formats.gguf import SUFFIX as GGUF_SUFFIX
+from nvfp4lab.checkpoint.kv_scales import convert_kv_shard, kv_cache_names, kv_cache_refusal
 from nvfp4lab.checkpoint.records import (
     Contents,
     Shard,
@@ -329,6 +330,28 @@ def _copy_side_files(source: Path, tmp: Path, side: list[tuple[Path, str]]) -> N
             (tmp / rel).mkdir()
 
 
+def _kv_cache(config: Any, src: CheckpointFormatSpec, dst: CheckpointFormatSpec) -> str | None:
+    """The KV cache kind the source declares (None without one); CheckpointError when the
+    target format cannot hold it (or the source's kind is one vLLM 0.33 does not run)."""
+    kind = getattr(config, "kv_cache", None)
+    if kind is None:
+        return None
+    reason = kv_cache_refusal(dst, kind)
+    if reason is not None:
+        raise CheckpointError(f"the source declares an {kind} KV cache and {reason}; nothing "
+                              "was converted")
+    return kind
+
+
+def _kv_shards(shards: tuple[Shard, ...], kind: str | None, src: CheckpointFormatSpec,
+               dst: CheckpointFormatSpec) -> tuple[Shard, ...]:
+    """The shards with the KV scales under the target's names and shape (values kept)."""
+    src_names, dst_names = kv_cache_names(src), kv_cache_names(dst)
+    if kind is None or src_names is None or dst_names is None:
+        return shards
+    return tuple(convert_kv_shard(shard, src_names, dst_names) for shard in shards)
+
+
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -351,7 +374,11 @@ def convert(
     ones as F32, which is exact); tensor scales convert by their float32 reciprocal (see the
     module docstring). Between safetensors formats the shard layout and the index are kept;
     every other file of a source folder is copied byte for byte (sub-folders too; see the module
-    docstring). ``dst`` may be missing or an empty folder; ``overwrite=True`` replaces a folder
+    docstring). A quantized KV cache is carried: its kind into the target's configuration,
+    each layer's float32 k / v DECODE scales renamed and reshaped to the target's names with the
+    same values (both safetensors formats store the DECODE form); a target that cannot hold it
+    (GGUF; an NVFP4 cache in compressed-tensors) is refused. ``dst`` may be missing or an empty
+    folder; ``overwrite=True`` replaces a folder
     holding only checkpoint files and files copied from ``src`` (anything else, symlinks and
     empty folders included, is refused with FileExistsError, also when it appears while
     converting). ``workers`` / ``dask`` / ``progress``: where safetensors shards are written
@@ -384,9 +411,12 @@ def convert(
     _check_layers(inv, scheme == Scheme.NVFP4)
     unquantized = Unquantized(src_config.unquantized, tuple(_excluded(inv)))
     scales = _Scales()
+    kv_kind = _kv_cache(src_config, src_spec, dst_spec)
     shards = tuple(_convert_shard(inv, f, src_spec, dst_spec, scales) for f in inv.files)
+    shards = _kv_shards(shards, kv_kind, src_spec, dst_spec)
     contents = Contents(shards, _config_json(src_spec, source), scheme, unquantized,
-                        index=inv.indexed, index_metadata=_index_metadata(inv), source=source)
+                        index=inv.indexed, index_metadata=_index_metadata(inv), source=source,
+                        kv_cache=kv_kind)
     run = functools.partial(run_tasks, workers=workers, dask=dask, progress=progress,
                             desc=f"convert to {target_format.value}")
 

@@ -22,6 +22,8 @@ from torch import nn
 
 from nvfp4lab.checkpoint.folders import hf_snapshot
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
+from nvfp4lab.checkpoint.formats.transforms import LayerRotation, layer_rotations
+from nvfp4lab.checkpoint.kv_scales import kv_cache_names, restore_kv_cache, stored_kv_keys
 from nvfp4lab.checkpoint.records import SOURCE_ATTRIBUTE, LayerNames
 from nvfp4lab.checkpoint.refusals import (
     CheckpointError,
@@ -274,6 +276,16 @@ def _load_plain_tensors(
     return used
 
 
+def _install_rotations(model: nn.Module, rotations: Mapping[str, LayerRotation]) -> set[str]:
+    """Give each loaded NVFP4Linear its online input rotation (its buffers already hold the
+    stored ``W R``); returns the stored matrices' keys."""
+    for name, rot in rotations.items():
+        layer = model.get_submodule(name)
+        assert isinstance(layer, NVFP4Linear)
+        layer.set_rotation(rot.rotation)
+    return {rot.key for rot in rotations.values() if rot.key is not None}
+
+
 def load(
     path: str | os.PathLike[str],
     *,
@@ -303,7 +315,14 @@ def load(
     on stored tensors the model has no place for. Raises :class:`CheckpointError` naming the
     file and tensor for a missing tensor, a wrong dtype or shape, a configuration the format
     refuses (another algorithm, a group size other than 16, ...), a pickle file or a truncated
-    file. Returns the model in eval mode on ``device``, its
+    file. A compressed-tensors ``transform_config`` gives each layer with an online input
+    rotation that :class:`~nvfp4lab.hadamard.BlockRotation` (its stored matrix;
+    :mod:`~nvfp4lab.checkpoint.formats.transforms`; what nvfp4lab cannot run is refused).
+    A KV cache the configuration declares (``docs/kv_cache.md``: compressed-tensors'
+    ``kv_cache_scheme``, ModelOpt's ``kv_cache_quant_algo``) is restored with
+    :func:`~nvfp4lab.execution.quantize_kv_cache`, each attention layer with its stored float32
+    k / v DECODE scales (a missing one as the format's engine fills it). Returns the model in
+    eval mode on ``device``, its
     :data:`~nvfp4lab.checkpoint.records.SOURCE_ATTRIBUTE` set to ``path``.
     """
     where = hf_snapshot(Path(path))
@@ -326,6 +345,7 @@ def load(
     strip, add = _key_prefix_fix(model, set(source.entries), expected)
     source.rekey(strip, add)
     used: set[str] = set()
+    rotations = layer_rotations(stored.directory, model, quantized, source)  # transform_config
     for name, static_input in quantized.items():
         module = model.get_submodule(name)
         assert isinstance(module, nn.Linear)
@@ -335,7 +355,10 @@ def load(
         owner, leaf = _owner(model, name)
         setattr(owner, leaf, layer)
         used |= keys
+    used |= _install_rotations(model, rotations)
     used |= _load_plain_tensors(model, source, list(quantized))
+    kv_kind, kv_keys = _kv_cache_keys(config, spec, source)
+    used |= kv_keys
     unexpected = sorted(set(source.entries) - used)
     if strict and unexpected:
         shown = ", ".join(repr(k) for k in unexpected[:5])
@@ -349,5 +372,22 @@ def load(
         raise missing_tensor(source, leftovers[0])
     model.to(device)
     model.eval()
+    if kv_kind is not None:
+        names = kv_cache_names(spec)
+        assert names is not None
+        restore_kv_cache(model, kv_kind, {k: source.entries[k] for k in kv_keys}, names)
     setattr(model, SOURCE_ATTRIBUTE, where)
     return model
+
+
+def _kv_cache_keys(config: Any, spec: CheckpointFormatSpec,
+                   source: TensorSource) -> tuple[str | None, set[str]]:
+    """(the KV cache kind the configuration declares or None, its stored k / v scale keys);
+    the config's ``kv_cache`` refuses a kind vLLM 0.33 does not run (CheckpointError). Without
+    a declared kind the keys are none (stored scales are then unexpected tensors)."""
+    kind = getattr(config, "kv_cache", None)
+    names = kv_cache_names(spec)
+    if kind is None or names is None:
+        return None, set()
+    pairs = stored_kv_keys(source.entries, names).values()
+    return kind, {key for pair in pairs for key in pair if key is not None}

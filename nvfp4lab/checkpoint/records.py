@@ -26,6 +26,7 @@ __all__ = [
     "SOURCE_ATTRIBUTE",
     "ST_DTYPES",
     "Contents",
+    "KVCacheNames",
     "LayerNames",
     "RowView",
     "Shard",
@@ -166,6 +167,32 @@ class LayerNames:
 
 
 @dataclass(frozen=True)
+class KVCacheNames:
+    """How a format stores a quantized KV cache's per-layer DECODE scales (vLLM's ``k_scale`` /
+    ``v_scale``): the leaves under an attention module ``<attn>`` (``k_scale`` or
+    ``k_proj.k_scale``: ``<attn>.<k_scale>``), float32 of shape ``scalar_shape`` (also read:
+    ``also_read``), and ``missing``: the value a side without a stored scale gets (None: vLLM's
+    ``BaseKVCacheMethod`` rule, :func:`~nvfp4lab.execution.kv_cache.kv_global_scale`)."""
+
+    k_scale: str
+    v_scale: str
+    scalar_shape: tuple[int, ...]
+    also_read: tuple[tuple[int, ...], ...] = ()
+    missing: float | None = None
+
+    def keys(self, attention: str) -> tuple[str, str]:
+        """The (k, v) tensor names of the attention module ``attention``."""
+        return f"{attention}.{self.k_scale}", f"{attention}.{self.v_scale}"
+
+    def attention_of(self, key: str) -> tuple[str, int] | None:
+        """(attention module name, 0 for K / 1 for V) of a stored KV scale name, else None."""
+        for side, leaf in enumerate((self.k_scale, self.v_scale)):
+            if key.endswith(f".{leaf}"):
+                return key[: -len(leaf) - 1], side
+        return None
+
+
+@dataclass(frozen=True)
 class Unquantized:
     """The modules a checkpoint leaves in floating point, for a format's config to list.
 
@@ -223,7 +250,10 @@ class Contents:
     model's ``config.json`` text without a quantization config; ``scheme`` / ``unquantized``:
     what the format's quantization config records; ``index``: write a safetensors index
     (``index_metadata`` its ``metadata``, ``total_size`` added); ``source``: the file or folder
-    the model came from (a format may copy metadata from it), or None.
+    the model came from (a format may copy metadata from it), or None; ``kv_cache``: the
+    quantized KV cache kind the format's config declares (a
+    :class:`~nvfp4lab.vocab.KVCacheKind` value; its k / v scales are among the tensors, named
+    by the format's :class:`KVCacheNames`), or None.
     """
 
     shards: tuple[Shard, ...]
@@ -233,6 +263,7 @@ class Contents:
     index: bool = False
     index_metadata: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None
+    kv_cache: str | None = None
 
     def tensors(self) -> Iterator[StoredTensor]:
         """Every tensor, shard by shard, in order."""

@@ -28,6 +28,13 @@ from nvfp4lab.checkpoint.folders import (
     replace_dir,
 )
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, checkpoint_files, format_spec
+from nvfp4lab.checkpoint.formats.transforms import (
+    check_rotations,
+    transform_config,
+    transform_tensors,
+    write_transform_config,
+)
+from nvfp4lab.checkpoint.kv_scales import checkpoint_kv_cache, kv_cache_names, kv_tensors
 from nvfp4lab.checkpoint.records import SOURCE_ATTRIBUTE, Contents, Shard, StoredTensor, Unquantized
 from nvfp4lab.checkpoint.refusals import CheckpointError, read_json
 from nvfp4lab.checkpoint.rows import stored_tensor
@@ -38,7 +45,6 @@ from nvfp4lab.checkpoint.safetensors_files import (
     check_readable,
 )
 from nvfp4lab.constants import BLOCK_SIZE
-from nvfp4lab.execution.attention import kv_cache_settings
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.whole_model import FUSED_GROUPS
 from nvfp4lab.tensor import invalid_block_scales
@@ -377,47 +383,14 @@ def _quantized_layers(model: nn.Module) -> dict[str, NVFP4Linear]:
         )
     if "" in quantized:
         raise ValueError("the model itself is an NVFP4Linear; wrap it in a container module")
-    rotated = [n for n, m in quantized.items() if m.hadamard is not None]
-    if rotated:
-        raise ValueError(
-            f"{len(rotated)} NVFP4Linear layer(s) hold Hadamard-rotated weights (W·Q), e.g. "
-            f"{rotated[0]!r} (hadamard={quantized[rotated[0]].hadamard}): checkpoints have no "
-            "rotation, a loader would multiply unrotated inputs by W·Q. Save a model quantized "
-            "without hadamard (method 'rtn' or 'gptq')"
-        )
     return quantized
 
 
-#: Why each format does not carry a quantized KV cache (kind and per-layer k_scale / v_scale).
-_KV_CACHE_REFUSALS: dict[CheckpointFormat, str] = {
-    CheckpointFormat.COMPRESSED_TENSORS: (
-        "vLLM 0.33 reads a compressed-tensors kv_cache_scheme of FP8 only (num_bits 8, type "
-        "float), so an NVFP4 KV cache cannot be declared there, and nvfp4lab does not write "
-        "kv_cache_scheme or k_scale / v_scale yet"),
-    CheckpointFormat.MODELOPT: (
-        "nvfp4lab does not write ModelOpt's kv_cache_quant_algo or the k_scale / v_scale "
-        "tensors yet"),
-    CheckpointFormat.GGUF: (
-        "GGUF has no quantized KV cache setting: llama.cpp picks its cache type at run time "
-        "(--cache-type-k / --cache-type-v) and has no NVFP4 KV cache"),
-}
-
-
-def _check_kv_cache(model: nn.Module, fmt: CheckpointFormat) -> None:
-    """Refuse a model whose attention reads K / V from a quantized KV cache: the checkpoint
-    would drop the kind and the k_scale / v_scale without a word."""
-    settings = kv_cache_settings(model)
-    if not settings:
-        return
-    kinds = sorted({kind for kind, _, _ in settings.values()})
-    first, (_, k_scale, v_scale) = next(iter(settings.items()))
-    raise ValueError(
-        f"the model's KV cache is quantized ({'/'.join(kinds)} on {len(settings)} attention "
-        f"layer(s), e.g. {first}: k_scale={k_scale:.6g} v_scale={v_scale:.6g}) and a {fmt.value} "
-        f"checkpoint would drop it: {_KV_CACHE_REFUSALS[fmt]}. Save the weights with "
-        "nvfp4lab.execution.remove_kv_cache_quantization(model) first, and give vLLM the KV "
-        "cache with --kv-cache-dtype"
-    )
+def _kv_tensors(kv: tuple[str, dict[str, tuple[float, float]]] | None,
+                spec: CheckpointFormatSpec) -> dict[str, torch.Tensor]:
+    """The KV cache's k / v scale tensors under the format's names (none without a cache)."""
+    names = kv_cache_names(spec)
+    return {} if kv is None or names is None else kv_tensors(kv[1], names)
 
 
 def _check_fused(
@@ -497,6 +470,13 @@ def _unquantized(model: nn.Module) -> Unquantized:
     return Unquantized(linears, weights)
 
 
+def _write_transforms(folder: Path, quantized: Mapping[str, NVFP4Linear]) -> None:
+    """The rotated layers' compressed-tensors ``transform_config`` (none: nothing written)."""
+    config = transform_config(quantized)
+    if config is not None:
+        write_transform_config(folder, config)
+
+
 def save_pretrained(
     model: nn.Module,
     path: str | os.PathLike[str],
@@ -537,9 +517,19 @@ def save_pretrained(
     several files (with ``model.safetensors.index.json``) above this size.
 
     A model whose KV cache is quantized (``quantize_model(..., kv_cache=...)``,
-    :func:`~nvfp4lab.execution.quantize_kv_cache`) is refused with ValueError naming the kind,
-    the scales and why the format cannot carry them (no format written here carries a KV cache
-    yet; ``remove_kv_cache_quantization(model)`` first), as Hadamard-rotated layers are.
+    :func:`~nvfp4lab.execution.quantize_kv_cache`) is saved with it where the format's engine
+    reads one (:mod:`nvfp4lab.checkpoint.kv_scales`, ``docs/kv_cache.md``): compressed-tensors
+    declares FP8 (``kv_cache_scheme``, ``<attn>.k_scale`` / ``v_scale``), ModelOpt FP8 and NVFP4
+    (``kv_cache_quant_algo``, ``<attn>.k_proj.k_scale`` / ``v_proj.v_scale``), each layer's
+    float32 DECODE scales as the model holds them; what a format cannot declare (NVFP4 in
+    compressed-tensors, anything in GGUF) is refused with ValueError naming the kind, the
+    scales and the reason (``remove_kv_cache_quantization(model)`` first to save the weights
+    alone).
+
+    Rotated layers (``hadamard=`` a :class:`~nvfp4lab.hadamard.BlockRotation`, stored ``W R``)
+    are saved as compressed-tensors with a ``transform_config``
+    (:mod:`~nvfp4lab.checkpoint.formats.transforms`); a seeded rotation, or any rotation in
+    ModelOpt / GGUF, is refused with ValueError naming why.
 
     The packed bytes and scales are written exactly as the modules hold them (NaN or negative
     block scales are refused: every checkpoint nvfp4lab writes, nvfp4lab can read). The folder is
@@ -558,7 +548,8 @@ def save_pretrained(
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     quantized = _quantized_layers(model)
-    _check_kv_cache(model, spec.format)
+    check_rotations(quantized, spec.format)  # transforms.py: which rotations the format holds
+    kv = checkpoint_kv_cache(model, spec)  # refused here, before anything is written
     resolved = _resolve_scheme(scheme, quantized)
     if spec.shares_fused_scales:
         _check_fused(model, quantized, require_shared_global_scale)
@@ -568,13 +559,17 @@ def save_pretrained(
         check_readable(src, [src / rel for rel in (CONFIG_NAME, *COPIED_FILES)
                              if os.path.lexists(src / rel)])
     tensors = _state_to_save(model, quantized, resolved, dtype, spec)
+    tensors.update(transform_tensors(quantized))  # rotated layers' matrices (compressed-tensors)
+    tensors.update(_kv_tensors(kv, spec))
     config_dtype = dtype or _model_dtype(model, quantized)
     shards = _shards(tensors, max_shard_bytes)
     contents = Contents(shards, _config_json(model, src, config_dtype), resolved, unquantized,
-                        index=len(shards) > 1, source=_origin(model, source, src))
+                        index=len(shards) > 1, source=_origin(model, source, src),
+                        kv_cache=None if kv is None else kv[0])
 
     def write(tmp: Path) -> None:
         written = {*spec.write_checkpoint(tmp, contents), *spec.config_files}
+        _write_transforms(tmp, quantized)
         generation = getattr(model, "generation_config", None)
         if generation is not None and hasattr(generation, "save_pretrained") and (
             src is None or not (src / "generation_config.json").is_file()

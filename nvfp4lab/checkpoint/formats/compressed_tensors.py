@@ -16,6 +16,7 @@ functions that need it.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,13 @@ import torch
 from torch import nn
 
 from nvfp4lab.checkpoint.formats.tensor_scales import TensorScaleForm
-from nvfp4lab.checkpoint.records import LayerNames, Unquantized
+from nvfp4lab.checkpoint.records import (
+    Contents,
+    KVCacheNames,
+    LayerNames,
+    TaskRunner,
+    Unquantized,
+)
 from nvfp4lab.checkpoint.refusals import CheckpointError, read_json
 from nvfp4lab.checkpoint.safetensors_files import (
     CONFIG_NAME,
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CT_FORMAT",
+    "KV_CACHE_NAMES",
     "QUANTIZED_TENSOR_NAMES",
     "QUANT_METHOD",
     "SCHEMES",
@@ -49,6 +57,7 @@ __all__ = [
     "CompressedTensorsConfig",
     "check_scheme",
     "ignore_entries",
+    "kv_cache_scheme",
     "quantization_config",
     "read_quantization_config",
 ]
@@ -177,8 +186,6 @@ def _validate_config(file: Path, data: Mapping[str, Any]) -> QuantizationConfig:
             f"quantization_status is {status!r}; only 'compressed' checkpoints hold packed "
             "NVFP4 weights",
         )
-    if config.kv_cache_scheme is not None:
-        raise _config_error(file, "KV-cache quantization (kv_cache_scheme) is not supported")
     if not config.config_groups:
         raise _config_error(file, "quantization_config has no config_groups")
     for name, group in config.config_groups.items():
@@ -231,6 +238,13 @@ class CompressedTensorsConfig:
         """The config's ``ignore`` entries (names or ``re:`` patterns)."""
         return tuple(self.config.ignore or ())
 
+    @property
+    def kv_cache(self) -> str | None:
+        """The KV cache kind ``kv_cache_scheme`` declares (``"fp8"``), None without one;
+        CheckpointError naming the file for a scheme vLLM 0.33 or nvfp4lab cannot run
+        (:func:`kv_cache_kind`)."""
+        return kv_cache_kind(self.config.kv_cache_scheme, self.file)
+
     def checkpoint_scheme(self) -> Scheme:
         """The one scheme of every config group; CheckpointError when they mix."""
         static = [_static_input(g) for g in self.config.config_groups.values()]
@@ -268,6 +282,70 @@ class CompressedTensorsConfig:
         return out
 
 
+#: Where a compressed-tensors checkpoint stores the KV cache's DECODE scales: ``<attn>.k_scale`` /
+#: ``<attn>.v_scale`` on the attention module, float32 ``[1]`` (compressed-tensors'
+#: ``initialize_qparams`` of a ``tensor`` strategy; ``[]`` also read); a missing one is 1.0, the
+#: ``torch.ones`` vLLM 0.33's ``CompressedTensorsKVCacheMethod.create_weights`` starts from.
+KV_CACHE_NAMES = KVCacheNames("k_scale", "v_scale", (1,), ((),), missing=1.0)
+
+
+def kv_cache_scheme(kind: str) -> dict[str, Any]:
+    """The ``kv_cache_scheme`` of a ``kind`` KV cache as compressed-tensors' ``QuantizationArgs``
+    dumps it: FP8 E4M3, one static symmetric scale per tensor (what llm-compressor writes and
+    vLLM 0.33 reads). ValueError for the NVFP4 kinds (:func:`kv_cache_refusal`)."""
+    from compressed_tensors.quantization import QuantizationArgs
+
+    problem = kv_cache_refusal(kind)
+    if problem is not None:
+        raise ValueError(problem)
+    args = QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False,
+                            symmetric=True)
+    return dict(args.model_dump(mode="json"))
+
+
+def kv_cache_refusal(kind: str) -> str | None:
+    """Why a compressed-tensors checkpoint cannot declare a ``kind`` KV cache (None: it can)."""
+    if kind == "fp8":
+        return None
+    return (f"a compressed-tensors checkpoint cannot declare an {kind} KV cache that vLLM 0.33 "
+            "loads: its CompressedTensorsKVCacheMethod.validate_kv_cache_scheme accepts "
+            "num_bits 8, type float only (an NVFP4 kv_cache_scheme fails at load); save with "
+            "format='modelopt' (kv_cache_quant_algo NVFP4)")
+
+
+def kv_cache_kind(scheme: Any, file: Path) -> str | None:
+    """The KV cache kind of a validated ``kv_cache_scheme`` (``QuantizationArgs`` or None):
+    ``"fp8"`` for 8-bit float, ``tensor`` strategy, symmetric; CheckpointError naming ``file``
+    for what vLLM 0.33 refuses (another type or size, asymmetric) or nvfp4lab does not model
+    (per-head ``attn_head`` scales, which vLLM 0.33 reduces to their max)."""
+    if scheme is None:
+        return None
+    found = (scheme.num_bits, _value(scheme.type), _value(scheme.strategy), scheme.symmetric)
+    if found[:2] != (8, "float") or not scheme.symmetric:
+        raise _config_error(
+            file, f"kv_cache_scheme is num_bits={found[0]}, type={found[1]}, symmetric="
+            f"{found[3]}; vLLM 0.33 loads an FP8 (num_bits 8, float, symmetric) scheme only")
+    if found[2] != "tensor":
+        raise _config_error(
+            file, f"kv_cache_scheme strategy is {found[2]!r}; nvfp4lab models one k / v scale "
+            "per layer (strategy 'tensor') only")
+    return "fp8"
+
+
+def _add_kv_cache_scheme(folder: Path, kind: str) -> None:
+    """Add ``quantization_config.kv_cache_scheme`` of a ``kind`` cache to ``folder/config.json``,
+    checked by compressed-tensors' own ``QuantizationConfig.model_validate``."""
+    from compressed_tensors.quantization import QuantizationConfig
+
+    file = folder / CONFIG_NAME
+    data = read_json(file)
+    block = data["quantization_config"]
+    block["kv_cache_scheme"] = kv_cache_scheme(kind)
+    fields = set(QuantizationConfig.model_fields)
+    QuantizationConfig.model_validate({k: v for k, v in block.items() if k in fields})
+    file.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+
+
 class CompressedTensors(TensorScaleForm, SafetensorsContainer):
     """The compressed-tensors ``nvfp4-pack-quantized`` format (see the module docstring)."""
 
@@ -291,6 +369,20 @@ class CompressedTensors(TensorScaleForm, SafetensorsContainer):
     def read_config(self, directory: Path) -> CompressedTensorsConfig:
         return CompressedTensorsConfig(read_quantization_config(directory),
                                        directory / CONFIG_NAME)
+
+    kv_cache_names = KV_CACHE_NAMES
+
+    def kv_cache_refusal(self, kind: str) -> str | None:
+        """Why this format cannot hold a ``kind`` KV cache (None: it can: FP8)."""
+        return kv_cache_refusal(kind)
+
+    def write_checkpoint(self, folder: Path, contents: Contents,
+                         run: TaskRunner | None = None) -> list[str]:
+        """The safetensors checkpoint, then ``kv_cache_scheme`` when ``contents.kv_cache``."""
+        written = SafetensorsContainer.write_checkpoint(self, folder, contents, run)
+        if contents.kv_cache is not None:
+            _add_kv_cache_scheme(folder, contents.kv_cache)
+        return written
 
     def write_config(self, folder: Path, scheme: Scheme, unquantized: Unquantized) -> None:
         """Add the ``quantization_config`` to ``folder/config.json`` (compressed-tensors'

@@ -98,7 +98,12 @@ from nvfp4lab.checkpoint.formats.gguf_read import (
     gguf_reader,
     one_line,
 )
-from nvfp4lab.checkpoint.formats.gguf_write import CHUNK_BYTES, WEIGHTS_FILE, write_gguf
+from nvfp4lab.checkpoint.formats.gguf_write import (
+    CHUNK_BYTES,
+    WEIGHTS_FILE,
+    kv_cache_refusal,
+    write_gguf,
+)
 from nvfp4lab.checkpoint.formats.tensor_scales import TensorScaleForm
 from nvfp4lab.checkpoint.records import ST_DTYPES, Contents, StoredWeights, TaskRunner, TensorInfo
 from nvfp4lab.checkpoint.refusals import CheckpointError
@@ -442,6 +447,8 @@ class Gguf(TensorScaleForm):
     optional_tensor_scale: str | None = NAIVE_NOTE
     #: llama.cpp keeps one tensor scale per tensor: q/k/v and gate/up are never merged
     shares_fused_scales = TENSOR_SCALE_STORAGE[format].shared_in_fused_groups
+    #: No quantized KV cache in a GGUF file (``gguf_write.kv_cache_refusal``).
+    kv_cache_refusal = staticmethod(kv_cache_refusal)
     writes_in_tasks = False
 
     def detect(self, path: Path) -> bool:

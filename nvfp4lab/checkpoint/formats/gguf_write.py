@@ -40,7 +40,7 @@ from nvfp4lab.checkpoint.rows import read_rows, tensor_bytes
 from nvfp4lab.constants import BLOCK_SIZE, GGML_NVFP4_BLOCK, GGML_NVFP4_BLOCK_BYTES
 from nvfp4lab.layout import to_ggml_nvfp4
 
-__all__ = ["CHUNK_BYTES", "WEIGHTS_FILE", "write_gguf"]
+__all__ = ["CHUNK_BYTES", "WEIGHTS_FILE", "kv_cache_refusal", "write_gguf"]
 
 #: The file ``save_pretrained`` and ``convert`` write in the checkpoint folder.
 WEIGHTS_FILE = "model.gguf"
@@ -273,7 +273,17 @@ def _hyperparameters(writer: Any, config: dict[str, Any]) -> None:
                 getattr(writer, method)(text[key])
 
 
+def kv_cache_refusal(kind: str) -> str:
+    """Why a GGUF file cannot hold a quantized KV cache of any ``kind`` (kept refused: no
+    keyword drops it; the caller removes the quantization first)."""
+    return (f"GGUF cannot hold it: a GGUF file has no KV cache kind or k / v scales (llama.cpp "
+            f"picks its cache type at run time with --cache-type-k / --cache-type-v and has no "
+            f"{kind} cache with these scales)")
+
+
 def write_gguf(folder: Path, contents: Contents) -> list[str]:
+    if contents.kv_cache is not None:
+        raise CheckpointError(kv_cache_refusal(contents.kv_cache))
     gguf = ggml_package()
     config = config_dict(contents.config_json, folder / WEIGHTS_FILE)
     names = model_names(contents.config_json)

@@ -19,7 +19,10 @@ twice:
 four keys of) and a ``quantization_config`` in ``config.json`` (``quant_method: "modelopt"``,
 compressed-tensors-like ``config_groups``, ``ignore``); vLLM reads the latter when present.
 ``quant_algo`` "NVFP4" (W4A4) and "W4A16_NVFP4" (weight-only) are read; every other algorithm
-(FP8, MIXED_PRECISION, NVFP4_AWQ, ...) and KV-cache quantization are refused.
+(FP8, MIXED_PRECISION, NVFP4_AWQ, ...) is refused. A quantized KV cache is declared as ModelOpt
+0.47 exports it (``kv_cache_quant_algo`` "FP8" / "NVFP4" in ``hf_quant_config.json``,
+``kv_cache_scheme`` in ``config.json``) with its DECODE scales in ``<attn>.k_proj.k_scale`` /
+``<attn>.v_proj.v_scale`` (:data:`KV_CACHE_NAMES`; ``docs/kv_cache.md``).
 
 nvfp4lab writes ``producer.name = "modelopt"`` because vLLM routes the ``hf_quant_config.json``
 form to its ModelOpt loader by that name; ``version`` is the export format written (0.47.0).
@@ -53,7 +56,13 @@ from typing import Any
 from torch import nn
 
 from nvfp4lab.checkpoint.formats.tensor_scales import TensorScaleForm
-from nvfp4lab.checkpoint.records import LayerNames, Unquantized
+from nvfp4lab.checkpoint.records import (
+    Contents,
+    KVCacheNames,
+    LayerNames,
+    TaskRunner,
+    Unquantized,
+)
 from nvfp4lab.checkpoint.refusals import CheckpointError, read_json
 from nvfp4lab.checkpoint.safetensors_files import (
     CONFIG_NAME,
@@ -65,6 +74,8 @@ from nvfp4lab.vocab import TENSOR_SCALE_STORAGE, CheckpointFormat, Scheme
 
 __all__ = [
     "HF_QUANT_CONFIG_NAME",
+    "KV_CACHE_ALGOS",
+    "KV_CACHE_NAMES",
     "MODELOPT_VERSION",
     "QUANT_ALGOS",
     "QUANT_METHOD",
@@ -110,6 +121,21 @@ class ModelOptConfig:
     def checkpoint_scheme(self) -> Scheme:
         return self.scheme
 
+    @property
+    def kv_cache(self) -> str | None:
+        """The KV cache kind ``kv_cache_quant_algo`` declares (``fp8``, ``nvfp4``, or
+        ``nvfp4_4over6`` where nvfp4lab recorded that write), None without one; CheckpointError
+        naming the file for an algorithm vLLM 0.33 does not map to a cache (INT8,
+        NVFP4_AFFINE, ...)."""
+        if self.kv_cache_quant_algo is None:
+            return None
+        kind = KV_CACHE_ALGOS.get(self.kv_cache_quant_algo)
+        if kind is None:
+            raise CheckpointError(
+                f"{self.file}: kv_cache_quant_algo {self.kv_cache_quant_algo!r}; vLLM 0.33 maps "
+                "FP8 and NVFP4 only (MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP), others run unquantized")
+        return kind
+
     def quantized_modules(self, model: nn.Module) -> dict[str, bool]:
         """Module name -> whether it stores an input scale: every nn.Linear not matched by
         ``exclude_modules`` (as vLLM decides), all of one scheme."""
@@ -138,8 +164,7 @@ def _group_size(block: dict[str, Any]) -> Any:
 
 
 def _from_config_json(block: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
-    kv = block.get("kv_cache_scheme")
-    kv_algo = None if not kv else f"{kv.get('type', '?')}{kv.get('num_bits', '')}".upper()
+    kv_algo = _kv_algo(block.get("kv_cache_scheme") or block.get("kv_cache_quant_algo"))
     exclude = block.get("ignore", block.get("exclude_modules", []))
     return block.get("quant_algo"), _group_size(block), exclude, kv_algo
 
@@ -165,7 +190,7 @@ def read_modelopt_config(path: str | Path) -> ModelOptConfig:
     ``quantization_config`` when it has one, else ``hf_quant_config.json``.
 
     Raises :class:`CheckpointError` naming the file for another algorithm, a group size other
-    than 16, KV-cache quantization or an ``hf_quant_config.json`` whose ``quant_algo``
+    than 16, or an ``hf_quant_config.json`` whose ``quant_algo``
     disagrees with ``config.json``'s.
     """
     directory = Path(path)
@@ -190,14 +215,12 @@ def read_modelopt_config(path: str | Path) -> ModelOptConfig:
         _check_agreement(directory, file, algo)
     if group != BLOCK_SIZE:
         raise CheckpointError(f"{file}: group_size {group!r}; NVFP4 uses blocks of {BLOCK_SIZE}")
-    if kv:
-        raise CheckpointError(
-            f"{file}: KV-cache quantization ({kv}) is not supported; nvfp4lab reads NVFP4 "
-            "Linear weights only (export without the KV-cache config)"
-        )
+    kv = _kv_algo(kv)
+    if kv == "NVFP4" and _block_of(directory, file).get(KV_4OVER6_KEY) == "nvfp4_4over6":
+        kv = "NVFP4_4OVER6"
     if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
         raise CheckpointError(f"{file}: exclude_modules / ignore must be a list of names")
-    return ModelOptConfig(key, QUANT_ALGOS[key], BLOCK_SIZE, tuple(exclude), None, file)
+    return ModelOptConfig(key, QUANT_ALGOS[key], BLOCK_SIZE, tuple(exclude), kv, file)
 
 
 def excluded(name: str, patterns: Iterable[str]) -> bool:
@@ -236,6 +259,64 @@ def config_quantization(scheme: str, exclude: Iterable[str]) -> dict[str, Any]:
     }
 
 
+#: ModelOpt ``kv_cache_quant_algo`` -> the nvfp4lab KV cache kind (``NVFP4_4OVER6``: an
+#: ``NVFP4`` cache nvfp4lab recorded as written with the 4over6 search, :data:`KV_4OVER6_KEY`).
+KV_CACHE_ALGOS: dict[str, str] = {"FP8": "fp8", "NVFP4": "nvfp4", "NVFP4_4OVER6": "nvfp4_4over6"}
+#: nvfp4lab's own key beside ``kv_cache_quant_algo`` "NVFP4" saying the cache was written with
+#: vLLM's 4over6 search (``--kv-cache-dtype nvfp4_4over6``: same layout and scales); engines
+#: ignore it.
+KV_4OVER6_KEY = "nvfp4lab_kv_cache_dtype"
+#: Where ModelOpt 0.47 stores the KV cache's DECODE scales (``postprocess_state_dict``:
+#: ``k_bmm_quantizer._amax`` -> ``<attn>.k_proj.k_scale``, float32 0-d; vLLM 0.33's
+#: ``maybe_remap_kv_scale_name`` maps it to ``<attn>.attn.k_scale``); ``[1]`` also read; a
+#: missing one follows vLLM's ``BaseKVCacheMethod`` rule.
+KV_CACHE_NAMES = KVCacheNames("k_proj.k_scale", "v_proj.v_scale", (), ((1,),), missing=None)
+
+
+def _kv_algo(kv: Any) -> str | None:
+    """A ``kv_cache_quant_algo`` string or ``kv_cache_scheme`` (string or dict: FP8 as 8-bit
+    float, NVFP4 as 4-bit float, the mapping of vLLM 0.33's ``get_kv_cache_quant_algo_string``)
+    as an upper-case algorithm name; None without one."""
+    if not kv:
+        return None
+    if isinstance(kv, dict):
+        bits, kind = kv.get("num_bits"), kv.get("type")
+        if kind == "float" and bits == 8:
+            return "FP8"
+        if kind == "float" and bits == 4:
+            return "NVFP4"
+        return f"{kind}{bits}".upper()
+    return str(kv).upper()
+
+
+def _block_of(directory: Path, file: Path) -> dict[str, Any]:
+    """The configuration object ``file`` holds (``quantization_config`` / ``quantization``)."""
+    data = read_json(file)
+    block = data.get("quantization_config" if file.name == CONFIG_NAME else "quantization")
+    return block if isinstance(block, dict) else {}
+
+
+def _kv_entries(kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(``config.json`` entries, ``hf_quant_config.json`` entries) of a ``kind`` KV cache, as
+    ModelOpt 0.47 writes them (``convert_hf_config``: FP8 as a ``kv_cache_scheme`` dict, other
+    algorithms as their name)."""
+    algo = "FP8" if kind == "fp8" else "NVFP4"
+    scheme: Any = {"dynamic": False, "num_bits": 8, "type": "float"} if algo == "FP8" else algo
+    extra = {KV_4OVER6_KEY: kind} if kind == "nvfp4_4over6" else {}
+    return {"kv_cache_scheme": scheme, **extra}, {"kv_cache_quant_algo": algo, **extra}
+
+
+def _add_kv_cache(folder: Path, kind: str) -> None:
+    """Declare a ``kind`` KV cache in both configuration files of ``folder``."""
+    in_config, in_hf = _kv_entries(kind)
+    for name, key, entries in ((CONFIG_NAME, "quantization_config", in_config),
+                               (HF_QUANT_CONFIG_NAME, "quantization", in_hf)):
+        data = read_json(folder / name)
+        data[key].update(entries)
+        with open(folder / name, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=4)
+
+
 class ModelOpt(TensorScaleForm, SafetensorsContainer):
     """The ModelOpt NVFP4 format (see the module docstring)."""
 
@@ -268,6 +349,20 @@ class ModelOpt(TensorScaleForm, SafetensorsContainer):
 
     def read_config(self, directory: Path) -> ModelOptConfig:
         return read_modelopt_config(directory)
+
+    kv_cache_names = KV_CACHE_NAMES
+
+    def kv_cache_refusal(self, kind: str) -> str | None:
+        """None: ModelOpt declares every nvfp4lab KV cache kind (FP8, NVFP4)."""
+        return None
+
+    def write_checkpoint(self, folder: Path, contents: Contents,
+                         run: TaskRunner | None = None) -> list[str]:
+        """The safetensors checkpoint, then the KV cache algorithm when ``contents.kv_cache``."""
+        written = SafetensorsContainer.write_checkpoint(self, folder, contents, run)
+        if contents.kv_cache is not None:
+            _add_kv_cache(folder, contents.kv_cache)
+        return written
 
     def write_config(self, folder: Path, scheme: Scheme, unquantized: Unquantized) -> None:
         """Add the ``quantization_config`` to ``folder/config.json`` and write
