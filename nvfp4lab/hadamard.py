@@ -10,19 +10,31 @@ so for ``x [..., K]`` and ``W [N, K]``::
 A quantized GEMM therefore rotates BOTH operands with the same ``seed`` and quantizes the rotated
 tensors; each 16-point Hadamard mixes exactly one NVFP4 block, spreading an outlier over its
 block. The transform is computed in float32 and cast back to the input dtype.
+
+A :class:`BlockRotation` is the other kind of rotation ``hadamard=`` accepts wherever a seed is
+accepted: compressed-tensors' transform with ``head_dim = b``, ONE ``b x b`` matrix ``M`` (±1
+entries) repeated along K, ``x -> x · blockdiag(M, ..., M) / sqrt(b)``, computed as
+compressed-tensors computes it (``precision``, float32 by default). It is what a
+compressed-tensors ``transform_config`` stores and vLLM runs (a seed's per-K signs are not: they
+differ from block to block). :func:`ct_rotation` builds compressed-tensors' own matrices.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from nvfp4lab.vocab import SUPPORTED_DTYPES
 
 __all__ = [
+    "CT_DEFAULT_SEED",
+    "CT_KINDS",
     "HADAMARD_SIZE",
+    "BlockRotation",
     "check_seed",
+    "ct_rotation",
     "hadamard_matrix",
     "hadamard_of_order",
     "hadamard_transform",
@@ -33,6 +45,7 @@ __all__ = [
     "rotated_matmul",
     "rotation_blocks",
     "rotation_matrix",
+    "sylvester_matrix",
 ]
 
 #: Points of the block-diagonal Hadamard (one NVFP4 block).
@@ -43,10 +56,14 @@ _FLOAT_DTYPES = (*SUPPORTED_DTYPES, torch.float64)
 
 
 def check_seed(seed: object, what: str = "hadamard") -> int:
-    """Return ``seed`` if it is a non-negative int, else raise ValueError naming ``what``."""
+    """Return ``seed`` if it is a non-negative int (or a :class:`BlockRotation`, returned as it
+    is), else raise ValueError naming ``what``."""
+    if isinstance(seed, BlockRotation):
+        return seed  # type: ignore[return-value]
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(
-            f"{what} must be a non-negative integer seed (or None to disable), got {seed!r}"
+            f"{what} must be a non-negative integer seed or a BlockRotation (or None to "
+            f"disable), got {seed!r}"
         )
     return seed
 
@@ -73,6 +90,8 @@ def random_signs(
 
     The same ``(k, seed)`` gives the same vector on every device and platform.
     """
+    if isinstance(seed, BlockRotation):
+        raise ValueError(f"hadamard must be an integer seed to draw signs from, got {seed!r}")
     check_seed(seed)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     bits = torch.randint(0, 2, (k,), generator=gen, dtype=torch.int64)
@@ -98,7 +117,11 @@ def hadamard_transform(
 
     ``x``: float ``[..., K]`` with ``K % block == 0``. Computed in float32 (float64 stays
     float64). ``hadamard_transform(hadamard_transform(x, s), s, inverse=True) ≈ x``.
+    ``seed`` may be a :class:`BlockRotation` (``block`` is then its own size):
+    :meth:`BlockRotation.apply`.
     """
+    if isinstance(seed, BlockRotation):
+        return seed.apply(x, inverse=inverse)
     _check_k(x, block)
     check_seed(seed)
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -118,6 +141,8 @@ def rotation_matrix(
     k: int, seed: int, *, block: int = HADAMARD_SIZE, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """The dense ``[K, K]`` matrix ``Q`` of :func:`hadamard_transform` (for tests and figures)."""
+    if isinstance(seed, BlockRotation):
+        block = seed.size
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % block:
         raise ValueError(f"K must be a positive multiple of {block}, got {k!r}")
     return hadamard_transform(torch.eye(k, dtype=dtype), seed, block=block)
@@ -131,8 +156,9 @@ def rotate_gemm_operands(
     ``x``: ``[..., K]``; ``weight``: ``[N, K]`` (nn.Linear layout). ``(xQ)(WQ)^T == x W^T``
     up to float rounding.
     """
-    _check_k(x, HADAMARD_SIZE)
-    _check_k(weight, HADAMARD_SIZE)
+    block = seed.size if isinstance(seed, BlockRotation) else HADAMARD_SIZE
+    _check_k(x, block)
+    _check_k(weight, block)
     if weight.ndim != 2 or weight.shape[-1] != x.shape[-1]:
         raise ValueError(
             f"weight must be [N, K] with K = x.shape[-1] = {x.shape[-1]}, got "
@@ -253,7 +279,10 @@ def rotate(
     ``D`` the seeded signs of :func:`random_signs` and ``H_b`` :func:`hadamard_of_order` of
     ``b = block`` (None: ``b = K``, a full-size rotation). For a power-of-two block it is
     :func:`hadamard_transform` itself (same bits); otherwise ``H_m ⊗ H_p`` is applied as two
-    small products. Computed in float32 (float64 stays float64); same shape and dtype."""
+    small products. Computed in float32 (float64 stays float64); same shape and dtype.
+    A :class:`BlockRotation` ``seed`` is applied by itself (its own block; ``block`` unused)."""
+    if isinstance(seed, BlockRotation):
+        return seed.apply(x, inverse=inverse)
     if not isinstance(x, torch.Tensor) or x.ndim == 0:
         raise TypeError(f"expected a torch.Tensor with a last dimension K, got {type(x).__name__}")
     size = rotation_blocks(x.shape[-1], block)
@@ -277,3 +306,154 @@ def rotate(
     if inverse:
         v = v * signs
     return v.to(x.dtype)
+
+
+# -- compressed-tensors' block transforms ---------------------------------------------------------
+
+#: The seed of a fresh ``torch.Generator()``: compressed-tensors' ``apply_transform_config``
+#: builds its factories without a seed, so a "random-hadamard" scheme draws its signs from it.
+CT_DEFAULT_SEED: int = 67280421310721
+#: compressed-tensors' transform types nvfp4lab runs (``TransformScheme.type``).
+CT_KINDS: tuple[str, ...] = ("hadamard", "random-hadamard")
+_PRECISIONS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def sylvester_matrix(n: int) -> torch.Tensor:
+    """The ±1 Sylvester Hadamard matrix int64 ``[n, n]`` (``n`` a power of two), unnormalized."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1):
+        raise ValueError(f"Hadamard size must be a power of two >= 1, got {n!r}")
+    h = torch.ones(1, 1, dtype=torch.int64)
+    while h.shape[0] < n:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return h
+
+
+@dataclass(frozen=True)
+class BlockRotation:
+    """compressed-tensors' Hadamard transform with ``head_dim = size``: ``x -> x · R`` along K,
+    ``R = blockdiag(M, ..., M) / sqrt(size)``, ``M`` a ``size x size`` ±1 Hadamard matrix
+    (``M Mᵀ = size·I``, so ``R`` is orthogonal).
+
+    ``kind``: the ``TransformScheme.type`` ("hadamard": ``M`` is Sylvester's; "random-hadamard":
+    any ±1 Hadamard matrix, compressed-tensors' ``diag(signs) · H``); ``entries``: ``M``
+    row-major as int8 bytes (what a checkpoint stores as ``<layer>.<group>_input.weight``);
+    ``precision``: the dtype the online transform computes in (``TransformScheme.precision``).
+    Hashable and compared by value, so it serves wherever a Hadamard seed is accepted
+    (``hadamard=`` of :func:`nvfp4lab.quantize`, ``NVFP4Linear``, ``quantize_model``).
+    """
+
+    kind: str
+    size: int
+    entries: bytes
+    precision: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.kind not in CT_KINDS:
+            raise ValueError(f"BlockRotation kind must be one of {CT_KINDS}, got {self.kind!r}")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"BlockRotation size must be a positive int, got {self.size!r}")
+        if self.precision not in _PRECISIONS:
+            raise ValueError(f"BlockRotation precision must be one of {_PRECISIONS}, got "
+                             f"{self.precision!r}")
+        if not isinstance(self.entries, bytes) or len(self.entries) != self.size**2:
+            raise ValueError(f"BlockRotation entries must be {self.size**2} bytes (an int8 "
+                             f"{self.size}x{self.size} matrix)")
+        m = self.matrix(torch.int64)
+        if not bool(((m == 1) | (m == -1)).all()):
+            raise ValueError(f"a {self.kind} matrix holds only ±1 entries; this one does not")
+        if not torch.equal(m @ m.T, self.size * torch.eye(self.size, dtype=torch.int64)):
+            raise ValueError(f"the {self.size}x{self.size} matrix is not a Hadamard matrix "
+                             "(M Mᵀ != size·I): the rotation would not be orthogonal")
+        if self.kind == "hadamard" and not (
+            self.size & (self.size - 1) == 0 and torch.equal(m, sylvester_matrix(self.size))
+        ):
+            raise ValueError("a 'hadamard' transform is Sylvester's matrix (vLLM runs it with "
+                             "hadacore, whatever is stored); this matrix is not: use kind "
+                             "'random-hadamard'")
+
+    @classmethod
+    def from_matrix(cls, kind: str, matrix: torch.Tensor,
+                    precision: torch.dtype = torch.float32) -> BlockRotation:
+        """From a stored ``[b, b]`` matrix of exact ±1 values (any dtype)."""
+        if not isinstance(matrix, torch.Tensor) or matrix.ndim != 2 or (
+            matrix.shape[0] != matrix.shape[1]
+        ):
+            shape = tuple(matrix.shape) if isinstance(matrix, torch.Tensor) else type(matrix)
+            raise ValueError(f"a transform matrix must be square [b, b], got {shape}")
+        values = matrix.detach().to("cpu", torch.float64)
+        if not bool(((values == 1) | (values == -1)).all()):
+            raise ValueError(f"a {kind} matrix holds only ±1 entries; this one does not (a "
+                             "normalized matrix? compressed-tensors stores it unnormalized)")
+        data = values.to(torch.int8).contiguous().numpy().tobytes()
+        return cls(kind, int(matrix.shape[0]), data, precision)
+
+    def matrix(self, dtype: torch.dtype = torch.float32,
+               device: torch.device | str | None = None) -> torch.Tensor:
+        """``M``, ``[size, size]`` of ±1 in ``dtype`` (unnormalized, as checkpoints store it)."""
+        m = torch.frombuffer(bytearray(self.entries), dtype=torch.int8)
+        return m.reshape(self.size, self.size).to(dtype=dtype, device=device)
+
+    def apply(self, x: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
+        """``x R`` (``x Rᵀ`` with ``inverse``) along the last dim, in compressed-tensors' order:
+        ``(x.to(p) @ M) / sqrt(size)`` per block of ``size``, ``p`` the precision (float64 input
+        stays float64), then cast back to ``x.dtype``. ``x``: float ``[..., K]``, K a multiple
+        of ``size``."""
+        _check_k(x, self.size)
+        work = torch.float64 if x.dtype == torch.float64 else self.precision
+        m = self.matrix(work, x.device)
+        if inverse:
+            m = m.T
+        v = x.to(work)
+        if v.shape[-1] == self.size:
+            v = v @ m
+        else:
+            v = (v.unflatten(-1, (-1, self.size)) @ m).flatten(-2, -1)
+        scale = torch.tensor(self.size, dtype=torch.float64).sqrt()
+        return (v / scale).to(x.dtype)
+
+    def dense(self, k: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """The ``[K, K]`` matrix ``R`` (normalized), K a multiple of ``size``."""
+        return self.apply(torch.eye(k, dtype=dtype))
+
+    def __repr__(self) -> str:
+        digest = sum(b * 31**i for i, b in enumerate(self.entries)) % 16**8
+        precision = str(self.precision).removeprefix("torch.")
+        return (f"BlockRotation({self.kind!r}, size={self.size}, precision={precision}, "
+                f"matrix={digest:08x})")
+
+
+def ct_rotation(
+    kind: str = "random-hadamard",
+    size: int = HADAMARD_SIZE,
+    *,
+    seed: int | None = None,
+    precision: torch.dtype = torch.float32,
+) -> BlockRotation:
+    """compressed-tensors' own transform matrix for a scheme ``TransformScheme(type=kind,
+    head_dim=size, precision=precision)``, built from its definition.
+
+    "hadamard": Sylvester's ±1 matrix. "random-hadamard": ``diag(s) · H`` with ``H`` Sylvester's
+    matrix and ``s = 2·randint(0, 2, [size]) - 1`` drawn first from a ``torch.Generator`` seeded
+    with ``seed`` (None: a fresh generator, :data:`CT_DEFAULT_SEED`, as
+    ``apply_transform_config`` builds it). Sizes are powers of two; compressed-tensors builds a
+    random-hadamard of size 32 (and of non-powers of two) from a tabulated, non-Sylvester
+    matrix, which nvfp4lab reads from a checkpoint (:meth:`BlockRotation.from_matrix`) but does
+    not build.
+    """
+    if kind not in CT_KINDS:
+        raise ValueError(f"kind must be one of {CT_KINDS}, got {kind!r}")
+    h = sylvester_matrix(size)
+    if kind == "random-hadamard":
+        if size == 32:
+            raise ValueError("compressed-tensors builds a random-hadamard of size 32 from a "
+                             "tabulated (non-Sylvester) matrix that nvfp4lab does not build; "
+                             "use size 16, 64 or 128")
+        gen = torch.Generator()
+        if seed is not None:
+            gen.manual_seed(check_seed(seed, "seed"))
+        bits = torch.randint(0, 2, (size,), generator=gen, dtype=torch.float64)
+        h = (bits * 2 - 1).to(torch.int64)[:, None] * h
+    elif seed is not None:
+        raise ValueError("seed applies to kind 'random-hadamard' only (a 'hadamard' transform "
+                         "has no random part)")
+    return BlockRotation.from_matrix(kind, h, precision)
