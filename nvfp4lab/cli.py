@@ -18,6 +18,10 @@ from typing import Any
 
 from nvfp4lab import cli_start
 from nvfp4lab.cli_study import add_study, run_study_command
+from nvfp4lab.cli_support import INPUT_ERRORS as _INPUT_ERRORS
+from nvfp4lab.cli_support import as_flag as _as_flag
+from nvfp4lab.cli_support import error_line as _error
+from nvfp4lab.cli_support import path_text
 
 __all__ = ["COMMANDS", "INTERRUPTED_EXIT", "Command", "build_parser", "main", "parse_assignment"]
 
@@ -36,14 +40,6 @@ class Command:
 #: Exit status of a command stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2 (also
 #: while the command line starts: :mod:`nvfp4lab.cli_start`).
 INTERRUPTED_EXIT = cli_start.INTERRUPTED_EXIT
-
-
-def path_text(text: str) -> str:
-    """A path argument as given; an empty one is an error (``Path("")`` is the current folder,
-    which ``audit ""`` used to audit)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path; pass a folder or file")
-    return text
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -176,26 +172,6 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 # -- audit and convert -------------------------------------------------------------------------
-
-
-def _error(command: str, exc: BaseException) -> int:
-    """Print ``nvfp4lab <command>: <message>`` (one line) on stderr; exit status 2."""
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    print(f"nvfp4lab {command}: {str(text).splitlines()[0] if text else type(exc).__name__}",
-          file=sys.stderr)
-    return 2
-
-
-#: What a bad input raises in audit / convert (reported in one line, never a traceback).
-_INPUT_ERRORS = (ValueError, OSError, ImportError, KeyError)
-
-
-def _as_flag(exc: BaseException, keyword: str, flag: str) -> BaseException:
-    """``exc`` with the library's ``keyword='value'`` said as the command's ``flag value``."""
-    import re
-
-    text = re.sub(rf"\b{keyword}='([^']*)'", rf"{flag} \1", str(exc))
-    return exc if text == str(exc) else type(exc)(text)
 
 
 def _add_where(parser: argparse.ArgumentParser) -> None:

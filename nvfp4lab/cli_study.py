@@ -26,7 +26,7 @@ OUTPUTS: tuple[str, ...] = ("study.csv", "study.json", "study.html")
 
 def add_study(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``nvfp4lab study``."""
-    from nvfp4lab.cli import path_text
+    from nvfp4lab.cli_support import path_text
 
     parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
                         help="a model folder (config.json + safetensors, sharded or not; a "
@@ -106,7 +106,7 @@ def render_page(out: Path, title: str) -> Path:
 
 def run_study_command(args: argparse.Namespace) -> int:
     """Run the study; exit 0, or 2 on bad input (one line)."""
-    from nvfp4lab.cli import _INPUT_ERRORS, _error
+    from nvfp4lab.cli_support import INPUT_ERRORS, error_line
     from nvfp4lab.studies.llm_study import RESULTS_CSV, RESULTS_JSON, plan_study, run_study
 
     made = args.out is not None and not Path(args.out).exists()
@@ -122,9 +122,9 @@ def run_study_command(args: argparse.Namespace) -> int:
         if out is not None:
             written = list(result.save(out))
             written.append(render_page(out, f"NVFP4 on {plan.source.name}"))
-    except _INPUT_ERRORS as exc:
+    except INPUT_ERRORS as exc:
         _clean(out, made, written)
-        return _error("study", exc)
+        return error_line("study", exc)
     except KeyboardInterrupt:
         _clean(out, made, written)
         raise

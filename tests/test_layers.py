@@ -53,6 +53,7 @@ ROOT: dict[str, str] = {
     "cli": "faces",
     "cli_start": "faces",
     "cli_study": "faces",
+    "cli_support": "faces",
     # deprecated aliases of nvfp4lab/report/ (one release)
     "reports": "faces",
     "report_kernels": "faces",

