@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nvfp4lab import gpus, settings
-from nvfp4lab.execution import llama_cpp_rules, vllm_rules, vllm_select
+from nvfp4lab.execution import llama_cpp_rules, vllm_rules, vllm_select, vllm_transform
 from nvfp4lab.execution.vllm_rules import parse_emulation_switch
 from nvfp4lab.settings import BACKEND_ENV, EMULATION_ENV, VLLM_ENV_VARS
 from nvfp4lab.vocab import (
@@ -112,7 +112,7 @@ class BackendChoice:
     result of that release's path), ``ignored`` (variables set but not read, each a sentence),
     ``steps`` (the rule steps, each with its source). ``engine``: "vllm", or "llama.cpp" (then
     ``kernel``, ``numerics``, ``steps`` and ``ignored`` are llama.cpp's, ``vllm`` is "" and
-    ``era`` the llama.cpp release; module docstring).
+    ``era`` the llama.cpp release; module docstring). ``transform``: vLLM's rotation path.
     """
 
     name: str
@@ -136,6 +136,7 @@ class BackendChoice:
     ignored: tuple[str, ...] = field(default=())
     steps: tuple[str, ...] = field(default=())
     engine: str = Engine.VLLM.value
+    transform: vllm_transform.TransformOutcome | None = None
 
     @property
     def supported(self) -> bool:
@@ -153,8 +154,6 @@ def parse_backend_override(value: str | None) -> str:
         return str(check_choice(f"{BACKEND_ENV} value", name, Backend, extra=(AUTO,)))
     except ValueError as err:
         raise ValueError(f"{err} (unset = auto); got {BACKEND_ENV}={value!r}") from None
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,6 +428,7 @@ def select_backend(
     scheme: str = Scheme.NVFP4,
     packages: Iterable[str] | None = None,
     engine: str = Engine.VLLM,
+    rotation: object = None,
 ) -> BackendChoice:
     """Choose the NVFP4 linear backend and say what vLLM (or llama.cpp) would do (see the module
     docstring).
@@ -443,7 +443,7 @@ def select_backend(
     humming, b12x, fbgemm); None = what ``pip install vllm`` of that release brings.
     ``engine``: "vllm" (default) or "llama.cpp" (llama.cpp's path on the device; ``vllm``,
     ``linear_backend`` and ``packages`` are vLLM's and must stay None; llama.cpp quantizes
-    activations whatever the ``scheme``).
+    activations whatever the ``scheme``). ``rotation`` ("input:hadamard-16"): ``transform``.
     Raises ValueError for values vLLM itself rejects (a bad variable the release reads, an
     unknown ``--linear-backend``) and for a bad ``NVFP4LAB_BACKEND``.
     """
@@ -451,7 +451,7 @@ def select_backend(
     override = parse_backend_override(variables.get(BACKEND_ENV))
     if check_choice("engine", engine, Engine) == Engine.LLAMA_CPP:
         given = [k for k, v in (("vllm", vllm), ("linear_backend", linear_backend),
-                                ("packages", packages)) if v is not None]
+                                ("packages", packages), ("rotation", rotation)) if v is not None]
         if given:
             raise ValueError(
                 f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} vLLM's; "
@@ -480,7 +480,7 @@ def select_backend(
         name = override
     reads_switch = not any(s.startswith(EMULATION_ENV) for s in ignored) and (
         vllm_rules.VARIABLES[EMULATION_ENV].read_by(rel))
-    return BackendChoice(
+    return vllm_transform.attach(BackendChoice(
         name=str(name),
         reason=_reason(target, outcome, rel, f"{era.key} {era.title}", ignored, note, override),
         device=target.where,
@@ -501,7 +501,7 @@ def select_backend(
         defect=outcome.defect,
         ignored=ignored,
         steps=outcome.steps,
-    )
+    ), req, outcome, rotation)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,13 +38,20 @@ from nvfp4lab.vocab import Numerics, Platform, Scheme, VllmAlias, VllmPackage, c
 __all__ = [
     "ERAS",
     "FIRST_MODELLED",
+    "HADACORE_FIRST",
     "KERNELS",
     "LATEST_MODELLED",
     "MODELLED_RELEASES",
+    "QUTLASS_BLOCKS",
+    "QUTLASS_GEMM_BACKENDS",
+    "QUTLASS_UNROUNDED_SCALE_BLOCKS",
     "SEED_RELEASE",
+    "TRANSFORM_ERAS",
+    "TRANSFORM_VERIFIED",
     "VARIABLES",
     "Era",
     "Kernel",
+    "TransformEra",
     "Variable",
     "default_packages",
     "era_of",
@@ -53,6 +60,7 @@ __all__ = [
     "parse_emulation_switch",
     "parse_flag",
     "release",
+    "transform_era_of",
     "version",
 ]
 
@@ -447,3 +455,84 @@ def check_packages(packages: object) -> frozenset[VllmPackage]:
     return frozenset(
         VllmPackage(check_choice("package", p, VllmPackage)) for p in packages  # type: ignore[attr-defined]
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Online transforms (compressed-tensors ``transform_config``): the rotated NVFP4 path
+# ---------------------------------------------------------------------------------------------
+
+_CT_TF = "layers/quantization/compressed_tensors/transform/"
+
+
+@dataclass(frozen=True)
+class TransformEra:
+    """Releases that treat an online ``input`` transform of an NVFP4 W4A4 layer the same way.
+    ``verified``: the rule was read in that era's wheel (else inferred from PR merge dates)."""
+
+    key: str
+    first: str
+    last: str
+    title: str
+    rule: str
+    source: str
+    verified: bool
+
+    def contains(self, rel: str) -> bool:
+        return version(self.first) <= version(rel) <= version(self.last)
+
+
+TRANSFORM_ERAS: tuple[TransformEra, ...] = (
+    TransformEra("T0", "0.9.1", "0.10.1.1", "no transforms",
+                 "transform_config is not read: the stored rotated weights W·Q meet unrotated "
+                 "activations (wrong outputs, no error)",
+                 "PR #22486 (opened 2025-08-08) added transforms; first release inferred from "
+                 "its merge date", False),
+    TransformEra("T1", "0.10.2", "0.26.0", "generic transforms, QuTLASS stub",
+                 "HadamardTransform rotates x (hadacore for type 'hadamard' from 0.11.0, PR "
+                 "#24106; else a dense GEMM in the model dtype), then the release's NVFP4 kernel "
+                 "with the static input_global_scale; a single-partition layer with head_dim 16 "
+                 "takes the QuTLASS stub, whose apply is not implemented (the first forward fails)",
+                 _CT_TF + "linear.py, module.py, schemes/linear_qutlass_nvfp4.py (stub); PRs "
+                 "#22486, #24106", False),
+    TransformEra("T2", "0.27.0", "0.33.0", "QuTLASS NVFP4 path",
+                 "cc >= 10.0 and every partition's head_dim in 16/32/64/128: fusedQuantizeNv "
+                 "(rotate + quantize, block scales = amax, global scale 6.0) then "
+                 "flashinfer_scaled_fp4_mm with alpha = (1/weight_global_scale)/6; else T1's "
+                 "generic path (hadacore / dense GEMM + the NVFP4 kernel)",
+                 _CT_TF + "linear.py@0.33.0 L51-57, schemes/linear_qutlass_nvfp4.py@0.33.0 "
+                 "L210-334; PR #43229 (merged in the week ending 2026-07-31; 0.27.0 is the first "
+                 "release after it, read from the wheel only for 0.33.0)", False),
+)  # fmt: skip
+
+#: Releases whose transform rules were read in the wheel itself.
+TRANSFORM_VERIFIED: tuple[str, ...] = ("0.33.0",)
+#: The first release running vLLM's ``hadacore_transform`` for type "hadamard" (PR #24106).
+HADACORE_FIRST = "0.11.0"
+#: Block sizes (``TransformScheme.head_dim``) QuTLASS's fusedQuantizeNv implements for NVFP4
+#: (linear_qutlass_nvfp4.py@0.33.0 L210-223; qutlass bindings.cpp fusedQuantizeNvAbsMax).
+QUTLASS_BLOCKS: tuple[int, ...] = (16, 32, 64, 128)
+#: The registry kernels the QuTLASS path can hand its GEMM to, with the FlashInfer backend name
+#: it passes (``_get_flashinfer_gemm_backend``, linear_qutlass_nvfp4.py@0.33.0 L254-270: the
+#: ``flashinfer_*`` keys of ``_LINEAR_BACKEND_KERNEL_MAP``, "cutedsl" spelled "cute-dsl"); any
+#: other kernel fails at load with "QutlassNvFP4 transform requires a FlashInfer kernel".
+QUTLASS_GEMM_BACKENDS: dict[str, str] = {
+    "FlashInferCutlassNvFp4LinearKernel": "cutlass",
+    "FlashInferCuteDslNvFp4LinearKernel": "cute-dsl",
+    "FlashInferTrtllmNvFp4LinearKernel": "trtllm",
+    "FlashInferCudnnNvFp4LinearKernel": "cudnn",
+    "FlashInferB12xNvFp4LinearKernel": "b12x",
+}
+#: QuTLASS's fusedQuantizeNvAbsMax for head_dim 128 runs its SM100 kernel when vLLM builds it
+#: with TARGET_CUDA_ARCH=100 (cmake: any 10.x arch in the build; the 0.33.0 wheel's
+#: _qutlass_C names ``-arch sm_100f``), whose epilogue scales the elements by the UNROUNDED
+#: block scale (sm100_visitor_store_tma_warpspecialized.hpp L127-150, L570); the other sizes run
+#: the SM80-style epilogue, which rounds the scale to E4M3 first (epilogue_quant.h L1674-1678).
+QUTLASS_UNROUNDED_SCALE_BLOCKS: tuple[int, ...] = (128,)
+
+
+def transform_era_of(rel: str) -> TransformEra:
+    """The :data:`TRANSFORM_ERAS` entry holding release ``rel`` (normalised)."""
+    for era in TRANSFORM_ERAS:
+        if era.contains(rel):
+            return era
+    raise ValueError(f"no transform era holds vLLM {rel}")
