@@ -63,6 +63,8 @@ _SUBMODULES = (
     "checkpoint",
     "cli",
     "cli_start",
+    "cli_study",
+    "cli_support",
     "blocks",
     "codec",
     "constants",
@@ -77,6 +79,7 @@ _SUBMODULES = (
     "inputs",
     "kernels",
     "layout",
+    "local_models",
     "metrics",
     "models",
     "notebook_imports",  # deprecated alias of a module of nvfp4lab.report
@@ -96,6 +99,7 @@ _SUBMODULES = (
     "settings",
     "studies",
     "tensor",
+    "texts",
     "vocab",
 )
 
