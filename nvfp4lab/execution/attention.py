@@ -71,6 +71,7 @@ from nvfp4lab.execution.kv_cache import KV_BLOCK_SIZE, kv_cache_kind, kv_global_
 from nvfp4lab.vocab import KVCacheKind
 
 __all__ = [
+    "CALIBRATED",
     "KV_ATTENTION_PREFIX",
     "SUPPORTED_MODEL_TYPES",
     "WRAPPED_IMPLEMENTATIONS",
@@ -84,6 +85,10 @@ __all__ = [
     "quantize_kv_cache",
     "remove_kv_cache_quantization",
 ]
+
+#: ``KVCacheOptions(kind, scales=CALIBRATED)``: k / v scales calibrated from the calibration
+#: batches (:mod:`nvfp4lab.execution.kv_calibration`).
+CALIBRATED = "calibrated"
 
 #: Called by :func:`observe_attention` with ``(module, query, key, value)`` at every attention
 #: call, key / value as the cache gives them back (after the KV quantization, if any).
@@ -107,14 +112,25 @@ class KVCacheOptions:
     ``fp8``) or vLLM's alias ``fp8_e4m3``, checked here and held as a ``KVCacheKind``.
     ``scales``: the per-layer DECODE scales ``k_scale`` / ``v_scale`` as
     :func:`quantize_kv_cache`'s ``kv_scales`` takes them (:data:`KVScales`, checked against the
-    model there); None: 1.0 for every layer, vLLM 0.33's value without checkpoint scales.
+    model there); None: 1.0 for every layer, vLLM 0.33's value without checkpoint scales;
+    :data:`CALIBRATED` (``"calibrated"``): computed from ``quantize_model``'s ``calibration=``
+    batches by :func:`~nvfp4lab.execution.kv_calibration.calibrate_kv_scales` (amax / 448 per
+    layer and side, as llm-compressor and ModelOpt compute them).
     """
 
     kind: str
-    scales: KVScales | None = None
+    scales: KVScales | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", kv_cache_kind(self.kind, "KVCacheOptions kind"))
+        if isinstance(self.scales, str) and self.scales != CALIBRATED:
+            raise ValueError(f"KVCacheOptions scales {self.scales!r}: pass {CALIBRATED!r}, a "
+                             "mapping {layer_idx or name: (k_scale, v_scale)}, a callable or None")
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the scales are to be calibrated (``scales="calibrated"``)."""
+        return self.scales == CALIBRATED
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,11 @@ def _resolve_scales(
     """Attention name -> (k_scale, v_scale, source), by vLLM's rules (:func:`kv_global_scale`),
     each checked up front for a ``kind`` cache (ValueError naming the layer and the value)."""
     out: dict[str, tuple[float, float, str]] = {}
+    if kv_scales == CALIBRATED:
+        raise ValueError(
+            "kv_scales='calibrated' is computed from calibration batches: pass "
+            "calibrate_kv_scales(model, batches, kind) here, or quantize_model(..., kv_cache="
+            "KVCacheOptions(kind, scales='calibrated'), calibration=batches)")
     if kv_scales is not None and not (callable(kv_scales) or isinstance(kv_scales, Mapping)):
         raise TypeError(
             "kv_scales must be a mapping {attention name or layer_idx: scale or (k_scale, "

@@ -31,6 +31,7 @@ from nvfp4lab.execution.calibrate import calibration_batches
 from nvfp4lab.execution.gptq import GPTQOptions
 from nvfp4lab.execution.gptq_model import sequential_gptq
 from nvfp4lab.execution.kv_cache import kv_cache_kind
+from nvfp4lab.execution.kv_calibration import calibrated_kv_options
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.quantize_report import (
     IgnoreSpec,
@@ -351,7 +352,10 @@ def quantize_model(
     head and token, in 16-value blocks along head_dim
     (:func:`~nvfp4lab.execution.attention.quantize_kv_cache`: transformers Llama / Qwen3 models,
     ``sdpa`` or ``eager`` attention; other models raise). The kind and scales of each layer are
-    in ``report.kv_cache``. The query stays unquantized (vLLM's FP8 query on SM100 paths is not
+    in ``report.kv_cache``; ``KVCacheOptions(kind, scales="calibrated")`` computes them from
+    ``calibration`` first (amax / 448 per layer and side,
+    :func:`~nvfp4lab.execution.kv_calibration.calibrate_kv_scales`, also with "rtn" and
+    ``backend=None``). The query stays unquantized (vLLM's FP8 query on SM100 paths is not
     modelled). The KV cache is set before the Linear layers are replaced, so GPTQ calibrates on
     the model with its KV cache quantized, as it will run. ``backend=None``: quantize only the
     KV cache and leave every Linear layer as it is (the "FP8 KV" / "NVFP4 KV" alone
@@ -363,6 +367,8 @@ def quantize_model(
     """
     quant_method = vocab.check_choice("method", method, QuantMethod)
     kv = _kv_cache_options(kv_cache, kv_scales)
+    kv, calibration = calibrated_kv_options(  # scales="calibrated": from the model as it is
+        model, kv, calibration, keep=quant_method != QuantMethod.RTN)
     if backend is None:
         return _kv_cache_only(model, kv, quant_method, calibration, gptq, ignore)
     vocab.check_choice("backend", backend, vocab.Backend, extra=(AUTO,))
