@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nvfp4lab.execution import quantize_model
+from nvfp4lab.execution import KVCacheOptions, quantize_model
 from nvfp4lab.execution.calibrate import calibration, run_batch
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
@@ -77,7 +77,9 @@ class LLMConfig:
     """One configuration: ``backend`` of the Linear layers (``None``: none quantized, the KV
     cache only), ``method`` (``rtn`` / ``gptq``), ``rotation`` (GPTQ on block-Hadamard-rotated
     weights), ``input_scales`` (:data:`DYNAMIC` or :data:`CALIBRATED`, W4A4 only), ``kv_cache``
-    (a :class:`~nvfp4lab.vocab.KVCacheKind` value or ``None``), ``convention`` (the weights'
+    (a :class:`~nvfp4lab.vocab.KVCacheKind` value or ``None``), ``kv_scales`` (None: vLLM
+    0.33's 1.0; :data:`CALIBRATED`: amax / 448 per layer from the calibration text,
+    ``execution.kv_calibration``), ``convention`` (the weights'
     arithmetic order: a :class:`~nvfp4lab.vocab.OrderName` name or an
     :class:`~nvfp4lab.orders.ArithmeticOrder`; ``studies.llm_llama_cpp`` compares them)."""
 
@@ -88,6 +90,7 @@ class LLMConfig:
     input_scales: str = DYNAMIC
     kv_cache: str | None = None
     convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL
+    kv_scales: str | None = None
 
     @property
     def weights(self) -> str:
@@ -105,8 +108,16 @@ class LLMConfig:
         return self.method
 
     @property
+    def kv_options(self) -> str | KVCacheOptions | None:
+        """``quantize_model``'s ``kv_cache=``: the kind, or ``KVCacheOptions(kind,
+        scales="calibrated")`` when ``kv_scales`` is :data:`CALIBRATED`."""
+        if self.kv_cache is None or self.kv_scales is None:
+            return self.kv_cache
+        return KVCacheOptions(self.kv_cache, scales=self.kv_scales)
+
+    @property
     def needs_calibration(self) -> bool:
-        return self.method == QuantMethod.GPTQ or (
+        return self.kv_scales == CALIBRATED or self.method == QuantMethod.GPTQ or (
             self.backend == Backend.EMULATION and self.input_scales == CALIBRATED)
 
 
@@ -122,6 +133,10 @@ def configurations(*, smoke: bool = False) -> list[LLMConfig]:
         LLMConfig("KV nvfp4", None, kv_cache=KVCacheKind.NVFP4),
         LLMConfig("KV nvfp4_4over6", None, kv_cache=KVCacheKind.NVFP4_4OVER6),
         LLMConfig("KV fp8", None, kv_cache=KVCacheKind.FP8),
+        LLMConfig("KV nvfp4, calibrated scales", None, kv_cache=KVCacheKind.NVFP4,
+                  kv_scales=CALIBRATED),
+        LLMConfig("KV fp8, calibrated scales", None, kv_cache=KVCacheKind.FP8,
+                  kv_scales=CALIBRATED),
         LLMConfig("W4A4 + KV nvfp4", w4a4, kv_cache=KVCacheKind.NVFP4),
     ]
     if smoke:
@@ -142,11 +157,12 @@ def build(reference: nn.Module, config: LLMConfig,
     model = copy.deepcopy(reference)
     gptq = config.method == QuantMethod.GPTQ
     if config.backend is None:
-        quantize_model(model, backend=None, kv_cache=config.kv_cache)
+        quantize_model(model, backend=None, kv_cache=config.kv_options,
+                       calibration=list(calibration_batches) if config.kv_scales else None)
     else:
         quantize_model(model, backend=config.backend, method=config.quant_method,
-                       calibration=list(calibration_batches) if gptq else None,
-                       kv_cache=config.kv_cache, convention=config.convention)
+                       calibration=list(calibration_batches) if gptq or config.kv_scales
+                       else None, kv_cache=config.kv_options, convention=config.convention)
     if config.backend == Backend.EMULATION and config.input_scales == CALIBRATED:
         with torch.no_grad(), calibration(model):
             for batch in calibration_batches:

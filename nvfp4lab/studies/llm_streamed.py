@@ -491,6 +491,9 @@ def streamed_config_result(
     if config.needs_calibration and not calibration_batches:
         raise ValueError(f"configuration {config.label!r} needs calibration_batches "
                          "(corpus.calibration_batches(tokenizer))")
+    if getattr(config, "kv_scales", None) is not None:
+        raise ValueError(f"configuration {config.label!r}: calibrated KV scales are computed on "
+                         "the whole model in memory, not block by block; run it in memory")
     streamed = _opened(model, dtype)
     with _PeakRSS() as peak:
         fidelity, seconds = _streamed_fidelity(streamed, run, config, calibration_batches,

@@ -10,8 +10,9 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from nvfp4lab.execution import quantize_model
+from nvfp4lab.execution import KVCacheOptions, quantize_model
 from nvfp4lab.execution.calibrate import calibration
+from nvfp4lab.execution.kv_calibration import calibrate_kv_scales
 from nvfp4lab.studies import llm, llm_layers
 from nvfp4lab.studies import llm_configs as lc
 from nvfp4lab.vocab import Backend, KVCacheKind, QuantMethod
@@ -29,7 +30,11 @@ def _direct(reference: torch.nn.Module, config: lc.LLMConfig) -> torch.nn.Module
     """The quantize_model call the configuration stands for, written out."""
     model = copy.deepcopy(reference)
     gptq = config.method == QuantMethod.GPTQ
-    if config.backend is None:
+    if config.backend is None and config.kv_scales is not None:  # calibrated KV scales
+        kv = KVCacheOptions(config.kv_cache, scales=calibrate_kv_scales(
+            model, BATCHES, config.kv_cache))
+        quantize_model(model, backend=None, kv_cache=kv)
+    elif config.backend is None:
         quantize_model(model, backend=None, kv_cache=config.kv_cache)
     else:
         method = QuantMethod.MR_GPTQ if config.rotation else config.method
