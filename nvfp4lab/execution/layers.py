@@ -49,6 +49,7 @@ QuaRot / FP-Quant style online rotations, :mod:`nvfp4lab.execution.w4a4_recipes`
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -75,6 +76,7 @@ from nvfp4lab.vocab import (
 __all__ = ["BlockRotatedNVFP4Tensor", "NVFP4Linear"]
 
 
+@dataclass(repr=False, eq=False)
 class BlockRotatedNVFP4Tensor(RotatedNVFP4Tensor):
     """A :class:`~nvfp4lab.tensor.RotatedNVFP4Tensor` whose rotation block is
     ``rotation_block`` (None: full size) instead of 16: :meth:`dequantize` rotates back with

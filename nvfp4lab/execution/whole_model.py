@@ -39,6 +39,8 @@ from nvfp4lab.execution.quantize_report import (
     ReplacedLayer,
     SkippedLayer,
 )
+from nvfp4lab.execution.w4a4_recipes import W4A4Options, w4a4_layers
+from nvfp4lab.execution.w4a4_smooth import smooth_model
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.options import order_argument
 from nvfp4lab.orders import ArithmeticOrder
@@ -240,9 +242,19 @@ def _check_state(model: nn.Module, candidates: Mapping[str, nn.Linear], method: 
 
 
 def _method_inputs(
-    method: str, calibration: Iterable[Any] | None, gptq: GPTQOptions | None
+    method: str, calibration: Iterable[Any] | None, gptq: GPTQOptions | None,
+    w4a4: W4A4Options | None = None,
 ) -> list[Any]:
-    """The checked calibration batches (empty for RTN, which takes none)."""
+    """The checked calibration batches (empty for RTN, which takes none unless the W4A4
+    options smooth)."""
+    if w4a4 is not None and w4a4.needs_calibration:
+        if calibration is None:
+            raise ValueError("W4A4Options smooth_alpha / awq read activation statistics: pass "
+                             "calibration= (model inputs from a calibration text)")
+        if method == QuantMethod.RTN and gptq is not None:
+            raise ValueError("gptq= is only used by method='gptq': drop it or pass "
+                             "method='gptq'")
+        return calibration_batches(calibration)
     if method == QuantMethod.RTN:
         if calibration is not None or gptq is not None:
             raise ValueError(
@@ -307,6 +319,7 @@ def quantize_model(
     kv_scales: KVScales | None = None,
     hadamard: int | None = None,
     convention: str | ArithmeticOrder | None = None,
+    w4a4: W4A4Options | None = None,
 ) -> QuantizeReport:
     """Replace ``nn.Linear`` layers of ``model`` in place by :class:`NVFP4Linear`, and with
     ``kv_cache`` make its attention read K and V back from a quantized KV cache.
@@ -362,34 +375,67 @@ def quantize_model(
     configurations); ``kv_cache`` is then required and ``method``, ``calibration``, ``gptq``
     and ``ignore`` do not apply.
 
+    ``w4a4``: a :class:`~nvfp4lab.execution.w4a4_recipes.W4A4Options`, the W4A4 recipes, alone
+    or combined: an online rotation of any block (``rotation=16/32/64/128/"full"``),
+    SmoothQuant (``smooth_alpha``) or AWQ-searched (``awq=True``) scales folded into the float
+    weights first (:mod:`~nvfp4lab.execution.w4a4_smooth`; these need ``calibration=``, also
+    with "rtn"), Four Over Six block scales for weights and activations; with "gptq" the
+    Hessians are those of the rotated, quantized inputs. Not with ``hadamard`` / "mr-gptq" (use
+    ``rotation=16`` and "gptq").
+
     All or nothing: if anything fails, every replaced Linear is put back and the KV cache
-    quantization removed.
+    quantization removed (and smoothing undone).
     """
     quant_method = vocab.check_choice("method", method, QuantMethod)
     kv = _kv_cache_options(kv_cache, kv_scales)
     kv, calibration = calibrated_kv_options(  # scales="calibrated": from the model as it is
-        model, kv, calibration, keep=quant_method != QuantMethod.RTN)
+        model, kv, calibration, keep=quant_method != QuantMethod.RTN or w4a4 is not None)
     if backend is None:
         return _kv_cache_only(model, kv, quant_method, calibration, gptq, ignore)
     vocab.check_choice("backend", backend, vocab.Backend, extra=(AUTO,))
     convention = order_argument(order, convention)
     get_order(convention)  # an OrderName name (the vocabulary's error otherwise) or an order
     hadamard = _rotation_seed(quant_method, hadamard)
-    batches = _method_inputs(quant_method, calibration, gptq)
+    _check_w4a4(w4a4, quant_method, hadamard)
+    batches = _method_inputs(quant_method, calibration, gptq, w4a4)
     report = QuantizeReport()
     candidates = _select_layers(model, ignore, quant_method, report)
     report.shared_groups = _share_groups(list(candidates), share_global_scale)
     shared_gs = _shared_scales(candidates, report.shared_groups, convention, hadamard)
     options = dict(backend=backend, cache_dequantized=cache_dequantized, bias_mode=bias_mode)
-    if quant_method != QuantMethod.RTN:
-        layers = _gptq_layers(model, candidates, report.shared_groups, shared_gs, batches,
-                              convention, gptq, options, hadamard)
-    else:
-        layers = _rtn_layers(candidates, shared_gs, convention, hadamard, options)
-    if kv is not None:  # checked and set before any Linear changes (or nothing is set)
-        report.kv_cache = quantize_kv_cache(model, kv.kind, kv_scales=kv.scales)
-    _install(model, candidates, layers, report)
+    smoothed = None
+    try:
+        if w4a4 is not None:
+            w4a4.check_call(candidates, quant_method, backend)
+            if w4a4.smooths:
+                smoothed = smooth_model(model, candidates, batches, w4a4, convention,
+                                        quantize_inputs=backend != vocab.Backend.W4A16)
+            layers = w4a4_layers(model, candidates, report.shared_groups, batches, convention,
+                                 quant_method, gptq, w4a4, options)
+        elif quant_method != QuantMethod.RTN:
+            layers = _gptq_layers(model, candidates, report.shared_groups, shared_gs, batches,
+                                  convention, gptq, options, hadamard)
+        else:
+            layers = _rtn_layers(candidates, shared_gs, convention, hadamard, options)
+        if kv is not None:  # checked and set before any Linear changes (or nothing is set)
+            report.kv_cache = quantize_kv_cache(model, kv.kind, kv_scales=kv.scales)
+        _install(model, candidates, layers, report)
+    except BaseException:
+        if smoothed is not None:  # the float weights as they were
+            smoothed.undo()
+        raise
     return report
+
+
+def _check_w4a4(w4a4: W4A4Options | None, method: str, hadamard: int | None) -> None:
+    """TypeError / ValueError for W4A4 options that do not fit the call."""
+    if w4a4 is None:
+        return
+    if not isinstance(w4a4, W4A4Options):
+        raise TypeError(f"w4a4 must be a W4A4Options, got {type(w4a4).__name__}")
+    if hadamard is not None:
+        raise ValueError("w4a4= rotates by its own options: drop hadamard= / method='mr-gptq' "
+                         "and use W4A4Options(rotation=16, seed=...) with method='gptq'")
 
 
 def _kv_cache_options(

@@ -36,6 +36,7 @@ from torch import nn
 
 from nvfp4lab.execution import KVCacheOptions, quantize_model
 from nvfp4lab.execution.calibrate import calibration, run_batch
+from nvfp4lab.execution.w4a4_recipes import W4A4Options
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import tqdm_class
@@ -81,7 +82,8 @@ class LLMConfig:
     0.33's 1.0; :data:`CALIBRATED`: amax / 448 per layer from the calibration text,
     ``execution.kv_calibration``), ``convention`` (the weights'
     arithmetic order: a :class:`~nvfp4lab.vocab.OrderName` name or an
-    :class:`~nvfp4lab.orders.ArithmeticOrder`; ``studies.llm_llama_cpp`` compares them)."""
+    :class:`~nvfp4lab.orders.ArithmeticOrder`; ``studies.llm_llama_cpp`` compares them),
+    ``w4a4`` (the W4A4 recipes of ``quantize_model``, :class:`W4A4Options`, or None)."""
 
     label: str
     backend: str | None = Backend.W4A16
@@ -91,6 +93,7 @@ class LLMConfig:
     kv_cache: str | None = None
     convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL
     kv_scales: str | None = None
+    w4a4: W4A4Options | None = None
 
     @property
     def weights(self) -> str:
@@ -118,7 +121,15 @@ class LLMConfig:
     @property
     def needs_calibration(self) -> bool:
         return self.kv_scales == CALIBRATED or self.method == QuantMethod.GPTQ or (
-            self.backend == Backend.EMULATION and self.input_scales == CALIBRATED)
+            self.backend == Backend.EMULATION and self.input_scales == CALIBRATED) or (
+            self.w4a4 is not None and self.w4a4.needs_calibration)
+
+    @property
+    def method_label(self) -> str:
+        """The table's ``method``: ``quant_method``, and the W4A4 recipes when there are."""
+        if self.w4a4 is None:
+            return self.quant_method
+        return f"{self.quant_method} + {self.w4a4.label()}"
 
 
 def configurations(*, smoke: bool = False) -> list[LLMConfig]:
@@ -156,13 +167,16 @@ def build(reference: nn.Module, config: LLMConfig,
     start = time.perf_counter()
     model = copy.deepcopy(reference)
     gptq = config.method == QuantMethod.GPTQ
+    data = gptq or (config.w4a4 is not None and config.w4a4.needs_calibration) or (
+        config.kv_scales is not None)
     if config.backend is None:
         quantize_model(model, backend=None, kv_cache=config.kv_options,
                        calibration=list(calibration_batches) if config.kv_scales else None)
     else:
+        extra = {} if config.w4a4 is None else {"w4a4": config.w4a4}
         quantize_model(model, backend=config.backend, method=config.quant_method,
-                       calibration=list(calibration_batches) if gptq or config.kv_scales
-                       else None, kv_cache=config.kv_options, convention=config.convention)
+                       calibration=list(calibration_batches) if data else None,
+                       kv_cache=config.kv_options, convention=config.convention, **extra)
     if config.backend == Backend.EMULATION and config.input_scales == CALIBRATED:
         with torch.no_grad(), calibration(model):
             for batch in calibration_batches:
@@ -194,7 +208,7 @@ class ConfigResult:
         memory = {} if self.peak_rss_mb is None else {"peak_rss_mb": self.peak_rss_mb}
         return {"label": config.label, "weights": config.weights,
                 "activations": config.activations, "kv_cache": config.kv_cache or "float",
-                "method": config.quant_method if config.backend is not None else "-",
+                "method": config.method_label if config.backend is not None else "-",
                 "build_seconds": self.build_seconds, **memory, **self.fidelity.row()}
 
 
