@@ -57,6 +57,7 @@ from torch import nn
 
 from nvfp4lab.codec import quantize
 from nvfp4lab.constants import BLOCK_SIZE
+from nvfp4lab.execution import rotated_gemm
 from nvfp4lab.execution.dispatch import BackendChoice, select_backend
 from nvfp4lab.execution.gemm import linear, vllm_dequantize
 from nvfp4lab.hadamard import HADAMARD_SIZE, check_seed, rotate, rotation_blocks
@@ -127,6 +128,9 @@ class NVFP4Linear(nn.Module):
     input_global_scale: torch.Tensor | None
     weight_decode_scale: torch.Tensor | None
     input_decode_scale: torch.Tensor | None
+    #: None: nvfp4lab's rotation order; a ``VllmRotationPlan``: forward runs vLLM's rotated path
+    #: (:func:`nvfp4lab.execution.rotated_gemm.use_vllm_rotation`; a BlockRotation layer only).
+    vllm_rotation: Any = None
 
     def __init__(
         self,
@@ -387,6 +391,8 @@ class NVFP4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., K]`` (fp32/bf16/fp16) -> ``[..., N]`` in ``x.dtype`` (a rotated layer
         multiplies ``x Q``)."""
+        if self.vllm_rotation is not None and not self._calibrating:
+            return rotated_gemm.layer_forward(self, x)
         backend = self._resolve_backend(x)
         decodes = backend in (Backend.EMULATION, Backend.W4A16)  # native / q8_0 keep the codes
         w_dq = self._cached_weight(x.dtype) if decodes else None

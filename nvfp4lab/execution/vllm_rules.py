@@ -518,6 +518,7 @@ QUTLASS_BLOCKS: tuple[int, ...] = (16, 32, 64, 128)
 QUTLASS_GEMM_BACKENDS: dict[str, str] = {
     "FlashInferCutlassNvFp4LinearKernel": "cutlass",
     "FlashInferCuteDslNvFp4LinearKernel": "cute-dsl",
+    "FlashInferCuteDslNvFp4W4A16LinearKernel": "cute-dsl",  # same map key (from 0.30.0)
     "FlashInferTrtllmNvFp4LinearKernel": "trtllm",
     "FlashInferCudnnNvFp4LinearKernel": "cudnn",
     "FlashInferB12xNvFp4LinearKernel": "b12x",

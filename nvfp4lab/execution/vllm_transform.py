@@ -196,6 +196,9 @@ def decide_transform(req: vllm_select.Request, outcome: vllm_select.Outcome,
             "fails; linear_qutlass_nvfp4.py@0.33.0 L254-270)"), verified=verified,
             steps=tuple(steps))
     unrounded = spec.block in R.QUTLASS_UNROUNDED_SCALE_BLOCKS
+    if R.KERNELS[outcome.kernel].numerics != "native":
+        steps.append(f"{outcome.kernel} prepared the weights for its BF16 x FP4 GEMM; QuTLASS "
+                     "hands them to the FP4 x FP4 GEMM as they are (layout match not verified)")
     epilogue = ("SM100 kernel, elements scaled by the unrounded block scale" if unrounded
                 else "SM80-style epilogue")
     steps.append(f"QutlassNvFP4LinearMethod: fusedQuantizeNv(x, H, 6.0) ({epilogue}), "

@@ -218,3 +218,15 @@ def test_every_kernel_has_numerics_and_source() -> None:
     assert [str(vllm_rules.humming_numerics(cc, "NVFP4")) for cc in (80, 89, 90, 100, 120)] == [
         "w4a16", "w4a8", "w4a8", "w4a16", "native"]
     assert vllm_rules.humming_numerics(90, "NVFP4A16") == "w4a16"
+
+
+def test_transform_eras_cover_every_modelled_release_once() -> None:
+    from nvfp4lab.execution import vllm_rules as R
+
+    for rel in R.MODELLED_RELEASES:
+        assert sum(era.contains(rel) for era in R.TRANSFORM_ERAS) == 1, rel
+    firsts = [R.version(e.first) for e in R.TRANSFORM_ERAS]
+    assert firsts == sorted(firsts) and R.TRANSFORM_ERAS[-1].last == R.LATEST_MODELLED
+    assert set(R.QUTLASS_GEMM_BACKENDS) <= set(R.KERNELS)
+    assert set(R.QUTLASS_UNROUNDED_SCALE_BLOCKS) <= set(R.QUTLASS_BLOCKS)
+    assert all(R.transform_era_of(r).verified is False for r in ("0.10.2", "0.27.0"))

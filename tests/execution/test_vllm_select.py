@@ -201,3 +201,35 @@ def test_variables_that_are_read_are_not_reported() -> None:
     # the facts table says who reads what: every variable is in it
     assert set(R.VARIABLES) == {EMULATION_ENV, GEMM_BACKEND_ENV, FBGEMM_ENV,
                                 BATCH_INVARIANT_ENV, DISABLED_KERNELS_ENV}
+
+
+def test_rotation_paths_by_release_device_and_scheme() -> None:
+    import pytest
+
+    from nvfp4lab.execution.dispatch import select_backend
+
+    def t(**kw):
+        return select_backend(rotation=kw.pop("rotation", "input:hadamard-16"), **kw).transform
+
+    b200 = t(gpu="B200", vllm="0.33.0")
+    assert (b200.path, b200.gemm_backend, b200.verified) == ("qutlass", "cute-dsl", True)
+    assert t(gpu="B200", vllm="0.33.0", rotation="input:hadamard-256").path == "generic"
+    assert t(gpu="B200", vllm="0.33.0", rotation="input:hadamard").path == "generic"
+    h100 = t(gpu="H100", vllm="0.33.0", rotation="input:random-hadamard-16")
+    assert h100.path == "generic" and not h100.hadacore
+    # NVFP4A16 on sm_120: Marlin is forced, and QuTLASS needs a FlashInfer kernel
+    a16 = t(gpu="RTX 5090", vllm="0.33.0", scheme="NVFP4A16")
+    assert a16.path is None and "requires a FlashInfer kernel" in a16.error
+    a16_b200 = t(gpu="B200", vllm="0.33.0", scheme="NVFP4A16")
+    assert a16_b200.path == "qutlass" and any("W4A4 numerics" in s for s in a16_b200.steps)
+    stub = t(gpu="B200", vllm="0.20.0")
+    assert stub.path is None and "stub" in stub.error
+    old = t(gpu="B200", vllm="0.10.1")
+    assert old.path is None and "does not read transform_config" in old.error
+    assert t(gpu="B200", vllm="0.10.2", rotation="input:hadamard-32").hadacore is False
+    assert t(gpu="B200", vllm="0.11.0", rotation="input:hadamard-32").hadacore is True
+    cpu = select_backend("cpu", vllm="0.33.0", rotation="input:hadamard-16").transform
+    assert cpu.path is None and "no kernel" not in cpu.rotation
+    with pytest.raises(ValueError, match="rotation"):
+        select_backend(engine="llama.cpp", rotation="input:hadamard-16")
+    assert select_backend(gpu="B200").transform is None
