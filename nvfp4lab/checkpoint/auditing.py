@@ -37,6 +37,11 @@ no model is built. One row per quantized layer:
 * the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`;
   it describes the scheme, whatever engine the format is for);
 * with ``reference`` (a float checkpoint folder): the weight SQNR against ``<layer>.weight``.
+* with a compressed-tensors ``transform_config``, a ``transform`` column: each layer's online
+  input rotation (type, block, group, precision, matrix stored or built) and the offline
+  transforms fused into its stored weights, with issues for a matrix that is not ±1 Hadamard,
+  an online transform nvfp4lab does not run and a bias vLLM 0.33 drops under a transform
+  (:mod:`~nvfp4lab.checkpoint.formats.transforms`);
 * a quantized KV cache (rows after the Linear rows, one per attention layer: ``kv_cache``,
   ``k_scale``, ``v_scale``): the kind a vLLM 0.33 release runs, scales present for every
   attention layer, finite and > 0 (:mod:`nvfp4lab.checkpoint.kv_scales`).
@@ -66,6 +71,7 @@ from typing import Any
 import torch
 
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
+from nvfp4lab.checkpoint.formats.transforms import audit_transforms
 from nvfp4lab.checkpoint.kv_scales import kv_cache_names, kv_rows
 from nvfp4lab.checkpoint.records import LayerNames
 from nvfp4lab.checkpoint.refusals import CheckpointError
@@ -436,6 +442,19 @@ def _stores_input(inv: Inventory) -> bool:
     return spec.read_config(inv.path or inv.directory).checkpoint_scheme() == Scheme.NVFP4
 
 
+def _transforms(inv: Inventory) -> dict[str, tuple[str, str]]:
+    """Layer -> (``transform`` column, issue) of a compressed-tensors transform_config
+    (:func:`~nvfp4lab.checkpoint.formats.transforms.audit_transforms`); {} without one."""
+    if inv.fmt != CheckpointFormat.COMPRESSED_TENSORS:
+        return {}
+
+    def read(info: TensorInfo) -> torch.Tensor:
+        with RowReader(info) as reader:
+            return reader.rows().clone()
+
+    return audit_transforms(inv.path or inv.directory, inv.layers, inv.tensors, read)
+
+
 def audit_rows(
     path: str | os.PathLike[str],
     *,
@@ -465,10 +484,14 @@ def audit_rows(
     rows = {row["layer"]: row for result in done for row in result}
     cache: dict[str, dict[str, str]] = {}
     out = []
+    transforms = _transforms(inv)
     for name in inv.layers:
         row = dict.fromkeys(COLUMNS) | rows[name]
         issues = row.pop("issues")
         row.update(_backends(row["scheme"], gpus, vllm, cache))
+        if transforms:  # a compressed-tensors transform_config: one more column
+            row["transform"], problem = transforms.get(name, ("", ""))
+            issues = "; ".join(p for p in (issues, problem) if p)
         row["issues"] = issues
         out.append(row)
     return out + _kv_cache_rows(inv)

@@ -63,6 +63,7 @@ import torch
 from nvfp4lab.checkpoint.folders import check_target, folder_entries, hf_snapshot
 from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.checkpoint.formats.gguf import SUFFIX as GGUF_SUFFIX
+from nvfp4lab.checkpoint.formats.transforms import refuse_conversion
 from nvfp4lab.checkpoint.kv_scales import convert_kv_shard, kv_cache_names, kv_cache_refusal
 from nvfp4lab.checkpoint.records import (
     Contents,
@@ -383,7 +384,9 @@ def convert(
     empty folders included, is refused with FileExistsError, also when it appears while
     converting). ``workers`` / ``dask`` / ``progress``: where safetensors shards are written
     (:func:`~nvfp4lab.checkpoint.stream.run_tasks`). Converting to the format ``src`` already
-    has is an error.
+    has is an error. A compressed-tensors source whose ``transform_config`` rotates inputs online
+    is refused for ModelOpt and GGUF, which hold no rotation
+    (:mod:`~nvfp4lab.checkpoint.formats.transforms`).
     """
     dst_spec = format_spec(format)
     target_format = dst_spec.format
@@ -407,6 +410,7 @@ def convert(
         raise CheckpointError(f"{source}: no quantized layer found in the weight files")
     src_spec = format_spec(inv.fmt)
     src_config = src_spec.read_config(source)
+    refuse_conversion(source, inv.fmt, target_format)  # a rotation the target cannot hold
     scheme = src_config.checkpoint_scheme()
     _check_layers(inv, scheme == Scheme.NVFP4)
     unquantized = Unquantized(src_config.unquantized, tuple(_excluded(inv)))

@@ -281,7 +281,7 @@ def _install_rotations(model: nn.Module, rotations: Mapping[str, LayerRotation])
     stored ``W R``); returns the stored matrices' keys."""
     for name, rot in rotations.items():
         layer = model.get_submodule(name)
-        assert isinstance(layer, NVFP4Linear)
+        assert isinstance(layer, NVFP4Linear) and rot.rotation is not None
         layer.set_rotation(rot.rotation)
     return {rot.key for rot in rotations.values() if rot.key is not None}
 

@@ -38,8 +38,11 @@ rotates its input the same way before the (optional) activation quantization and
     y = (x Q) · dequant(NVFP4(W Q))ᵀ + b        ≈ x Wᵀ + b, as Q Qᵀ = I
 
 ``x Q`` is computed in float32 and cast back to the input dtype (:func:`hadamard_transform`).
-The seed is an attribute, not a buffer: checkpoints have no rotation, so
-:func:`nvfp4lab.checkpoint.save_pretrained` refuses rotated layers.
+The rotation is an attribute, not a buffer. A seeded rotation has no checkpoint form
+(:func:`nvfp4lab.checkpoint.save_pretrained` refuses it); a
+:class:`~nvfp4lab.hadamard.BlockRotation` (compressed-tensors' block transform) is saved as a
+compressed-tensors ``transform_config`` and read back
+(:mod:`nvfp4lab.checkpoint.formats.transforms`).
 
 ``hadamard_block`` (default 16) is the rotation's block: 16/32/64/128 or any divisor of K with a
 Hadamard matrix, and None for one full-size rotation of K (:func:`nvfp4lab.hadamard.rotate`;
@@ -60,7 +63,13 @@ from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.execution import rotated_gemm
 from nvfp4lab.execution.dispatch import BackendChoice, select_backend
 from nvfp4lab.execution.gemm import linear, vllm_dequantize
-from nvfp4lab.hadamard import HADAMARD_SIZE, check_seed, rotate, rotation_blocks
+from nvfp4lab.hadamard import (
+    HADAMARD_SIZE,
+    BlockRotation,
+    check_seed,
+    rotate,
+    rotation_blocks,
+)
 from nvfp4lab.options import order_argument
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.scales import as_global_scale
@@ -99,6 +108,14 @@ class BlockRotatedNVFP4Tensor(RotatedNVFP4Tensor):
                                           "rotation_block": self.rotation_block})
 
 
+def _block_rotation_size(in_features: int, rotation: BlockRotation) -> int:
+    """The block of a compressed-tensors rotation, checked to divide K (ValueError)."""
+    if in_features % rotation.size:
+        raise ValueError(f"{rotation!r} rotates blocks of {rotation.size}, which do not divide "
+                         f"in_features={in_features}")
+    return rotation.size
+
+
 class NVFP4Linear(nn.Module):
     """A Linear layer with an NVFP4 weight; forward is :func:`nvfp4lab.execution.gemm.linear`.
 
@@ -120,6 +137,9 @@ class NVFP4Linear(nn.Module):
     ``hadamard``: None, or the seed of the block Hadamard ``Q`` the weight was rotated by (its
     buffers hold ``W Q``): forward then computes ``(x Q) · dequant(W Q)ᵀ + b`` (module docstring).
     ``hadamard_block``: that rotation's block (16 default; None: full size K).
+    ``hadamard`` may also be a :class:`~nvfp4lab.hadamard.BlockRotation` (compressed-tensors'
+    transform, which a checkpoint's ``transform_config`` stores; ``hadamard_block`` is then its
+    size).
     """
 
     weight_packed: torch.Tensor
@@ -147,7 +167,9 @@ class NVFP4Linear(nn.Module):
         hadamard_block: int | None = HADAMARD_SIZE,
     ) -> None:
         super().__init__()
-        if hadamard is not None:
+        if isinstance(hadamard, BlockRotation):
+            hadamard_block = _block_rotation_size(in_features, hadamard)
+        elif hadamard is not None:
             check_seed(hadamard)
             rotation_blocks(in_features, hadamard_block)
         if in_features <= 0 or in_features % BLOCK_SIZE:
@@ -327,6 +349,15 @@ class NVFP4Linear(nn.Module):
             check_scales=False,  # checked when set: from_quantized and load_state_dict
             decode_scale=self.weight_decode_scale,
         )
+
+    def set_rotation(self, rotation: BlockRotation) -> None:
+        """Declare that the buffers hold ``W R`` for the compressed-tensors rotation ``rotation``
+        (as a checkpoint's ``transform_config`` says): forward then rotates its inputs by ``R``."""
+        if not isinstance(rotation, BlockRotation):
+            raise TypeError(f"rotation must be a BlockRotation, got {type(rotation).__name__}")
+        self.hadamard_block = _block_rotation_size(self.in_features, rotation)
+        self.hadamard = rotation
+        self._dq_cache.clear()
 
     def rotate_input(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., K]`` as the GEMM takes it: ``x Q`` (float32 arithmetic, ``x.dtype`` out) for a

@@ -88,7 +88,7 @@ class LayerRotation:
 
     layer: str
     group: str
-    rotation: BlockRotation
+    rotation: BlockRotation | None  # None only while being read
     key: str | None
 
 
@@ -111,8 +111,9 @@ def check_rotations(quantized: Mapping[str, nn.Module], fmt: CheckpointFormat) -
                          "transform_config holds the rotation), or quantize without hadamard")
     seeded = [n for n, r in rotated.items() if not isinstance(r, BlockRotation)]
     if seeded:
-        raise ValueError(f"{len(seeded)} NVFP4Linear layer(s) hold weights rotated by a seed, "
-                         f"e.g. {seeded[0]!r} (hadamard={rotated[seeded[0]]!r}): {_NO_SEED_FORM}")
+        raise ValueError(f"{len(seeded)} NVFP4Linear layer(s) hold Hadamard-rotated weights "
+                         f"(W·R) rotated by a seed, e.g. {seeded[0]!r} "
+                         f"(hadamard={rotated[seeded[0]]!r}): {_NO_SEED_FORM}")
 
 
 def _groups(quantized: Mapping[str, nn.Module]) -> dict[str, tuple[BlockRotation, list[str]]]:
@@ -237,31 +238,39 @@ def layer_rotations(directory: Path, model: nn.Module, quantized: Iterable[str],
     out: dict[str, LayerRotation] = {}
     for group, scheme in config.config_groups.items():
         _check_scheme(where, group, scheme)
+        matched = [(name, module) for args in scheme.apply
+                   if getattr(args.location, "value", args.location) == "input"
+                   for name, module in match_named_modules(model, args.targets, args.ignore)]
+        for name, module in matched:
+            if name not in layers or not isinstance(module, nn.Linear):
+                raise CheckpointError(
+                    f"{where}: transform group {group!r} rotates the input of {name!r}, which "
+                    "is not a quantized Linear; nvfp4lab rotates quantized layers only")
+            if name in out:
+                raise CheckpointError(f"{where}: {name!r} has two input transforms "
+                                      f"({out[name].group!r} and {group!r})")
+            size = scheme.head_dim or module.in_features
+            if module.in_features % size:
+                raise CheckpointError(f"{where}: transform group {group!r} has head_dim {size}, "
+                                      f"which does not divide {name!r}'s in_features "
+                                      f"{module.in_features}")
+            key = f"{name}.{group}_input.weight"
+            out[name] = LayerRotation(name, group, _matrix(source, key, scheme.type, size,
+                                                           scheme.precision, where), key)
+        # one matrix per size in a group (compressed-tensors caches it by size; transformers
+        # may store it once, under the first layer, as a tied weight): a layer that stores none
+        # takes the group's stored one, else compressed-tensors' own (built)
         shared: dict[int, BlockRotation] = {}
-        for args in scheme.apply:
-            if getattr(args.location, "value", args.location) != "input":
-                continue
-            for name, module in match_named_modules(model, args.targets, args.ignore):
-                if name not in layers or not isinstance(module, nn.Linear):
-                    raise CheckpointError(
-                        f"{where}: transform group {group!r} rotates the input of {name!r}, "
-                        "which is not a quantized Linear; nvfp4lab rotates quantized layers only")
-                if name in out:
-                    raise CheckpointError(f"{where}: {name!r} has two input transforms "
-                                          f"({out[name].group!r} and {group!r})")
+        for name, _ in matched:
+            rot = out[name].rotation
+            if rot is not None:
+                shared.setdefault(rot.size, rot)
+        for name, module in matched:
+            if out[name].rotation is None:
                 size = scheme.head_dim or module.in_features
-                if module.in_features % size:
-                    raise CheckpointError(f"{where}: transform group {group!r} has head_dim "
-                                          f"{size}, which does not divide {name!r}'s "
-                                          f"in_features {module.in_features}")
-                key = f"{name}.{group}_input.weight"
-                rot = _matrix(source, key, scheme.type, size, scheme.precision, where)
-                if rot is None:
-                    rot = shared.get(size) or _built(scheme.type, size, scheme.precision, where,
-                                                     group)
-                    key = None
-                shared.setdefault(size, rot)
-                out[name] = LayerRotation(name, group, rot, key)
+                if size not in shared:
+                    shared[size] = _built(scheme.type, size, scheme.precision, where, group)
+                out[name] = LayerRotation(name, group, shared[size], None)
     return out
 
 
@@ -316,8 +325,11 @@ def audit_transforms(directory: Path, layers: Iterable[str], tensors: Mapping[st
                     continue
                 precision = str(scheme.precision).removeprefix("torch.")
                 key = f"{name}.{group}_{location}.weight"
+                suffix = f".{group}_{location}.weight"
+                where_from = ("stored" if key in tensors else "shared" if any(
+                    k.endswith(suffix) for k in tensors) else "built")
                 parts.append(f"{location}{inv} {scheme.type} {block} ({group}, online, "
-                             f"{precision}, matrix {'stored' if key in tensors else 'built'})")
+                             f"{precision}, matrix {where_from})")
                 if location != "input" or scheme.randomize:
                     issues.append(f"online {location} transform (randomize={scheme.randomize}) "
                                   "is not run by nvfp4lab")
