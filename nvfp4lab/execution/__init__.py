@@ -18,6 +18,9 @@ module              holds
                     Hadamard-rotated, MR-GPTQ)
 ``whole_model``     :func:`quantize_model`; the fused groups
 ``quantize_report`` what it did: :class:`QuantizeReport` (replaced, skipped, KV cache layers)
+``w4a4_recipes``    :class:`W4A4Options` (``quantize_model(w4a4=)``): online rotations, GPTQ on
+                    rotated quantized inputs, 4over6 block scales
+``w4a4_smooth``     SmoothQuant / AWQ scales folded into stored weights
 ``gptq``            GPTQ of one weight for NVFP4 (MR-GPTQ with ``hadamard``), and for the
                     other block formats as a study function
 ``gptq_model``      GPTQ of whole models, stage by stage (``quantize_model(method="gptq" |
@@ -49,6 +52,7 @@ from nvfp4lab.execution.dispatch import BackendChoice, info_report, select_backe
 from nvfp4lab.execution.gemm import DroppedBiasWarning, linear
 from nvfp4lab.execution.gptq import GPTQFallbackWarning, GPTQOptions, gptq_quantize
 from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.execution.w4a4_recipes import W4A4Options
 from nvfp4lab.execution.whole_model import (
     FUSED_GROUPS,
     SHARE_PRESETS,
@@ -70,6 +74,7 @@ __all__ = [
     "NVFP4Linear",
     "QuantizeReport",
     "UnmatchedIgnoreWarning",
+    "W4A4Options",
     "calibrate_inputs",
     "calibration",
     "gptq_quantize",

@@ -8,7 +8,8 @@ Each option works alone or with the others (:class:`W4A4Options`):
     ``y = q(x Q) · dequant(NVFP4(W Q))ᵀ + b`` (:class:`~nvfp4lab.execution.layers.NVFP4Linear`
     ``hadamard`` / ``hadamard_block``), ``Q = D · blockdiag(H_b, ...)`` with ``D`` seeded ±1
     signs (``seed``) and ``H_b`` the orthonormal Hadamard matrix of the block ``b``: 16, 32, 64,
-    128 (Sylvester), any divisor of K that is a power of two times a Paley order, or ``"full"``
+    128 (Sylvester; where the block does not divide K, the largest power of two dividing both),
+    any divisor of K that is a power of two times a Paley order, or ``"full"``
     (``b = K``; SmolLM2's 576 = 36·16 and 1536 = 12·128), :func:`nvfp4lab.hadamard.rotate`.
 ``method="gptq"`` with W4A4 options
     GPTQ of ``W Q`` against the Hessian of the inputs as the quantized layer sees them:
@@ -32,6 +33,7 @@ transforms, which vLLM 0.33 applies: another part of issue 35 writes them).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +42,7 @@ import torch
 from torch import nn
 
 from nvfp4lab.codec import compute_global_scale, fake_quantize, quantize
-from nvfp4lab.constants import GLOBAL_SCALE_NUMERATOR
+from nvfp4lab.constants import BLOCK_SIZE, GLOBAL_SCALE_NUMERATOR
 from nvfp4lab.execution.gemm import linear
 from nvfp4lab.execution.gptq import GPTQOptions
 from nvfp4lab.execution.gptq_model import sequential_gptq
@@ -119,8 +121,22 @@ class W4A4Options:
 
     @property
     def block(self) -> int | None:
-        """The rotation block for :func:`nvfp4lab.hadamard.rotate` (None: full size)."""
+        """The rotation block asked for (None: full size)."""
         return None if self.rotation == FULL else self.rotation  # type: ignore[return-value]
+
+    def block_for(self, k: int) -> int | None:
+        """The block of a layer with ``K = k``: ``block`` where it divides K, else the largest
+        power of two dividing both (SmolLM2's K = 576 takes 64 for ``rotation=128``); None for
+        a full-size rotation. ValueError when that is not a multiple of 16 or has no Hadamard
+        matrix."""
+        block = self.block
+        if block is not None and k % block:
+            block = math.gcd(block, k & -k)
+            if block % BLOCK_SIZE:
+                raise ValueError(f"rotation block {self.rotation} shares only {block} with K={k}, "
+                                 f"less than an NVFP4 block of {BLOCK_SIZE}")
+        rotation_blocks(k, block)
+        return block
 
     @property
     def smooths(self) -> bool:
@@ -158,7 +174,7 @@ class W4A4Options:
             return
         for name, module in candidates.items():
             try:
-                rotation_blocks(module.in_features, self.block)
+                self.block_for(module.in_features)
             except ValueError as err:
                 raise ValueError(f"W4A4Options(rotation={self.rotation!r}) cannot rotate layer "
                                  f"{name!r} (K={module.in_features}): {err}") from None
@@ -218,7 +234,9 @@ class W4A4Linear(NVFP4Linear):
 def rotated_weight(module: nn.Linear, options: W4A4Options) -> torch.Tensor:
     """``W Q`` ``[N, K]`` in the weight's dtype (float32 arithmetic), or ``W`` unrotated."""
     w = module.weight.detach()
-    return w if options.rotation is None else rotate(w, options.seed, block=options.block)
+    if options.rotation is None:
+        return w
+    return rotate(w, options.seed, block=options.block_for(w.shape[1]))
 
 
 def shared_scales(weights: Mapping[str, torch.Tensor], groups: Sequence[tuple[str, ...]],
@@ -240,7 +258,7 @@ def _layer(weight: NVFP4Tensor, bias: torch.Tensor | None, options: W4A4Options,
     activations."""
     if options.rotation is not None:
         weight = BlockRotatedNVFP4Tensor(**vars(weight), hadamard=options.seed,
-                                         rotation_block=options.block)
+                                         rotation_block=options.block_for(weight.shape[1]))
     cls = W4A4Linear if options.input_scales != ScaleSelection.AMAX else NVFP4Linear
     return cls.from_quantized(weight, None if bias is None else bias.detach(), **layer_options)
 
@@ -277,7 +295,7 @@ class _InputTransform:
         if self.last is not None and self.last[0] is x:
             return (self.last[1], *args[1:])
         out = x if self.options.rotation is None else rotate(
-            x, self.options.seed, block=self.options.block)
+            x, self.options.seed, block=self.options.block_for(x.shape[-1]))
         if self.q is not None:
             out = self.q(out)
         self.last = (x, out)

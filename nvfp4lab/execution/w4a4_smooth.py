@@ -210,8 +210,9 @@ def group_error(x: torch.Tensor, weights: Sequence[torch.Tensor], s: torch.Tenso
     xs = x / s
     ws = [w.to(torch.float32) * s for w in weights]
     if options.rotation is not None:
-        xs = rotate(xs, options.seed, block=options.block)
-        ws = [rotate(w, options.seed, block=options.block) for w in ws]
+        block = options.block_for(x.shape[-1])
+        xs = rotate(xs, options.seed, block=block)
+        ws = [rotate(w, options.seed, block=block) for w in ws]
     if quantize_inputs:
         xs = activation_quantizer(options, order)(xs)
     numerator = global_scale_numerator(options.weight_scales)

@@ -195,6 +195,15 @@ def test_rtn_recipes_equal_the_oracle(options: W4A4Options) -> None:
     assert torch.equal(layer.weight_scale.view(torch.uint8), exact.scales.view(torch.uint8))
 
 
+def test_a_block_that_does_not_divide_k_takes_the_largest_power_of_two_that_does() -> None:
+    options = W4A4Options(rotation=128)
+    assert [options.block_for(k) for k in (576, 1536, 128)] == [64, 128, 128]
+    assert W4A4Options(rotation="full").block_for(576) is None
+    model = nn.Sequential(nn.Linear(576, 32))
+    quantize_model(model, backend="emulation", w4a4=options)
+    assert model[0].hadamard_block == 64
+
+
 def test_rotation_makes_an_outlier_cheaper() -> None:
     """The recipe's point: with one outlier input channel, rotating lowers the W4A4 error."""
     x = torch.randn(64, 128, generator=torch.Generator().manual_seed(4))
@@ -401,7 +410,7 @@ def test_bad_calls_are_refused_and_leave_the_model_as_it_was() -> None:
                        w4a4=W4A4Options(weight_scales="four_over_six"))
     with pytest.raises(ValueError, match="cannot rotate layer"):
         quantize_model(model, backend="emulation", calibration=_batches(),
-                       w4a4=W4A4Options(rotation=256, smooth_alpha=0.5))
+                       w4a4=W4A4Options(rotation=24, smooth_alpha=0.5))
     with pytest.raises(TypeError, match="W4A4Options"):
         quantize_model(model, backend="emulation", w4a4={"rotation": 16})  # type: ignore[arg-type]
     assert torch.equal(_logits(model, ids), before)
