@@ -22,7 +22,7 @@ vocabulary             values                                                   
 :class:`Engine`        vllm, llama.cpp (the engines select_backend models)             execution
 :class:`VllmPackage`   flashinfer, humming, b12x, fbgemm (optional kernel packages)    execution
 :class:`VllmAlias`     seed, latest (named sets of vLLM rules)                         execution
-:class:`CheckpointFormat`  compressed-tensors, modelopt, gguf (disk families)       checkpoint
+:class:`CheckpointFormat`  compressed-tensors, modelopt, gguf, fp-quant (disk families) checkpoint
 :class:`FusedMode`     auto, on, off (``NVFP4LAB_FUSED``: when the fused kernels run)  kernels
 :class:`NativeIsa`     scalar, avx2, avx512 (``NVFP4LAB_NATIVE_ISA``: C++ vector cap)  kernels
 :class:`KVCacheKind`   nvfp4, nvfp4_4over6, fp8 (vLLM's ``--kv-cache-dtype`` values)   execution
@@ -259,6 +259,10 @@ class CheckpointFormat(StrEnum):
     #: llama.cpp's file: DECODE scale, amax/2688, in a ``<name>.scale`` sidecar (no arithmetic
     #: order of its own here: GGUF is a container, whatever order made the codes)
     GGUF = "gguf"
+    #: FP-Quant's own format (``quant_method: "fp_quant"``, transformers' and vLLM's
+    #: ``FPQuantConfig``): ENCODE scale, 2688/amax (weight_global_scale), per-layer Hadamard
+    #: matrices; named after its producer (no arithmetic order of that name here)
+    FP_QUANT = "fp-quant"
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,7 @@ TENSOR_SCALE_STORAGE: dict[CheckpointFormat, TensorScaleStorage] = {
                                                             shared_in_fused_groups=True),
     CheckpointFormat.MODELOPT: TensorScaleStorage(decode=True, shared_in_fused_groups=True),
     CheckpointFormat.GGUF: TensorScaleStorage(decode=True, shared_in_fused_groups=False),
+    CheckpointFormat.FP_QUANT: TensorScaleStorage(decode=False, shared_in_fused_groups=True),
 }
 
 

@@ -445,14 +445,16 @@ def _stores_input(inv: Inventory) -> bool:
 def _transforms(inv: Inventory) -> dict[str, tuple[str, str]]:
     """Layer -> (``transform`` column, issue) of a compressed-tensors transform_config
     (:func:`~nvfp4lab.checkpoint.formats.transforms.audit_transforms`); {} without one."""
-    if inv.fmt != CheckpointFormat.COMPRESSED_TENSORS:
+    own = getattr(format_spec(inv.fmt), "audit_rotations", None)  # a format's own rotations
+    if inv.fmt != CheckpointFormat.COMPRESSED_TENSORS and own is None:
         return {}
 
     def read(info: TensorInfo) -> torch.Tensor:
         with RowReader(info) as reader:
             return reader.rows().clone()
 
-    return audit_transforms(inv.path or inv.directory, inv.layers, inv.tensors, read)
+    return (audit_transforms if own is None else own)(inv.path or inv.directory, inv.layers,
+                                                      inv.tensors, read)
 
 
 def audit_rows(

@@ -63,7 +63,7 @@ import torch
 from nvfp4lab.checkpoint.folders import check_target, folder_entries, hf_snapshot
 from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.checkpoint.formats.gguf import SUFFIX as GGUF_SUFFIX
-from nvfp4lab.checkpoint.formats.transforms import refuse_conversion
+from nvfp4lab.checkpoint.formats.transforms import refuse_conversion, write_transform_config
 from nvfp4lab.checkpoint.kv_scales import convert_kv_shard, kv_cache_names, kv_cache_refusal
 from nvfp4lab.checkpoint.records import (
     Contents,
@@ -411,6 +411,8 @@ def convert(
     src_spec = format_spec(inv.fmt)
     src_config = src_spec.read_config(source)
     refuse_conversion(source, inv.fmt, target_format)  # a rotation the target cannot hold
+    own = getattr(src_spec, "rotation_config", None)  # a format storing rotations its own way
+    transforms = None if own is None else own(source, target_format)
     scheme = src_config.checkpoint_scheme()
     _check_layers(inv, scheme == Scheme.NVFP4)
     unquantized = Unquantized(src_config.unquantized, tuple(_excluded(inv)))
@@ -426,6 +428,8 @@ def convert(
 
     def write(tmp: Path) -> None:
         _write_weights(tmp, dst_spec, contents, run)
+        if transforms is not None:  # the source's rotations as a compressed-tensors config
+            write_transform_config(tmp, transforms)
         _copy_side_files(source, tmp, side)
 
     write_atomically(target, write, overwrite=overwrite, checkpoint_files=_members(side))

@@ -345,7 +345,8 @@ def load(
     strip, add = _key_prefix_fix(model, set(source.entries), expected)
     source.rekey(strip, add)
     used: set[str] = set()
-    rotations = layer_rotations(stored.directory, model, quantized, source)  # transform_config
+    rotations = getattr(spec, "layer_rotations", layer_rotations)(  # transform_config, or the
+        stored.directory, model, quantized, source)  # format's own (FP-Quant's matrices)
     for name, static_input in quantized.items():
         module = model.get_submodule(name)
         assert isinstance(module, nn.Linear)

@@ -559,7 +559,8 @@ def save_pretrained(
         check_readable(src, [src / rel for rel in (CONFIG_NAME, *COPIED_FILES)
                              if os.path.lexists(src / rel)])
     tensors = _state_to_save(model, quantized, resolved, dtype, spec)
-    tensors.update(transform_tensors(quantized))  # rotated layers' matrices (compressed-tensors)
+    own = getattr(spec, "rotation_tensors", None)  # a format storing rotations its own way
+    tensors.update(transform_tensors(quantized) if own is None else own(quantized))
     tensors.update(_kv_tensors(kv, spec))
     config_dtype = dtype or _model_dtype(model, quantized)
     shards = _shards(tensors, max_shard_bytes)
@@ -569,7 +570,8 @@ def save_pretrained(
 
     def write(tmp: Path) -> None:
         written = {*spec.write_checkpoint(tmp, contents), *spec.config_files}
-        _write_transforms(tmp, quantized)
+        if own is None:
+            _write_transforms(tmp, quantized)
         generation = getattr(model, "generation_config", None)
         if generation is not None and hasattr(generation, "save_pretrained") and (
             src is None or not (src / "generation_config.json").is_file()

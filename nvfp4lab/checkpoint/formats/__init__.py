@@ -7,6 +7,8 @@ module                      holds
 ``modelopt``                NVIDIA ModelOpt 0.47 ``export_hf_checkpoint`` (DECODE tensor scales)
 ``gguf``                    GGUF NVFP4 (ggml type 40) as llama.cpp reads it: one file of tensors
                             and metadata, DECODE tensor scales in ``<name>.scale`` sidecars
+``fp_quant``                FP-Quant's own NVFP4 format (``quant_method: "fp_quant"``, ENCODE
+                            tensor scales, per-layer Hadamard matrices)
 ==========================  =================================================================
 
 Each module defines a class with the members of :class:`CheckpointFormatSpec` and one instance
@@ -37,7 +39,7 @@ import torch
 from torch import nn
 
 from nvfp4lab.checkpoint.folders import hf_snapshot
-from nvfp4lab.checkpoint.formats import compressed_tensors, gguf, modelopt
+from nvfp4lab.checkpoint.formats import compressed_tensors, fp_quant, gguf, modelopt
 from nvfp4lab.checkpoint.records import Contents, LayerNames, StoredWeights, TaskRunner
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.safetensors_files import CONFIG_NAME, quantization_block
@@ -158,7 +160,8 @@ class CheckpointFormatSpec(Protocol):
 
 #: Every checkpoint format, by its vocabulary member; detection tries them in this order.
 FORMATS: dict[CheckpointFormat, CheckpointFormatSpec] = {
-    spec.format: spec for spec in (compressed_tensors.SPEC, modelopt.SPEC, gguf.SPEC)
+    spec.format: spec for spec in (compressed_tensors.SPEC, modelopt.SPEC, gguf.SPEC,
+                                    fp_quant.SPEC)
 }
 #: The tensor names of each format (kept for callers of the former ``files.LAYER_NAMES``).
 LAYER_NAMES: dict[CheckpointFormat, LayerNames] = {f: s.names for f, s in FORMATS.items()}
