@@ -27,6 +27,7 @@ vocabulary             values                                                   
 :class:`NativeIsa`     scalar, avx2, avx512 (``NVFP4LAB_NATIVE_ISA``: C++ vector cap)  kernels
 :class:`KVCacheKind`   nvfp4, nvfp4_4over6, fp8 (vLLM's ``--kv-cache-dtype`` values)   execution
 :class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)         corpus
+:class:`LayerFormat`   nvfp4-rtn, nvfp4-gptq, fp8, mxfp4, bf16 (one Linear's format)   execution
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in;
@@ -43,6 +44,8 @@ The overlaps, one line each (a value is written once: the later enum takes it fr
   (``gguf`` is named after its file: llama.cpp's container, not an order).
 - ``OrderName`` / ``Engine``: ``llama.cpp`` is ggml's quantizer order (in memory) / the engine
   whose execution path :func:`nvfp4lab.select_backend` models.
+- ``GemmPath`` / ``LayerFormat``: ``bf16`` and ``fp8`` are the roofline's GEMMs / the formats a
+  Linear of a mixed-precision model takes (``execution/mixed.py``).
 - ``GemmPath`` / ``KVCacheKind``: ``fp8`` is the unquantized FP8 GEMM the roofline models / the
   FP8 E4M3 KV cache (vLLM spells both ``fp8``).
 
@@ -71,6 +74,7 @@ __all__ = [
     "FusedMode",
     "GemmPath",
     "KVCacheKind",
+    "LayerFormat",
     "NativeIsa",
     "NonFinite",
     "Numerics",
@@ -315,6 +319,18 @@ class KVCacheKind(StrEnum):
     #: the NVFP4 layout; per 16 values the lower squared error of block max -> 6 and -> 4
     NVFP4_4OVER6 = "nvfp4_4over6"
     FP8 = GemmPath.FP8.value  #: one FP8 E4M3 byte per value, ``x / scale``, saturating
+
+
+class LayerFormat(StrEnum):
+    """The format of one Linear layer in a mixed-precision model (:mod:`nvfp4lab.execution.mixed`,
+    the per-layer sensitivity and search of :mod:`nvfp4lab.studies.llm_sensitivity`)."""
+
+    NVFP4_RTN = "nvfp4-rtn"  #: NVFP4 weights rounded to nearest, float activations (W4A16)
+    NVFP4_GPTQ = "nvfp4-gptq"  #: NVFP4 weights by GPTQ, float activations (W4A16)
+    #: FP8 E4M3 weights (per-channel scales) and dynamic per-token FP8 activations (W8A8)
+    FP8 = GemmPath.FP8.value
+    MXFP4 = "mxfp4"  #: MXFP4 weights (E2M1, E8M0 scale per 32), float activations (W4A16)
+    BF16 = GemmPath.BF16.value  #: left float (counted as 16 bits a weight)
 
 
 class CorpusPart(StrEnum):
