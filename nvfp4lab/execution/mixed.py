@@ -392,14 +392,14 @@ def apply_mix(
                 continue
             chosen = set(wanted[fmt])
             ignore = [n for n in _linear_names(model) if n not in chosen]
-            data = {} if method == QuantMethod.RTN else {"calibration": calibration,
-                                                         "gptq": gptq}
+            rtn = method == QuantMethod.RTN
             with warnings.catch_warnings():  # the RTN layers of this mix stay as they are
                 warnings.filterwarnings("ignore", message=r".*are NVFP4Linear already",
                                         category=UserWarning)
                 report.nvfp4.append(quantize_model(
                     model, backend=Backend.W4A16, method=method,
-                    ignore=[re.compile("^" + re.escape(n) + "$") for n in ignore] or (), **data))
+                    ignore=[re.compile("^" + re.escape(n) + "$") for n in ignore] or (),
+                    calibration=None if rtn else calibration, gptq=None if rtn else gptq))
     except BaseException:  # all or nothing: every layer as it was
         for name, original in originals.items():
             set_layer(model, name, original)
