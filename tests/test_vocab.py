@@ -63,7 +63,9 @@ def test_overlapping_vocabularies_share_one_spelling() -> None:
     assert [str(m) for m in CheckpointFormat][:3] == ["compressed-tensors", "modelopt", "gguf"]
     # a safetensors family takes its value from the convention its producer computes in; GGUF is
     # a container named after its file format (no convention of that name)
-    assert all(OrderName[f.name] == f for f in CheckpointFormat if f != CheckpointFormat.GGUF)
+    assert all(OrderName[f.name] == f for f in CheckpointFormat
+               if f not in (CheckpointFormat.GGUF, CheckpointFormat.FP_QUANT))
+    assert CheckpointFormat.FP_QUANT.name not in OrderName.__members__
     assert CheckpointFormat.GGUF.name not in OrderName.__members__
     assert [str(m) for m in vocab.Engine] == ["vllm", "llama.cpp"]
     assert vocab.Engine.LLAMA_CPP == OrderName.LLAMA_CPP

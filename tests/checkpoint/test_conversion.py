@@ -155,15 +155,18 @@ def _bad_task_options() -> list[tuple[str, dict, str]]:
 
 @pytest.mark.parametrize(("fmt", "options", "expected"), _bad_task_options())
 def test_workers_and_dask_are_checked_before_anything_is_read(
-    nvfp4lab_checkpoint: Path, tmp_path: Path, fmt: str, options: dict, expected: str
+    nvfp4lab_checkpoint: Path, ct_w4a4_checkpoint: Path, tmp_path: Path, fmt: str,
+    options: dict, expected: str
 ) -> None:
     """A probe found `convert --format gguf --workers -3` (or `--dask nohost:9`) exiting 0: the
     values were only checked by the task runner, which GGUF output never uses."""
     with pytest.raises(ValueError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         conversion.convert(nvfp4lab_checkpoint, tmp_path / "out", format=fmt, **options)
     assert not (tmp_path / "out").exists()
-    if detect_format(nvfp4lab_checkpoint) != fmt:  # and the same call without them converts
-        conversion.convert(nvfp4lab_checkpoint, tmp_path / "ok", format=fmt, workers=0)
+    # FP-Quant holds W4A4 only: the W4A4 checkpoint for it
+    source = ct_w4a4_checkpoint if fmt == CheckpointFormat.FP_QUANT else nvfp4lab_checkpoint
+    if detect_format(source) != fmt:  # and the same call without them converts
+        conversion.convert(source, tmp_path / "ok", format=fmt, workers=0)
 
 
 def test_the_bad_task_options_cover_an_in_process_format() -> None:

@@ -190,14 +190,17 @@ def quantization_config(size: int, modules_to_not_convert: Iterable[str]) -> dic
     }
 
 
-def _not_converted(unquantized: Unquantized, layers: Iterable[str]) -> list[str]:
+def _not_converted(unquantized: Unquantized, layers: Iterable[str],
+                   dropped: Iterable[str] = ()) -> list[str]:
     """``modules_to_not_convert``: every unquantized module with a 2-D weight and every plain
     name the source lists (wildcards have no FP-Quant form; the modules they matched are among
-    the weights), and ``lm_head`` (FP-Quant's default, which keeps a tied head float in
-    transformers) unless a quantized layer ends with it; CheckpointError when an entry would
-    also leave a quantized layer float."""
+    the weights; a compressed-tensors transform matrix, ``dropped``, is none), and ``lm_head``
+    (FP-Quant's default, which keeps a tied head float in transformers) unless a quantized
+    layer ends with it; CheckpointError when an entry would also leave a quantized layer
+    float."""
+    gone = {d.removesuffix(".weight") for d in dropped}
     names = {n for n in unquantized.listed if not n.startswith("re:")
-             and not any(c in n for c in "*?[")} | set(unquantized.weights)
+             and not any(c in n for c in "*?[")} | set(unquantized.weights) - gone
     layers = list(layers)
     if not any(layer.endswith("lm_head") for layer in layers):
         names.add("lm_head")
@@ -348,7 +351,7 @@ class FPQuant(TensorScaleForm, SafetensorsContainer):
             size = rotations.check_sizes({n: r.size for n, r in found.items()}, CheckpointError)
             extra = {layer: rotations.normalized(found.get(layer), size) for layer in layers}
         shards = tuple(self._shard(shard, set(layers), extra, drop) for shard in contents.shards)
-        keep = _not_converted(contents.unquantized, layers)
+        keep = _not_converted(contents.unquantized, layers, drop)
 
         def write_config(where: Path, scheme: Scheme, unquantized: Unquantized) -> None:
             data = read_json(where / CONFIG_NAME)

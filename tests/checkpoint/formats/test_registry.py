@@ -84,9 +84,17 @@ def test_the_fused_decode_scale_is_the_max_of_the_stored_scales(fmt: CheckpointF
 LAYER = "model.layers.0.self_attn.q_proj"
 
 
+#: Formats that hold W4A4 only (FP-Quant: every engine quantizes the activations).
+W4A4_ONLY = {CheckpointFormat.FP_QUANT}
+
+
+def _scheme(spec: CheckpointFormatSpec) -> Scheme:
+    return Scheme.NVFP4 if spec.format in W4A4_ONLY else Scheme.NVFP4A16
+
+
 def _contents(spec: CheckpointFormatSpec) -> Contents:
-    """The smallest checkpoint: a Llama config and one weight-only NVFP4 layer, under the
-    format's names."""
+    """The smallest checkpoint: a Llama config and one NVFP4 layer (weight-only, W4A4 for a
+    format that holds no other), under the format's names."""
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                          architectures=["LlamaForCausalLM"])
@@ -98,8 +106,10 @@ def _contents(spec: CheckpointFormatSpec) -> Contents:
                       torch.full((64, 4), 1.0).to(torch.float8_e4m3fn)),
         stored_tensor(f"{LAYER}.{names.tensor_scale}", scale.contiguous()),
     )
+    if _scheme(spec) == Scheme.NVFP4:
+        tensors += (stored_tensor(f"{LAYER}.{names.input_scale}", scale.contiguous()),)
     return Contents((Shard("model.safetensors", tensors),), config.to_json_string(),
-                    Scheme.NVFP4A16, Unquantized(("lm_head",), ("lm_head",)))
+                    _scheme(spec), Unquantized(("lm_head",), ("lm_head",)))
 
 
 @pytest.mark.parametrize("fmt", list(CheckpointFormat))
@@ -113,7 +123,7 @@ def test_each_formats_folder_is_detected_as_exactly_that_format(
     assert detect_format(folder) is fmt
     assert [f for f, other in FORMATS.items() if other.detect(folder)] == [fmt]
     config = spec.read_config(folder)
-    assert config.checkpoint_scheme() == Scheme.NVFP4A16
+    assert config.checkpoint_scheme() == _scheme(spec)
     written = {p.name for p in folder.iterdir()}
     assert written == {*returned, *spec.config_files}
     assert set(spec.weight_files) <= written
