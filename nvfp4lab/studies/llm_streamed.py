@@ -183,7 +183,6 @@ class StreamedModel:
         self._tensors = _Tensors.of(self.folder)
         self.dtype = (self._tensors.main_dtype(self.folder) if dtype is None
                       else _dtype_of(dtype))
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoConfig, AutoModelForCausalLM
 
         config = AutoConfig.from_pretrained(self.folder, local_files_only=True)
