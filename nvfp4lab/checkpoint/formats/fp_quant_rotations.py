@@ -164,13 +164,22 @@ def layer_rotations(tensors: Mapping[str, TensorInfo], quantized: Iterable[str],
     """Layer -> its :class:`LayerRotation`, from the ``<layer>.<group>_input.weight`` tensors
     ``read_weights`` presents (``read(key)``: the float32 ±1 matrix)."""
     out: dict[str, LayerRotation] = {}
-    for layer in quantized:
-        for key in tensors:
-            if key.startswith(f"{layer}.") and key.endswith("_input.weight") and (
-                    key.count(".") == layer.count(".") + 2):
-                group = key[len(layer) + 1:].removesuffix("_input.weight")
-                rot = BlockRotation.from_matrix(_kind(read(key)), read(key))
-                out[layer] = LayerRotation(layer, group, rot, key)
+    layers = set(quantized)
+    for key, (layer, group) in _presented(tensors).items():
+        if layer in layers:
+            matrix = read(key)
+            out[layer] = LayerRotation(layer, group, BlockRotation.from_matrix(_kind(matrix),
+                                                                               matrix), key)
+    return out
+
+
+def _presented(tensors: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """``<layer>.<group>_input.weight`` key -> (layer, group), for every such name."""
+    out: dict[str, tuple[str, str]] = {}
+    for key in tensors:
+        if key.endswith("_input.weight"):
+            layer, _, leaf = key.removesuffix(".weight").rpartition(".")
+            out[key] = (layer, leaf.removesuffix("_input"))
     return out
 
 
@@ -281,9 +290,9 @@ def audit_rotations(layers: Iterable[str], tensors: Mapping[str, TensorInfo],
     """Layer -> (``transform`` column, issue) for ``nvfp4lab audit``: the online input rotation
     a layer's ``forward_hadamard_matrix`` holds, or "none (identity)"."""
     out: dict[str, tuple[str, str]] = {}
+    keys = {layer: key for key, (layer, _) in _presented(tensors).items()}
     for layer in layers:
-        key = next((k for k in tensors if k.startswith(f"{layer}.")
-                    and k.endswith("_input.weight")), None)
+        key = keys.get(layer)
         if key is None:
             out[layer] = (f"none (identity {FORWARD} {size}x{size})", "")
             continue
