@@ -493,6 +493,9 @@ def streamed_config_result(
     if getattr(config, "kv_scales", None) is not None:
         raise ValueError(f"configuration {config.label!r}: calibrated KV scales are computed on "
                          "the whole model in memory, not block by block; run it in memory")
+    if getattr(config, "w4a4", None) is not None:
+        raise ValueError(f"configuration {config.label!r}: the W4A4 recipes (w4a4=) are not "
+                         "run block by block yet; run it in memory")
     streamed = _opened(model, dtype)
     with _PeakRSS() as peak:
         fidelity, seconds = _streamed_fidelity(streamed, run, config, calibration_batches,

@@ -39,7 +39,11 @@ CALIBRATION = [
     {"input_ids": torch.randint(0, TINY_VOCAB, (2, 16), generator=torch.Generator().manual_seed(6)),
      "attention_mask": _MASK},
 ]
-CONFIGS = {c.label: c for c in lc.configurations()}
+#: The configurations the streamed path runs (calibrated KV scales are computed on the whole
+#: model in memory, and refused, as the W4A4 recipes are).
+CONFIGS = {c.label: c for c in lc.configurations()
+           if getattr(c, "kv_scales", None) is None and getattr(c, "w4a4", None) is None}
+REFUSED = [c for c in lc.configurations() if c.label not in CONFIGS]
 #: The configurations checked on both models (the rest on the bfloat16 Llama only).
 REQUIRED = ("W4A16 RTN", "W4A16 GPTQ", "W4A4 RTN, dynamic", "KV nvfp4", "KV fp8")
 #: Fields that measure this run (time, memory), not the model.
@@ -206,6 +210,9 @@ def test_bad_input_is_one_clear_error(folders: dict[tuple[str, torch.dtype], Pat
     run = ls.streamed_reference(streamed, IDS, context=CONTEXT, progress=False)
     with pytest.raises(ValueError, match="needs calibration_batches"):
         ls.streamed_config_result(streamed, run, CONFIGS["W4A16 GPTQ"], progress=False)
+    for config in REFUSED:
+        with pytest.raises(ValueError, match="run it in memory"):
+            ls.streamed_config_result(streamed, run, config, CALIBRATION, progress=False)
     with pytest.raises(ValueError, match="open the folder again"):
         ls.streamed_config_result(streamed, run, CONFIGS["W4A16 RTN"], dtype="float32")
     assert run.hidden is not None
