@@ -9,12 +9,18 @@ console error, and a widget output (a tqdm bar in a Jupyter kernel) renders blan
   ``<script src>`` or ``<link href>`` points anywhere, figures are embedded ``data:`` URIs, the
   CSS is inlined (nbconvert's default). The report notebooks write no LaTeX math; a ``$...$``
   in a markdown cell would show as its TeX source (MathJax is what the template left out);
-* run their kernels with :func:`kernel_env` (``NVFP4LAB_TEXT_PROGRESS=1``): nvfp4lab's progress
-  bars and transformers' ("Loading weights", through :mod:`nvfp4lab.models`) are plain text on
-  stderr, which the page shows as the bar's last state;
+* run their kernels with :func:`kernel_env` (``TQDM_DISABLE=1``): no progress bar is drawn,
+  neither nvfp4lab's nor transformers' ("Loading weights") nor a converter's, so none reaches a
+  page as a stderr box (the runner shows progress on the terminal instead);
 * drop any remaining widget view from the executed notebook before export
   (:func:`strip_widgets`): its ``text/plain`` form stays, and without widget state the template
-  emits no widget-manager script.
+  emits no widget-manager script;
+* write each figure's alt text (``{"image/png": {"alt": ...}}`` in the output's metadata, set by
+  :func:`nvfp4lab.plots.install_alt_text`) into its ``<img alt>``: nbconvert's template writes
+  none and fills in "No description has been provided for this image";
+* add :data:`PAGE_CSS`: an output wider than the page (a wide table, a long printed line)
+  scrolls inside its own box instead of being cut at the page's edge, and printed text wraps
+  at spaces, not inside a number (the lab template's ``word-break: break-all``).
 
 :func:`external_urls` lists what a page would fetch from the network (the tests' check).
 """
@@ -31,6 +37,7 @@ from nvfp4lab.settings import TEXT_PROGRESS_ENV, THREADS_ENV, torch_threads
 
 __all__ = [
     "OFFLINE_TEMPLATE",
+    "PAGE_CSS",
     "WIDGET_VIEW_MIME",
     "external_urls",
     "kernel_env",
@@ -41,12 +48,33 @@ __all__ = [
 #: MIME type of a Jupyter widget's view in a cell output.
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 
-#: The ``lab`` HTML template with every script block that loads from a CDN left empty.
+#: CSS added to every page. The lab template lays an output out as a table cell in a
+#: ``table-layout: fixed`` box with ``overflow: hidden``, so a table wider than the page was cut
+#: off at the right edge; as a flex item with ``min-width: 0`` the output scrolls instead.
+#: Printed text wraps at spaces only (the template's ``word-break: break-all`` split numbers
+#: mid-digit); a single word longer than the line may still break.
+PAGE_CSS = """
+.jp-OutputArea-child { display: flex; }
+.jp-OutputArea-prompt { flex: 0 0 auto; }
+.jp-OutputArea-output { display: block; flex: 1 1 auto; min-width: 0; overflow-x: auto; }
+.jp-OutputArea-output pre { white-space: pre-wrap; word-break: normal; overflow-wrap: anywhere; }
+"""
+
+#: The ``lab`` HTML template with every script block that loads from a CDN left empty, the
+#: figures' alt text and :data:`PAGE_CSS`.
 OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js -%}{%- endblock html_head_js -%}
 {% block jupyter_widgets %}{% endblock jupyter_widgets %}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{% block extra_css %}<style type="text/css">""" + PAGE_CSS + """</style>{% endblock extra_css %}
+{% block data_png scoped %}
+{%- set alt = output | get_metadata('alt', 'image/png') -%}
+<div class="jp-RenderedImage jp-OutputArea-output {{ extra_class }}">
+<img src="data:image/png;base64,{{ output.data['image/png'] | escape_html }}"
+{%- if alt %} alt="{{ alt | escape_html }}"{% endif %}>
+</div>
+{%- endblock data_png %}
 """
 _TEMPLATE_NAME = "nvfp4lab_offline.html.j2"
 
@@ -59,14 +87,18 @@ _EXTERNAL = re.compile(
 )
 
 
-def kernel_env() -> dict[str, str]:
-    """Environment variables the report runner sets in its notebook kernels: text progress bars,
-    and :func:`~nvfp4lab.settings.torch_threads` both as ``NVFP4LAB_THREADS`` and as
+def kernel_env(threads: int | None = None) -> dict[str, str]:
+    """Environment variables the report runner sets in its notebook kernels: no progress bars
+    (``TQDM_DISABLE=1``, read by every tqdm bar, and ``HF_HUB_DISABLE_PROGRESS_BARS=1``, read
+    by transformers' and the Hub's: a page showed them as stderr boxes; text bars,
+    ``NVFP4LAB_TEXT_PROGRESS``, where one is still drawn), and ``threads`` (default
+    :func:`~nvfp4lab.settings.torch_threads`) both as ``NVFP4LAB_THREADS`` and as
     ``OMP_NUM_THREADS`` (read by torch at start-up), so that kernels running side by side never
     start one thread per core each, even in a notebook that does not call
     :func:`~nvfp4lab.settings.use_torch_threads`."""
-    threads = str(torch_threads())
-    return {TEXT_PROGRESS_ENV: "1", THREADS_ENV: threads, "OMP_NUM_THREADS": threads}
+    count = str(torch_threads() if threads is None else threads)
+    return {TEXT_PROGRESS_ENV: "1", "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            THREADS_ENV: count, "OMP_NUM_THREADS": count}
 
 
 def strip_widgets(nb: Any) -> Any:

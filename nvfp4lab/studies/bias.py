@@ -21,7 +21,7 @@ import torch
 from nvfp4lab import metrics
 from nvfp4lab.codec import quantize
 from nvfp4lab.execution.gemm import DroppedBiasWarning, linear
-from nvfp4lab.plots import new_figure
+from nvfp4lab.plots import legend_outside, new_figure
 from nvfp4lab.studies.explorer import explorer, stream_output
 from nvfp4lab.vocab import Backend, BiasMode
 
@@ -36,6 +36,7 @@ __all__ = [
     "bias_sweep",
     "bias_text",
     "dropped_bias_check",
+    "epilogue_summary",
     "make_layer",
     "plot_epilogue_rounding",
     "plot_sqnr_vs_bias",
@@ -197,6 +198,28 @@ def dropped_bias_check(
     return rows
 
 
+def epilogue_summary(rows_by_dtype: dict[str, Sequence[dict[str, object]]]) -> str:
+    """One sentence, computed from :func:`bias_sweep` rows (emulation, ``"output"`` epilogue,
+    bias scale > 0) per dtype: the range of the epilogue-order difference (RMS relative to
+    RMS(y)) and how many times smaller it is than the NVFP4 error (sqrt NMSE) at the same bias,
+    e.g. ``"bfloat16: 9.1e-04 to 2.6e-03 of RMS(y), 8× to 51× below the NVFP4 error"``."""
+    parts = []
+    for dtype_name, rows in rows_by_dtype.items():
+        sel = [r for r in rows if r["mode"] == BiasMode.OUTPUT and r["backend"] == Backend.EMULATION
+               and float(r["bias_scale"]) > 0]  # type: ignore[arg-type]
+        if not sel:
+            continue
+        diffs = [float(r["epilogue_rel_rms"]) for r in sel]  # type: ignore[arg-type]
+        ratios = [math.sqrt(float(r["nmse"])) / d for r, d in zip(sel, diffs, strict=True)  # type: ignore[arg-type]
+                  if d > 0]
+        below = (f", {min(ratios):.0f}× to {max(ratios):.0f}× below the NVFP4 error at the same "
+                 f"bias" if ratios else "")
+        parts.append(f"{dtype_name}: {min(diffs):.1e} to {max(diffs):.1e} of RMS(y){below}")
+    if not parts:
+        return "no emulation rows with a bias"
+    return "Epilogue order, measured: " + "; ".join(parts) + "."
+
+
 # ---------------------------------------------------------------------------------------------
 # Figures
 # ---------------------------------------------------------------------------------------------
@@ -217,6 +240,7 @@ def plot_sqnr_vs_bias(
         f"Layer output SQNR vs bias size ({backend})",
         "bias RMS / RMS(x·Wᵀ) (unitless, log scale; 0 drawn at the left edge)",
         "SQNR vs exact float layer (dB)",
+        figsize=(9.0, 4.2),
     )
     styles = (
         ("float", ":"), (BiasMode.FP32, "-"), (BiasMode.OUTPUT, "--"), (BiasMode.DROPPED, "-")
@@ -227,7 +251,7 @@ def plot_sqnr_vs_bias(
         ax.plot(_xs(scales), [r["sqnr_db"] for r in sel], style, marker="o",
                 label=_MODE_LABELS[mode])
     ax.set_xscale("log")
-    ax.legend()
+    legend_outside(ax)
     return fig
 
 
@@ -239,6 +263,7 @@ def plot_epilogue_rounding(rows_by_dtype: dict[str, Sequence[dict[str, object]]]
         "Extra error of adding the bias after rounding (emulation)",
         "bias RMS / RMS(x·Wᵀ) (unitless, log scale)",
         "error RMS / RMS(y) (unitless, log scale)",
+        figsize=(9.0, 4.2),
     )
     for dtype_name, rows in rows_by_dtype.items():
         sel = [
@@ -257,7 +282,7 @@ def plot_epilogue_rounding(rows_by_dtype: dict[str, Sequence[dict[str, object]]]
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.legend()
+    legend_outside(ax)  # off the lines: the text asks to compare them
     return fig
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nvfp4lab import metrics, number_formats
+from nvfp4lab import metrics
 from nvfp4lab.execution import DroppedBiasWarning, quantize_model
 from nvfp4lab.models import SentenceEncoder
 from nvfp4lab.plots import new_figure
@@ -71,6 +71,7 @@ __all__ = [
     "plot_outliers",
     "plot_per_layer",
     "short_name",
+    "weight_bits",
 ]
 
 _BERT_PARTS = (
@@ -180,6 +181,16 @@ def format_configs(
     return out
 
 
+def weight_bits(fp: SentenceEncoder, cfg: ModelConfig) -> float:
+    """Storage of ``cfg``'s weights in bits per weight over every Linear of ``fp``: each weight's
+    ``storage_bits`` for its own shape and options (16×16 tiles share one scale per 256 values:
+    4.031 bits, not 4.5), weighted by its size. An NVFP4 path stores plain NVFP4."""
+    weights = cfg.weights if cfg.weights is not None else StudyConfig("nvfp4", "nvfp4")
+    shapes = [tuple(fp.model.get_submodule(n).weight.shape) for n in linear_names(fp.model)]
+    total = sum(math.prod(s) for s in shapes)
+    return sum(weights.bits(s) * math.prod(s) for s in shapes) / total
+
+
 def config_rows(
     fp: SentenceEncoder,
     configs: Sequence[ModelConfig],
@@ -188,8 +199,9 @@ def config_rows(
     keep: dict[str, SentenceEncoder] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per configuration: embedding cosine to float (mean, min, ``cosine_gap`` =
-    1 − mean), paraphrase recall, nearest-neighbour agreement, weight bits/element.
-    ``keep``: a dict that receives each built encoder by label (for :func:`bias_rows`)."""
+    1 − mean), paraphrase recall, nearest-neighbour agreement, weight bits/element
+    (:func:`weight_bits`). ``keep``: a dict that receives each built encoder by label (for
+    :func:`bias_rows`)."""
     rows = []
     for cfg in configs:
         with warnings.catch_warnings():
@@ -199,8 +211,7 @@ def config_rows(
                 keep[cfg.label] = enc
             fidelity = embedding_fidelity(fp, enc, sentences)
             recall = paraphrase_recall(enc, sentences) if sentences == SENTENCES else math.nan
-        bits = (number_formats.get(cfg.weights.format).bits_per_element if cfg.weights is not None
-                else number_formats.get("nvfp4").bits_per_element)
+        bits = weight_bits(fp, cfg)
         quantized_inputs = cfg.activations is not None or cfg.backend == Backend.EMULATION
         rows.append({
             "label": cfg.label, "kind": cfg.kind, "weight_bits": bits,

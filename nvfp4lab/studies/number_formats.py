@@ -222,14 +222,21 @@ def bits_note(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def rank_table(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """label → {distribution → rank by NMSE}: 1 = lowest error, equal NMSE share a rank."""
+    """label → {distribution → rank by NMSE}: 1 = lowest error; NMSEs equal to the 4 significant
+    digits the notebook's tables show share a rank (the smallest: 1, 2, 2, 4), so two errors the
+    reader sees as equal never get different ranks."""
     ranks: dict[str, dict[str, int]] = {}
     for dist in dict.fromkeys(r["distribution"] for r in rows):
-        values = sorted(r["nmse"] for r in rows if r["distribution"] == dist)
+        values = sorted(_shown(r["nmse"]) for r in rows if r["distribution"] == dist)
         for r in rows:
             if r["distribution"] == dist:
-                ranks.setdefault(r["label"], {})[dist] = 1 + values.index(r["nmse"])
+                ranks.setdefault(r["label"], {})[dist] = 1 + values.index(_shown(r["nmse"]))
     return ranks
+
+
+def _shown(value: float) -> float:
+    """``value`` as a table shows it: 4 significant digits."""
+    return float(f"{value:.4g}")
 
 
 def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

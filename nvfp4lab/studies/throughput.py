@@ -477,7 +477,8 @@ def plot_block_times(
         ax.set_ylabel("time per block (µs, modeled)")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles))
+    # the legend under the title: the footnote of the paths not drawn takes the bottom edge
+    fig.legend(list(handles.values()), list(handles), loc="outside upper center", ncol=len(handles))
     note = absent_note(gpu_names)
     _caption(fig, f"Paths not drawn — {note}" if note else "")
     return fig
