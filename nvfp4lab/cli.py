@@ -127,8 +127,8 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
                         help="Jupyter kernel name (default: this Python interpreter)")
     parser.add_argument(
         "--jobs", type=int, default=None, metavar="N",
-        help="notebooks run side by side, each in its own kernel with NVFP4LAB_THREADS torch "
-        "threads (default: one per core)",
+        help="notebooks run side by side, longest first, each kernel with the cores no other "
+        "running notebook uses (NVFP4LAB_THREADS set: that many each; default: one per core)",
     )
     parser.add_argument(
         "--timeout", type=float, default=None, metavar="SECONDS",
@@ -138,33 +138,37 @@ def _add_report(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    import time
     from pathlib import Path
 
     from nvfp4lab.report.runner import run_reports
+    from nvfp4lab.report.talk import Progress
 
-    try:
-        results = run_reports(
-            notebooks=args.only,
-            out_dir=args.out,
-            parameters=dict(args.parameters),
-            smoke=args.smoke,
-            kernel_name=args.kernel,
-            notebook_dir=args.notebook_dir,
-            jobs=args.jobs,
-            overwrite=args.overwrite,
-            **({} if args.timeout is None else {"timeout_s": args.timeout}),
-        )
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"nvfp4lab report: {exc}", file=sys.stderr)
-        return 2
-    for r in results:
-        heads = "; ".join(f"{h.name} = {h.text()}" for h in r.headlines.values())
-        line = f"{r.status:>6}  {r.name}  {r.duration_s:6.1f} s"
-        print(line + (f"  [{heads}]" if heads else ""))
-        if r.error:
-            print(f"        {r.error}")
-    print(f"index: {Path(args.out) / 'index.html'}")
+    start = time.monotonic()
+    with Progress(sys.stdout) as progress:
+        try:
+            results = run_reports(
+                notebooks=args.only,
+                out_dir=args.out,
+                parameters=dict(args.parameters),
+                smoke=args.smoke,
+                kernel_name=args.kernel,
+                notebook_dir=args.notebook_dir,
+                jobs=args.jobs,
+                overwrite=args.overwrite,
+                progress=progress,
+                **({} if args.timeout is None else {"timeout_s": args.timeout}),
+            )
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"nvfp4lab report: {exc}", file=sys.stderr)
+            return 2
+        for r in results:  # each was printed as it ended; any the listener did not see
+            if r.name not in progress.reported:
+                progress.finished(r)
     failed = [r.name for r in results if not r.ok]
+    minutes, seconds = divmod(round(time.monotonic() - start), 60)
+    print(f"{len(results) - len(failed)} of {len(results)} notebooks ok in "
+          f"{minutes} min {seconds:02d} s; index: {Path(args.out) / 'index.html'}")
     if failed:
         print(f"nvfp4lab report: failed notebooks: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -14,10 +14,11 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from nvfp4lab.report.kernel_threads import THREADS_FILE_ENV
 from nvfp4lab.report.notebook_imports import skip_iri_format_backend
 from nvfp4lab.report.pages import kernel_env
 from nvfp4lab.settings import environ
@@ -96,14 +97,22 @@ class Running:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _kernel_manager_class(kernel_name: str | None, watch: KernelWatch) -> type:
+#: The IPython extension our own kernels load: torch threads follow the runner's threads file.
+THREADS_EXTENSION = "nvfp4lab.report.kernel_threads"
+
+
+def _kernel_manager_class(kernel_name: str | None, watch: KernelWatch, threads: int | None = None,
+                          threads_file: Path | None = None) -> type:
     """An ASYNC jupyter kernel manager (nbclient must poll the kernel's liveness while a cell runs;
     a blocking client waits forever on a dead kernel) that registers itself with ``watch``.
 
     ``kernel_name=None``: the kernel is ``sys.executable -m ipykernel_launcher``, with the folder
     holding this ``nvfp4lab`` first on its PYTHONPATH so the notebook imports the same package as
     the runner, even without an install. Otherwise the installed kernelspec of that name; both
-    with :func:`nvfp4lab.report.pages.kernel_env` (text progress bars) added to their environment.
+    with :func:`nvfp4lab.report.pages.kernel_env` (no progress bars; ``threads`` torch threads)
+    added to their environment. ``threads_file``: our kernel loads :data:`THREADS_EXTENSION`,
+    which applies the number in that file before each cell (a named kernelspec keeps
+    ``threads``).
     """
     import os
 
@@ -117,18 +126,24 @@ def _kernel_manager_class(kernel_name: str | None, watch: KernelWatch) -> type:
     # Encrypt the kernel's local TCP channels when pyzmq can (CurveZMQ); ipykernel warns otherwise.
     curve = bool(zmq.has("curve"))
     named = kernel_name is not None
+    env = kernel_env(threads)
+    extension: list[str] = []
+    if threads_file is not None:
+        env[THREADS_FILE_ENV] = str(threads_file)
+        extension = [f"--IPKernelApp.extra_extensions={THREADS_EXTENSION}"]
 
     class ThisPythonKernelSpecManager(KernelSpecManager):
         def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
             if named:  # an installed kernelspec, with the report pages' variables added
                 spec = super().get_kernel_spec(kernel_name)
-                spec.env = {**spec.env, **kernel_env()}
+                spec.env = {**spec.env, **env}
                 return spec
             return KernelSpec(
-                argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                      *extension],
                 display_name=f"Python ({sys.executable})",
                 language="python",
-                env={"PYTHONPATH": pythonpath, **kernel_env()},
+                env={"PYTHONPATH": pythonpath, **env},
                 metadata={"supported_encryption": ["curve"]} if curve else {},
                 resource_dir="",
             )
@@ -181,15 +196,35 @@ def error_text(exc: BaseException, timed_out: float | None = None) -> str:
 
 
 
+def _cell_hooks(on_cell: Callable[[int, int], None]) -> dict[str, Callable[..., None]]:
+    """nbclient's hooks calling ``on_cell(done, total)`` after each code cell that ran."""
+    count = {"done": 0, "total": 0}
+
+    def notebook_start(notebook: Any, **_: Any) -> None:
+        count["total"] = sum(1 for c in notebook.cells
+                             if c.cell_type == "code" and c.source.strip())
+        on_cell(0, count["total"])
+
+    def cell_executed(**_: Any) -> None:
+        count["done"] += 1
+        on_cell(count["done"], count["total"])
+
+    return {"on_notebook_start": notebook_start, "on_cell_executed": cell_executed}
+
+
 def execute_notebook(
     path: Path, out_ipynb: Path, parameters: dict[str, Any], kernel_name: str | None,
-    timeout_s: float, running: Running,
+    timeout_s: float, running: Running, *, threads: int | None = None,
+    threads_file: Path | None = None, on_cell: Callable[[int, int], None] | None = None,
 ) -> str | None:
     """Run one notebook with papermill into ``out_ipynb``; the error text, or None when it ran
     through. Raises KeyboardInterrupt when ``running`` was stopped (Ctrl-C) meanwhile.
 
     A watchdog kills the notebook's kernel once ``timeout_s`` has passed; each cell is also
-    limited to ``timeout_s`` (nbclient's own execution timeout).
+    limited to ``timeout_s`` (nbclient's own execution timeout). ``threads``: the kernel's torch
+    threads at its start (default :func:`~nvfp4lab.settings.torch_threads`); ``threads_file``:
+    where the runner writes its later share (see :func:`_kernel_manager_class`);
+    ``on_cell(done, total)`` is called after each code cell ran (nonempty code cells).
     """
     import logging
 
@@ -203,6 +238,7 @@ def execute_notebook(
     if not papermill_log.handlers:
         papermill_log.addHandler(logging.NullHandler())
     watch = KernelWatch()
+    hooks = _cell_hooks(on_cell) if on_cell is not None else {}
     timer = threading.Timer(timeout_s, watch.expire)
     timer.daemon = True
     timer.start()
@@ -216,7 +252,8 @@ def execute_notebook(
                 parameters=parameters or None,
                 kernel_name=kernel_name or "python3",
                 language="python",  # parameters are injected as Python, whatever the metadata
-                kernel_manager_class=_kernel_manager_class(kernel_name, watch),
+                kernel_manager_class=_kernel_manager_class(kernel_name, watch, threads,
+                                                           threads_file),
                 execution_timeout=timeout_s,
                 # The kernel starts in the notebook's folder (nbclient's resources path), never
                 # through papermill's cwd=, an os.chdir of the whole process for the run: with
@@ -225,6 +262,7 @@ def execute_notebook(
                 resources={"metadata": {"path": str(path.parent)}},
                 progress_bar=False,
                 log_output=False,
+                **hooks,
             )
     except Exception as exc:  # keep going: the index and the partial HTML show what failed
         if running.stopped.is_set():

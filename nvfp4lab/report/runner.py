@@ -30,30 +30,31 @@ notebook (the last value wins per name). Outside IPython ``headline`` only retur
 from __future__ import annotations
 
 import ast
-import html
 import json
 import math
 import numbers
 import os
 import re
-import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nvfp4lab.bench.timing import stopwatch
+from nvfp4lab.report import schedule
+from nvfp4lab.report.index_page import write_index
 from nvfp4lab.report.jupyter import DEFAULT_TIMEOUT_S, Running, error_text, execute_notebook
 from nvfp4lab.report.notebook_imports import skip_iri_format_backend
 from nvfp4lab.report.outputs import check_out_dir, check_outputs, record_outputs
 from nvfp4lab.report.pages import render_html
-from nvfp4lab.settings import torch_threads
+from nvfp4lab.settings import THREADS_ENV, environ, torch_threads
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "HEADLINE_MIME",
     "Headline",
+    "ProgressListener",
     "ReportResult",
     "check_parameters",
     "default_notebook_dir",
@@ -306,23 +307,48 @@ def _check_kind(path: Path, name: str, default_source: str, value: Any) -> None:
 # execution
 
 
-def _run_one(
-    path: Path,
-    out_dir: Path,
-    parameters: dict[str, Any],
-    kernel_name: str | None,
-    timeout_s: float,
-    running: Running,
-) -> ReportResult:
+class ProgressListener(Protocol):
+    """What ``run_reports(progress=...)`` tells as it goes (:class:`nvfp4lab.report.talk.Progress`
+    prints it), called from the runner's threads: a notebook ``started`` with ``threads`` torch
+    threads (``expected_s``: its expected seconds, None when unknown), its code ``cell`` s done
+    out of ``total``, its ``threads`` grown (the others ended), ``finished`` with its result."""
+
+    def started(self, name: str, threads: int, expected_s: float | None = None) -> None: ...
+
+    def cell(self, name: str, done: int, total: int) -> None: ...
+
+    def threads(self, name: str, threads: int) -> None: ...
+
+    def finished(self, result: ReportResult) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """How one notebook is run: its kernel (``kernel_name``), time limit, torch ``threads`` at
+    the start and the file of its later share (None: fixed), the run's ``progress`` listener."""
+
+    kernel_name: str | None
+    timeout_s: float
+    threads: int
+    threads_file: Path | None
+    progress: ProgressListener | None
+
+
+def _run_one(path: Path, out_dir: Path, parameters: dict[str, Any], launch: _Launch,
+             running: Running) -> ReportResult:
     """Execute and render one notebook into hidden partial files, renamed over the previous pages
     once the run ended (ok or failed); a KeyboardInterrupt removes them, old pages untouched."""
     name = path.stem
     out_ipynb, out_html = out_dir / f"{name}.ipynb", out_dir / f"{name}.html"
     tmp_ipynb, tmp_html = (out_dir / f".{name}.partial{ext}" for ext in (".ipynb", ".html"))
+    listener = launch.progress
+    on_cell = None if listener is None else (
+        lambda done, total: listener.cell(name, done, total))
     try:
         with stopwatch() as took:
-            error = execute_notebook(path, tmp_ipynb, parameters, kernel_name, timeout_s,
-                                     running)
+            error = execute_notebook(path, tmp_ipynb, parameters, launch.kernel_name,
+                                     launch.timeout_s, running, threads=launch.threads,
+                                     threads_file=launch.threads_file, on_cell=on_cell)
         executed = tmp_ipynb.exists()
         nb = _read_notebook(tmp_ipynb) if executed else _read_notebook(path)
         headlines = extract_headlines(nb) if executed else {}
@@ -365,6 +391,7 @@ def run_reports(
     index: bool = True,
     jobs: int | None = None,
     overwrite: bool = False,
+    progress: ProgressListener | None = None,
 ) -> list[ReportResult]:
     """Execute report notebooks into ``out_dir`` (HTML + executed ``.ipynb`` + ``index.html``).
 
@@ -372,17 +399,23 @@ def run_reports(
     ``NN_*.ipynb`` of :func:`default_notebook_dir`). ``parameters`` are injected into every
     notebook; ``smoke=True`` adds ``SMOKE=True``. Every name is checked against each notebook's
     ``parameters`` cell, ``out_dir`` for writability and ``NVFP4LAB_THREADS``
-    (:func:`~nvfp4lab.settings.torch_threads`, which each kernel is given) before anything runs
-    (ValueError).
+    (:func:`~nvfp4lab.settings.torch_threads`) before anything runs (ValueError).
     ``kernel_name=None`` runs the notebooks in this interpreter; a name picks an installed Jupyter
     kernelspec. ``timeout_s``: wall-clock limit per notebook (seconds). ``index=False`` skips
     ``index.html`` (one rendered notebook, e.g. ``nvfp4lab audit``). A notebook with an
     ``INTERACTIVE`` parameter runs with ``INTERACTIVE=False`` unless ``parameters`` sets it (its
     explorer cell needs a live session). Failures do not raise: a
     failing cell, a dead kernel ("kernel died") or a timeout is the result's ``status`` and
-    ``error``, and the next notebook still runs. ``jobs``: notebooks run side by side, each in
-    its own kernel with :func:`~nvfp4lab.settings.torch_threads` torch threads (default: one per
-    core, at most one per notebook); results and index keep the notebooks' order either way.
+    ``error``, and the next notebook still runs.
+
+    ``jobs``: notebooks run side by side, each in its own kernel (default: one per core, at most
+    one per notebook). They start longest first (:mod:`nvfp4lab.report.schedule`: the durations
+    recorded in ``out_dir`` by the previous run with the same parameters, else the shipped cost
+    table) and each kernel gets the cores no other running notebook uses; once none is left to
+    start, the cores of those that ended go to those still running, from their next cell (our
+    own kernels only). ``NVFP4LAB_THREADS`` set in the environment fixes every kernel's threads
+    instead. Results and index keep the notebooks' order either way. ``progress``: told of
+    each start, cell and end (:class:`ProgressListener`; the CLI prints them).
     ``out_dir`` may hold an earlier run's pages, which are replaced; a file of the same name that
     the runner did not write is refused before anything runs unless ``overwrite``
     (:func:`nvfp4lab.report.outputs.check_outputs`; the notebooks' own folder is always
@@ -390,7 +423,7 @@ def run_reports(
     """
     if not (isinstance(timeout_s, int | float) and timeout_s > 0 and math.isfinite(timeout_s)):
         raise ValueError(f"--timeout must be a positive number of seconds, got {timeout_s!r}")
-    torch_threads()  # once, before any notebook: each kernel's environment reads it again
+    fixed = torch_threads() if environ().get(THREADS_ENV, "").strip() else None
     paths = (
         _resolve(notebooks, notebook_dir)
         if notebooks is not None
@@ -408,30 +441,49 @@ def run_reports(
     out = check_out_dir(out_dir)
     check_outputs(out, paths, index=index, overwrite=overwrite)
     record_outputs(out, paths, index=index)
+    expected = schedule.expected_seconds(paths, out, params)
     running = Running()
     done: dict[Path, ReportResult] = {}
     started: set[Path] = set()
+    with tempfile.TemporaryDirectory(prefix="nvfp4lab-report-") as scratch:
+        cores = schedule.Cores(
+            schedule.available_cores(), jobs, len(paths), fixed=fixed,
+            folder=Path(scratch) if kernel_name is None else None,
+            expected={p.stem: seconds for p, (seconds, _) in expected.items()},
+            changed=None if progress is None else progress.threads)
 
-    def run(path: Path) -> None:
-        if running.stopped.is_set():  # Ctrl-C before its turn: "not run"
-            return
-        started.add(path)
-        done[path] = _run_one(path, out, _headless(path, params), kernel_name,
-                              float(timeout_s), running)
+        def run(path: Path) -> None:
+            if running.stopped.is_set():  # Ctrl-C before its turn: "not run"
+                return
+            started.add(path)
+            threads = cores.take(path.stem)
+            if progress is not None:
+                seconds, measured = expected[path]
+                progress.started(path.stem, threads, seconds if measured else None)
+            launch = _Launch(kernel_name, float(timeout_s), threads, cores.file(path.stem),
+                             progress)
+            try:
+                done[path] = _run_one(path, out, _headless(path, params), launch, running)
+                if progress is not None:
+                    progress.finished(done[path])
+            finally:
+                cores.release(path.stem)
 
-    try:
-        with running.on_ctrl_c():
-            if jobs == 1:
-                for path in paths:
-                    run(path)
-            else:
-                _side_by_side(run, paths, jobs, running)
-    except KeyboardInterrupt:
-        if index:
-            write_index([done.get(p) or _not_finished(p, p in started, out, params)
-                         for p in paths], out / "index.html")
-        raise
+        try:
+            with running.on_ctrl_c():
+                order = schedule.launch_order(paths, expected)
+                if jobs == 1:
+                    for path in order:
+                        run(path)
+                else:
+                    _side_by_side(run, order, jobs, running)
+        except KeyboardInterrupt:
+            if index:
+                write_index([done.get(p) or _not_finished(p, p in started, out, params)
+                             for p in paths], out / "index.html")
+            raise
     results = [done[p] for p in paths]
+    schedule.record_times(out, params, {r.name: r.duration_s for r in results if r.ok})
     if index:
         write_index(results, out / "index.html")
     return results
@@ -510,57 +562,3 @@ def _not_finished(path: Path, started: bool, out: Path, params: dict[str, Any]) 
     return ReportResult(path.stem, path, status, 0.0, page, None, dict(params),
                         error=f"{status} (Ctrl-C); " + (
                             "the page linked is from an earlier run" if page else "no page"))
-
-
-# --------------------------------------------------------------------------------------------
-# index page
-
-_INDEX_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
-table { border-collapse: collapse; } th, td { padding: .35rem .8rem; border-bottom: 1px solid #ddd;
-  text-align: left; vertical-align: top; } th { background: #f4f4f4; }
-.ok { color: #08660f; font-weight: bold; } .num { font-variant-numeric: tabular-nums; }
-.failed, .interrupted, .not { color: #b00020; font-weight: bold; }
-.err { font-family: monospace; font-size: .9em; }
-"""
-
-
-def write_index(results: Sequence[ReportResult], path: str | Path) -> Path:
-    """Write the index page for ``results`` (status, duration, headline numbers, errors)."""
-    esc = html.escape
-    rows = []
-    for r in results:
-        link = (
-            f'<a href="{esc(r.html_path.name)}">{esc(r.name)}</a>' if r.html_path else esc(r.name)
-        )
-        heads = "<br>".join(f"{esc(h.name)}: <b>{esc(h.text())}</b>" for h in r.headlines.values())
-        params = ", ".join(f"{esc(k)}={esc(repr(v))}" for k, v in r.parameters.items())
-        rows.append(
-            f'<tr><td>{link}</td><td class="{esc(r.status)}">{esc(r.status)}</td>'
-            f'<td class="num">{r.duration_s:.1f} s</td><td>{heads or "—"}</td>'
-            f"<td>{params or '—'}</td>"
-            f'<td class="err">{esc(r.error) if r.error else ""}</td></tr>'
-        )
-    failed = [r.name for r in results if not r.ok]
-    summary = (
-        f"{len(results) - len(failed)} of {len(results)} notebooks ran"
-        + (f"; failed: {', '.join(failed)}" if failed else "")
-    )
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>nvfp4lab reports</title>
-<style>{_INDEX_CSS}</style></head>
-<body><h1>nvfp4lab reports</h1>
-<p>{esc(summary)}. Generated {stamp} with Python {esc(sys.version.split()[0])}.</p>
-<table><thead><tr><th>notebook</th><th>status</th><th>duration</th><th>headline numbers</th>
-<th>parameters</th><th>error</th></tr></thead>
-<tbody>
-{chr(10).join(rows)}
-</tbody></table></body></html>
-"""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.partial")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)  # a reader never sees half a page
-    return out
