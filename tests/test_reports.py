@@ -21,6 +21,7 @@ from nvfp4lab import cli
 from nvfp4lab.report import outputs as report_outputs
 from nvfp4lab.report import runner
 from nvfp4lab.report.runner import Headline, ReportResult
+from nvfp4lab.report.schedule import TIMES_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -348,7 +349,7 @@ def test_ctrl_c_keeps_the_previous_page_and_the_index_says_interrupted(tmp_path:
     _write_notebook(nbs / "01_slow.ipynb", SLOW_BODY, SLOW_PARAMS)
     (first,) = runner.run_reports(notebook_dir=nbs, out_dir=out)
     assert first.ok, first.error
-    pages = ("index.html", report_outputs.MANIFEST_NAME)
+    pages = ("index.html", report_outputs.MANIFEST_NAME, TIMES_NAME)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.name not in pages}
     assert sorted(before) == ["01_slow.html", "01_slow.ipynb"]
     marker = tmp_path / "kernel.pid"
