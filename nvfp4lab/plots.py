@@ -31,6 +31,7 @@ __all__ = [
     "as_numpy",
     "install_alt_text",
     "legend_outside",
+    "log_if_wide",
     "new_figure",
     "save_figure",
     "style_context",
@@ -112,6 +113,19 @@ def legend_outside(ax: Axes, **kwargs: Any) -> Any:
     kwargs.setdefault("loc", "upper left")
     kwargs.setdefault("bbox_to_anchor", (1.01, 1.0))
     return ax.legend(**kwargs)
+
+
+def log_if_wide(ax: Axes, values: Sequence[float], *, axis: str = "y", span: float = 10.0) -> bool:
+    """Put ``axis`` ("x" or "y") of ``ax`` on a log scale only when the positive ``values`` span
+    at least ``span`` times (a log axis over a few percent only spreads the tick labels). Returns
+    whether it did, so the caller can say "(log scale)" in the label."""
+    if axis not in ("x", "y"):
+        raise ValueError(f"log_if_wide: axis={axis!r}; use 'x' or 'y'")
+    positive = [float(v) for v in values if v > 0]
+    wide = bool(positive) and max(positive) >= span * min(positive)
+    if wide:
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    return wide
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from nvfp4lab import metrics
 from nvfp4lab.codec import quantize
 from nvfp4lab.execution.gemm import DroppedBiasWarning, linear
 from nvfp4lab.plots import legend_outside, new_figure
-from nvfp4lab.studies.explorer import explorer, stream_output
+from nvfp4lab.studies.explorer import explorer, text_output
 from nvfp4lab.vocab import Backend, BiasMode
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -324,5 +324,6 @@ def bias_explorer(
     return explorer(
         widgets,
         [scale, mode, backend],
-        lambda: (stream_output(bias_text(layer, scale.value, mode.value, backend.value)),),
+        lambda: (text_output(bias_text(layer, scale.value, mode.value, backend.value),
+                             "The NVFP4 layer against the exact float layer"),),
     )

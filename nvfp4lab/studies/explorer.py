@@ -6,6 +6,13 @@ Each study module builds its own explorer: it imports ipywidgets inside itself (
 text/table function that tests call without a kernel. Updates replace ``Output.outputs``
 directly, so nothing is printed into the cell.
 
+What the reader sees: each output names what it shows (:func:`text_output` and
+:func:`table_output` take a ``title``, drawn in bold above it); printed text wraps only at
+spaces, never inside a number (JupyterLab's output CSS says ``word-break: break-all``, which cut
+"9.968e-01" into "9.968e-0" / "1"); and a render that takes more than :data:`BUSY_AFTER_S`
+(a configuration built on first pick: seconds to a minute) clears the old result and shows
+:data:`BUSY_TEXT` until the new one is there.
+
 Every control with a description gets ``description_width: initial``, so a label such as
 "block scale s" is shown whole instead of being cut to the default width. Every dropdown is at
 least the usual widget width (``--jp-widgets-inline-width``, 300 px) and otherwise as wide as
@@ -30,9 +37,27 @@ if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
     import pandas as pd
 
-__all__ = ["Outputs", "explorer", "snapshot", "stream_output", "table_output"]
+__all__ = [
+    "BUSY_AFTER_S",
+    "BUSY_TEXT",
+    "Outputs",
+    "busy_output",
+    "explorer",
+    "snapshot",
+    "stream_output",
+    "table_output",
+    "text_output",
+]
 
 Outputs = tuple[dict[str, Any], ...]
+
+#: Seconds a render may take before the explorer clears its output and shows it is busy.
+BUSY_AFTER_S = 0.5
+#: What the explorer shows while a slow render runs.
+BUSY_TEXT = "⏳ computing … (the result of this pick is not ready yet)"
+# Inline style of printed text: wrap at spaces only (JupyterLab's `pre` CSS breaks anywhere).
+_PRE_STYLE = "white-space: pre-wrap; word-break: normal; overflow-wrap: normal; margin: 0"
+_TITLE_CLASS = "nvfp4lab-output-title"
 
 
 def stream_output(text: str, name: str = "stdout") -> dict[str, Any]:
@@ -40,34 +65,87 @@ def stream_output(text: str, name: str = "stdout") -> dict[str, Any]:
     return {"output_type": "stream", "name": name, "text": text.rstrip("\n") + "\n"}
 
 
-def table_output(frame: pd.DataFrame, float_format: str = "{:.4g}") -> dict[str, Any]:
-    """One notebook display output holding ``frame`` as plain text and HTML."""
-    fmt = float_format.format
+def _title_html(title: str) -> str:
+    import html
+
+    return f'<p class="{_TITLE_CLASS}"><strong>{html.escape(title)}</strong></p>' if title else ""
+
+
+def text_output(text: str, title: str = "") -> dict[str, Any]:
+    """One notebook display output holding ``text`` (``text/plain``: the text with one trailing
+    newline, as :func:`stream_output`; ``text/html``: ``title`` in bold over the text in a
+    ``<pre>`` that wraps at spaces only, so no number is split across lines)."""
+    import html
+
+    body = text.rstrip("\n")
     return {
         "output_type": "display_data",
         "data": {
-            "text/plain": frame.to_string(float_format=fmt),
-            "text/html": frame.to_html(float_format=fmt),
+            "text/plain": body + "\n",
+            "text/html": f'{_title_html(title)}<pre style="{_PRE_STYLE}">{html.escape(body)}</pre>',
         },
         "metadata": {},
     }
 
 
+def table_output(
+    frame: pd.DataFrame, float_format: str = "{:.4g}", title: str = ""
+) -> dict[str, Any]:
+    """One notebook display output holding ``frame`` as plain text and HTML (``title`` in bold
+    above the HTML table)."""
+    fmt = float_format.format
+    return {
+        "output_type": "display_data",
+        "data": {
+            "text/plain": frame.to_string(float_format=fmt),
+            "text/html": _title_html(title) + frame.to_html(float_format=fmt),
+        },
+        "metadata": {},
+    }
+
+
+def busy_output() -> dict[str, Any]:
+    """The output an explorer shows while a slow render runs (:data:`BUSY_TEXT`)."""
+    return text_output(BUSY_TEXT)
+
+
 def explorer(
-    widgets: Any, controls: Sequence[ipywidgets.Widget], render: Callable[[], Outputs]
+    widgets: Any,
+    controls: Sequence[ipywidgets.Widget],
+    render: Callable[[], Outputs],
+    *,
+    busy_after_s: float = BUSY_AFTER_S,
 ) -> ipywidgets.VBox:
     """``VBox(controls + [Output])``; ``render()`` fills the Output now and on every change.
 
-    An exception from ``render`` is shown in the Output (stderr) instead of being lost in the
+    A render still running after ``busy_after_s`` seconds has the Output cleared and
+    :func:`busy_output` shown (from a timer thread; the result replaces it when ready). An
+    exception from ``render`` is shown in the Output (stderr) instead of being lost in the
     widget callback.
     """
+    import threading
+
     out = widgets.Output()
 
     def refresh(_change: object = None) -> None:
+        lock, done = threading.Lock(), threading.Event()
+
+        def show_busy() -> None:
+            with lock:
+                if not done.is_set():
+                    out.outputs = (busy_output(),)
+
+        timer = threading.Timer(busy_after_s, show_busy)
+        timer.daemon = True
+        timer.start()
         try:
-            out.outputs = render()
+            result = tuple(render())
         except Exception as exc:  # shown to the user, not raised into the comm handler
-            out.outputs = (stream_output(f"{type(exc).__name__}: {exc}", "stderr"),)
+            result = (stream_output(f"{type(exc).__name__}: {exc}", "stderr"),)
+        with lock:
+            done.set()
+            timer.cancel()
+            out.outputs = result
 
     for control in controls:
         if getattr(control, "description", ""):
@@ -110,7 +188,9 @@ def snapshot(controls: Sequence[Any], outputs: Outputs) -> dict[str, str]:
             if "text/html" in data:
                 pages.append(str(data["text/html"]))
             elif "image/png" in data:
-                pages.append(f'<img src="data:image/png;base64,{data["image/png"]}"/>')
+                alt = html.escape(str(o.get("metadata", {}).get("image/png", {}).get(
+                    "alt", "Figure")), quote=True)
+                pages.append(f'<img src="data:image/png;base64,{data["image/png"]}" alt="{alt}"/>')
             else:
                 pages.append(f"<pre>{html.escape(str(data.get('text/plain', '')))}</pre>")
     return {"text/plain": "\n".join(texts), "text/html": "\n".join(pages)}

@@ -456,8 +456,8 @@ def llm_explorer(
     rows: Sequence[dict[str, Any]] = (),
 ) -> Any:
     """Pick a decoder layer and a configuration (notebook 07): the layer's Linear errors and
-    outlier channels, its K / V error and attention effect per KV head and cache kind, and the
-    configuration's next-token fidelity on ``run``.
+    outlier channels, its K and V NMSE and attention effect per KV head and cache kind, and the
+    configuration's next-token fidelity on ``run``; each output titled with what it shows.
 
     Needs only the notebook's setup cell: ``linear`` / ``kv`` (:func:`llm_layers.linear_rows` /
     :func:`llm_layers.kv_rows` over ``ids``) and ``rows`` (:func:`config_rows`) are used when
@@ -467,7 +467,7 @@ def llm_explorer(
     import pandas as pd
 
     from nvfp4lab.studies import llm_layers
-    from nvfp4lab.studies.explorer import explorer, stream_output, table_output
+    from nvfp4lab.studies.explorer import explorer, table_output, text_output
 
     if not configs:
         raise ValueError("llm_explorer needs at least one configuration")
@@ -497,8 +497,13 @@ def llm_explorer(
              "channel_ratio"]]
         kv_mine = pd.DataFrame([r for r in layer_rows("kv") if r["layer"] == layer.value])
         kv_table = kv_mine.pivot_table(index="kv_head", columns="kind",
-                                       values=["k_nmse", "score_kl"])
-        return (table_output(lin, "{:.3g}"), table_output(kv_table, "{:.3g}"),
-                stream_output(config_text(row_of(config.value))))
+                                       values=["k_nmse", "v_nmse", "score_kl"])
+        n = layer.value
+        return (table_output(lin, "{:.3g}", f"Decoder layer {n}: NVFP4 error of each Linear "
+                             "(weights RTN, inputs dynamic) and its loudest input channel"),
+                table_output(kv_table, "{:.3g}", f"Decoder layer {n}: K and V NMSE and the "
+                             "attention KL per KV head, per cache kind"),
+                text_output(config_text(row_of(config.value)),
+                            f"Configuration {config.value}: next-token fidelity"))
 
     return explorer(widgets, [layer, config], render)

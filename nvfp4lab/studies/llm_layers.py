@@ -189,7 +189,8 @@ def plot_linear(rows: Sequence[dict[str, Any]]) -> Any:
     top.plot(list(weights), [sum(v) / len(v) for v in weights.values()], color="black", lw=2,
              ls="--", label="weights (mean)")
     top.legend(fontsize=7, ncols=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    bottom.set(yscale="log", ylabel="loudest input channel RMS / median channel RMS")
+    # two short lines: one long label ran past the panel onto the top panel's tick labels
+    bottom.set(yscale="log", ylabel="loudest / median input\nchannel RMS (ratio, log)")
     bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 

@@ -41,7 +41,7 @@ from nvfp4lab.codec import ScaleUnderflowWarning, dequantize, quantize
 from nvfp4lab.constants import BLOCK_SIZE, E4M3_MAX
 from nvfp4lab.execution import NVFP4Linear
 from nvfp4lab.orders import ORDERS, TensorScaleRule
-from nvfp4lab.plots import new_figure
+from nvfp4lab.plots import legend_outside, log_if_wide, new_figure
 from nvfp4lab.scales import abs_max
 from nvfp4lab.settings import tqdm_class
 from nvfp4lab.studies.llm import ReferenceRun
@@ -295,27 +295,27 @@ def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot_weight_nmse(rows: Sequence[dict[str, Any]]) -> Any:
-    """Weight NMSE per decoder layer (the mean over its Linear layers, log scale), one line per
-    configuration of :func:`weight_rows`; the legend sits outside the axes."""
+    """Weight NMSE per decoder layer (the mean over its Linear layers), one line per
+    configuration of :func:`weight_rows`; a log y axis only when the values span 10× or more
+    (:func:`nvfp4lab.plots.log_if_wide`); the legend sits outside the axes."""
+    ylabel = "weight NMSE, mean over the layer's Linear layers"
     fig, ax = new_figure(
         "SmolLM2-135M: weight NMSE per decoder layer, llama.cpp naive vs tensor scale",
         "decoder layer",
-        "weight NMSE, mean over the layer's Linear layers (log scale)",
+        ylabel,
         figsize=(9.0, 4.0),
-        yscale="log",
     )
+    shown: list[float] = []
     for i, label in enumerate(dict.fromkeys(r["label"] for r in rows)):
         per_layer: dict[int, list[float]] = {}
         for r in rows:
             if r["label"] == label and r["short"].split(".")[0].isdigit():
                 per_layer.setdefault(int(r["short"].split(".")[0]), []).append(r["nmse"])
         xs = sorted(per_layer)
-        ax.plot(
-            xs,
-            [sum(per_layer[x]) / len(per_layer[x]) for x in xs],
-            marker=".",
-            color=f"C{i}",
-            label=label,
-        )
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ys = [sum(per_layer[x]) / len(per_layer[x]) for x in xs]
+        shown += ys
+        ax.plot(xs, ys, marker=".", color=f"C{i}", label=label)
+    if log_if_wide(ax, shown):
+        ax.set_ylabel(f"{ylabel} (log scale)")
+    legend_outside(ax, fontsize=7)
     return fig

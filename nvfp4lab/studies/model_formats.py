@@ -36,8 +36,8 @@ import torch
 from nvfp4lab import metrics
 from nvfp4lab.execution import DroppedBiasWarning, quantize_model
 from nvfp4lab.models import SentenceEncoder
-from nvfp4lab.plots import new_figure
-from nvfp4lab.studies.explorer import explorer, stream_output, table_output
+from nvfp4lab.plots import legend_outside, new_figure
+from nvfp4lab.studies.explorer import explorer, table_output, text_output
 from nvfp4lab.studies.model_fidelity import (
     SENTENCES,
     capture_inputs,
@@ -351,7 +351,7 @@ def plot_per_layer(
         ax.plot([r["index"] for r in mine], [r[value] for r in mine], marker=marker,
                 markersize=4, color=colour, label=label)
     _layer_axis(ax, rows)
-    ax.legend(fontsize=7, ncol=3)
+    legend_outside(ax, fontsize=7)  # off the curves the text compares
     return fig
 
 
@@ -382,7 +382,7 @@ def plot_outliers(rows: Sequence[dict[str, Any]]) -> Figure:
     ax.plot(x, [r["channel_ratio"] for r in rows], marker="^",
             label="largest input channel RMS / median channel RMS")
     _layer_axis(ax, rows)
-    ax.legend(fontsize=8)
+    legend_outside(ax, fontsize=8)
     return fig
 
 
@@ -420,7 +420,7 @@ def plot_bias_modes(rows: Sequence[dict[str, Any]]) -> Figure:
         ax.plot([r["index"] for r in mine], [r["sqnr_db"] for r in mine], marker=".",
                 linestyle="--" if mode == BiasMode.FP32 else "-", label=f"bias {mode}")
     _layer_axis(ax, rows)
-    ax.legend()
+    legend_outside(ax)
     return fig
 
 
@@ -491,7 +491,11 @@ def model_explorer(
         return by_label[label]
 
     def render() -> tuple[dict[str, Any], ...]:
-        return (table_output(layer_table(layer_error(layer.value), layer.value), "{:.3e}"),
-                stream_output(config_text(model_row(config.value))))
+        return (table_output(layer_table(layer_error(layer.value), layer.value), "{:.3e}",
+                             f"Layer {layer.value} ({shorts[layer.value]}): every format's NMSE "
+                             "on its weight and its inputs"),
+                text_output(config_text(model_row(config.value)),
+                            f"Configuration {config.value}: embedding fidelity on the whole "
+                            "model"))
 
     return explorer(widgets, [layer, config], render)

@@ -48,7 +48,7 @@ from nvfp4lab.bench.timing import stopwatch
 from nvfp4lab.execution import quantize_model
 from nvfp4lab.execution.gptq import GPTQOptions, gptq_fake_quantize
 from nvfp4lab.models import SentenceEncoder
-from nvfp4lab.plots import new_figure
+from nvfp4lab.plots import legend_outside, new_figure
 from nvfp4lab.studies.model_fidelity import (
     CALIBRATION_SENTENCES,
     SENTENCES,
@@ -358,5 +358,5 @@ def plot_method_bars(rows: Sequence[dict[str, Any]], title: str) -> Figure:
     ax.set_yticks([j + 0.4 - height / 2 for j in range(len(groups))],
                   [f"{f}, {r}" for f, r in groups])
     ax.invert_yaxis()
-    ax.legend(fontsize=8)
+    legend_outside(ax, fontsize=8)
     return fig

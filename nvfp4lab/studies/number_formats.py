@@ -46,8 +46,8 @@ import torch
 from nvfp4lab import metrics, number_formats
 from nvfp4lab.codec import ScaleUnderflowWarning
 from nvfp4lab.hadamard import rotated_matmul
-from nvfp4lab.plots import new_figure
-from nvfp4lab.studies.explorer import explorer, stream_output
+from nvfp4lab.plots import legend_outside, new_figure
+from nvfp4lab.studies.explorer import explorer, text_output
 from nvfp4lab.vocab import OrderName, Rounding, ScaleSelection
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -382,7 +382,7 @@ def plot_tensor_scale_sweep(rows: Sequence[dict[str, float]]) -> Figure:
     ax.plot(m, [r["nmse_tensor_scale"] for r in rows], marker="o", label="with tensor scale")
     ax.plot(m, [r["nmse_no_tensor_scale"] for r in rows], marker="s",
             label="block scales only (global_scale=1, no tensor scale)")
-    ax.legend(loc="center")
+    legend_outside(ax)
     return fig
 
 
@@ -400,7 +400,7 @@ def plot_stochastic_bias(rows: Sequence[dict[str, float]]) -> Figure:
     ax.plot(n, rms, marker="o", label="stochastic rounding, mean over n seeds")
     ax.plot(n, [rms[0] / math.sqrt(k) for k in n], linestyle="--", label="1/√n from n = 1")
     ax.axhline(rows[0]["rne_rms_error"], color="C2", linestyle=":", label="RNE error (RMS)")
-    ax.legend(loc="lower left")
+    legend_outside(ax)
     return fig
 
 
@@ -505,6 +505,7 @@ def format_explorer(
                 warnings.simplefilter("ignore", ScaleUnderflowWarning)
                 counterpart = format_row(other, dist.value, mag.value, seed=seed, df=df,
                                          shape=shape)
-        return (stream_output(format_text(row, mag.value, df, shape, counterpart)),)
+        title = f"Error of {label.value} on {dist.value} data × 10^{mag.value:g}"
+        return (text_output(format_text(row, mag.value, df, shape, counterpart), title),)
 
     return explorer(widgets, [label, dist, mag], render)

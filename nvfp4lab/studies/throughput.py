@@ -29,7 +29,7 @@ from nvfp4lab.execution.vllm_select import LINEAR_BACKEND_EMULATION
 from nvfp4lab.plots import new_figure
 from nvfp4lab.roofline import PATHS, NotSupportedError
 from nvfp4lab.settings import EMULATION_ENV
-from nvfp4lab.studies.explorer import Outputs, explorer, stream_output, table_output
+from nvfp4lab.studies.explorer import Outputs, explorer, table_output, text_output
 from nvfp4lab.vocab import GemmPath, VllmAlias
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -589,9 +589,9 @@ def roofline_explorer(
     )
 
     def render() -> Outputs:
-        return (
-            stream_output(roofline_caption(g.value, model.value, m.value)),
-            table_output(roofline_table(g.value, model.value, m.value)),
-        )
+        return (text_output(roofline_caption(g.value, model.value, m.value), f"{g.value}, "
+                f"{model.value}, M = {m.value}: modeled time per linear layer and path"),
+                table_output(roofline_table(g.value, model.value, m.value), "{:.4g}",
+                             "modeled time (µs) per linear layer (rows) and path (columns)"))
 
     return explorer(widgets, [g, model, m], render)

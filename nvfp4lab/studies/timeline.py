@@ -27,9 +27,9 @@ from nvfp4lab.execution import llama_cpp_rules, vllm_rules
 from nvfp4lab.execution.dispatch import select_backend
 from nvfp4lab.execution.shared_scales import MERGED_FORMATS, merge_error
 from nvfp4lab.execution.vllm_select import LINEAR_BACKEND_EMULATION, no_kernel_text
-from nvfp4lab.plots import new_figure
+from nvfp4lab.plots import legend_outside, new_figure
 from nvfp4lab.settings import BATCH_INVARIANT_ENV, EMULATION_ENV
-from nvfp4lab.studies.explorer import Outputs, explorer, stream_output, table_output
+from nvfp4lab.studies.explorer import Outputs, explorer, table_output, text_output
 from nvfp4lab.vocab import BiasMode, Engine, Numerics, Platform, Scheme
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -293,7 +293,7 @@ def plot_merge_error(rows: Sequence[Mapping[str, Any]]) -> Figure:
         ax.bar(xs, values, width, label=f"{fmt} (exact shard drawn at {cap:.0f} dB)")
     amax = {r["shard"]: r["amax"] for r in rows}
     ax.set_xticks(range(len(shards)), [f"{s} ({amax[s]:g})" for s in shards])
-    ax.legend(fontsize=8)
+    legend_outside(ax, fontsize=8)
     return fig
 
 
@@ -368,7 +368,10 @@ def timeline_explorer(releases: Sequence[str] | None = None) -> ipywidgets.VBox:
     def render() -> Outputs:
         gpu_rows = [r for r in timeline_rows([rel.value], None, [scenario.value])]
         table = pd.DataFrame(gpu_rows)[["gpu", "capability", "kernel", "numerics", "nvfp4lab"]]
-        return (stream_output(choice_text(rel.value, target.value, scenario.value)),
-                table_output(table.set_index("gpu")))
+        return (text_output(choice_text(rel.value, target.value, scenario.value),
+                            f"vLLM {rel.value} on {target.value}, {scenario.value}: its pick and "
+                            "every rule step"),
+                table_output(table.set_index("gpu"), title=f"vLLM {rel.value}, "
+                             f"{scenario.value}: the pick on every catalogued GPU"))
 
     return explorer(widgets, [rel, target, scenario], render)

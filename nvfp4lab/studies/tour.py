@@ -27,7 +27,7 @@ from nvfp4lab.constants import (
 from nvfp4lab.e2m1 import decode_e2m1, encode_e2m1
 from nvfp4lab.layout import swizzle_scales
 from nvfp4lab.plots import as_numpy, new_figure
-from nvfp4lab.studies.explorer import explorer, stream_output
+from nvfp4lab.studies.explorer import explorer, text_output
 
 if TYPE_CHECKING:  # pragma: no cover
     import ipywidgets
@@ -393,4 +393,6 @@ def rounding_explorer(value: float = 1.25, block_scale: float = 1.0) -> ipywidge
     s = widgets.SelectionSlider(
         options=[(f"{v:g}", v) for v in scales], value=snapped, description="block scale s"
     )
-    return explorer(widgets, [x, s], lambda: (stream_output(rounding_text(x.value, s.value)),))
+    return explorer(widgets, [x, s], lambda: (text_output(
+        rounding_text(x.value, s.value), f"Where x = {x.value:+.2f} lands at block scale s = "
+        f"{s.value:g}: x/s on the E2M1 grid, its code and x̂"),))

@@ -11,12 +11,18 @@ and the explorer cell (the last code cell, ``if INTERACTIVE:``), as each noteboo
 section tells a reader to, each with Ctrl+Enter in the cell's editor; then check that no widget
 label or slider readout is truncated (``scrollWidth <= clientWidth``) and that every dropdown
 option fits its dropdown (measured in the dropdown's font), that no cell shows a traceback or an
-exception, that the explorer's output area holds its text or table, and that moving a control
+exception, that the explorer's output area holds its text or table, that every output in it names
+what it shows (a bold title, ``nvfp4lab-output-title``) and that no printed text in it may break
+inside a word or number (computed ``word-break`` not ``break-all``), and that moving a control
 (another option of the first dropdown, else a slider nudged one step with the keyboard) changes
-that output, with everything still untruncated. No console error in the page; any request it
+that output, with everything still untruncated. Where the explorer has a configuration dropdown
+(05, 07: a configuration is built on first pick, seconds to a minute), picking another one must
+clear the old result and show the busy sign (``explorer.BUSY_TEXT``) until the new one is there.
+No console error in the page; any request it
 makes off 127.0.0.1 is aborted and fails the test. Kernels are shut down after each notebook;
 the server's process group gets SIGTERM (then SIGKILL), and any kernel left from its runtime
-folder SIGKILL. About 75-105 s for the six notebooks on two cores.
+folder SIGKILL. About 75-105 s for notebooks 01-06 on two cores, and 07's (SmolLM2, its
+first render computes the layer rows and a configuration) about a minute or two more.
 """
 
 from __future__ import annotations
@@ -45,11 +51,19 @@ import pytest
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("0[1-6]_*.ipynb"))
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("0[1-7]_*.ipynb"))
 HOST = "127.0.0.1"
 SERVER_START_S = 90
 CELL_S = 180  # one cell: 05's setup cell loads MiniLM
-CHANGE_S = 90  # the explorer's output after a control moves (05 computes a layer on demand)
+CHANGE_S = 120  # the explorer's output after a control moves (05, 07 compute on demand)
+CONFIG_LABELS = ("configuration", "config")  # the dropdowns whose pick builds a model
+# Each output in an explorer's Output area, and the titled ones; printed text that may break
+# inside a word (JupyterLab's `pre` CSS says break-all; explorer.text_output overrides it).
+OUTPUTS_JS = """e => ({
+    outputs: e.querySelectorAll('.jp-OutputArea-output').length,
+    titled: e.querySelectorAll('.jp-OutputArea-output .nvfp4lab-output-title').length,
+    breakAll: [...e.querySelectorAll('pre')].filter(p => getComputedStyle(p).wordBreak ===
+        'break-all').map(p => p.textContent.slice(0, 80))})"""
 # What a label or readout must not do: hide part of its text.
 TRUNCATED_JS = """els => els.map(e => ({
     cls: e.className, text: e.textContent, scroll: e.scrollWidth, client: e.clientWidth,
@@ -256,6 +270,35 @@ def _move_a_control(explorer: Any) -> str:
     return "slider one step right"
 
 
+def _check_outputs(out: Any, name: str) -> None:
+    """Every output in the explorer's Output area is titled; no printed text breaks anywhere."""
+    found = out.evaluate(OUTPUTS_JS)
+    assert found["outputs"] >= 1 and found["titled"] == found["outputs"], (
+        f"{name}: {found['titled']} of {found['outputs']} explorer outputs name what they show")
+    assert found["breakAll"] == [], f"{name}: text that may break mid-number: {found['breakAll']}"
+
+
+def _check_busy_sign(page: Any, explorer: Any, out: Any, name: str) -> None:
+    """Pick another configuration (built on first pick): the old result is cleared and the busy
+    sign shown until the new result is there."""
+    from nvfp4lab.studies.explorer import BUSY_TEXT
+
+    described = explorer.locator(".widget-dropdown").filter(
+        has=page.locator(".widget-label", has_text=re.compile(rf"^({'|'.join(CONFIG_LABELS)})$")))
+    if not described.count():
+        return
+    select = described.first.locator("select")
+    before = out.inner_text().strip()
+    index = select.evaluate("e => e.options.length - 1")  # the last: not computed by the cells
+    select.select_option(index=index)
+    _wait_for(page, lambda: BUSY_TEXT in out.inner_text(), 30,
+              f"{name}: no busy sign after picking configuration {index}")
+    assert before not in out.inner_text(), f"{name}: the old result stays on screen while busy"
+    _wait_for(page, lambda: BUSY_TEXT not in out.inner_text() and out.inner_text().strip(),
+              CHANGE_S, f"{name}: configuration {index} never shown")
+    assert _errors(page) == [], f"{name}: after picking configuration {index}: {_errors(page)}"
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_explorer(browser: Any, lab: Lab, name: str) -> None:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -309,6 +352,7 @@ def test_explorer(browser: Any, lab: Lab, name: str) -> None:
         cut, shown = _truncated(explorer)
         assert shown >= 2, f"{name}: {shown} widget labels shown"
         assert cut == [], f"{name}: truncated: {cut}"
+        _check_outputs(out, name)
 
         moved = _move_a_control(explorer)
         _wait_for(page, lambda: out.inner_text().strip() not in ("", text), CHANGE_S,
@@ -316,6 +360,8 @@ def test_explorer(browser: Any, lab: Lab, name: str) -> None:
         cut, _ = _truncated(explorer)
         assert cut == [], f"{name}: truncated after the {moved}: {cut}"
         assert _errors(page) == [], f"{name}: after the {moved}: {_errors(page)}"
+        _check_busy_sign(page, explorer, out, name)
+        _check_outputs(out, name)
         assert page_errors == [], f"{name}: errors in the page: {page_errors}"
         assert off_host == [], f"{name}: requests off {HOST}: {off_host}"
     finally:

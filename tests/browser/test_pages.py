@@ -6,9 +6,14 @@ pages are a smoke render made here (``nvfp4lab report --smoke`` into a temporary
 minute), or an existing report folder named by ``NVFP4LAB_BROWSER_PAGES`` (e.g. ``reports`` after
 ``make report``). Chromium is ``$CHROMIUM`` or ``chromium`` / ``chromium-browser`` on PATH.
 
-Each page: every image loads (``naturalWidth > 0``), no console error or uncaught exception, no
-request leaves the file system, and the headline numbers are there (on the notebook's page as
-the runner's ``headline: name = value`` line, on the index as ``name: value``). The live
+Each page: every image loads (``naturalWidth > 0``) and has alt text (not nbconvert's "No
+description has been provided" placeholder), no console error or uncaught exception, no request
+leaves the file system, and the headline numbers are there (on the notebook's page as the
+runner's ``headline: name = value`` line, on the index as ``name: value``). On a notebook's page,
+in a 1280 px wide window: no stderr output box (a progress bar or warning in pink), no content
+wider than its box unless that box scrolls (the first ancestor that does not let it spill must be
+a scroll box: a table cut at the page's edge fails), the page itself no wider than the window,
+and no table cell cut by pandas (``display.max_colwidth``: text ending in "..."). The live
 explorers, whose widgets the static pages do not hold, are checked in a real JupyterLab by
 ``test_lab.py``. Chromium comes from ``conftest.py``.
 """
@@ -43,9 +48,41 @@ def pages_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+#: nbconvert's alt text for an image that has none.
+NO_ALT = "No description has been provided for this image"
+# Layout problems on a notebook page: content wider than its box where the first ancestor that
+# does not let it spill (overflow-x other than visible) is no scroll box or is outside the cell
+# (then the page itself widens or the content is cut); text cells pandas cut; stderr boxes.
+LAYOUT_JS = """() => {
+  const scrolls = v => v === 'auto' || v === 'scroll';
+  const name = e => `${e.tagName.toLowerCase()}.${String(e.className).trim().split(/\\s+/)
+    .join('.')}`;
+  const out = {wide: [], cut: [], stderr: []};
+  for (const e of document.querySelectorAll('.jp-Cell *')) {
+    if (!e.getClientRects().length || getComputedStyle(e).display === 'inline') continue;
+    if (e.scrollWidth <= e.clientWidth + 1 || e.clientWidth === 0) continue;
+    let box = e;
+    while (box && getComputedStyle(box).overflowX === 'visible') box = box.parentElement;
+    if (!box || !scrolls(getComputedStyle(box).overflowX) || !box.closest('.jp-Cell'))
+      out.wide.push(`${name(e)} (${e.scrollWidth} > ${e.clientWidth} px, in ${box ? name(box)
+        : 'the page'}): ${e.textContent.trim().slice(0, 60)}`);
+  }
+  for (const e of document.querySelectorAll('td, th')) {
+    const t = e.textContent.trim();
+    if (t.length > 3 && t.endsWith('...')) out.cut.push(t.slice(-60));
+  }
+  for (const e of document.querySelectorAll(
+      '[data-mime-type="application/vnd.jupyter.stderr"]')) out.stderr.push(
+        e.textContent.trim().slice(0, 200));
+  out.page = [document.documentElement.scrollWidth, window.innerWidth];
+  return out;
+}"""
+
+
 def _open(browser: Any, path: Path) -> tuple[Any, Any, list[str], list[str]]:
-    """The page at ``path`` loaded offline, its context, console errors and network requests."""
-    context = browser.new_context(offline=True)
+    """The page at ``path`` loaded offline in a 1280 × 900 window, its context, console errors
+    and network requests."""
+    context = browser.new_context(offline=True, viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     network: list[str] = []
 
@@ -71,6 +108,9 @@ def _check_common(page: Any, errors: list[str], network: list[str]) -> None:
         "img", "els => els.map(e => [e.currentSrc.slice(0, 60), e.complete, e.naturalWidth])")
     broken = [src for src, complete, width in images if not (complete and width > 0)]
     assert broken == [], f"images that did not load: {broken}"
+    alts = page.eval_on_selector_all("img", "els => els.map(e => e.getAttribute('alt') || '')")
+    no_alt = [i for i, alt in enumerate(alts) if not alt.strip() or alt == NO_ALT]
+    assert no_alt == [], f"images {no_alt} of {len(alts)} have no alt text"
     assert errors == [], f"console errors: {errors}"
     assert network == [], f"requests off the file system: {network}"
 
@@ -89,6 +129,12 @@ def test_notebook_page(browser: Any, pages_dir: Path, name: str) -> None:
         missing = [h.name for h in headlines.values()
                    if f"headline: {h.name} = {h.text()}" not in text]
         assert missing == [], f"{name}: headline numbers not on the page: {missing}"
+        layout = page.evaluate(LAYOUT_JS)
+        assert layout["stderr"] == [], f"{name}: stderr output boxes: {layout['stderr']}"
+        assert layout["wide"] == [], f"{name}: content wider than its box: {layout['wide']}"
+        assert layout["cut"] == [], f"{name}: table cells cut by pandas: {layout['cut']}"
+        width, window = layout["page"]
+        assert width <= window, f"{name}: the page is {width} px wide in a {window} px window"
     finally:
         context.close()
 

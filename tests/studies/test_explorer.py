@@ -6,7 +6,14 @@ import ipywidgets
 import nbformat
 import pandas as pd
 
-from nvfp4lab.studies.explorer import explorer, stream_output, table_output
+from nvfp4lab.studies.explorer import (
+    BUSY_TEXT,
+    busy_output,
+    explorer,
+    stream_output,
+    table_output,
+    text_output,
+)
 from tests.studies import widgets as W
 
 
@@ -98,3 +105,42 @@ def test_a_displayed_explorer_carries_a_static_snapshot() -> None:
     assert "<pre>a is 2</pre>" in bundle["text/html"] and "<table" in bundle["text/html"]
     a.value = 7
     assert "a is 7" in box._repr_mimebundle_()["text/html"]
+
+
+def test_text_output_wraps_at_spaces_only_and_names_what_it_shows() -> None:
+    out = text_output("NMSE 9.968e-01 | 126 tokens <x>\n", "Layer 0.key: every format")
+    nbformat.validate(_notebook(out))
+    assert out["data"]["text/plain"] == "NMSE 9.968e-01 | 126 tokens <x>\n"
+    page = out["data"]["text/html"]
+    assert page.startswith('<p class="nvfp4lab-output-title"><strong>Layer 0.key: every format'
+                           "</strong></p><pre ")
+    # JupyterLab's own CSS says word-break: break-all; the inline style wins
+    assert "word-break: normal" in page and "white-space: pre-wrap" in page
+    assert "126 tokens &lt;x&gt;</pre>" in page
+    assert "<strong>µs per layer</strong>" in table_output(
+        pd.DataFrame({"v": [1.0]}), title="µs per layer")["data"]["text/html"]
+
+
+def test_a_slow_render_clears_the_output_and_shows_it_is_busy() -> None:
+    import time
+
+    a = ipywidgets.IntSlider(value=0, min=0, max=10, description="a")
+    seen_during: list[tuple] = []
+    box = None
+
+    def render() -> tuple[dict, ...]:
+        if a.value == 5:  # slow: the old result must not stay on screen meanwhile
+            time.sleep(0.4)
+            seen_during.append(tuple(box.children[-1].outputs))
+        return (text_output(f"a = {a.value}", "a"),)
+
+    box = explorer(ipywidgets, [a], render, busy_after_s=0.05)
+    history: list[tuple] = []
+    box.children[-1].observe(lambda ch: history.append(ch["new"]), names="outputs")
+    a.value = 1  # fast: straight from the old result to the new one
+    assert [W.text_of(h) for h in history] == ["a = 1\n"]
+    a.value = 5
+    assert seen_during == [(busy_output(),)] and BUSY_TEXT in W.text_of(seen_during[0])
+    assert W.text(box) == "a = 5\n"
+    time.sleep(0.1)  # the timer of the slow render is done: nothing overwrites the result
+    assert W.text(box) == "a = 5\n"

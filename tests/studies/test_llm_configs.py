@@ -134,6 +134,20 @@ def test_explorer_starts_from_the_setup_cell() -> None:
     assert lc.config_text(row) in text(box)
     control(box, "decoder layer").value = 1
     assert "1.q_proj" in text(box)
+    # K and V per KV head (the notebook promises both), each output titled with what it shows
+    kv = [r for r in llm_layers.kv_rows(reference, IDS[:1]) if r["layer"] == 1]
+    lin_out, kv_out, config_out = box.children[-1].outputs
+    for r in kv:
+        for key in ("k_nmse", "v_nmse"):
+            assert f"{r[key]:.3g}" in kv_out["data"]["text/plain"]
+    assert "v_nmse" in kv_out["data"]["text/plain"]
+    titles = [o["data"]["text/html"].split("</strong>")[0] for o in (lin_out, kv_out, config_out)]
+    assert titles == ['<p class="nvfp4lab-output-title"><strong>Decoder layer 1: NVFP4 error of '
+                      "each Linear (weights RTN, inputs dynamic) and its loudest input channel",
+                      '<p class="nvfp4lab-output-title"><strong>Decoder layer 1: K and V NMSE '
+                      "and the attention KL per KV head, per cache kind",
+                      '<p class="nvfp4lab-output-title"><strong>Configuration KV fp8: '
+                      "next-token fidelity"]
     with pytest.raises(ValueError, match="at least one configuration"):
         lc.llm_explorer(reference, IDS[:1], run, [])
 

@@ -87,6 +87,18 @@ def test_config_rows(encoder: models.SentenceEncoder) -> None:
 
 
 @needs_minilm
+def test_weight_bits_count_each_formats_scales(encoder: models.SentenceEncoder) -> None:
+    # by hand: 4-bit codes, one E4M3 per 16 (or per 16×16 = 256) values, one FP32 per tensor
+    sizes = [encoder.model.get_submodule(n).weight.numel() for n in mf.linear_names(encoder.model)]
+    tensor = 32 * len(sizes) / sum(sizes)
+    tiles = mf.ModelConfig("t", StudyConfig("16×16", "nvfp4", {"block_size": (16, 16)}))
+    assert mf.weight_bits(encoder, tiles) == pytest.approx(4 + 8 / 256 + tensor, rel=1e-12)
+    assert mf.weight_bits(encoder, mf.path_configs()[0]) == pytest.approx(4.5 + tensor, rel=1e-12)
+    mx = mf.ModelConfig("m", StudyConfig("mxfp4", "mxfp4"))
+    assert mf.weight_bits(encoder, mx) == pytest.approx(4.25, rel=1e-12)  # E8M0 per 32, no FP32
+
+
+@needs_minilm
 def test_layer_error_rows_against_direct_computation(encoder: models.SentenceEncoder) -> None:
     configs = [StudyConfig("nvfp4", "nvfp4"),
                StudyConfig("tiles", "nvfp4", {"block_size": (16, 16)}),
@@ -183,6 +195,11 @@ def test_model_explorer_starts_from_the_setup_cell(encoder) -> None:
     control(box, "config").value = configs[1].label
     (row,) = mf.config_rows(encoder, configs[1:])
     assert mf.config_text(row) in text(box)
+    layer_out, config_out = box.children[-1].outputs  # each names what it shows
+    assert "<strong>Layer 0.ffn_out (encoder.layer.0.output.dense): every format" in layer_out[
+        "data"]["text/html"]
+    assert f"<strong>Configuration {configs[1].label}: embedding fidelity" in config_out[
+        "data"]["text/html"]
     with pytest.raises(ValueError, match="needs formats"):
         mf.model_explorer(encoder, [], configs)
     with pytest.raises(ValueError, match="no rows for layer 'x'"):

@@ -17,7 +17,11 @@ def control(box: Any, description: str) -> Any:
 
 def text(box: Any) -> str:
     """Everything the explorer's Output (the last child) holds, as plain text."""
-    out = box.children[-1]
+    return text_of(box.children[-1].outputs)
+
+
+def text_of(outputs: Any) -> str:
+    """Notebook output dicts as plain text (a stream's text, else ``text/plain``)."""
     return "".join(
-        o["text"] if o["output_type"] == "stream" else o["data"]["text/plain"] for o in out.outputs
+        o["text"] if o["output_type"] == "stream" else o["data"]["text/plain"] for o in outputs
     )
