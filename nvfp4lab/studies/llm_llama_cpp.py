@@ -57,6 +57,7 @@ __all__ = [
     "PRESCALED",
     "configurations",
     "headline_numbers",
+    "kld_comparison",
     "layer_kind_rows",
     "magnitude_rows",
     "plot_weight_nmse",
@@ -260,6 +261,29 @@ def magnitude_rows(
                 }
             )
     return rows
+
+
+def kld_comparison(rows: Sequence[dict[str, Any]]) -> str:
+    """One paragraph from :func:`study_rows` rows: each configuration's mean KLD with its 95 %
+    interval, then which pairs the intervals separate (or that none does), and how far apart the
+    weight NMSEs are: what the page can claim about the naive quantizer, from the data."""
+    if not rows:
+        return "no configurations"
+    said = "; ".join(f"{r['label']} {r['kld_mean']:.4f} [{r['kld_lo']:.4f}, {r['kld_hi']:.4f}]"
+                     for r in rows)
+    apart = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]
+             if a["kld_hi"] < b["kld_lo"] or b["kld_hi"] < a["kld_lo"]]
+    if apart:
+        verdict = "; ".join(
+            f"{hi['label']} is measurably worse than {lo['label']}"
+            for lo, hi in (sorted(pair, key=lambda r: r["kld_mean"]) for pair in apart))
+    else:
+        verdict = ("every pair of intervals overlaps: on this model and text the configurations "
+                   "are not told apart by KLD")
+    nmse = [r["weight_nmse"] for r in rows]
+    spread = 100.0 * (max(nmse) - min(nmse)) / min(nmse) if min(nmse) > 0 else float("inf")
+    return (f"Mean KLD (nats/token) with 95 % intervals: {said}. {verdict[0].upper()}"
+            f"{verdict[1:]}; their weight NMSEs differ by {spread:.1f} %.")
 
 
 def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

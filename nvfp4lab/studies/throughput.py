@@ -477,8 +477,8 @@ def plot_block_times(
         ax.set_ylabel("time per block (µs, modeled)")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
-    # the legend under the title: the footnote of the paths not drawn takes the bottom edge
-    fig.legend(list(handles.values()), list(handles), loc="outside upper center", ncol=len(handles))
+    # the legend right of the panels: the footnote of the paths not drawn takes the bottom edge
+    fig.legend(list(handles.values()), list(handles), loc="outside right upper")
     note = absent_note(gpu_names)
     _caption(fig, f"Paths not drawn — {note}" if note else "")
     return fig

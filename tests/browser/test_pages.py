@@ -58,14 +58,29 @@ LAYOUT_JS = """() => {
   const name = e => `${e.tagName.toLowerCase()}.${String(e.className).trim().split(/\\s+/)
     .join('.')}`;
   const out = {wide: [], cut: [], stderr: []};
+  const clipOf = e => {  // the first ancestor that does not let e spill, or null (the page)
+    let box = e.parentElement;
+    while (box && getComputedStyle(box).overflowX === 'visible') box = box.parentElement;
+    return box;
+  };
   for (const e of document.querySelectorAll('.jp-Cell *')) {
     if (!e.getClientRects().length || getComputedStyle(e).display === 'inline') continue;
-    if (e.scrollWidth <= e.clientWidth + 1 || e.clientWidth === 0) continue;
-    let box = e;
-    while (box && getComputedStyle(box).overflowX === 'visible') box = box.parentElement;
-    if (!box || !scrolls(getComputedStyle(box).overflowX) || !box.closest('.jp-Cell'))
-      out.wide.push(`${name(e)} (${e.scrollWidth} > ${e.clientWidth} px, in ${box ? name(box)
-        : 'the page'}): ${e.textContent.trim().slice(0, 60)}`);
+    const own = getComputedStyle(e).overflowX;
+    // its content spills out of it, and the first box holding the spill does not scroll
+    if (e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0) {
+      const box = own === 'visible' ? clipOf(e) : e;
+      if (!box || !scrolls(getComputedStyle(box).overflowX) || !box.closest('.jp-Cell'))
+        out.wide.push(`${name(e)} (content ${e.scrollWidth} > ${e.clientWidth} px, in ${box ?
+          name(box) : 'the page'}): ${e.textContent.trim().slice(0, 60)}`);
+    }
+    // or it sticks out of a box that cuts it off (overflow hidden / clip)
+    const clip = clipOf(e), r = e.getBoundingClientRect();
+    if (clip && !scrolls(getComputedStyle(clip).overflowX)) {
+      const c = clip.getBoundingClientRect();
+      if (r.right > c.right + 1 || r.left < c.left - 1)
+        out.wide.push(`${name(e)} (${Math.round(r.width)} px, cut by ${name(clip)} of ${
+          Math.round(c.width)} px): ${e.textContent.trim().slice(0, 60)}`);
+    }
   }
   for (const e of document.querySelectorAll('td, th')) {
     const t = e.textContent.trim();

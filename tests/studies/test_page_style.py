@@ -160,3 +160,19 @@ def test_errors_equal_to_the_shown_digits_share_a_rank() -> None:
     rows = [{"label": label, "distribution": "N", "nmse": v}
             for label, v in (("a", 0.009180000001), ("b", 0.00918), ("c", 0.0076), ("d", 0.02))]
     assert {k: v["N"] for k, v in fs.rank_table(rows).items()} == {"c": 1, "a": 2, "b": 2, "d": 4}
+
+
+def test_kld_comparison_says_only_what_the_intervals_allow() -> None:
+    from nvfp4lab.studies import llm_llama_cpp as llc
+
+    naive = {"label": "naive", "kld_mean": 0.25, "kld_lo": 0.235, "kld_hi": 0.262,
+             "weight_nmse": 0.009}
+    scaled = {"label": "scaled", "kld_mean": 0.27, "kld_lo": 0.241, "kld_hi": 0.298,
+              "weight_nmse": 0.0090045}
+    assert llc.kld_comparison([naive, scaled]) == (
+        "Mean KLD (nats/token) with 95 % intervals: naive 0.2500 [0.2350, 0.2620]; scaled "
+        "0.2700 [0.2410, 0.2980]. Every pair of intervals overlaps: on this model and text the "
+        "configurations are not told apart by KLD; their weight NMSEs differ by 0.1 %.")
+    apart = dict(scaled, kld_lo=0.263)
+    assert "Scaled is measurably worse than naive;" in llc.kld_comparison([apart, naive])
+    assert llc.kld_comparison([]) == "no configurations"
