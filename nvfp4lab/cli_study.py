@@ -2,7 +2,7 @@
 
 ``nvfp4lab study [MODEL] [--text FILE] [--calibration FILE] [--configs NAME ...] [--tokens N]
 [--context T] [--samples S] [--dtype D] [--streamed | --in-memory] [--out DIR] [--overwrite]
-[--smoke] [--dask ADDRESS] [--trust-remote-code]`` runs
+[--smoke] [--dask ADDRESS] [--search bits=B] [--trust-remote-code]`` runs
 :func:`nvfp4lab.studies.llm_study.study` with one progress line per configuration on stderr,
 prints the verdict, and with ``--out`` writes ``DIR/study.csv``, ``DIR/study.json`` and
 ``DIR/study.html`` (the template notebook ``nvfp4lab/studies/llm_study.ipynb`` rendered by the
@@ -13,6 +13,7 @@ status 2; nothing is downloaded.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import tempfile
@@ -66,8 +67,26 @@ def add_study(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dask", default=None, metavar="ADDRESS",
                         help="build and score the configurations on the Dask cluster at this "
                         "scheduler address (every worker must see MODEL at the same path)")
+    parser.add_argument("--search", default=None, type=search_bits, metavar="bits=B",
+                        help="also measure every Linear's sensitivity and search per-layer "
+                        "formats (NVFP4 GPTQ / FP8 / BF16) under B effective bits per weight: "
+                        "one more row, 'mixed (search, B bits)', and sensitivity.csv, "
+                        "frontier.csv, mix.json in --out")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow a model whose config names its own Python code (auto_map)")
+
+
+def search_bits(value: str) -> float:
+    """``bits=5.0`` -> 5.0 (argparse type; a bad value is one line)."""
+    key, _, number = value.partition("=")
+    try:
+        bits = float(number)
+    except ValueError:
+        bits = math.nan
+    if key.strip() != "bits" or not 0 < bits < 64:
+        raise argparse.ArgumentTypeError(f"--search {value!r}: write bits=B, B the effective "
+                                         "bits per weight, e.g. bits=5.0")
+    return bits
 
 
 def _out_dir(args: argparse.Namespace) -> Path | None:
@@ -117,7 +136,8 @@ def run_study_command(args: argparse.Namespace) -> int:
         plan = plan_study(args.model, text=args.text, calibration=args.calibration,
                           configs=args.configs, tokens=args.tokens, context=args.context,
                           samples=args.samples, smoke=args.smoke, dtype=args.dtype,
-                          streamed=args.streamed, trust_remote_code=args.trust_remote_code)
+                          streamed=args.streamed, trust_remote_code=args.trust_remote_code,
+                          search=args.search)
         result = run_study(plan, dask=args.dask, progress=True)
         if out is not None:
             written = list(result.save(out))

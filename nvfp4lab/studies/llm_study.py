@@ -143,6 +143,7 @@ class StudyPlan:
     dtype: torch.dtype
     streamed: bool
     trust_remote_code: bool = False
+    search_bits: float | None = None  #: the mixed-precision search's budget (llm_search)
 
     def describe(self) -> dict[str, Any]:
         """The plan as JSON-ready facts (the page's header)."""
@@ -154,7 +155,7 @@ class StudyPlan:
             "domain_text": self.domain_name, "context": self.context,
             "evaluation_windows": self.eval_windows, "domain_windows": self.domain_windows,
             "calibration_samples": self.samples,
-            "configurations": [c.label for c in self.configs],
+            "configurations": [c.label for c in self.configs], "search_bits": self.search_bits,
         }
 
 
@@ -194,6 +195,7 @@ def plan_study(
     streamed: bool | None = None,
     trust_remote_code: bool = False,
     seed: int = 0,
+    search: float | None = None,
 ) -> StudyPlan:
     """Resolve and check everything :func:`study` needs, reading no weights: the model
     (:func:`~nvfp4lab.local_models.resolve_model`, :func:`~nvfp4lab.local_models.check_decoder`),
@@ -227,7 +229,10 @@ def plan_study(
                                 "evaluation text")
     second = _whole_windows(corpus.token_ids(tokenizer, domain), tokens, context,
                             f"second text ({domain_name})")
-    needs = any(c.needs_calibration for c in chosen)
+    if search is not None and (isinstance(search, bool) or not isinstance(search, int | float)
+                               or not 0 < search < 64):
+        raise ValueError(f"--search bits={search!r}: give the effective bits per weight, e.g. 5.0")
+    needs = any(c.needs_calibration for c in chosen) or search is not None
     batches = tuple(corpus.calibration_batches(
         tokenizer, text=split.calibration, samples=samples, length=DEFAULTS["length"],
         seed=seed)) if needs else ()
@@ -235,16 +240,36 @@ def plan_study(
     if streamed is None:
         streamed = (source.kind != ModelKind.GGUF
                     and _model_bytes(info, torch_dtype) > STREAM_SHARE * _memory_bytes())
-    elif streamed and source.kind == ModelKind.GGUF:
+    if streamed and search is not None:
+        raise ValueError("--search runs on the model in memory: pass --in-memory")
+    if streamed and source.kind == ModelKind.GGUF:
         raise ValueError(f"{source.path}: a GGUF file cannot be streamed block by block; "
                          "convert it to a safetensors folder or leave out --streamed")
+    chosen = _streamable(chosen, bool(streamed), asked=bool(configs))
     return StudyPlan(
         source=source, info=info, split=split, domain_name=domain_name,
         configs=tuple(chosen), ids=torch.cat([evaluation, second]), context=context,
         eval_windows=evaluation.numel() // context, domain_windows=second.numel() // context,
         batches=batches, samples=samples if needs else 0, dtype=torch_dtype,
         streamed=bool(streamed), trust_remote_code=trust_remote_code,
+        search_bits=None if search is None else float(search),
     )
+
+
+def _streamable(configs: list[LLMConfig], streamed: bool, *, asked: bool) -> list[LLMConfig]:
+    """``configs`` that a block-by-block study can build: calibrated KV-cache scales (computed
+    from the whole model's K / V over the calibration text) and the W4A4 recipes (``w4a4=``:
+    scales searched and folded across blocks) need the whole model, so a streamed study leaves
+    them out of the default list and refuses them when asked for by name."""
+    if not streamed:
+        return configs
+    whole = [c for c in configs if getattr(c, "kv_scales", None) is not None
+             or getattr(c, "w4a4", None) is not None]
+    if whole and asked:
+        names = ", ".join(c.label for c in whole)
+        raise ValueError(f"{names}: these need the whole model in memory (calibrated KV scales, "
+                         "W4A4 recipes); leave them out or pass --in-memory")
+    return [c for c in configs if c not in whole]
 
 
 def _study_dtype(dtype: str | torch.dtype | None, source: ModelSource,
@@ -379,6 +404,7 @@ class StudyResult:
     domain: tuple[ConfigResult, ...]
     verdicts: tuple[FamilyVerdict, ...]
     seconds: float
+    search: Any = None  #: the search step (``llm_search.StudySearch``) or None
 
     def rows(self) -> list[dict[str, Any]]:
         """The table: one row per configuration and text (``text``: ``evaluation`` or the
@@ -428,6 +454,8 @@ class StudyResult:
             "seconds": self.seconds,
         }
         facts.write_text(json.dumps(payload, indent=1, default=_json_default) + "\n")
+        if self.search is not None:  # sensitivity.csv, frontier.csv, mix.json beside them
+            self.search.save(folder, self.plan.eval_windows)
         return csv, facts
 
 
@@ -452,6 +480,13 @@ def run_study(plan: StudyPlan, *, dask: str | None = None, progress: bool = True
     if on_reference is not None:
         on_reference(run)
     results = _run_all(plan, run, reference, dask, progress)
+    search = None
+    if plan.search_bits is not None:
+        from nvfp4lab.studies.llm_search import study_search
+
+        search = study_search(reference, run, plan.batches, plan.search_bits, dask=dask,
+                              progress=progress)
+        results.append(search.result)
     del reference
     pairs = [(r, *_split(r.fidelity, plan.eval_windows)) for r in results]
     evaluation = tuple(ConfigResult(r.config, ev, r.build_seconds, r.peak_rss_mb)
@@ -463,7 +498,7 @@ def run_study(plan: StudyPlan, *, dask: str | None = None, progress: bool = True
     perplexity = {EVALUATION: math.exp(float(ref_nll[:cut].mean())),
                   plan.domain_name: math.exp(float(ref_nll[cut:].mean()))}
     return StudyResult(plan, perplexity, evaluation, domain,
-                       tuple(best_per_family(evaluation)), time.perf_counter() - start)
+                       tuple(best_per_family(evaluation)), time.perf_counter() - start, search)
 
 
 def study(
@@ -481,6 +516,7 @@ def study(
     dask: str | None = None,
     trust_remote_code: bool = False,
     progress: bool = True,
+    search: float | None = None,
 ) -> StudyResult:
     """What NVFP4 does to ``model`` on ``text``: :func:`plan_study` then :func:`run_study`.
 
@@ -491,12 +527,15 @@ def study(
     ``tokens``: evaluation tokens per text (default 2,048); ``context``: tokens per window
     (256); ``samples``: calibration windows of 256 tokens (32). ``dtype``: "float32" (default),
     "bfloat16" or "float16". ``streamed``: block by block (None: when the model is large).
-    ``dask``: a Dask scheduler address. Returns a :class:`StudyResult` (``.table``,
+    ``dask``: a Dask scheduler address. ``search``: an effective-bits budget: the per-layer
+    sensitivity and the mixed-precision search (:mod:`nvfp4lab.studies.llm_search`) add the row
+    ``mixed (search, <bits> bits)`` and, with ``.save``, ``sensitivity.csv`` / ``frontier.csv`` /
+    ``mix.json``. Returns a :class:`StudyResult` (``.table``,
     ``.verdict()``, ``.save(folder)``).
     """
     plan = plan_study(model, text=text, calibration=calibration, configs=configs,
                       tokens=tokens, context=context, samples=samples, smoke=smoke, dtype=dtype,
-                      streamed=streamed, trust_remote_code=trust_remote_code)
+                      streamed=streamed, trust_remote_code=trust_remote_code, search=search)
     return run_study(plan, dask=dask, progress=progress)
 
 
