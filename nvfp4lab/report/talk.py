@@ -69,7 +69,7 @@ class Progress:
 
     def threads(self, name: str, threads: int) -> None:
         with self._lock:
-            self._say(f"        {name}: {threads} threads from its next cell (the others ended)")
+            self._say(f"        {name}: now {threads} threads (the others ended)")
 
     def finished(self, result: Any) -> None:
         with self._lock:
