@@ -124,11 +124,11 @@ def test_cli_offers_and_runs_the_format(quantized: torch.nn.Module, tmp_path: Pa
     texts name it by its title."""
     with throwaway_format.registered():
         path = _save(quantized, tmp_path / "ckpt", THROWAWAY)
-        assert cli._format_titles().endswith("GGUF or Throwaway NVFP4")
+        assert cli._format_titles().endswith("GGUF, FP-Quant NVFP4 or Throwaway NVFP4")
     ct = _save(quantized, tmp_path / "ct", CheckpointFormat.COMPRESSED_TENSORS)
     helped = _throwaway_cli("convert", "--help")
     assert helped.returncode == 0, helped.stderr
-    assert "{compressed-tensors,modelopt,gguf,throwaway}" in helped.stdout
+    assert "{compressed-tensors,modelopt,gguf,fp-quant,throwaway}" in helped.stdout
     audited = _throwaway_cli("audit", str(path), "--format", THROWAWAY)
     assert audited.returncode == 0 and "Traceback" not in audited.stderr, audited.stderr
     assert f"{path}: 14 quantized layers, 0 flagged" in audited.stdout
