@@ -258,3 +258,32 @@ def test_measured_mixes_frontier_and_files(setup, tmp_path: Path) -> None:
     plot_frontier(points, uniform=[("W4A16 GPTQ", 4.5, uniform.fidelity)])
     assert isinstance(path[0], Mix) and LayerFormat.FP8 in set(path[-1].formats.values()) | {
         LayerFormat.FP8}
+
+
+def test_the_study_with_a_search(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``nvfp4lab study MODEL --search bits=5.0``: one more row, the files beside study.csv,
+    refusals in one line."""
+    from nvfp4lab.cli import main as cli_main
+    from nvfp4lab.studies import llm_study
+    from tests.studies.test_llm_study import write_text
+    from tests.tiny_decoders import save_hf_cache, tiny_tokenizer
+
+    model = save_hf_cache(tiny_model("llama", seed=1), tiny_tokenizer(), tmp_path / "hub",
+                          repo_id="tiny-org/tiny-llama")
+    text = write_text(tmp_path / "notes.md")
+    result = llm_study.study(model, text=text, configs=["w4a16-gptq"], tokens=64, context=32,
+                             samples=2, search=5.0, progress=False)
+    labels = [r["label"] for r in result.rows()]
+    assert labels == ["W4A16 GPTQ", "mixed (search, 5 bits)"] * 2
+    mixed = result.evaluation[-1]
+    assert mixed.fidelity.kld_mean == result.search.chosen.fidelity.kld_mean or (
+        mixed.fidelity.windows == result.plan.eval_windows)
+    assert result.search.chosen.mix.bits <= 5.0
+    assert len(result.search.table.rows) == 28  # 14 Linears in nvfp4-gptq and fp8
+    result.save(tmp_path)
+    assert {"sensitivity.csv", "frontier.csv", "mix.json"} <= {p.name for p in tmp_path.iterdir()}
+    with pytest.raises(ValueError, match="--search bits=-1"):
+        llm_study.plan_study(model, text=text, search=-1, tokens=64, context=32)
+    with pytest.raises(SystemExit) as stopped:  # argparse's one line, exit status 2
+        cli_main(["study", str(model), "--search", "5"])
+    assert stopped.value.code == 2 and "write bits=B" in capfd.readouterr().err
