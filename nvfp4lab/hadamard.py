@@ -315,7 +315,7 @@ def rotate(
 CT_DEFAULT_SEED: int = 67280421310721
 #: compressed-tensors' transform types nvfp4lab runs (``TransformScheme.type``).
 CT_KINDS: tuple[str, ...] = ("hadamard", "random-hadamard")
-_PRECISIONS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_PRECISIONS = (*SUPPORTED_DTYPES, torch.float64)
 
 
 def sylvester_matrix(n: int) -> torch.Tensor:

@@ -55,6 +55,7 @@ from nvfp4lab.execution.dispatch import select_backend
 from nvfp4lab.execution.gemm import linear, vllm_decode_scale
 from nvfp4lab.execution.vllm_transform import PATH_GENERIC, PATH_QUTLASS, rotation_spec
 from nvfp4lab.tensor import NVFP4Tensor
+from nvfp4lab.vocab import Backend
 
 __all__ = [
     "HADACORE_STAGE_ENTRY",
@@ -236,7 +237,7 @@ def generic_linear(
     hadacore: bool,
     inverse: bool = False,
     input_global_scale: torch.Tensor | float | None = None,
-    backend: str = "emulation",
+    backend: str = Backend.EMULATION,
 ) -> torch.Tensor:
     """vLLM's ``CompressedTensorsLinearTransformMethod.apply``: ``x`` rotated
     (:func:`hadacore_rotate` when ``hadacore``, else :func:`dense_rotate` with ``matrix``, the
@@ -264,7 +265,7 @@ class VllmRotationPlan:
     path: str
     hadacore: bool = False
     unrounded_scale: bool = False
-    backend: str = "emulation"
+    backend: str = Backend.EMULATION
 
 
 def plan_for(rotation: object, **select: object) -> VllmRotationPlan:

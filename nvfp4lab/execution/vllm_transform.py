@@ -32,7 +32,7 @@ from typing import TypeVar
 
 from nvfp4lab.execution import vllm_rules as R
 from nvfp4lab.execution import vllm_select
-from nvfp4lab.vocab import Platform, Scheme
+from nvfp4lab.vocab import Numerics, Platform, Scheme
 
 __all__ = [
     "PATH_GENERIC",
@@ -196,7 +196,7 @@ def decide_transform(req: vllm_select.Request, outcome: vllm_select.Outcome,
             "fails; linear_qutlass_nvfp4.py@0.33.0 L254-270)"), verified=verified,
             steps=tuple(steps))
     unrounded = spec.block in R.QUTLASS_UNROUNDED_SCALE_BLOCKS
-    if R.KERNELS[outcome.kernel].numerics != "native":
+    if R.KERNELS[outcome.kernel].numerics != Numerics.NATIVE:
         steps.append(f"{outcome.kernel} prepared the weights for its BF16 x FP4 GEMM; QuTLASS "
                      "hands them to the FP4 x FP4 GEMM as they are (layout match not verified)")
     epilogue = ("SM100 kernel, elements scaled by the unrounded block scale" if unrounded

@@ -59,6 +59,7 @@ from nvfp4lab.studies.llm_verdict import (
     family_table,
     verdict_text,
 )
+from nvfp4lab.vocab import CorpusPart
 
 __all__ = [
     "RESULTS_CSV",
@@ -80,7 +81,7 @@ DEFAULTS: dict[str, int] = {"tokens": 2048, "samples": 32, "context": 256, "leng
 #: The files :meth:`StudyResult.save` writes.
 RESULTS_CSV, RESULTS_JSON = "study.csv", "study.json"
 #: The two texts' names in the table's ``text`` column.
-EVALUATION = "evaluation"
+EVALUATION = str(CorpusPart.EVALUATION)
 #: Stream a model folder (``streamed=None``) when its weights, in the study's dtype, take more
 #: than this share of the machine's memory.
 STREAM_SHARE = 0.25
