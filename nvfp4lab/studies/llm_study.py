@@ -51,6 +51,7 @@ from nvfp4lab.local_models import (
 )
 from nvfp4lab.studies import llm
 from nvfp4lab.studies.llm_configs import ConfigResult, LLMConfig, configurations
+from nvfp4lab.studies.llm_search import study_search
 from nvfp4lab.studies.llm_statistics import TokenFidelity, fidelity_of
 from nvfp4lab.studies.llm_verdict import (
     FamilyVerdict,
@@ -481,13 +482,9 @@ def run_study(plan: StudyPlan, *, dask: str | None = None, progress: bool = True
     if on_reference is not None:
         on_reference(run)
     results = _run_all(plan, run, reference, dask, progress)
-    search = None
-    if plan.search_bits is not None:
-        from nvfp4lab.studies.llm_search import study_search
-
-        search = study_search(reference, run, plan.batches, plan.search_bits, dask=dask,
-                              progress=progress)
-        results.append(search.result)
+    search = None if plan.search_bits is None else study_search(
+        reference, run, plan.batches, plan.search_bits, dask=dask, progress=progress)
+    results += [] if search is None else [search.result]
     del reference
     pairs = [(r, *_split(r.fidelity, plan.eval_windows)) for r in results]
     evaluation = tuple(ConfigResult(r.config, ev, r.build_seconds, r.peak_rss_mb)
@@ -528,11 +525,9 @@ def study(
     ``tokens``: evaluation tokens per text (default 2,048); ``context``: tokens per window
     (256); ``samples``: calibration windows of 256 tokens (32). ``dtype``: "float32" (default),
     "bfloat16" or "float16". ``streamed``: block by block (None: when the model is large).
-    ``dask``: a Dask scheduler address. ``search``: an effective-bits budget: the per-layer
-    sensitivity and the mixed-precision search (:mod:`nvfp4lab.studies.llm_search`) add the row
-    ``mixed (search, <bits> bits)`` and, with ``.save``, ``sensitivity.csv`` / ``frontier.csv`` /
-    ``mix.json``. Returns a :class:`StudyResult` (``.table``,
-    ``.verdict()``, ``.save(folder)``).
+    ``dask``: a Dask scheduler address. ``search``: bits per weight for the mixed-precision
+    search (:mod:`~nvfp4lab.studies.llm_search`: one more row, its files in ``.save``).
+    Returns a :class:`StudyResult` (``.table``, ``.verdict()``, ``.save(folder)``).
     """
     plan = plan_study(model, text=text, calibration=calibration, configs=configs,
                       tokens=tokens, context=context, samples=samples, smoke=smoke, dtype=dtype,
