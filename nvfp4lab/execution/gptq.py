@@ -72,9 +72,9 @@ H in float64 instead of float32.
 
 Study-only: :func:`gptq_fake_quantize` runs the same loop for MXFP4 and INT4-g128 (any
 :class:`~nvfp4lab.number_formats.base.BlockFormatInfo`) and, with ``hadamard=seed``, on weights
-rotated by the block Hadamard whose block matches the format's group (MR-GPTQ style, arXiv 2509.23202:
-``W' = W Q``, ``H' = Qᵀ H Q``); it returns the dequantized weight rotated back (the weight
-rotated in float32 here; the layer path rotates in the weight's dtype, as the codec does).
+rotated by the block Hadamard whose block matches the format's group (MR-GPTQ style, arXiv
+2509.23202: ``W' = W Q``, ``H' = Qᵀ H Q``); it returns the dequantized weight rotated back (the
+weight rotated in float32 here; the layer path rotates in the weight's dtype, as the codec does).
 """
 
 from __future__ import annotations
@@ -294,14 +294,23 @@ class _BlockColumns:
 # --------------------------------------------------------------------------------------------
 
 
-def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor | None:
-    """Upper Cholesky factor of ``(H + damp·mean(diag H)·I)⁻¹``; None if not positive definite."""
-    damped = h.clone()
-    damped.diagonal().add_(damp * float(h.diagonal().mean()))
+def _inverse_factor(h: torch.Tensor | list[torch.Tensor], damp: float) -> torch.Tensor | None:
+    """Upper Cholesky factor of ``(H + damp·mean(diag H)·I)⁻¹``; None if not positive definite.
+
+    ``h``: ``H`` ``[K, K]`` (left as it is), or a one-element list holding it, handed over: then
+    it is damped in place and each K×K step is freed as soon as the next exists, so at most two
+    K×K matrices live at once (the Hessian of a 5,632-wide down_proj is 254 MB in float64;
+    cloning it at every step held six)."""
+    damped = h.pop() if isinstance(h, list) else h.clone()
+    damped.diagonal().add_(damp * float(damped.diagonal().mean()))
     lower, info = torch.linalg.cholesky_ex(damped)
+    del damped
     if int(info):
         return None
-    upper, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
+    inverse = torch.cholesky_inverse(lower)
+    del lower
+    upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+    del inverse
     return None if int(info) else upper
 
 
@@ -427,7 +436,9 @@ def _run(
     if options.act_order:
         order = torch.argsort(h.diagonal(), descending=True, stable=True)
         h = h[order][:, order]
-    u = _inverse_factor(h, options.damp)
+    owned = [h]
+    del h  # _inverse_factor frees it as it goes
+    u = _inverse_factor(owned, options.damp)
     reason = "" if u is not None else (
         f"the damped Hessian is not positive definite (damp={options.damp}); raise damp"
     )
