@@ -36,6 +36,7 @@ from torch import nn
 
 from nvfp4lab.execution import KVCacheOptions, quantize_model
 from nvfp4lab.execution.calibrate import calibration, run_batch
+from nvfp4lab.execution.kv_calibration import calibrate_kv_scales
 from nvfp4lab.execution.w4a4_recipes import W4A4Options
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
@@ -157,31 +158,44 @@ def configurations(*, smoke: bool = False) -> list[LLMConfig]:
 
 
 def build(reference: nn.Module, config: LLMConfig,
-          calibration_batches: Sequence[Any] = ()) -> tuple[nn.Module, float]:
+          calibration_batches: Sequence[Any] = (), *,
+          shared: dict[str, Any] | None = None) -> tuple[nn.Module, float]:
     """A quantized copy of ``reference`` for ``config`` and the seconds it took (GPTQ and the
     input-scale calibration included). ``calibration_batches``: model inputs from the calibration
-    text (``corpus.calibration_batches``), used by GPTQ and by calibrated input scales."""
+    text (``corpus.calibration_batches``), used by GPTQ and by calibrated input scales.
+    ``shared``: a dict kept across the builds of one reference and calibration text
+    (:func:`config_results` passes one): calibrated K / V scales are then computed once for
+    every configuration that uses them (the rule, amax / 448, is the same for every cache kind;
+    the same values as each build's own calibration), each such build counting their seconds."""
     if config.needs_calibration and not calibration_batches:
         raise ValueError(f"configuration {config.label!r} needs calibration_batches "
                          "(corpus.calibration_batches(tokenizer))")
+    kv, kv_seconds = config.kv_options, 0.0
+    if shared is not None and config.kv_scales == CALIBRATED and config.kv_cache is not None:
+        if "kv_scales" not in shared:
+            begin = time.perf_counter()
+            scales = calibrate_kv_scales(reference, calibration_batches, config.kv_cache)
+            shared["kv_scales"] = (scales, time.perf_counter() - begin)
+        scales, kv_seconds = shared["kv_scales"]
+        kv = KVCacheOptions(config.kv_cache, scales=scales)
+    kv_data = isinstance(kv, KVCacheOptions) and kv.calibrated  # calibrated in quantize_model
     start = time.perf_counter()
     model = copy.deepcopy(reference)
     gptq = config.method == QuantMethod.GPTQ
-    data = gptq or (config.w4a4 is not None and config.w4a4.needs_calibration) or (
-        config.kv_scales is not None)
+    data = gptq or (config.w4a4 is not None and config.w4a4.needs_calibration) or kv_data
     if config.backend is None:
-        quantize_model(model, backend=None, kv_cache=config.kv_options,
-                       calibration=list(calibration_batches) if config.kv_scales else None)
+        quantize_model(model, backend=None, kv_cache=kv,
+                       calibration=list(calibration_batches) if kv_data else None)
     else:
         extra = {} if config.w4a4 is None else {"w4a4": config.w4a4}
         quantize_model(model, backend=config.backend, method=config.quant_method,
                        calibration=list(calibration_batches) if data else None,
-                       kv_cache=config.kv_options, convention=config.convention, **extra)
+                       kv_cache=kv, convention=config.convention, **extra)
     if config.backend == Backend.EMULATION and config.input_scales == CALIBRATED:
         with torch.no_grad(), calibration(model):
             for batch in calibration_batches:
                 run_batch(model, batch)
-    return model, time.perf_counter() - start
+    return model, time.perf_counter() - start + kv_seconds
 
 
 @dataclass(frozen=True)
@@ -269,13 +283,14 @@ class _PeakRSS:
 
 
 def config_result(reference: nn.Module, run: ReferenceRun, config: LLMConfig,
-                  calibration_batches: Sequence[Any] = ()) -> ConfigResult:
-    """Build ``config`` from ``reference`` (:func:`build`) and score it on ``run`` (the
-    reference's pass over the evaluation text) with
+                  calibration_batches: Sequence[Any] = (), *,
+                  shared: dict[str, Any] | None = None) -> ConfigResult:
+    """Build ``config`` from ``reference`` (:func:`build`, ``shared`` passed on) and score it on
+    ``run`` (the reference's pass over the evaluation text) with
     :func:`~nvfp4lab.studies.llm.token_fidelity`, measuring the build's seconds and the peak
     resident memory of both steps. The model is freed after use."""
     with _PeakRSS() as peak:
-        model, seconds = build(reference, config, calibration_batches)
+        model, seconds = build(reference, config, calibration_batches, shared=shared)
         with torch.no_grad():
             fidelity = token_fidelity(run, model, progress=False)
         del model
@@ -286,9 +301,12 @@ def config_results(reference: nn.Module, run: ReferenceRun, configs: Sequence[LL
                    calibration_batches: Sequence[Any] = (), *, progress: bool = True
                    ) -> list[ConfigResult]:
     """:func:`config_result` of every configuration, in order, with a progress bar over the
-    configurations unless ``progress`` is False."""
+    configurations unless ``progress`` is False; calibrated K / V scales computed once for all
+    (:func:`build`'s ``shared``)."""
     bar = tqdm_class()(configs, desc="configurations", unit="config", disable=not progress)
-    return [config_result(reference, run, config, calibration_batches) for config in bar]
+    shared: dict[str, Any] = {}
+    return [config_result(reference, run, config, calibration_batches, shared=shared)
+            for config in bar]
 
 
 def config_row(reference: nn.Module, run: ReferenceRun, config: LLMConfig,
