@@ -7,7 +7,10 @@ A configuration (:class:`LLMConfig`) is a call of
 * weights only (W4A16: the Marlin numerics) by round to nearest (RTN), by GPTQ, and by GPTQ on
   block-Hadamard-rotated weights (MR-GPTQ style, arXiv 2509.23202);
 * weights and activations (W4A4, vLLM 0.33's emulation order) with a dynamic per-call
-  activation tensor scale or with input scales calibrated on the calibration text;
+  activation tensor scale or with input scales calibrated on the calibration text, and the
+  W4A4 recipes that measured best on SmolLM2 (``execution.w4a4_recipes``: SmoothQuant scales
+  of strength 0.5 folded into the stored weights, by RTN and by GPTQ on the quantized inputs'
+  Hessian; docs/llm.md "W4A4 recipes");
 * the KV cache alone as vLLM 0.33 writes and reads it (``nvfp4``, ``nvfp4_4over6``, and ``fp8``
   as the comparator), with vLLM's default K / V scale 1.0;
 * W4A4 with a 4-bit KV cache.
@@ -142,6 +145,9 @@ def configurations(*, smoke: bool = False) -> list[LLMConfig]:
         LLMConfig("W4A16 MR-GPTQ", w4a16, QuantMethod.GPTQ, rotation=True),
         LLMConfig("W4A4 RTN, dynamic", w4a4),
         LLMConfig("W4A4 RTN, calibrated", w4a4, input_scales=CALIBRATED),
+        LLMConfig("W4A4 RTN + SmoothQuant 0.5", w4a4, w4a4=W4A4Options(smooth_alpha=0.5)),
+        LLMConfig("W4A4 GPTQ + SmoothQuant 0.5", w4a4, QuantMethod.GPTQ,
+                  w4a4=W4A4Options(smooth_alpha=0.5)),
         LLMConfig("KV nvfp4", None, kv_cache=KVCacheKind.NVFP4),
         LLMConfig("KV nvfp4_4over6", None, kv_cache=KVCacheKind.NVFP4_4OVER6),
         LLMConfig("KV fp8", None, kv_cache=KVCacheKind.FP8),

@@ -38,8 +38,10 @@ def _direct(reference: torch.nn.Module, config: lc.LLMConfig) -> torch.nn.Module
         quantize_model(model, backend=None, kv_cache=config.kv_cache)
     else:
         method = QuantMethod.MR_GPTQ if config.rotation else config.method
+        smooth = config.w4a4 is not None and config.w4a4.needs_calibration
         quantize_model(model, backend=config.backend, method=method,
-                       calibration=BATCHES if gptq else None, kv_cache=config.kv_cache)
+                       calibration=BATCHES if gptq or smooth else None,
+                       kv_cache=config.kv_cache, w4a4=config.w4a4)
     if config.input_scales == lc.CALIBRATED:
         with torch.no_grad(), calibration(model):
             for batch in BATCHES:
