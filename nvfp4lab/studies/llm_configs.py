@@ -40,6 +40,7 @@ from torch import nn
 from nvfp4lab.execution import KVCacheOptions, quantize_model
 from nvfp4lab.execution.calibrate import calibration, run_batch
 from nvfp4lab.execution.kv_calibration import calibrate_kv_scales
+from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.w4a4_recipes import W4A4Options
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
@@ -180,7 +181,8 @@ def build(reference: nn.Module, config: LLMConfig,
     if shared is not None and config.kv_scales == CALIBRATED and config.kv_cache is not None:
         if "kv_scales" not in shared:
             begin = time.perf_counter()
-            scales = calibrate_kv_scales(reference, calibration_batches, config.kv_cache)
+            scales = calibrate_kv_scales(_trunk(reference, nn.Module), calibration_batches,
+                                         config.kv_cache)
             shared["kv_scales"] = (scales, time.perf_counter() - begin)
         scales, kv_seconds = shared["kv_scales"]
         kv = KVCacheOptions(config.kv_cache, scales=scales)
@@ -198,10 +200,27 @@ def build(reference: nn.Module, config: LLMConfig,
                        calibration=list(calibration_batches) if data else None,
                        kv_cache=kv, convention=config.convention, **extra)
     if config.backend == Backend.EMULATION and config.input_scales == CALIBRATED:
+        trunk = _trunk(model, NVFP4Linear)
         with torch.no_grad(), calibration(model):
             for batch in calibration_batches:
-                run_batch(model, batch)
+                run_batch(trunk, batch)
     return model, time.perf_counter() - start + kv_seconds
+
+
+def _trunk(model: nn.Module, kind: type[nn.Module]) -> nn.Module:
+    """What a calibration pass needs to run: the decoder without the output head (a
+    transformers CausalLM's ``get_decoder()``; the head's ``[tokens, vocabulary]`` product
+    observes nothing) when every module of ``kind`` other than the head lies in it (``kind``
+    nn.Module: the attention modules are there by construction), else ``model``."""
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    if not isinstance(decoder, nn.Module) or decoder is model:
+        return model
+    inside = {id(m) for m in decoder.modules()}
+    if kind is not nn.Module and any(isinstance(m, kind) and id(m) not in inside
+                                     for m in model.modules()):
+        return model
+    return decoder
 
 
 @dataclass(frozen=True)

@@ -51,3 +51,18 @@ def test_calibrated_kv_scales_are_calibrated_once_with_the_same_numbers(
     lc.build(reference, CALIBRATED[0], BATCHES, shared=shared)
     scales, seconds = shared["kv_scales"]
     assert scales == real(reference, BATCHES, KVCacheKind.FP8) and seconds > 0
+
+
+def test_calibration_passes_skip_the_output_head_only_when_it_observes_nothing() -> None:
+    from nvfp4lab.execution import quantize_model
+    from nvfp4lab.execution.layers import NVFP4Linear
+
+    model = tiny_llama()
+    assert lc._trunk(model, torch.nn.Module) is model.get_decoder()  # K / V: attention inside
+    quantize_model(model, backend="emulation")  # lm_head ignored: it stays float
+    assert lc._trunk(model, NVFP4Linear) is model.get_decoder()
+    whole = tiny_llama()
+    quantize_model(whole, backend="emulation", ignore=[])  # lm_head quantized: it observes
+    assert isinstance(whole.lm_head, NVFP4Linear) and lc._trunk(whole, NVFP4Linear) is whole
+    plain = torch.nn.Sequential(torch.nn.Linear(16, 16))
+    assert lc._trunk(plain, torch.nn.Module) is plain  # no decoder to take
