@@ -215,8 +215,12 @@ test-browser: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
+# `make report`: the notebooks side by side, longest first, each kernel with the cores no other
+# running notebook uses (nvfp4lab/report/schedule.py); a line per notebook as it starts and ends.
+# PYTHONDONTWRITEBYTECODE= : as for `make test`, the kernels' bytecode is cached (each kernel
+# imports the same ~230 modules; a fresh clone compiles them once, not once per notebook).
 report: $(VENV)/.installed
-	$(PY) -m nvfp4lab report $(REPORT_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m nvfp4lab report $(REPORT_ARGS)
 
 bench-quick: $(VENV)/.installed
 	$(PY) -m nvfp4lab bench --quick
