@@ -173,13 +173,13 @@ def weight_problems(layer: str, names: LayerNames, tensors: Mapping[str, _Stored
         out.append(problem)
     plain = (n, k // _BLOCK)
     if scale.dtype != "F8_E4M3":
-        out.append(f"block scales {names.block_scale} are {scale.dtype} {list(scale.shape)}; expected "
-                   "F8_E4M3 (E4M3)")
+        out.append(f"block scales {names.block_scale} are {scale.dtype} {list(scale.shape)}; "
+                   "expected F8_E4M3 (E4M3)")
     elif tuple(scale.shape) != plain:
         hint = (" (the 128x4-padded shape of the swizzled layout)"
                 if tuple(scale.shape) == tuple(padded_scale_shape(*plain)) else "")
-        out.append(f"block scales {names.block_scale} are {list(scale.shape)}{hint}; expected plain "
-                   f"{list(plain)} for codes {list(packed.shape)}")
+        out.append(f"block scales {names.block_scale} are {list(scale.shape)}{hint}; expected "
+                   f"plain {list(plain)} for codes {list(packed.shape)}")
     return out
 
 

@@ -365,8 +365,9 @@ def quantize_model(
     head and token, in 16-value blocks along head_dim
     (:func:`~nvfp4lab.execution.attention.quantize_kv_cache`: transformers decoders whose
     attention calls ``AttentionInterface``, ``sdpa`` or ``eager``; other models raise). The kind
-    and scales of each layer are in ``report.kv_cache``; ``KVCacheOptions(kind, scales="calibrated")`` computes them from
-    ``calibration`` first (amax / 448 per layer and side,
+    and scales of each layer are in ``report.kv_cache``;
+    ``KVCacheOptions(kind, scales="calibrated")`` computes them from ``calibration`` first
+    (amax / 448 per layer and side,
     :func:`~nvfp4lab.execution.kv_calibration.calibrate_kv_scales`, also with "rtn" and
     ``backend=None``). The query stays unquantized (vLLM's FP8 query on SM100 paths is not
     modelled). The KV cache is set before the Linear layers are replaced, so GPTQ calibrates on
