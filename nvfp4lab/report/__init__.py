@@ -3,9 +3,13 @@
 One module per job (imports only go down this list):
 
 ``runner``            ``run_reports`` (``nvfp4lab report``): parameters checked, notebooks run
-                      in order or side by side, pages and ``index.html`` written; ``headline``
-                      (called inside a notebook)
+                      longest first, side by side, pages and ``index.html`` written;
+                      ``headline`` (called inside a notebook)
+``talk``              what the CLI prints while a run goes: starts, ends, cells done
+``index_page``        ``index.html``: status, duration, headline numbers per notebook
+``schedule``          launch order (cost table, the folder's record) and cores per kernel
 ``jupyter``           one notebook in a watched Jupyter kernel; a time limit or Ctrl-C kills it
+``kernel_threads``    inside a kernel: torch threads follow the runner's share, even mid-cell
 ``outputs``           the output folder: never replaces a file the runner did not write
 ``pages``             nbconvert's lab template without CDN scripts, widgets stripped
 ``notebook_imports``  the Jupyter stack imported without jsonschema's lark-based IRI backend

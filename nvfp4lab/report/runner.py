@@ -1,6 +1,9 @@
 """The report runner: execute the notebooks with papermill, render HTML, write an index.
 
-``run_reports()`` (CLI: ``nvfp4lab report``) takes every ``notebooks/NN_*.ipynb`` in order and:
+``run_reports()`` (CLI: ``nvfp4lab report``) takes every ``notebooks/NN_*.ipynb``, starts them
+longest first, side by side, each kernel with its share of the cores
+(:mod:`nvfp4lab.report.schedule`), tells a listener as each starts, advances and ends
+(:class:`ProgressListener`; :mod:`nvfp4lab.report.talk` prints it), and for each notebook:
 
 1. reads the cell tagged ``parameters`` and checks every parameter passed in against the names
    it assigns (papermill only warns on a typo; we raise ValueError before running anything);
@@ -8,8 +11,8 @@
    (``sys.executable``; not whatever ``python3`` kernelspec Jupyter finds first), with the
    notebook's folder as working directory;
 3. writes the executed copy to ``<out>/<name>.ipynb`` and renders ``<out>/<name>.html`` with
-   nbconvert (:mod:`nvfp4lab.report.pages`: one self-contained file, no external script, progress
-   bars as text), under partial names renamed over the previous pages once complete;
+   nbconvert (:mod:`nvfp4lab.report.pages`: one self-contained file, no external script, no
+   progress bar), under partial names renamed over the previous pages once complete;
 4. keeps going past a failing notebook (its partial HTML is still written for diagnosis);
 5. writes ``<out>/index.html``: status, duration and headline numbers of every notebook (after
    Ctrl-C: the running one ``interrupted``, its previous page kept; the rest ``not run``).
