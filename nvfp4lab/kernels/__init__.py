@@ -33,9 +33,9 @@ graphs a compiler must work here (:func:`compiler_available`), and the setting
     never.
 ``auto`` (default)
     tensors of at least :data:`AUTO_MIN_ELEMENTS`, as :func:`auto_decision` decides from what this
-    process and this machine have already paid for (the measured costs are README's "Fused
-    kernels"; per call the fused path wins from ~16 K elements, 6-22x from 256 K, but the first
-    fused call of a process costs seconds):
+    process and this machine have already paid for (the measured costs are in
+    docs/throughput.md, "Fused kernels"; per call the fused path wins from ~16 K elements, 6-22x
+    from 256 K, but the first fused call of a process costs seconds):
 
     * once a fused call has run on the device type in this process (:func:`cache.started`), every
       large call: the start-up is paid, a further graph set costs 0.2-0.5 s warm;

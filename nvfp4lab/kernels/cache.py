@@ -3,7 +3,8 @@
 Inductor caches what it compiles on disk (FX graphs, AOTAutograd results, the C++ libraries) and
 a later process loads them instead of compiling again: the first fused call of a process costs
 seconds either way (importing dynamo and inductor, checking the CPU's vector ISAs), but ~4x less
-with a warm cache than with a cold one (README, "Fused kernels"). Two things make that usable:
+with a warm cache than with a cold one (docs/throughput.md, "Fused kernels"). Two things make that
+usable:
 
 * the directory (:func:`prepare`, before the first compilation of a process): inductor's default
   is ``/tmp/torchinductor_<user>``, which does not survive a reboot or a tmp cleaner; nvfp4lab
