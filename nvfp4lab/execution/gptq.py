@@ -194,6 +194,16 @@ class Hessian:
             raise ValueError("the Hessian has no tokens: no calibration input reached the layer")
         return self.sum * (2.0 / self.tokens)
 
+    def take_matrix(self) -> torch.Tensor:
+        """:meth:`matrix`, made in place of the running sum and handed over (the caller may
+        overwrite it; no second K×K copy). The Hessian is left empty and must not be used
+        again."""
+        if not self.tokens:
+            raise ValueError("the Hessian has no tokens: no calibration input reached the layer")
+        matrix = self.sum.mul_(2.0 / self.tokens)
+        self.sum, self.tokens = matrix.new_empty(0, 0), 0
+        return matrix
+
     def clone(self) -> Hessian:
         """An independent copy (the running sum and the token count)."""
         copy = Hessian.__new__(Hessian)
@@ -297,11 +307,15 @@ class _BlockColumns:
 def _inverse_factor(h: torch.Tensor | list[torch.Tensor], damp: float) -> torch.Tensor | None:
     """Upper Cholesky factor of ``(H + damp·mean(diag H)·I)⁻¹``; None if not positive definite.
 
-    ``h``: ``H`` ``[K, K]`` (left as it is), or a one-element list holding it, handed over: then
-    it is damped in place and each K×K step is freed as soon as the next exists, so at most two
-    K×K matrices live at once (the Hessian of a 5,632-wide down_proj is 254 MB in float64;
-    cloning it at every step held six)."""
+    ``h``: ``H`` ``[K, K]`` float64 (left as it is), or a one-element list holding it, handed
+    over: then it is overwritten and returned as the factor. Either way the factors are the
+    ones ``torch.linalg.cholesky`` → ``cholesky_inverse`` → ``cholesky(upper=True)`` give (like
+    ``torch.linalg.cholesky``, only H's lower triangle is read). On the CPU the three LAPACK
+    steps run in place in one K×K buffer (:func:`_factor_in_place`): the Hessian of a
+    5,632-wide down_proj is 254 MB in float64, and each step out of place held two."""
     damped = h.pop() if isinstance(h, list) else h.clone()
+    if damped.device.type == "cpu" and damped.is_contiguous():
+        return _factor_in_place(damped, damp)
     damped.diagonal().add_(damp * float(damped.diagonal().mean()))
     lower, info = torch.linalg.cholesky_ex(damped)
     del damped
@@ -312,6 +326,40 @@ def _inverse_factor(h: torch.Tensor | list[torch.Tensor], damp: float) -> torch.
     upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
     del inverse
     return None if int(info) else upper
+
+
+#: rows per chunk of the in-place triangle copies (a chunk's temporary is TILE × K)
+_TILE = 512
+
+
+def _factor_in_place(h: torch.Tensor, damp: float) -> torch.Tensor | None:
+    """:func:`_inverse_factor` of the row-major ``h`` [K, K], computed in ``h``'s storage.
+
+    LAPACK works on column-major matrices, and ``torch.linalg`` runs in place when ``out=`` is
+    a column-major view: ``h.mT``. That view's lower triangle is ``h``'s upper one, so ``h``'s
+    lower triangle is first mirrored into its upper one (the Hessian sum need not be exactly
+    symmetric in floating point; the out-of-place path reads the lower triangle). The factor is
+    then ``U`` in the view, i.e. ``Uᵀ`` row-major in ``h``, and is transposed back in place,
+    tile by tile. Bit for bit the out-of-place steps (tested)."""
+    k = h.shape[0]
+    for r0 in range(0, k, _TILE):  # upper := lower transposed, a block row at a time
+        r1 = min(r0 + _TILE, k)
+        h[r0:r1, r0:].copy_(h[r0:, r0:r1].T.clone())
+    h.diagonal().add_(damp * float(h.diagonal().mean()))
+    view = h.mT
+    info = torch.empty((), dtype=torch.int32)
+    torch.linalg.cholesky_ex(view, out=(view, info))
+    if int(info):
+        return None
+    torch.cholesky_inverse(view, out=view)
+    torch.linalg.cholesky_ex(view, upper=True, out=(view, info))
+    if int(info):
+        return None
+    for r0 in range(0, k, _TILE):  # h holds Uᵀ (lower): h := its transpose
+        r1 = min(r0 + _TILE, k)
+        h[r0:r1, r0:].copy_(h[r0:, r0:r1].T.clone())
+        h[r1:, r0:r1].zero_()
+    return h
 
 
 def _gptq_loop(
@@ -419,11 +467,15 @@ def _native_step(layer: _LayerState, block: _Block, s0: int, s1: int) -> None:
 
 
 def _run(
-    weight: torch.Tensor, hessian: torch.Tensor, cols: _Columns, options: GPTQOptions
+    weight: torch.Tensor, hessian: torch.Tensor, cols: _Columns, options: GPTQOptions,
+    owned: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, str]:
-    """GPTQ of ``weight [N, K]``: (float32 Ŵ, uint8 codes, float32 scales, dead, fallback why)."""
+    """GPTQ of ``weight [N, K]``: (float32 Ŵ, uint8 codes, float32 scales, dead, fallback why).
+    ``owned``: ``hessian`` is handed over and may be overwritten (no K×K copy is made)."""
     k = weight.shape[1]
-    h = hessian.to(device=weight.device, dtype=WORK_DTYPE).clone()
+    h = hessian.to(device=weight.device, dtype=WORK_DTYPE)
+    if (h.data_ptr() == hessian.data_ptr() and not owned) or not h.is_contiguous():
+        h = h.clone(memory_format=torch.contiguous_format)  # the caller's H stays as it is
     dead = h.diagonal() == 0
     if bool(dead.all()):  # zero trace: no input ever fired, GPTQ would zero the whole weight
         identity = torch.eye(k, dtype=WORK_DTYPE, device=weight.device)
@@ -437,14 +489,16 @@ def _run(
         order = torch.argsort(h.diagonal(), descending=True, stable=True)
         h = h[order][:, order]
     owned = [h]
-    del h  # _inverse_factor frees it as it goes
+    del h  # _inverse_factor overwrites it
     u = _inverse_factor(owned, options.damp)
     reason = "" if u is not None else (
         f"the damped Hessian is not positive definite (damp={options.damp}); raise damp"
     )
     if u is None:
         u = torch.eye(k, dtype=WORK_DTYPE, device=weight.device)
-    wt = w_orig.to(WORK_DTYPE).T[order].contiguous()
+    wt = torch.empty(k, weight.shape[0], dtype=WORK_DTYPE, device=weight.device)
+    wt.copy_(w_orig.T[order] if options.act_order else w_orig.T)  # one [K, N] float64 copy
+    del w_orig
     q, codes = _gptq_loop(wt, u, cols, (order // cols.group).tolist(), scales, options)
     inverse = torch.argsort(order)
     return q[:, inverse], codes[:, inverse], scales, int(dead.sum()), reason
@@ -455,6 +509,14 @@ _DEGENERATE = (
     "the Hessian is all zero (every calibration input of the layer is zero), which would zero "
     "the whole weight; calibrate with inputs that reach the layer non-zero"
 )
+
+
+def all_finite(matrix: torch.Tensor, rows: int = 256) -> bool:
+    """Whether every element of ``matrix [R, C]`` is finite, ``rows`` rows at a time
+    (``torch.isfinite`` of the whole float64 K×K Hessian made a K×K temporary: 254 MB at
+    K = 5,632)."""
+    return all(bool(torch.isfinite(matrix[r : r + rows]).all())
+               for r in range(0, matrix.shape[0], rows))
 
 
 def check_pair(weight: torch.Tensor, hessian: torch.Tensor, group: int) -> None:
@@ -474,7 +536,7 @@ def check_pair(weight: torch.Tensor, hessian: torch.Tensor, group: int) -> None:
             f"GPTQ hessian must be a float [K, K] = [{k}, {k}] matrix (Σ x xᵀ of the layer "
             f"inputs), got {hessian.dtype} {tuple(hessian.shape)}"
         )
-    if not bool(torch.isfinite(hessian).all()):
+    if not all_finite(hessian):
         raise ValueError("GPTQ hessian holds NaN/Inf: check the calibration inputs")
 
 
@@ -530,8 +592,10 @@ def gptq_nvfp4(
     convention: str,
     options: GPTQOptions,
     hadamard: int | None = None,
+    owned: bool = False,
 ) -> GPTQResult:
-    """:func:`gptq_quantize` without the fallback warning (its callers word it)."""
+    """:func:`gptq_quantize` without the fallback warning (its callers word it). ``owned``:
+    ``hessian`` is handed over and may be overwritten (the caller's last use of it)."""
     check_pair(weight, hessian, BLOCK_SIZE)
     w = weight.detach()
     if hadamard is not None:
@@ -539,7 +603,8 @@ def gptq_nvfp4(
         w, hessian = hadamard_transform(w, hadamard), rotated_hessian(hessian, hadamard)
     order = get_order(convention)
     scale = _tensor_scale(w, global_scale, order)
-    q, codes, scales, dead, reason = _run(w, hessian, _NVFP4Columns(scale, order), options)
+    q, codes, scales, dead, reason = _run(w, hessian, _NVFP4Columns(scale, order), options,
+                                          owned=owned and hadamard is None)
     tensor = NVFP4Tensor(
         pack_fp4(codes), scales.to(torch.float8_e4m3fn), scale.encode, shape=w.shape,
         dtype=w.dtype, decode_scale=scale.decode,

@@ -26,6 +26,7 @@ column loop.
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -42,6 +43,7 @@ from nvfp4lab.execution.gptq import (
     GPTQOptions,
     GPTQResult,
     Hessian,
+    all_finite,
     as_rotated,
     check_pair,
     gptq_nvfp4,
@@ -222,8 +224,8 @@ def _quantize_stage(
             continue
         h = by_hessian.get(id(hessian))
         if h is None:
-            h = by_hessian[id(hessian)] = hessian.matrix()
-        if not bool(torch.isfinite(h).all()):
+            h = by_hessian[id(hessian)] = hessian.take_matrix()  # ours: collected here
+        if not all_finite(h):
             raise ValueError(
                 f"GPTQ: the Hessian of layer {name!r} holds NaN/Inf: its calibration inputs "
                 f"overflow or hold NaN (layer weight dtype {weight.dtype}; an fp16 model "
@@ -240,9 +242,13 @@ def _quantize_stage(
         runs.setdefault(key, []).append(name)
     results: dict[str, GPTQResult] = {}
     rotated: dict[int, torch.Tensor] = {}
+    # Each matrix is handed to GPTQ, which overwrites it, at its last use: no K×K copy.
+    uses = Counter(id(matrices[names[0]]) for names in runs.values())
     for names in runs.values():
         weights = [layers[n].weight.detach() for n in names]
         h = matrices[names[0]]
+        uses[id(h)] -= 1
+        last = uses[id(h)] == 0
         if h is None:
             h = torch.eye(weights[0].shape[1], dtype=WORK_DTYPE, device=weights[0].device)
         if hadamard is not None:
@@ -251,9 +257,10 @@ def _quantize_stage(
             weights = [hadamard_transform(w, hadamard) for w in weights]
             if id(h) not in rotated:
                 rotated[id(h)] = rotated_hessian(h, hadamard)
-            h = rotated[id(h)]
+            h = rotated.pop(id(h)) if last else rotated[id(h)]
         stacked = weights[0] if len(weights) == 1 else torch.cat(weights)
-        result = gptq_nvfp4(stacked, h, global_scales.get(names[0]), convention, options)
+        result = gptq_nvfp4(stacked, h, global_scales.get(names[0]), convention, options,
+                            owned=last)
         parts = [result] if len(names) == 1 else _split(result, [w.shape[0] for w in weights])
         if hadamard is not None:
             parts = [as_rotated(part, hadamard) for part in parts]

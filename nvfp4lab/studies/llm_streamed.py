@@ -30,11 +30,13 @@ kinds are set on the model before anything runs (as ``quantize_model`` does). Th
 in-memory path's in the same dtype, bit for bit, but for ``build_seconds`` (here: the seconds
 spent reading, quantizing and calibrating blocks, evaluation excluded).
 
-Memory: one block's weights (and, for GPTQ, its Hessians), the embeddings and the head (and
-the run's copy of the head), and the activations of all windows (one ``[B, T, hidden]`` tensor
-per batch, twice while a block runs) plus those of the calibration batches; the comparison runs
-batch by batch (:func:`~nvfp4lab.studies.llm.token_fidelity`). The safetensors files are mapped
-only while a block's tensors are read. CPU only.
+Memory: one block's weights (and, for GPTQ, its Hessians) and the activations of all windows
+(one ``[B, T, hidden]`` tensor per batch, twice while a block runs) plus those of the calibration
+batches. The tensors outside the blocks (the embeddings, the final norm, the head) are in memory
+only before the first block and after the last (:meth:`StreamedModel.outside_released`: read
+again from the checkpoint, the same values); the comparison runs batch by batch
+(:func:`~nvfp4lab.studies.llm.token_fidelity`). The safetensors files are mapped only while
+tensors are read. CPU only.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from nvfp4lab.execution.streamed_blocks import (
     finish,
     placeholder_weights,
     quantize_block,
+    release_freed_memory,
     run_calls,
 )
 from nvfp4lab.settings import tqdm_class
@@ -282,6 +285,33 @@ class StreamedModel:
                 continue
         return self._key(prefix + names[-1])
 
+    @contextmanager
+    def outside_released(self) -> Iterator[None]:
+        """The parameters outside the blocks (embeddings, final norm, head) on the meta device
+        while inside, read again from the checkpoint on leaving: while the blocks run one by one
+        nothing needs them, and a 32,000 × 2,048 vocabulary's embeddings and untied head are
+        2 × 131 MB in bf16 (2 GB for a 128 k × 4,096 one). Tied parameters stay tied."""
+        skip = f"{self.blocks.name}."
+        self._to_meta(skip)
+        try:
+            yield
+        finally:
+            self._materialize(self.model, "", skip=skip)
+
+    def _to_meta(self, skip: str) -> None:
+        """Every parameter of the model not named ``skip...`` replaced by a meta one (one per
+        tied tensor): the model no longer holds the real ones."""
+        metas: dict[int, nn.Parameter] = {}
+        for name, param in list(self.model.named_parameters(remove_duplicate=False)):
+            if name.startswith(skip) or param.is_meta:
+                continue
+            meta = metas.get(id(param))
+            if meta is None:
+                meta = metas[id(param)] = nn.Parameter(
+                    torch.empty_like(param, device="meta"), requires_grad=False)
+            owner, leaf = _owner(self.model, name)
+            owner._parameters[leaf] = meta
+
     def load_block(self, index: int) -> nn.Module:
         """A materialized copy of block ``index`` (its tensors read from the checkpoint, in the
         model's dtype); the model's own block stays on the meta device. Drop it after use."""
@@ -348,11 +378,12 @@ def _streamed_hidden(streamed: StreamedModel, inputs: Sequence[torch.Tensor], de
     """The last block's output per batch of ``inputs`` (int64 ``[B, T]`` each), the float
     blocks run one at a time."""
     calls = capture_calls(streamed.model, streamed.blocks, [_model_inputs(x) for x in inputs])
-    with _bar(streamed.num_blocks, desc, progress) as bar:
+    with streamed.outside_released(), _bar(streamed.num_blocks, desc, progress) as bar:
         for index in range(streamed.num_blocks):
             block = streamed.load_block(index)
             calls = run_calls(block, index, calls)
             del block
+            release_freed_memory()
             bar.update(1)
     return [batch.hidden for batch in calls]
 
@@ -446,7 +477,8 @@ def _streamed_fidelity(
         scale_calls: list[StreamedBatch] = both if scales else []
         del both
         seconds += time.perf_counter() - start
-        with _bar(streamed.num_blocks, config.label, progress) as bar:
+        with streamed.outside_released(), _bar(streamed.num_blocks, config.label,
+                                                progress) as bar:
             for index in range(streamed.num_blocks):
                 start = time.perf_counter()
                 block = streamed.load_block(index)
@@ -461,6 +493,7 @@ def _streamed_fidelity(
                 seconds += time.perf_counter() - start
                 calls = run_calls(block, index, calls)
                 del block
+                release_freed_memory()
                 bar.update(1)
         hidden = [batch.hidden for batch in calls]
         del calls, gptq_calls, scale_calls

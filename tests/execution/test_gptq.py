@@ -15,7 +15,7 @@ from torch import nn
 from nvfp4lab import models, number_formats, quantize
 from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.e2m1 import unpack_fp4
-from nvfp4lab.execution import NVFP4Linear, quantize_model
+from nvfp4lab.execution import NVFP4Linear, gptq, quantize_model
 from nvfp4lab.execution.calibrate import calibration_batches
 from nvfp4lab.execution.gptq import (
     GPTQFallbackWarning,
@@ -219,6 +219,44 @@ def test_fast_equals_slow_reference(kwargs: dict[str, object]) -> None:
     want = reference_gptq(w, _hessian(x), **kwargs)  # type: ignore[arg-type]
     assert got.dead_columns == 1
     assert torch.equal(got.dequantized, want)
+
+
+@pytest.mark.parametrize("k", [48, 1040])  # one tile; three tiles of 512, the last short
+def test_in_place_factor_equals_the_out_of_place_steps(k: int) -> None:
+    """The handed-over Hessian is factored in its own storage (memory) and the factor is bit
+    for bit torch.linalg's out-of-place steps, which read H's lower triangle only: the sum is
+    made asymmetric on purpose, as a float sum of outer products may be."""
+    x = _inputs(k + 64, k, seed=11).double()
+    h = x.T @ x
+    h += torch.triu(h, 1) * 1e-6  # the upper triangle differs from the lower
+    damped = h + 0.01 * float(h.diagonal().mean()) * torch.eye(k, dtype=torch.float64)
+    lower, _ = torch.linalg.cholesky_ex(damped)
+    want, _ = torch.linalg.cholesky_ex(torch.cholesky_inverse(lower), upper=True)
+    symmetric = damped.tril() + damped.tril(-1).T  # what torch.linalg read: the lower triangle
+    assert torch.equal(lower, torch.linalg.cholesky_ex(symmetric)[0])
+    kept = h.clone()
+    assert torch.equal(gptq._inverse_factor(h, 0.01), want)
+    assert torch.equal(h, kept)  # a given H stays as it is
+    owned = [h]
+    got = gptq._inverse_factor(owned, 0.01)
+    assert got is not None and torch.equal(got, want) and got.is_contiguous()
+    assert got.data_ptr() == h.data_ptr() and not owned  # made in the handed-over storage
+
+
+def test_handed_over_hessian_gives_the_same_bits() -> None:
+    w, x = _layer(32, 1040, seed=12), _inputs(2000, 1040, seed=13)
+    hessian = Hessian(1040)
+    hessian.add(x)
+    h = hessian.matrix()
+    kept = h.clone()
+    want = gptq_quantize(w, h)
+    assert torch.equal(h, kept)  # gptq_quantize never overwrites the caller's H
+    taken = hessian.take_matrix()
+    assert torch.equal(taken, kept) and hessian.tokens == 0
+    got = gptq.gptq_nvfp4(w, taken, None, OrderName.VLLM_KERNEL, GPTQOptions(), owned=True)
+    assert torch.equal(got.dequantized, want.dequantized)
+    assert torch.equal(got.weight.packed, want.weight.packed)
+    assert torch.equal(got.weight.scales, want.weight.scales)
 
 
 # -- (d) act order, dead columns, damping, fallback ----------------------------------------------

@@ -40,10 +40,14 @@ CALIBRATION = [
      "attention_mask": _MASK},
 ]
 #: The configurations the streamed path runs (calibrated KV scales are computed on the whole
-#: model in memory, and refused, as the W4A4 recipes are).
+#: model in memory, and refused, as the W4A4 recipes are; the MXFP4 / INT4-g128 rows
+#: (``weight_format``) are in-memory only: the streamed study drops them
+#: (``llm_study._streamable``).
 CONFIGS = {c.label: c for c in lc.configurations()
-           if getattr(c, "kv_scales", None) is None and getattr(c, "w4a4", None) is None}
-REFUSED = [c for c in lc.configurations() if c.label not in CONFIGS]
+           if getattr(c, "kv_scales", None) is None and getattr(c, "w4a4", None) is None
+           and getattr(c, "weight_format", None) is None}
+REFUSED = [c for c in lc.configurations()
+           if c.label not in CONFIGS and getattr(c, "weight_format", None) is None]
 #: The configurations checked on both models (the rest on the bfloat16 Llama only).
 REQUIRED = ("W4A16 RTN", "W4A16 GPTQ", "W4A4 RTN, dynamic", "KV nvfp4", "KV fp8")
 #: Fields that measure this run (time, memory), not the model.
@@ -151,6 +155,9 @@ def test_one_block_in_memory_at_a_time(folders: dict[tuple[str, torch.dtype], Pa
     def load_block(self: ls.StreamedModel, index: int) -> torch.nn.Module:
         gc.collect()
         assert all(ref() is None for ref in loaded), "an earlier block is still alive"
+        outside = [t for n, t in self.model.named_parameters()
+                   if not n.startswith(self.blocks.name)]
+        assert outside and all(t.is_meta for t in outside)  # released while blocks run
         block = own(self, index)
         loaded.append(weakref.ref(block))
         return block
@@ -167,6 +174,11 @@ def test_one_block_in_memory_at_a_time(folders: dict[tuple[str, torch.dtype], Pa
     # tied head: one tensor, as the loaded model has it
     model = streamed.model
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    # read again after the blocks ran: the checkpoint's values
+    whole = dict(_loaded(folder, torch.bfloat16).named_parameters())
+    for name, tensor in streamed.model.named_parameters():
+        if not name.startswith(streamed.blocks.name):
+            assert torch.equal(tensor, whole[name]), name
 
 
 def test_one_progress_line_per_configuration_counting_blocks(
