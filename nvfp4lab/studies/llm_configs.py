@@ -5,7 +5,8 @@ A configuration (:class:`LLMConfig`) is a call of
 :func:`~nvfp4lab.execution.quantize_model` on a copy of the reference model:
 
 * weights only (W4A16: the Marlin numerics) by round to nearest (RTN), by GPTQ, and by GPTQ on
-  block-Hadamard-rotated weights (MR-GPTQ style, arXiv 2509.23202);
+  block-Hadamard-rotated weights (MR-GPTQ style, arXiv 2509.23202); and, beside them, the
+  comparator formats MXFP4 and INT4-g128 by RTN (``LLMConfig.weight_format``);
 * weights and activations (W4A4, vLLM 0.33's emulation order) with a dynamic per-call
   activation tensor scale or with input scales calibrated on the calibration text, and the
   W4A4 recipes that measured best on SmolLM2 (``execution.w4a4_recipes``: SmoothQuant scales
@@ -37,10 +38,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from nvfp4lab import number_formats
 from nvfp4lab.execution import KVCacheOptions, quantize_model
 from nvfp4lab.execution.calibrate import calibration, run_batch
 from nvfp4lab.execution.kv_calibration import calibrate_kv_scales
 from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.execution.mixed import quantizable_linears
 from nvfp4lab.execution.w4a4_recipes import W4A4Options
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
@@ -88,7 +91,11 @@ class LLMConfig:
     ``execution.kv_calibration``), ``convention`` (the weights'
     arithmetic order: a :class:`~nvfp4lab.vocab.OrderName` name or an
     :class:`~nvfp4lab.orders.ArithmeticOrder`; ``studies.llm_llama_cpp`` compares them),
-    ``w4a4`` (the W4A4 recipes of ``quantize_model``, :class:`W4A4Options`, or None)."""
+    ``w4a4`` (the W4A4 recipes of ``quantize_model``, :class:`W4A4Options`, or None),
+    ``weight_format`` (None: NVFP4; else a comparator of :mod:`nvfp4lab.number_formats`, e.g.
+    ``"mxfp4"`` or ``"int4_g128"``: every Linear ``quantize_model`` would replace keeps its
+    float forward on that format's RTN fake-quantized weight, W4A16 with RTN only; see
+    :func:`build`)."""
 
     label: str
     backend: str | None = Backend.W4A16
@@ -99,10 +106,26 @@ class LLMConfig:
     convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL
     kv_scales: str | None = None
     w4a4: W4A4Options | None = None
+    weight_format: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.weight_format is None:
+            return
+        name = number_formats.get(self.weight_format).name  # ValueError names the formats
+        if name == "nvfp4":
+            raise ValueError(f"{self.label!r}: weight_format='nvfp4' is the default path; "
+                             "leave weight_format=None")
+        if (self.backend != Backend.W4A16 or self.method != QuantMethod.RTN or self.rotation
+                or self.w4a4 is not None):
+            raise ValueError(f"{self.label!r}: weight_format={name!r} is weight-only RTN; use "
+                             "backend='w4a16', method='rtn', no rotation and no w4a4")
 
     @property
     def weights(self) -> str:
-        return "float" if self.backend is None else "nvfp4"
+        if self.backend is None:
+            return "float"
+        return "nvfp4" if self.weight_format is None else \
+            number_formats.get(self.weight_format).name
 
     @property
     def activations(self) -> str:
@@ -144,6 +167,8 @@ def configurations(*, smoke: bool = False) -> list[LLMConfig]:
         LLMConfig("W4A16 RTN", w4a16),
         LLMConfig("W4A16 GPTQ", w4a16, QuantMethod.GPTQ),
         LLMConfig("W4A16 MR-GPTQ", w4a16, QuantMethod.GPTQ, rotation=True),
+        LLMConfig("W4A16 MXFP4 RTN", w4a16, weight_format="mxfp4"),
+        LLMConfig("W4A16 INT4-g128 RTN", w4a16, weight_format="int4_g128"),
         LLMConfig("W4A4 RTN, dynamic", w4a4),
         LLMConfig("W4A4 RTN, calibrated", w4a4, input_scales=CALIBRATED),
         LLMConfig("W4A4 RTN + SmoothQuant 0.5", w4a4, w4a4=W4A4Options(smooth_alpha=0.5)),
@@ -173,7 +198,9 @@ def build(reference: nn.Module, config: LLMConfig,
     ``shared``: a dict kept across the builds of one reference and calibration text
     (:func:`config_results` passes one): calibrated K / V scales are then computed once for
     every configuration that uses them (the rule, amax / 448, is the same for every cache kind;
-    the same values as each build's own calibration), each such build counting their seconds."""
+    the same values as each build's own calibration), each such build counting their seconds.
+    A ``weight_format`` configuration sets its KV cache (if any) by ``quantize_model`` with
+    ``backend=None`` and then fake-quantizes the weights (:func:`_fake_quantize_weights`)."""
     if config.needs_calibration and not calibration_batches:
         raise ValueError(f"configuration {config.label!r} needs calibration_batches "
                          "(corpus.calibration_batches(tokenizer))")
@@ -191,9 +218,12 @@ def build(reference: nn.Module, config: LLMConfig,
     model = copy.deepcopy(reference)
     gptq = config.method == QuantMethod.GPTQ
     data = gptq or (config.w4a4 is not None and config.w4a4.needs_calibration) or kv_data
-    if config.backend is None:
-        quantize_model(model, backend=None, kv_cache=kv,
-                       calibration=list(calibration_batches) if kv_data else None)
+    if config.backend is None or config.weight_format is not None:
+        if kv is not None:
+            quantize_model(model, backend=None, kv_cache=kv,
+                           calibration=list(calibration_batches) if kv_data else None)
+        if config.weight_format is not None:
+            _fake_quantize_weights(model, config.weight_format)
     else:
         extra = {} if config.w4a4 is None else {"w4a4": config.w4a4}
         quantize_model(model, backend=config.backend, method=config.quant_method,
@@ -205,6 +235,19 @@ def build(reference: nn.Module, config: LLMConfig,
             for batch in calibration_batches:
                 run_batch(trunk, batch)
     return model, time.perf_counter() - start + kv_seconds
+
+
+def _fake_quantize_weights(model: nn.Module, name: str) -> None:
+    """Replace, in place, the weight of every Linear ``quantize_model`` would quantize
+    (``execution.mixed.quantizable_linears``: exactly nn.Linear, K a multiple of 16, not
+    ``lm_head``) by ``number_formats.get(name).fake_quantize`` of it (RTN, in the weight's dtype;
+    a K not a multiple of the format's block gets a short last block, ``pad=True``, as
+    compressed-tensors' ``ceil(K / group)`` groups do). Biases and activations stay float."""
+    fmt = number_formats.get(name)
+    options = {"pad": True} if "pad" in fmt.options else {}
+    with torch.no_grad():
+        for linear in quantizable_linears(model).values():
+            linear.weight.copy_(fmt.fake_quantize(linear.weight.detach(), **options))
 
 
 def _trunk(model: nn.Module, kind: type[nn.Module]) -> nn.Module:

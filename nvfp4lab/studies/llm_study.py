@@ -261,16 +261,20 @@ def plan_study(
 def _streamable(configs: list[LLMConfig], streamed: bool, *, asked: bool) -> list[LLMConfig]:
     """``configs`` that a block-by-block study can build: calibrated KV-cache scales (computed
     from the whole model's K / V over the calibration text) and the W4A4 recipes (``w4a4=``:
-    scales searched and folded across blocks) need the whole model, so a streamed study leaves
-    them out of the default list and refuses them when asked for by name."""
+    scales searched and folded across blocks) need the whole model, and the comparator weight
+    formats (``weight_format=``, MXFP4 / INT4-g128) are built by the in-memory path only, so a
+    streamed study leaves them out of the default list and refuses them when asked for by
+    name."""
     if not streamed:
         return configs
     whole = [c for c in configs if getattr(c, "kv_scales", None) is not None
-             or getattr(c, "w4a4", None) is not None]
+             or getattr(c, "w4a4", None) is not None
+             or getattr(c, "weight_format", None) is not None]
     if whole and asked:
         names = ", ".join(c.label for c in whole)
-        raise ValueError(f"{names}: these need the whole model in memory (calibrated KV scales, "
-                         "W4A4 recipes); leave them out or pass --in-memory")
+        raise ValueError(f"{names}: these are built with the whole model in memory only "
+                         "(calibrated KV scales, W4A4 recipes, MXFP4 / INT4-g128 weights); "
+                         "leave them out or pass --in-memory")
     return [c for c in configs if c not in whole]
 
 

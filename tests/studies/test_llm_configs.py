@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
+from nvfp4lab import number_formats
 from nvfp4lab.execution import KVCacheOptions, quantize_model
 from nvfp4lab.execution.calibrate import calibration
 from nvfp4lab.execution.kv_calibration import calibrate_kv_scales
@@ -36,6 +37,12 @@ def _direct(reference: torch.nn.Module, config: lc.LLMConfig) -> torch.nn.Module
         quantize_model(model, backend=None, kv_cache=kv)
     elif config.backend is None:
         quantize_model(model, backend=None, kv_cache=config.kv_cache)
+    elif config.weight_format is not None:  # tests/studies/test_format_rows.py: hand oracles
+        fmt = number_formats.get(config.weight_format)
+        with torch.no_grad():
+            for name, linear in model.named_modules():
+                if isinstance(linear, torch.nn.Linear) and name != "lm_head":
+                    linear.weight.copy_(fmt.fake_quantize(linear.weight, pad=True))
     else:
         method = QuantMethod.MR_GPTQ if config.rotation else config.method
         smooth = config.w4a4 is not None and config.w4a4.needs_calibration
