@@ -437,15 +437,17 @@ def streamed_reference(
 
 
 @contextmanager
-def _kv_cache(streamed: StreamedModel, kind: str | None) -> Iterator[None]:
-    """The model's attention reading K / V from a ``kind`` cache while inside (None: as is).
+def _kv_cache(streamed: StreamedModel, kind: str | None,
+              qk_rotation: int | None = None) -> Iterator[None]:
+    """The model's attention reading K / V from a ``kind`` cache while inside (None: as is),
+    with Q / K rotated by a Hadamard of block ``qk_rotation`` before it (None: no rotation).
     ``quantize_kv_cache`` probes the model with a one-token forward: it runs on placeholder
     block weights (zeros taking no memory), the values of which it does not look at."""
     if kind is None:
         yield
         return
     with placeholder_weights(streamed.blocks):
-        quantize_kv_cache(streamed.model, kind)
+        quantize_kv_cache(streamed.model, kind, qk_rotation=qk_rotation)
     try:
         yield
     finally:
@@ -466,7 +468,7 @@ def _streamed_fidelity(
     gptq = config.method == QuantMethod.GPTQ and config.backend is not None
     scales = config.backend == Backend.EMULATION and config.input_scales == CALIBRATED
     seconds = 0.0
-    with _kv_cache(streamed, config.kv_cache):
+    with _kv_cache(streamed, config.kv_cache, getattr(config, "kv_rotation", None)):
         start = time.perf_counter()
         inputs = [run.input_ids(i) for i in range(len(run.batches))]
         calls = capture_calls(streamed.model, streamed.blocks,
@@ -529,6 +531,9 @@ def streamed_config_result(
     if getattr(config, "w4a4", None) is not None:
         raise ValueError(f"configuration {config.label!r}: the W4A4 recipes (w4a4=) are not "
                          "run block by block yet; run it in memory")
+    if getattr(config, "weight_format", None) is not None:
+        raise ValueError(f"configuration {config.label!r}: {config.weight_format} weights "
+                         "(weight_format=) are not built block by block yet; run it in memory")
     streamed = _opened(model, dtype)
     with _PeakRSS() as peak:
         fidelity, seconds = _streamed_fidelity(streamed, run, config, calibration_batches,

@@ -42,12 +42,11 @@ CALIBRATION = [
 #: The configurations the streamed path runs (calibrated KV scales are computed on the whole
 #: model in memory, and refused, as the W4A4 recipes are; the MXFP4 / INT4-g128 rows
 #: (``weight_format``) are in-memory only: the streamed study drops them
-#: (``llm_study._streamable``).
+#: (``llm_study._streamable``), and ``streamed_config_result`` refuses them.
 CONFIGS = {c.label: c for c in lc.configurations()
            if getattr(c, "kv_scales", None) is None and getattr(c, "w4a4", None) is None
            and getattr(c, "weight_format", None) is None}
-REFUSED = [c for c in lc.configurations()
-           if c.label not in CONFIGS and getattr(c, "weight_format", None) is None]
+REFUSED = [c for c in lc.configurations() if c.label not in CONFIGS]
 #: The configurations checked on both models (the rest on the bfloat16 Llama only).
 REQUIRED = ("W4A16 RTN", "W4A16 GPTQ", "W4A4 RTN, dynamic", "KV nvfp4", "KV fp8")
 #: Fields that measure this run (time, memory), not the model.
