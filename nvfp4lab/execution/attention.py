@@ -29,6 +29,13 @@ multiplies by the ENCODE scale ``f32(1 / k_scale)``). vLLM 0.33 takes them from 
 or uses 1.0 (``docs/kv_cache.md``); nothing is computed from the data. Default here: 1.0.
 ``kv_scales`` gives them per layer (see :func:`quantize_kv_cache`).
 
+**Q / K rotation** (``qk_rotation=b``, ``KVCacheOptions(kind, qk_rotation=b)``): query and
+key are rotated per head, after RoPE, by compressed-tensors' ``hadamard`` transform of
+``head_dim = b`` (its ``q_attn`` / ``k_cache`` locations; SGLang's ``--qkrot-block b``), and the
+rotated K is what the cache quantizes; attention runs on the rotated query and the read-back
+rotated K. Orthogonal, so the float attention is unchanged and only K's quantization error
+moves. Nothing saves it to a checkpoint yet (``kv_cache_settings`` does not report it).
+
 **The generation cache.** transformers' caches (``DynamicCache``, ``StaticCache``) store the
 unquantized K / V and hand attention the whole cache each step; this module quantizes all of it
 again each step. That equals quantizing each token once when it is written, because the write is
@@ -68,20 +75,25 @@ from nvfp4lab.execution.attention_modules import (
     register,
 )
 from nvfp4lab.execution.kv_cache import KV_BLOCK_SIZE, kv_cache_kind, kv_global_scale
+from nvfp4lab.hadamard import BlockRotation, ct_rotation
 from nvfp4lab.vocab import KVCacheKind
 
 __all__ = [
     "CALIBRATED",
     "KV_ATTENTION_PREFIX",
+    "QK_ROTATION_BLOCKS",
     "SUPPORTED_MODEL_TYPES",
     "WRAPPED_IMPLEMENTATIONS",
     "AttentionObserver",
     "KVCacheLayer",
     "KVCacheOptions",
     "KVScales",
+    "check_qk_rotation",
     "kv_attention_name",
+    "kv_cache_rotations",
     "kv_cache_settings",
     "observe_attention",
+    "qk_rotation_matrix",
     "quantize_kv_cache",
     "remove_kv_cache_quantization",
 ]
@@ -89,6 +101,10 @@ __all__ = [
 #: ``KVCacheOptions(kind, scales=CALIBRATED)``: k / v scales calibrated from the calibration
 #: batches (:mod:`nvfp4lab.execution.kv_calibration`).
 CALIBRATED = "calibrated"
+
+#: The Q / K rotation blocks ``qk_rotation`` accepts (SGLang's ``--qkrot-block``; the
+#: ``head_dim`` of a compressed-tensors ``q_attn`` / ``k_cache`` transform).
+QK_ROTATION_BLOCKS: tuple[int, ...] = (16, 32, 64, 128)
 
 #: Called by :func:`observe_attention` with ``(module, query, key, value)`` at every attention
 #: call, key / value as the cache gives them back (after the KV quantization, if any).
@@ -116,16 +132,28 @@ class KVCacheOptions:
     :data:`CALIBRATED` (``"calibrated"``): computed from ``quantize_model``'s ``calibration=``
     batches by :func:`~nvfp4lab.execution.kv_calibration.calibrate_kv_scales` (amax / 448 per
     layer and side, as llm-compressor and ModelOpt compute them).
+    ``qk_rotation``: None, or a block ``b`` of :data:`QK_ROTATION_BLOCKS` (16, 32, 64, 128;
+    it must divide the model's ``head_dim``, checked by :func:`quantize_kv_cache`): query and
+    key are rotated per head after RoPE by ``blockdiag(H_b, ...) / sqrt(b)`` (``H_b``
+    Sylvester's, compressed-tensors' ``hadamard`` ``q_attn`` / ``k_cache`` transforms; SGLang's
+    ``--qkrot-block b``) and the rotated K is quantized. Not with calibrated scales (they are
+    calibrated on K unrotated).
     """
 
     kind: str
     scales: KVScales | str | None = None
+    qk_rotation: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", kv_cache_kind(self.kind, "KVCacheOptions kind"))
         if isinstance(self.scales, str) and self.scales != CALIBRATED:
             raise ValueError(f"KVCacheOptions scales {self.scales!r}: pass {CALIBRATED!r}, a "
                              "mapping {layer_idx or name: (k_scale, v_scale)}, a callable or None")
+        check_qk_rotation(self.qk_rotation, "KVCacheOptions qk_rotation")
+        if self.qk_rotation is not None and self.calibrated:
+            raise ValueError(
+                f"KVCacheOptions qk_rotation={self.qk_rotation} with scales='calibrated': the "
+                "scales would be calibrated on K unrotated; pass explicit scales or None")
 
     @property
     def calibrated(self) -> bool:
@@ -140,7 +168,8 @@ class KVCacheLayer:
     ``k_scale`` / ``v_scale``: the float32 DECODE scales (vLLM's ``k_scale`` / ``v_scale``; the
     NVFP4 write multiplies by ``1 / k_scale``). ``scales_from``: ``"default"`` (1.0, vLLM's
     value without checkpoint scales) or ``"kv_scales"``. ``attention``: the wrapped
-    implementation (``sdpa`` / ``eager``).
+    implementation (``sdpa`` / ``eager``). ``qk_rotation``: the Q / K Hadamard block applied
+    before K is quantized (None: none).
     """
 
     name: str
@@ -152,13 +181,43 @@ class KVCacheLayer:
     head_dim: int
     attention: str
     scales_from: str = "default"
+    qk_rotation: int | None = None
 
     def __str__(self) -> str:
+        rotation = "" if self.qk_rotation is None else f", Q/K Hadamard {self.qk_rotation}"
         return (
             f"{self.name}: {self.kind} KV cache, k_scale={self.k_scale:.6g} "
             f"v_scale={self.v_scale:.6g} (DECODE, {self.scales_from}), {self.kv_heads} KV "
-            f"head(s) x {self.head_dim}, {self.attention}"
+            f"head(s) x {self.head_dim}, {self.attention}{rotation}"
         )
+
+
+def check_qk_rotation(block: object, what: str = "qk_rotation",
+                      head_dim: int | None = None, name: str = "") -> int | None:
+    """``block`` checked as a Q / K rotation block: None, or one of :data:`QK_ROTATION_BLOCKS`
+    dividing ``head_dim`` (when given; ``name``: the attention module, for the message).
+    ValueError in one line naming the value (and the head_dim) and what to pass."""
+    if block is None:
+        return None
+    if isinstance(block, bool) or not isinstance(block, int) or block not in QK_ROTATION_BLOCKS:
+        raise ValueError(f"{what}={block!r}: pass None or a Hadamard block of "
+                         f"{', '.join(map(str, QK_ROTATION_BLOCKS))}")
+    if head_dim is not None and head_dim % block:
+        raise ValueError(f"{what}={block} does not divide {name} head_dim {head_dim}: pass a "
+                         f"block of {', '.join(map(str, QK_ROTATION_BLOCKS))} that divides "
+                         f"{head_dim}, or None")
+    return block
+
+
+def qk_rotation_matrix(block: int) -> BlockRotation:
+    """The Q / K rotation of block ``block``: compressed-tensors' ``hadamard`` transform with
+    ``head_dim = block`` (Sylvester's ±1 matrix ``M``, ``x -> (x.float32 @ M) / sqrt(block)``
+    per block along head_dim, cast back to ``x``'s dtype)."""
+    size = check_qk_rotation(block)
+    if size is None:
+        raise ValueError("qk_rotation_matrix(None): pass a block of "
+                         f"{', '.join(map(str, QK_ROTATION_BLOCKS))}")
+    return ct_rotation("hadamard", size)
 
 
 def _resolve_scales(
@@ -210,7 +269,8 @@ def _resolve_scales(
 
 
 def quantize_kv_cache(
-    model: nn.Module, kind: str, *, kv_scales: KVScales | None = None
+    model: nn.Module, kind: str, *, kv_scales: KVScales | None = None,
+    qk_rotation: int | None = None,
 ) -> list[KVCacheLayer]:
     """Make ``model``'s attention see K and V as vLLM 0.33's ``kind`` KV cache gives them back.
 
@@ -239,12 +299,23 @@ def quantize_kv_cache(
     not > 0, whose float32 reciprocal overflows, or (NVFP4 kinds) whose ENCODE scale exceeds
     2**116, naming the layer and the value (it used to fail at the first forward, unnamed).
 
+    ``qk_rotation``: None (default), or a Hadamard block ``b`` (16, 32, 64 or 128) dividing
+    every layer's ``head_dim`` (ValueError naming the value and the head_dim otherwise): each
+    attention call then rotates query ``[batch, heads, q_len, head_dim]`` and key per head by
+    ``R = blockdiag(H_b, ...) / sqrt(b)`` (:func:`qk_rotation_matrix`, compressed-tensors'
+    ``hadamard`` ``q_attn`` / ``k_cache`` transforms, SGLang's ``--qkrot-block b``; computed
+    in float32, cast back to the model's dtype), quantizes the ROTATED key (V as without
+    rotation, unrotated) and runs attention on the rotated query. ``(q R)(k R)ᵀ = q kᵀ``, so
+    only K's quantization error changes (an outlier along head_dim is spread over its block).
+    An observer (:func:`observe_attention`) then sees the rotated query and key.
+
     All or nothing: on any error the model is left as it was. A model whose KV cache is
     quantized already raises (call :func:`remove_kv_cache_quantization` first). Runs one
     one-token forward (the probe). Returns one :class:`KVCacheLayer` per attention module, in
     module order.
     """
     k = kv_cache_kind(kind)
+    check_qk_rotation(qk_rotation, "quantize_kv_cache qk_rotation")
     found = find_attention_modules(model, "quantize_kv_cache")
     done = {f.module.__dict__[SETTINGS_ATTR].kind.value for f in found
             if SETTINGS_ATTR in f.module.__dict__}
@@ -260,18 +331,22 @@ def quantize_kv_cache(
                     f"quantize_kv_cache: an {k.value} KV cache needs {side} a multiple of "
                     f"{KV_BLOCK_SIZE}, {f.name} has {dim}"
                 )
+        check_qk_rotation(qk_rotation, "quantize_kv_cache qk_rotation", f.head_dim, f.name)
+    rotation = None if qk_rotation is None else qk_rotation_matrix(qk_rotation)
     scales = _resolve_scales([(f.name, f.module) for f in found], kv_scales, k)
     layers = [
         KVCacheLayer(
             name=f.name, layer_idx=getattr(f.module, "layer_idx", None), kind=k.value,
             k_scale=scales[f.name][0], v_scale=scales[f.name][1], kv_heads=f.kv_heads,
             head_dim=f.head_dim, attention=f.implementation, scales_from=scales[f.name][2],
+            qk_rotation=qk_rotation,
         )
         for f in found
     ]
     try:
         for f, layer in zip(found, layers, strict=True):
-            setattr(f.module, SETTINGS_ATTR, KVSettings(k, layer.k_scale, layer.v_scale))
+            setattr(f.module, SETTINGS_ATTR,
+                    KVSettings(k, layer.k_scale, layer.v_scale, rotation))
         _switch(found)
     except BaseException:
         remove_kv_cache_quantization(model)
@@ -296,10 +371,22 @@ def _switch(found: list[AttentionModule]) -> list[tuple[Any, str]]:
 
 def kv_cache_settings(model: nn.Module) -> dict[str, tuple[str, float, float]]:
     """The quantized KV cache :func:`quantize_kv_cache` set on ``model``: attention module name
-    -> (kind, k_scale, v_scale), the scales float32 DECODE values; empty when there is none."""
+    -> (kind, k_scale, v_scale), the scales float32 DECODE values; empty when there is none.
+    A Q / K rotation is not in it (:func:`kv_cache_rotations`)."""
     return {name: (m.__dict__[SETTINGS_ATTR].kind.value, m.__dict__[SETTINGS_ATTR].k_scale,
                    m.__dict__[SETTINGS_ATTR].v_scale)
             for name, m in model.named_modules() if SETTINGS_ATTR in m.__dict__}
+
+
+def kv_cache_rotations(model: nn.Module) -> dict[str, int]:
+    """Attention module name -> the Q / K rotation block :func:`quantize_kv_cache` set on it
+    (only the modules that have one)."""
+    out: dict[str, int] = {}
+    for name, module in model.named_modules():
+        settings = module.__dict__.get(SETTINGS_ATTR)
+        if settings is not None and settings.qk_rotation is not None:
+            out[name] = settings.qk_rotation.size
+    return out
 
 
 def remove_kv_cache_quantization(model: nn.Module) -> list[str]:
@@ -325,9 +412,9 @@ def observe_attention(model: nn.Module, observer: AttentionObserver) -> Iterator
     accepts; same rule and probe) first calls ``observer(module, query, key, value)``: query
     ``[batch, heads, q_len, head_dim]`` after RoPE, key / value ``[batch, kv_heads, kv_len,
     head_dim]`` as the model hands them to attention and as the KV cache gives them back (float
-    when the KV cache is not quantized). The model computes exactly what it computes outside; on
-    exit the observers go and a config switched for them gets its implementation back (a
-    quantized KV cache stays).
+    when the KV cache is not quantized; query and key rotated when it has a Q / K rotation).
+    The model computes exactly what it computes outside; on exit the observers go and a config
+    switched for them gets its implementation back (a quantized KV cache stays).
     """
     found = find_attention_modules(model, "observe_attention")
     switched: list[tuple[Any, str]] = []

@@ -35,8 +35,9 @@ random state (a model in training mode draws dropout masks), so it leaves the RN
 
 **The function.** :func:`register` adds ``"nvfp4lab_kv:<inner>"`` (``inner``: ``sdpa`` or
 ``eager``, the implementation the model had) with the inner implementation's mask function
-(``AttentionMaskInterface``). It fake-quantizes key and value with the settings stored on the
-module (:class:`KVSettings` under :data:`SETTINGS_ATTR`), calls an observer stored under
+(``AttentionMaskInterface``). It rotates query and key when the settings stored on the module
+(:class:`KVSettings` under :data:`SETTINGS_ATTR`) hold a Q / K rotation, fake-quantizes key and
+value with those settings, calls an observer stored under
 :data:`OBSERVER_ATTR`, then the inner implementation looked up at call time (``sdpa``:
 ``ALL_ATTENTION_FUNCTIONS["sdpa"]``; ``eager``: the ``eager_attention_forward`` of the module's
 own modeling module, Gemma 2 / 3's with logit softcapping), passing every keyword (``scaling``,
@@ -60,6 +61,7 @@ from torch import nn
 
 from nvfp4lab.execution.kv_cache import fake_quantize_kv
 from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.hadamard import BlockRotation
 from nvfp4lab.vocab import KVCacheKind
 
 __all__ = [
@@ -99,11 +101,14 @@ _PROBE: contextvars.ContextVar[list[tuple[nn.Module, tuple[int, ...], tuple[int,
 
 @dataclass(frozen=True)
 class KVSettings:
-    """One attention module's KV cache: the kind and the float32 DECODE scales."""
+    """One attention module's KV cache: the kind, the float32 DECODE scales and the Q / K
+    rotation (``qk_rotation``: compressed-tensors' ``hadamard`` transform of block ``b``,
+    applied to query and key per head after RoPE, before K is quantized; None: none)."""
 
     kind: KVCacheKind
     k_scale: float
     v_scale: float
+    qk_rotation: BlockRotation | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,9 @@ def _kv_attention(inner: str) -> Callable[..., Any]:
         else:
             settings: KVSettings | None = module.__dict__.get(SETTINGS_ATTR)
             if settings is not None:  # key / value: [batch, kv_heads, kv_len, head_dim]
+                if settings.qk_rotation is not None:  # x -> x R along head_dim, per head
+                    query = settings.qk_rotation.apply(query)
+                    key = settings.qk_rotation.apply(key)
                 key = fake_quantize_kv(key, settings.kind, settings.k_scale)
                 value = fake_quantize_kv(value, settings.kind, settings.v_scale)
             observer = module.__dict__.get(OBSERVER_ATTR)

@@ -419,7 +419,8 @@ def quantize_model(
         else:
             layers = _rtn_layers(candidates, shared_gs, convention, hadamard, options)
         if kv is not None:  # checked and set before any Linear changes (or nothing is set)
-            report.kv_cache = quantize_kv_cache(model, kv.kind, kv_scales=kv.scales)
+            report.kv_cache = quantize_kv_cache(
+                model, kv.kind, kv_scales=kv.scales, qk_rotation=kv.qk_rotation)
         _install(model, candidates, layers, report)
     except BaseException:
         if smoothed is not None:  # the float weights as they were
@@ -555,4 +556,5 @@ def _kv_cache_only(
             "quantize_model(backend=None) quantizes no Linear layer: method=, calibration=, "
             "gptq= and ignore= do not apply; drop them or pass a backend"
         )
-    return QuantizeReport(kv_cache=quantize_kv_cache(model, kv.kind, kv_scales=kv.scales))
+    return QuantizeReport(kv_cache=quantize_kv_cache(
+        model, kv.kind, kv_scales=kv.scales, qk_rotation=kv.qk_rotation))

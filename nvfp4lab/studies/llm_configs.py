@@ -92,6 +92,8 @@ class LLMConfig:
     arithmetic order: a :class:`~nvfp4lab.vocab.OrderName` name or an
     :class:`~nvfp4lab.orders.ArithmeticOrder`; ``studies.llm_llama_cpp`` compares them),
     ``w4a4`` (the W4A4 recipes of ``quantize_model``, :class:`W4A4Options`, or None),
+    ``kv_rotation`` (None, or the block of the Q / K Hadamard rotation before the KV cache,
+    ``KVCacheOptions(qk_rotation=...)``),
     ``weight_format`` (None: NVFP4; else a comparator of :mod:`nvfp4lab.number_formats`, e.g.
     ``"mxfp4"`` or ``"int4_g128"``: every Linear ``quantize_model`` would replace keeps its
     float forward on that format's RTN fake-quantized weight, W4A16 with RTN only; see
@@ -106,6 +108,7 @@ class LLMConfig:
     convention: str | ArithmeticOrder = OrderName.VLLM_KERNEL
     kv_scales: str | None = None
     w4a4: W4A4Options | None = None
+    kv_rotation: int | None = None
     weight_format: str | None = None
 
     def __post_init__(self) -> None:
@@ -141,10 +144,12 @@ class LLMConfig:
     @property
     def kv_options(self) -> str | KVCacheOptions | None:
         """``quantize_model``'s ``kv_cache=``: the kind, or ``KVCacheOptions(kind,
-        scales="calibrated")`` when ``kv_scales`` is :data:`CALIBRATED`."""
-        if self.kv_cache is None or self.kv_scales is None:
+        scales=kv_scales, qk_rotation=kv_rotation)`` when either is set (``kv_rotation``: the
+        Q / K Hadamard block before the KV cache, None: none)."""
+        if self.kv_cache is None or (self.kv_scales is None and self.kv_rotation is None):
             return self.kv_cache
-        return KVCacheOptions(self.kv_cache, scales=self.kv_scales)
+        return KVCacheOptions(self.kv_cache, scales=self.kv_scales,
+                              qk_rotation=self.kv_rotation)
 
     @property
     def needs_calibration(self) -> bool:
@@ -176,6 +181,8 @@ def configurations(*, smoke: bool = False) -> list[LLMConfig]:
                   w4a4=W4A4Options(smooth_alpha=0.5)),
         LLMConfig("KV nvfp4", None, kv_cache=KVCacheKind.NVFP4),
         LLMConfig("KV nvfp4_4over6", None, kv_cache=KVCacheKind.NVFP4_4OVER6),
+        LLMConfig("KV nvfp4 + Q/K rotation 16", None, kv_cache=KVCacheKind.NVFP4,
+                  kv_rotation=16),
         LLMConfig("KV fp8", None, kv_cache=KVCacheKind.FP8),
         LLMConfig("KV nvfp4, calibrated scales", None, kv_cache=KVCacheKind.NVFP4,
                   kv_scales=CALIBRATED),

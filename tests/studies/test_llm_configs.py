@@ -36,7 +36,9 @@ def _direct(reference: torch.nn.Module, config: lc.LLMConfig) -> torch.nn.Module
             model, BATCHES, config.kv_cache))
         quantize_model(model, backend=None, kv_cache=kv)
     elif config.backend is None:
-        quantize_model(model, backend=None, kv_cache=config.kv_cache)
+        kv = config.kv_cache if config.kv_rotation is None else KVCacheOptions(
+            config.kv_cache, qk_rotation=config.kv_rotation)
+        quantize_model(model, backend=None, kv_cache=kv)
     elif config.weight_format is not None:  # tests/studies/test_format_rows.py: hand oracles
         fmt = number_formats.get(config.weight_format)
         with torch.no_grad():
