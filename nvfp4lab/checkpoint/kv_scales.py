@@ -30,6 +30,7 @@ from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.rows import read_scalar
 from nvfp4lab.execution.attention import (
     KVCacheLayer,
+    kv_cache_rotations,
     kv_cache_settings,
     quantize_kv_cache,
 )
@@ -88,6 +89,15 @@ def checkpoint_kv_cache(model: nn.Module, spec: Any) -> tuple[str, Scales] | Non
     if found is None:
         return None
     kind, scales = found
+    rotated = kv_cache_rotations(model)
+    if rotated:
+        first, block = next(iter(rotated.items()))
+        raise ValueError(
+            f"the model's KV cache rotates Q and K (a {block}-point block Hadamard on "
+            f"{len(rotated)} attention layer(s), e.g. {first}) and no checkpoint carries that to "
+            "an engine: vLLM 0.33 applies no q_attn / k_cache transform, and compressed-tensors "
+            "0.20.1's k_cache hook does not fire on transformers 5 (it would rotate Q alone). "
+            "Quantize the KV cache without qk_rotation to save it")
     reason = kv_cache_refusal(spec, kind)
     if reason is not None:
         first, (k, v) = next(iter(scales.items()))

@@ -283,3 +283,20 @@ def test_rotation_with_calibrated_scales_is_refused() -> None:
         KVCacheOptions("nvfp4", scales="calibrated", qk_rotation=16)
     with pytest.raises(ValueError, match=r"qk_rotation_matrix\(None\)"):
         att.qk_rotation_matrix(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "modelopt"])
+def test_saving_a_rotated_kv_cache_is_refused_and_writes_nothing(fmt: str, tmp_path: Any) -> None:
+    """No engine runs a saved Q/K rotation (vLLM 0.33 applies no q_attn / k_cache transform):
+    save_pretrained refuses it in one line, before writing anything; unrotated, it saves."""
+    from nvfp4lab.checkpoint import save_pretrained
+
+    model = tiny_llama()
+    quantize_model(model, backend="w4a16", kv_cache=KVCacheOptions("fp8", qk_rotation=16))
+    with pytest.raises(ValueError, match=r"rotates Q and K \(a 16-point.*without qk_rotation"):
+        save_pretrained(model, tmp_path / "rotated", format=fmt)
+    assert not (tmp_path / "rotated").exists()
+    plain = tiny_llama()
+    quantize_model(plain, backend="w4a16", kv_cache=KVCacheOptions("fp8"))
+    save_pretrained(plain, tmp_path / "plain", format=fmt, dtype=torch.bfloat16)
+    assert (tmp_path / "plain" / "config.json").is_file()
