@@ -182,7 +182,9 @@ def configurations(*, smoke: bool = False) -> list[LLMConfig]:
         LLMConfig("KV nvfp4", None, kv_cache=KVCacheKind.NVFP4),
         LLMConfig("KV nvfp4_4over6", None, kv_cache=KVCacheKind.NVFP4_4OVER6),
         LLMConfig("KV nvfp4 + Q/K rotation 16", None, kv_cache=KVCacheKind.NVFP4,
-                  kv_rotation=16),
+                  kv_rotation=16),  # block 16 divides every head_dim
+        LLMConfig("KV nvfp4_4over6 + Q/K rotation 16", None,
+                  kv_cache=KVCacheKind.NVFP4_4OVER6, kv_rotation=16),
         LLMConfig("KV fp8", None, kv_cache=KVCacheKind.FP8),
         LLMConfig("KV nvfp4, calibrated scales", None, kv_cache=KVCacheKind.NVFP4,
                   kv_scales=CALIBRATED),
