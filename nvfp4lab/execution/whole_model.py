@@ -41,7 +41,7 @@ from nvfp4lab.execution.quantize_report import (
 )
 from nvfp4lab.execution.w4a4_recipes import W4A4Options, w4a4_layers
 from nvfp4lab.execution.w4a4_smooth import smooth_model
-from nvfp4lab.hadamard import check_seed, hadamard_transform
+from nvfp4lab.hadamard import BlockRotation, check_seed, ct_rotation, hadamard_transform
 from nvfp4lab.options import order_argument
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.orders import get as get_order
@@ -50,7 +50,7 @@ from nvfp4lab.vocab import AUTO, BiasMode, QuantMethod
 __all__ = [
     "DEFAULT_IGNORE",
     "FUSED_GROUPS",
-    "MR_GPTQ_SEED",
+    "MR_GPTQ_ROTATION",
     "SHARE_PRESETS",
     "QuantizeReport",
     "ReplacedLayer",
@@ -70,8 +70,12 @@ FUSED_GROUPS: tuple[tuple[str, ...], ...] = tuple(
 )
 
 
-#: The Hadamard seed ``quantize_model(method="mr-gptq")`` rotates by unless ``hadamard=`` is given.
-MR_GPTQ_SEED: int = 0
+#: The rotation ``quantize_model(method="mr-gptq")`` uses unless ``hadamard=`` is given:
+#: compressed-tensors' "random-hadamard" 16 with its default seed (:func:`ct_rotation`), one
+#: 16x16 matrix repeated along K, which ``save_pretrained`` writes as a compressed-tensors
+#: ``transform_config`` that vLLM 0.33 loads. ``hadamard=<int>`` gives nvfp4lab's seeded
+#: rotation (per-K signs, not savable), ``hadamard=0`` the default before this one.
+MR_GPTQ_ROTATION: BlockRotation = ct_rotation()
 
 #: What ``quantize_model(ignore=None)`` leaves unquantized (where present).
 DEFAULT_IGNORE: tuple[str, ...] = ("lm_head",)
@@ -184,7 +188,7 @@ def _shared_scales(
     candidates: Mapping[str, nn.Linear],
     groups: Sequence[tuple[str, ...]],
     convention: str | ArithmeticOrder,
-    hadamard: int | None = None,
+    hadamard: int | BlockRotation | None = None,
 ) -> dict[str, torch.Tensor]:
     """Member name -> the group's weight global scale ``min_i 2688/amax(W_i)`` (of ``W_i Q``
     with ``hadamard``: the tensors the layers quantize)."""
@@ -276,7 +280,7 @@ def _gptq_layers(
     convention: str | ArithmeticOrder,
     gptq: GPTQOptions | None,
     options: Mapping[str, Any],
-    hadamard: int | None,
+    hadamard: int | BlockRotation | None,
 ) -> Iterator[tuple[str, NVFP4Linear, str]]:
     """(name, NVFP4Linear, method) per candidate, by sequential GPTQ (MR-GPTQ with
     ``hadamard``); the caller installs each layer before the next is computed (the next stage
@@ -317,7 +321,7 @@ def quantize_model(
     gptq: GPTQOptions | None = None,
     kv_cache: str | KVCacheOptions | None = None,
     kv_scales: KVScales | None = None,
-    hadamard: int | None = None,
+    hadamard: int | BlockRotation | None = None,
     convention: str | ArithmeticOrder | None = None,
     w4a4: W4A4Options | None = None,
 ) -> QuantizeReport:
@@ -344,7 +348,8 @@ def quantize_model(
     layer's Hessian collected while ``calibration`` runs through the model whose earlier layers
     are already quantized; block by block where the layers sit in repeated blocks,
     :mod:`nvfp4lab.execution.sequential`) or "mr-gptq" (GPTQ on rotated weights, see
-    ``hadamard``; seed 0 unless ``hadamard`` says otherwise). ``calibration``: an iterable of
+    ``hadamard``; :data:`MR_GPTQ_ROTATION`, compressed-tensors' random-hadamard 16 and so
+    savable, unless ``hadamard`` says otherwise). ``calibration``: an iterable of
     model inputs (tokenizer outputs as dicts of tensors -> ``model(**b)``, tuples ->
     ``model(*b)``, tensors -> ``model(b)``); GPTQ methods only. ``gptq``: :class:`GPTQOptions`
     (damping, act order, block-scale timing). The global scales (shared ones included) are the
@@ -352,11 +357,15 @@ def quantize_model(
     :class:`~nvfp4lab.vocab.OrderName` name or an :class:`~nvfp4lab.orders.ArithmeticOrder` (e.g.
     one with a step changed by ``dataclasses.replace``).
 
-    ``hadamard``: None, or a seed: every replaced layer holds the NVFP4 weight of ``W Q`` (Q the
-    seeded 16-point block Hadamard, :mod:`nvfp4lab.hadamard`) and rotates its inputs at run
-    time (:class:`NVFP4Linear` ``hadamard``); global scales are those of ``W Q``. With "rtn"
-    that is rotated RTN; with "gptq" it is MR-GPTQ (arXiv 2509.23202 style: GPTQ of ``W Q`` with
-    ``Qᵀ H Q``), reported as "mr-gptq". Rotated layers cannot be saved as checkpoints.
+    ``hadamard``: None, a seed or a :class:`~nvfp4lab.hadamard.BlockRotation`: every replaced
+    layer holds the NVFP4 weight of ``W Q`` (Q the seeded 16-point block Hadamard, or the
+    rotation's ``blockdiag(M, ..., M) / sqrt(b)``, :mod:`nvfp4lab.hadamard`) and rotates its
+    inputs at run time (:class:`NVFP4Linear` ``hadamard``); global scales are those of ``W Q``.
+    With "rtn" that is rotated RTN; with "gptq" it is MR-GPTQ (arXiv 2509.23202 style: GPTQ of
+    ``W Q`` with ``Qᵀ H Q``), reported as "mr-gptq". "mr-gptq" without ``hadamard`` rotates by
+    :data:`MR_GPTQ_ROTATION`. Layers rotated by a BlockRotation are saved as a
+    compressed-tensors ``transform_config`` (``save_pretrained``); a seed's rotation has no
+    checkpoint form (``save_pretrained`` refuses it).
 
     ``kv_cache``: None (default: attention unchanged), a
     :class:`~nvfp4lab.execution.attention.KVCacheOptions` (kind and per-layer DECODE scales), or
@@ -429,7 +438,9 @@ def quantize_model(
     return report
 
 
-def _check_w4a4(w4a4: W4A4Options | None, method: str, hadamard: int | None) -> None:
+def _check_w4a4(
+    w4a4: W4A4Options | None, method: str, hadamard: int | BlockRotation | None
+) -> None:
     """TypeError / ValueError for W4A4 options that do not fit the call."""
     if w4a4 is None:
         return
@@ -459,12 +470,15 @@ def _kv_cache_options(
     return KVCacheOptions(kv_cache_kind(kv_cache, "kv_cache"), kv_scales)
 
 
-def _rotation_seed(method: str, hadamard: int | None) -> int | None:
-    """The arithmetic job's rotation: ``hadamard`` checked, MR-GPTQ's default seed otherwise."""
+def _rotation_seed(
+    method: str, hadamard: int | BlockRotation | None
+) -> int | BlockRotation | None:
+    """The arithmetic job's rotation: ``hadamard`` checked, MR-GPTQ's default rotation
+    (:data:`MR_GPTQ_ROTATION`) otherwise."""
     if hadamard is not None:
         check_seed(hadamard)
         return hadamard
-    return MR_GPTQ_SEED if method == QuantMethod.MR_GPTQ else None
+    return MR_GPTQ_ROTATION if method == QuantMethod.MR_GPTQ else None
 
 
 def _select_layers(
@@ -495,7 +509,7 @@ def _rtn_layers(
     candidates: Mapping[str, nn.Linear],
     shared_gs: Mapping[str, torch.Tensor],
     convention: str | ArithmeticOrder,
-    hadamard: int | None,
+    hadamard: int | BlockRotation | None,
     options: Mapping[str, Any],
 ) -> Iterator[tuple[str, NVFP4Linear, str]]:
     """(name, NVFP4Linear, method) per candidate, rounded to nearest, one at a time."""

@@ -195,6 +195,46 @@ def test_formats_without_a_rotation_are_refused(mr_gptq, tmp_path: Path) -> None
         assert not (tmp_path / fmt).exists() and not (tmp_path / f"c-{fmt}").exists()
 
 
+def test_default_mr_gptq_saves_and_loads_bit_for_bit(tmp_path: Path) -> None:
+    """quantize_model(method="mr-gptq") with no hadamard= rotates by compressed-tensors' own
+    random-hadamard 16 (its factory's matrix from a fresh generator), equals the explicit
+    hadamard=ct_rotation() run, and saves, validates and reloads bit for bit."""
+    model, explicit = tiny_llama(seed=3), tiny_llama(seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_model(model, backend="w4a16", method="mr-gptq", calibration=token_batches())
+        quantize_model(explicit, backend="w4a16", method="mr-gptq", hadamard=ct_rotation(),
+                       calibration=token_batches())
+        path = checkpoint.save_pretrained(model, tmp_path / "ckpt")
+    ct_matrix = random_hadamard_matrix(16, torch.float32, gen=torch.Generator())
+    layers = [n for n, m in model.named_modules() if isinstance(m, NVFP4Linear)]
+    assert len(layers) == 14
+    leaves = ("weight_packed", "weight_scale", "weight_global_scale")
+    for name in layers:
+        layer = model.get_submodule(name)
+        assert torch.equal(layer.hadamard.matrix(torch.float32), ct_matrix)
+        for leaf in leaves:
+            assert torch.equal(raw(getattr(layer, leaf)),
+                               raw(getattr(explicit.get_submodule(name), leaf))), (name, leaf)
+    data = json.loads((path / "config.json").read_text())["quantization_config"]
+    scheme = TransformConfig.model_validate(data["transform_config"]).config_groups["v"]
+    assert (scheme.type, scheme.head_dim) == ("random-hadamard", 16)
+    assert scheme.apply[0].targets == layers
+    stored = file_tensors(path)
+    assert all(torch.equal(stored[f"{n}.v_input.weight"], ct_matrix) for n in layers)
+    loaded = checkpoint.load(path, backend="w4a16")
+    for name in layers:
+        back, layer = loaded.get_submodule(name), model.get_submodule(name)
+        assert back.hadamard == layer.hadamard
+        for leaf in leaves:
+            assert torch.equal(raw(getattr(back, leaf)), raw(getattr(layer, leaf))), (name, leaf)
+    ids = token_batches()[0]
+    with torch.no_grad():
+        logits = model(ids).logits
+        assert torch.equal(loaded(ids).logits, logits)
+        assert torch.equal(explicit(ids).logits, logits)
+
+
 def test_a_seeded_rotation_is_refused_with_the_fix(tmp_path: Path) -> None:
     model = tiny_llama()
     quantize_model(model, backend="w4a16", hadamard=3)

@@ -25,7 +25,7 @@ from nvfp4lab.execution.gptq import (
     gptq_quantize,
 )
 from nvfp4lab.execution.gptq_model import collect_hessians
-from nvfp4lab.hadamard import hadamard_transform, rotation_matrix
+from nvfp4lab.hadamard import ct_rotation, hadamard_transform, rotation_matrix
 from nvfp4lab.oracles import numbers as ref_numbers
 from nvfp4lab.oracles import nvfp4 as ref_nvfp4
 from nvfp4lab.tensor import RotatedNVFP4Tensor
@@ -561,28 +561,53 @@ def test_rotated_rtn_is_rotated_gptq_with_identity_hessian(dtype: torch.dtype) -
 
 
 def test_quantize_model_mr_gptq_and_rotated_rtn() -> None:
-    """method="mr-gptq" (seed 0) is the reference MR-GPTQ bit for bit (block pipeline), its
-    fused groups share the scale of the ROTATED weights, and it beats rotated RTN held out;
-    method="rtn" with hadamard gives from_linear(hadamard=...) layers."""
+    """method="mr-gptq" (default rotation: compressed-tensors' random-hadamard 16) is the
+    reference MR-GPTQ with that rotation bit for bit (block pipeline), its fused groups share
+    the scale of the ROTATED weights, and it beats rotated RTN held out; hadamard=0 is the old
+    seeded default, still the reference with seed 0; method="rtn" with hadamard gives
+    from_linear(hadamard=...) layers."""
     calib, held_out = token_batches(8, seed=1), token_batches(4, seed=2)
     fp, reference, mr, rtn = tiny_model(), tiny_model(), tiny_model(), tiny_model()
+    rot = ct_rotation()  # checked equal to compressed-tensors' factory in test_transforms
     qkv = [f"blocks.0.attn.{p}_proj" for p in "qkv"]
     weights = {n: fp.get_submodule(n).weight.detach() for n in qkv}
-    whole_model_gptq(reference, calib, share="llama", hadamard=0)
+    whole_model_gptq(reference, calib, share="llama", hadamard=rot)  # type: ignore[arg-type]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         report = quantize_model(mr, backend="w4a16", share_global_scale="llama",
                                 method="mr-gptq", calibration=calib)
     assert {r.method for r in report.replaced} == {"mr-gptq"}
-    assert {r.hadamard for r in report.replaced} == {0} and "hadamard=0" in str(report)
+    assert {r.hadamard for r in report.replaced} == {rot} and f"hadamard={rot!r}" in str(report)
+    assert {m.hadamard for m in mr.modules() if isinstance(m, NVFP4Linear)} == {rot}
     assert differing(reference, mr) == []
-    expected = min(compute_global_scale(hadamard_transform(w, 0)) for w in weights.values())
+    expected = min(compute_global_scale(rot.apply(w)) for w in weights.values())
     assert {float(mr.get_submodule(n).weight_global_scale) for n in qkv} == {float(expected)}
-    r_rtn = quantize_model(rtn, backend="w4a16", share_global_scale="llama", hadamard=0)
+    # the explicit rotation gives the same bits and outputs as the default
+    explicit = tiny_model()
+    quantize_model(explicit, backend="w4a16", share_global_scale="llama", method="mr-gptq",
+                   hadamard=ct_rotation(), calibration=calib)
+    assert differing(explicit, mr) == []
+    # hadamard=0: the seeded rotation of the old default, unchanged
+    seed0, reference0 = tiny_model(), tiny_model()
+    whole_model_gptq(reference0, calib, share="llama", hadamard=0)
+    report0 = quantize_model(seed0, backend="w4a16", share_global_scale="llama",
+                             method="mr-gptq", hadamard=0, calibration=calib)
+    assert {r.hadamard for r in report0.replaced} == {0} and "hadamard=0" in str(report0)
+    assert differing(reference0, seed0) == [] and differing(seed0, mr) != []
+    expected0 = min(compute_global_scale(hadamard_transform(w, 0)) for w in weights.values())
+    assert {float(seed0.get_submodule(n).weight_global_scale) for n in qkv} == {float(expected0)}
+    with torch.no_grad():
+        for t in held_out:
+            assert torch.equal(mr(t), explicit(t)) and torch.equal(seed0(t), reference0(t))
+    r_rtn = quantize_model(rtn, backend="w4a16", share_global_scale="llama", hadamard=rot)
     assert {r.method for r in r_rtn.replaced} == {"rtn"}
-    assert {r.hadamard for r in r_rtn.replaced} == {0}
-    one = NVFP4Linear.from_linear(fp.odd, hadamard=0)
-    assert torch.equal(rtn.odd.weight_packed, one.weight_packed) and rtn.odd.hadamard == 0
+    assert {r.hadamard for r in r_rtn.replaced} == {rot}
+    one = NVFP4Linear.from_linear(fp.odd, hadamard=rot)
+    assert torch.equal(rtn.odd.weight_packed, one.weight_packed) and rtn.odd.hadamard == rot
+    rtn0 = tiny_model()
+    quantize_model(rtn0, backend="w4a16", share_global_scale="llama", hadamard=0)
+    assert torch.equal(rtn0.odd.weight_packed,
+                       NVFP4Linear.from_linear(fp.odd, hadamard=0).weight_packed)
 
     def err(model: nn.Module) -> float:
         with torch.no_grad():
