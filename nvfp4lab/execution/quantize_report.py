@@ -9,12 +9,20 @@ import re
 from dataclasses import dataclass, field
 
 from nvfp4lab.execution.attention import KVCacheLayer
+from nvfp4lab.hadamard import BlockRotation
 from nvfp4lab.vocab import QuantMethod
 
 __all__ = ["IgnoreSpec", "QuantizeReport", "ReplacedLayer", "SkippedLayer"]
 
 #: An ``ignore`` entry: an exact name, a dotted suffix, ``"re:<regex>"``, or a compiled pattern.
 IgnoreSpec = str | re.Pattern[str]
+
+
+def _rotation_text(rotation: int | BlockRotation) -> str:
+    """How the report names a weight's rotation."""
+    if isinstance(rotation, BlockRotation):
+        return f"{rotation.kind} rotation, block {rotation.size} (compressed-tensors)"
+    return f"hadamard seed {rotation}"
 
 
 @dataclass(frozen=True)
@@ -29,8 +37,9 @@ class ReplacedLayer:
     shared_with: tuple[str, ...] = ()
     #: "rtn", "gptq" or "mr-gptq"; "rtn (gptq fallback: <why>)" when GPTQ could not run on it
     method: str = QuantMethod.RTN
-    #: the seed of the block Hadamard the weight was rotated by (None: not rotated)
-    hadamard: int | None = None
+    #: the rotation the weight was rotated by: a block Hadamard's seed or a BlockRotation
+    #: (compressed-tensors' matrix); None: not rotated
+    hadamard: int | BlockRotation | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ class QuantizeReport:
                 "weight_global_scale": r.weight_global_scale,
                 "detail": "; ".join(
                     ([f"shared with {', '.join(r.shared_with)}"] if r.shared_with else [])
-                    + ([f"hadamard seed {r.hadamard}"] if r.hadamard is not None else [])
+                    + ([_rotation_text(r.hadamard)] if r.hadamard is not None else [])
                 ),
                 "method": str(r.method),
             }

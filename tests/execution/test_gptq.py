@@ -593,6 +593,12 @@ def test_quantize_model_mr_gptq_and_rotated_rtn() -> None:
     report0 = quantize_model(seed0, backend="w4a16", share_global_scale="llama",
                              method="mr-gptq", hadamard=0, calibration=calib)
     assert {r.hadamard for r in report0.replaced} == {0} and "hadamard=0" in str(report0)
+    def rotations(rep: object) -> set[str]:
+        return {row["detail"].split("; ")[-1] for row in rep.rows()  # type: ignore[attr-defined]
+                if row["action"] == "replaced"}
+
+    assert rotations(report) == {"random-hadamard rotation, block 16 (compressed-tensors)"}
+    assert rotations(report0) == {"hadamard seed 0"}
     assert differing(reference0, seed0) == [] and differing(seed0, mr) != []
     expected0 = min(compute_global_scale(hadamard_transform(w, 0)) for w in weights.values())
     assert {float(seed0.get_submodule(n).weight_global_scale) for n in qkv} == {float(expected0)}
