@@ -177,8 +177,8 @@ def configurations(*, smoke: bool = False) -> list[LLMConfig]:
         LLMConfig("W4A4 RTN, dynamic", w4a4),
         LLMConfig("W4A4 RTN, calibrated", w4a4, input_scales=CALIBRATED),
         LLMConfig("W4A4 RTN + SmoothQuant 0.5", w4a4, w4a4=W4A4Options(smooth_alpha=0.5)),
-        LLMConfig("W4A4 GPTQ + SmoothQuant 0.5", w4a4, QuantMethod.GPTQ,
-                  w4a4=W4A4Options(smooth_alpha=0.5)),
+        LLMConfig("W4A4 GPTQ + SmoothQuant 0.5, calibrated", w4a4, QuantMethod.GPTQ,
+                  input_scales=CALIBRATED, w4a4=W4A4Options(smooth_alpha=0.5)),  # vLLM loads it
         LLMConfig("KV nvfp4", None, kv_cache=KVCacheKind.NVFP4),
         LLMConfig("KV nvfp4_4over6", None, kv_cache=KVCacheKind.NVFP4_4OVER6),
         LLMConfig("KV nvfp4 + Q/K rotation 16", None, kv_cache=KVCacheKind.NVFP4,
