@@ -41,9 +41,11 @@ def add_study(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration", default=None, type=path_text, metavar="FILE",
                         help="a separate calibration text (then --text is the evaluation text)")
     parser.add_argument("--configs", nargs="+", default=None, metavar="NAME",
-                        help="configurations to run (default: all), by name, e.g. w4a16-rtn "
-                        "w4a16-gptq w4a16-mr-gptq w4a4-rtn-dynamic kv-nvfp4 kv-fp8 (an unknown "
-                        "name lists them all)")
+                        help="configurations to run (default: the study's table), by name, "
+                        "e.g. w4a16-rtn w4a16-gptq w4a16-mr-gptq w4a4-rtn-dynamic kv-nvfp4 "
+                        "kv-fp8, or recipes measured beside it (w4a4-rtn-awq, "
+                        "w4a4-rtn-rotation-16, ...); 'all' runs every one (an unknown name "
+                        "lists them all)")
     parser.add_argument("--tokens", type=int, default=None, metavar="N",
                         help="evaluation tokens per text (default 2048; --smoke 128)")
     parser.add_argument("--context", type=int, default=None, metavar="T",

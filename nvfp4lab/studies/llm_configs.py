@@ -198,6 +198,31 @@ def configurations(*, smoke: bool = False) -> list[LLMConfig]:
     return full
 
 
+def more_configurations() -> list[LLMConfig]:
+    """The recipes ``docs/llm.md`` measured beside the table that the default study leaves out
+    for its time (AWQ alone builds for minutes) or because they lose (online rotations make
+    NVFP4 W4A4 worse; 4over6 weights change nothing): run when named (``nvfp4lab study
+    --configs NAME``, or ``all`` for these and :func:`configurations` together)."""
+    w4a4 = Backend.EMULATION
+    return [
+        LLMConfig("W4A4 GPTQ", w4a4, QuantMethod.GPTQ, w4a4=W4A4Options()),
+        LLMConfig("W4A4 GPTQ + SmoothQuant 0.5", w4a4, QuantMethod.GPTQ,
+                  w4a4=W4A4Options(smooth_alpha=0.5)),
+        LLMConfig("W4A4 RTN + SmoothQuant 0.5, calibrated", w4a4, input_scales=CALIBRATED,
+                  w4a4=W4A4Options(smooth_alpha=0.5)),
+        LLMConfig("W4A4 RTN + AWQ", w4a4, w4a4=W4A4Options(awq=True)),
+        LLMConfig("W4A4 RTN + rotation 16", w4a4, w4a4=W4A4Options(rotation=16)),
+        LLMConfig("W4A4 RTN + rotation 64", w4a4, w4a4=W4A4Options(rotation=64)),
+        LLMConfig("W4A4 RTN + rotation full", w4a4, w4a4=W4A4Options(rotation="full")),
+        LLMConfig("W4A4 RTN + 4over6 weights", w4a4,
+                  w4a4=W4A4Options(weight_scales="four_over_six")),
+        LLMConfig("KV nvfp4 + Q/K rotation 32", None, kv_cache=KVCacheKind.NVFP4,
+                  kv_rotation=32),
+        LLMConfig("KV nvfp4 + Q/K rotation 64", None, kv_cache=KVCacheKind.NVFP4,
+                  kv_rotation=64),
+    ]
+
+
 def build(reference: nn.Module, config: LLMConfig,
           calibration_batches: Sequence[Any] = (), *,
           shared: dict[str, Any] | None = None) -> tuple[nn.Module, float]:

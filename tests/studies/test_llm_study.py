@@ -19,6 +19,7 @@ import torch
 from nvfp4lab import corpus, texts
 from nvfp4lab.execution import quantize_model
 from nvfp4lab.studies import llm, llm_study, llm_study_page
+from nvfp4lab.studies import llm_configs as lc
 from tests.tiny_decoders import save_hf_cache, tiny_model, tiny_tokenizer
 
 WORDS = (
@@ -133,6 +134,15 @@ def test_configuration_names() -> None:
         "W4A16 RTN", "KV fp8"]  # the study's order, labels accepted too
     with pytest.raises(ValueError, match=r"unknown configuration 'w8a8'; accepted: w4a16-rtn"):
         llm_study.select_configs(["w8a8"])
+    # the recipes measured beside the table run when named, or with "all"
+    extra = [c.label for c in lc.more_configurations()]
+    table = [c.label for c in lc.configurations()]
+    assert not set(extra) & set(table) and "W4A4 RTN + AWQ" in extra
+    assert names["w4a4-rtn-awq"].w4a4.awq and names["kv-nvfp4-qk-rotation-16"].kv_rotation == 16
+    assert [c.label for c in llm_study.select_configs(["w4a4-rtn-awq", "kv-fp8"])] == [
+        "KV fp8", "W4A4 RTN + AWQ"]
+    assert [c.label for c in llm_study.select_configs(["ALL"])] == table + extra
+    assert [c.label for c in llm_study.select_configs(None)] == table
 
 
 def test_bad_inputs_are_refused_before_any_model_runs(tiny_llama: Path, tmp_path: Path) -> None:
