@@ -34,6 +34,9 @@ no model is built. One row per quantized layer:
   (``shares_fused_scales``; llama.cpp keeps one scale per tensor): the extra error vLLM's
   max-merge causes in each shard, computed exactly (:mod:`nvfp4lab.execution.shared_scales`:
   its merged scale and its decode);
+* a mixed compressed-tensors checkpoint's FP8 / MXFP4 layers, after the NVFP4 rows (format
+  ``fp8`` / ``mxfp4``: scale range and bad scales, decoded amax, NaN codes;
+  :func:`~nvfp4lab.checkpoint.mixed_layers.audit_mixed_rows`);
 * the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`;
   it describes the scheme, whatever engine the format is for);
 * with ``reference`` (a float checkpoint folder): the weight SQNR against ``<layer>.weight``.
@@ -73,6 +76,7 @@ import torch
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.checkpoint.formats.transforms import audit_transforms
 from nvfp4lab.checkpoint.kv_scales import kv_cache_names, kv_rows
+from nvfp4lab.checkpoint.mixed_layers import audit_mixed_rows
 from nvfp4lab.checkpoint.records import LayerNames
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.stream import Inventory, RowReader, TensorInfo, inventory, read_scalar
@@ -478,7 +482,8 @@ def audit_rows(
     (default: detected; :func:`~nvfp4lab.checkpoint.formats.detect_format`).
     """
     inv = inventory(path, detect_format(path, format))
-    if not inv.layers:
+    mixed = audit_mixed_rows(inv.tensors) if inv.fmt == CheckpointFormat.COMPRESSED_TENSORS else []
+    if not inv.layers and not mixed:
         raise CheckpointError(f"{path}: no quantized layer found in the weight files")
     tasks = _tasks(inv, _reference_inventory(reference), _stores_input(inv))
     done = _run_tasks(_run_task, tasks, workers=workers, dask=dask, progress=progress,
@@ -496,6 +501,11 @@ def audit_rows(
             issues = "; ".join(p for p in (issues, problem) if p)
         row["issues"] = issues
         out.append(row)
+    for row in mixed:  # FP8 / MXFP4 layers of a mixed checkpoint: no NVFP4 kernel to name
+        issues = row.pop("issues")
+        backends = dict.fromkeys(_backends(Scheme.NVFP4A16.value, gpus, vllm, cache),
+                                 f"not modelled ({row['format']})")
+        out.append(dict.fromkeys(COLUMNS) | row | backends | {"issues": issues})
     return out + _kv_cache_rows(inv)
 
 

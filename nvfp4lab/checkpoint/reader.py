@@ -24,6 +24,7 @@ from nvfp4lab.checkpoint.folders import hf_snapshot
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.checkpoint.formats.transforms import LayerRotation, layer_rotations
 from nvfp4lab.checkpoint.kv_scales import kv_cache_names, restore_kv_cache, stored_kv_keys
+from nvfp4lab.checkpoint.mixed_layers import load_mixed_linear
 from nvfp4lab.checkpoint.records import SOURCE_ATTRIBUTE, LayerNames
 from nvfp4lab.checkpoint.refusals import (
     CheckpointError,
@@ -305,8 +306,10 @@ def load(
     :class:`~nvfp4lab.vocab.CheckpointFormat`) picks one in a folder that holds several.
     Quantized Linears (as the format's config decides: compressed-tensors' target/ignore
     matching; ModelOpt: every Linear not in ``exclude_modules``, as vLLM does; GGUF: every
-    NVFP4 tensor) become :class:`nvfp4lab.NVFP4Linear` (``backend`` passed on) holding the
-    stored codes / block scales / tensor scales byte for byte (a stored DECODE scale,
+    NVFP4 tensor) become :class:`nvfp4lab.NVFP4Linear` (``backend`` passed on; the layers of
+    a compressed-tensors FP8 / MXFP4 group ``FP8Linear`` / ``MXFP4Linear``,
+    :mod:`~nvfp4lab.checkpoint.mixed_layers`) holding the stored codes / block scales /
+    tensor scales byte for byte (a stored DECODE scale,
     ModelOpt's and GGUF's, is kept exactly in ``weight_decode_scale`` / ``input_decode_scale``,
     and the ENCODE buffers hold its float32 reciprocal; a GGUF tensor without a ``.scale``
     sidecar gets tensor scale 1, as llama.cpp decodes it); other float tensors are cast to
@@ -339,6 +342,7 @@ def load(
     model, dtype = _build_skeleton(spec.model_config(where), stored.directory, dtype,
                                    model_class, stored_bytes)
     quantized: Mapping[str, bool] = config.quantized_modules(model)
+    mixed: Mapping[str, str] = getattr(config, "mixed_modules", lambda _: {})(model)
 
     source = TensorSource(stored, device)
     expected = _expected_keys(model, quantized, spec.names)
@@ -356,8 +360,14 @@ def load(
         owner, leaf = _owner(model, name)
         setattr(owner, leaf, layer)
         used |= keys
+    for name, kind in mixed.items():  # compressed-tensors' FP8 / MXFP4 groups
+        module = model.get_submodule(name)
+        assert isinstance(module, nn.Linear)
+        layer, keys = load_mixed_linear(source, name, module, kind, dtype)
+        setattr(*_owner(model, name), layer)
+        used |= keys
     used |= _install_rotations(model, rotations)
-    used |= _load_plain_tensors(model, source, list(quantized))
+    used |= _load_plain_tensors(model, source, [*quantized, *mixed])
     kv_kind, kv_keys = _kv_cache_keys(config, spec, source)
     used |= kv_keys
     unexpected = sorted(set(source.entries) - used)

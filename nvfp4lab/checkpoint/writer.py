@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from nvfp4lab.checkpoint import mixed_layers as mixed_io
 from nvfp4lab.checkpoint.folders import (
     OWNER_MARKER,
     check_target,
@@ -134,7 +135,7 @@ def _check_shared_global_scales(model: nn.Module, quantized: Mapping[str, nn.Mod
 def _resolve_scheme(scheme: str | None, quantized: Mapping[str, NVFP4Linear]) -> Scheme:
     with_input = [n for n, m in quantized.items() if m.input_global_scale is not None]
     if scheme is None:
-        if len(with_input) == len(quantized):
+        if with_input and len(with_input) == len(quantized):
             return Scheme.NVFP4
         if not with_input:
             return Scheme.NVFP4A16
@@ -207,21 +208,25 @@ def _state_to_save(
     scheme: Scheme,
     dtype: torch.dtype | None,
     spec: CheckpointFormatSpec,
+    mixed: Mapping[str, nn.Module],
 ) -> dict[str, torch.Tensor]:
     """Name -> tensor in ``model.state_dict()`` order; tied (aliased) tensors written once.
 
     ``dtype``: cast unquantized floating tensors (and biases) to it; packed weights, block
-    scales and float32 global scales are never touched. ``spec``: the format written.
+    scales, FP8 weights and scales and float32 global scales are never touched. ``spec``: the
+    format written; ``mixed``: the FP8 / MXFP4 layers (:mod:`~nvfp4lab.checkpoint.mixed_layers`).
     """
     tensors: dict[str, torch.Tensor] = {}
     by_owner: dict[str, list[str]] = {}
-    for name, module in quantized.items():
-        for key, tensor in _quantized_tensors(name, module, scheme, spec).items():
+    own = {n: _quantized_tensors(n, m, scheme, spec) for n, m in quantized.items()}
+    own.update({n: mixed_io.layer_tensors(n, m) for n, m in mixed.items()})
+    for name, held in own.items():
+        for key, tensor in held.items():
             if dtype is not None and key.endswith(".bias"):
                 tensor = tensor.to(dtype)
             tensors[key] = tensor
             by_owner.setdefault(f"{name}.", []).append(key)
-    skip = {"" if not name else f"{name}." for name in quantized}
+    skip = {"" if not name else f"{name}." for name in own}
     tied_targets = _tied_targets(model)
     seen: dict[tuple[int, int, tuple[int, ...], torch.dtype], str] = {}
     ordered: dict[str, torch.Tensor] = {}
@@ -374,12 +379,12 @@ class TransformersDtypeWarning(UserWarning):
     """A checkpoint saved in a dtype that transformers (with compressed-tensors 0.20) cannot run."""
 
 
-def _quantized_layers(model: nn.Module) -> dict[str, NVFP4Linear]:
+def _quantized_layers(model: nn.Module, mixed: bool) -> dict[str, NVFP4Linear]:
     quantized = {n: m for n, m in model.named_modules() if isinstance(m, NVFP4Linear)}
-    if not quantized:
+    if not quantized and not mixed:
         raise ValueError(
-            "the model has no NVFP4Linear layer; quantize it first "
-            "(nvfp4lab.quantize_model) or save it with transformers"
+            "the model has no NVFP4Linear layer (nor FP8Linear / MXFP4Linear); quantize it "
+            "first (nvfp4lab.quantize_model, execution.apply_mix) or save it with transformers"
         )
     if "" in quantized:
         raise ValueError("the model itself is an NVFP4Linear; wrap it in a container module")
@@ -463,7 +468,7 @@ def _unquantized(model: nn.Module) -> Unquantized:
     weights = tuple(sorted(
         name
         for name, module in model.named_modules()
-        if name and not isinstance(module, NVFP4Linear)
+        if name and not isinstance(module, (NVFP4Linear, *mixed_io.MIXED_TYPES))
         and isinstance(getattr(module, "weight", None), torch.Tensor)
         and module.weight.ndim == 2 and module.weight.is_floating_point()
     ))
@@ -509,8 +514,10 @@ def save_pretrained(
     to load correctly in vLLM (it decodes all shards with the max; not checked for a format whose
     engine keeps one scale per tensor, GGUF); ``True`` raises when one does
     not, ``None`` (default) warns with :class:`UnsharedGlobalScaleWarning`, ``False`` is silent.
-    ``dtype``: cast the unquantized floating tensors (embeddings, norms, biases, float Linears)
-    to it and record it as the config's dtype; default: keep them.
+    FP8Linear / MXFP4Linear layers (``execution.apply_mix``) are saved in compressed-tensors only,
+    one config group per kind (:mod:`~nvfp4lab.checkpoint.mixed_layers`; ValueError before
+    writing in other formats). ``dtype``: cast the unquantized floating tensors (embeddings,
+    norms, biases, float Linears) to it and record it as the config's dtype; default: keep them.
     ``path`` may be missing or an empty folder; ``overwrite=True`` replaces a folder that holds
     only checkpoint files (:data:`CHECKPOINT_FILES`, weights); anything else is refused with
     FileExistsError naming what would be lost. ``max_shard_bytes``: split the weights into
@@ -547,7 +554,9 @@ def save_pretrained(
         raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    quantized = _quantized_layers(model)
+    mixed = mixed_io.mixed_layers(model)  # FP8 / MXFP4: refused here but in compressed-tensors
+    mixed_io.check_mixed(model, mixed, spec.format)
+    quantized = _quantized_layers(model, bool(mixed))
     check_rotations(quantized, spec.format)  # transforms.py: which rotations the format holds
     kv = checkpoint_kv_cache(model, spec)  # refused here, before anything is written
     resolved = _resolve_scheme(scheme, quantized)
@@ -558,7 +567,7 @@ def save_pretrained(
     if src is not None:  # a link out of the source folder is never read into the checkpoint
         check_readable(src, [src / rel for rel in (CONFIG_NAME, *COPIED_FILES)
                              if os.path.lexists(src / rel)])
-    tensors = _state_to_save(model, quantized, resolved, dtype, spec)
+    tensors = _state_to_save(model, quantized, resolved, dtype, spec, mixed)
     own = getattr(spec, "rotation_tensors", None)  # a format storing rotations its own way
     tensors.update(transform_tensors(quantized) if own is None else own(quantized))
     tensors.update(_kv_tensors(kv, spec))
@@ -570,6 +579,8 @@ def save_pretrained(
 
     def write(tmp: Path) -> None:
         written = {*spec.write_checkpoint(tmp, contents), *spec.config_files}
+        if mixed:  # one config group per kind, by exact names (compressed-tensors only)
+            mixed_io.write_groups(tmp, quantized, mixed, resolved, unquantized.listed)
         if own is None:
             _write_transforms(tmp, quantized)
         generation = getattr(model, "generation_config", None)

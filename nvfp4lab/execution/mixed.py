@@ -184,6 +184,20 @@ class MXFP4Linear(nn.Module):
         return cls(number_formats.get(LayerFormat.MXFP4).quantize(linear.weight.detach()),
                    linear.bias)
 
+    @classmethod
+    def from_stored(cls, packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
+                    bias: torch.Tensor | None = None) -> MXFP4Linear:
+        """The layer of stored bytes (a checkpoint's): ``packed`` uint8 ``[N, K/2]``,
+        ``scales`` uint8 E8M0 ``[N, K/32]``, held as given; ``dtype``: the model's."""
+        n, half = packed.shape
+        if packed.dtype != torch.uint8 or scales.dtype != torch.uint8 or tuple(
+                scales.shape) != (n, 2 * half // MXFP4_BLOCK) or (2 * half) % MXFP4_BLOCK:
+            raise ValueError(f"MXFP4Linear.from_stored needs uint8 [N, K/2] codes and uint8 "
+                             f"[N, K/32] scales, got {packed.dtype} {list(packed.shape)} and "
+                             f"{scales.dtype} {list(scales.shape)}")
+        info = number_formats.get(LayerFormat.MXFP4).info  # type: ignore[attr-defined]
+        return cls(PackedBlocks(packed, scales, torch.Size((n, 2 * half)), dtype, info), bias)
+
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         packed = PackedBlocks(self.weight_packed, self.weight_scale,
                               torch.Size((self.out_features, self.in_features)), dtype, self._info)

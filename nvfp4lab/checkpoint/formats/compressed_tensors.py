@@ -11,6 +11,17 @@ it in memory), ``<name>.input_global_scale`` float32 ``[1]`` (scheme "NVFP4", W4
 (compressed-tensors' presets "NVFP4", "NVFP4A16"). Which Linears are quantized follows
 compressed-tensors' own target / ignore matching. compressed-tensors is imported inside the
 functions that need it.
+
+**Mixed precision** (:func:`mixed_quantization_config`): one config group per scheme, each
+targeting its layers by exact name with its own ``format``, the top-level ``format``
+``"mixed-precision"`` when the groups' formats differ (compressed-tensors' own rule): NVFP4
+groups as above; FP8 groups are compressed-tensors' preset "FP8_DYNAMIC" (format
+``float-quantized``: ``<name>.weight`` float8_e4m3fn ``[N, K]``, ``<name>.weight_scale`` float32
+``[N, 1]``, DECODE ``amax/448`` per output channel, activations quantized per token at run time;
+vLLM 0.33 holds these scales in float32 as stored, compressed-tensors 0.20 in transformers
+rounds them to the model's dtype, whatever ``scale_dtype`` says);
+MXFP4 groups are "MXFP4A16" (format ``mxfp4-pack-quantized``: ``<name>.weight_packed`` uint8
+``[N, K/2]`` low nibble first, ``<name>.weight_scale`` uint8 E8M0 ``[N, K/32]``, no global scale).
 """
 
 from __future__ import annotations
@@ -48,7 +59,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CT_FORMAT",
+    "FP8_FORMAT",
+    "GROUP_PRESETS",
     "KV_CACHE_NAMES",
+    "MIXED_FORMAT",
+    "MXFP4_FORMAT",
     "QUANTIZED_TENSOR_NAMES",
     "QUANT_METHOD",
     "SCHEMES",
@@ -56,15 +71,31 @@ __all__ = [
     "CompressedTensors",
     "CompressedTensorsConfig",
     "check_scheme",
+    "group_kind",
     "ignore_entries",
     "kv_cache_scheme",
+    "mixed_quantization_config",
     "quantization_config",
     "read_quantization_config",
+    "write_mixed_config",
 ]
 
 #: The compressed-tensors presets nvfp4lab writes and reads (:class:`nvfp4lab.vocab.Scheme`).
 SCHEMES: tuple[str, ...] = tuple(s.value for s in Scheme)
 CT_FORMAT = "nvfp4-pack-quantized"
+#: compressed-tensors' format of FP8 weights (``weight`` float8_e4m3fn, ``weight_scale`` float32).
+FP8_FORMAT = "float-quantized"
+#: compressed-tensors' format of MXFP4 weights (``weight_packed``, E8M0 ``weight_scale``).
+MXFP4_FORMAT = "mxfp4-pack-quantized"
+#: The top-level ``format`` of a config whose groups have different formats.
+MIXED_FORMAT = "mixed-precision"
+#: Layer kind of a mixed checkpoint -> (compressed-tensors preset, the group's format); the
+#: NVFP4 kind's preset is the checkpoint's :class:`~nvfp4lab.vocab.Scheme`.
+GROUP_PRESETS: dict[str, tuple[str, str]] = {
+    "fp8": ("FP8_DYNAMIC", FP8_FORMAT),
+    "mxfp4": ("MXFP4A16", MXFP4_FORMAT),
+}
+_GROUP_FORMATS = {"nvfp4": CT_FORMAT, "fp8": FP8_FORMAT, "mxfp4": MXFP4_FORMAT}
 #: ``quantization_config.quant_method`` of a compressed-tensors checkpoint.
 QUANT_METHOD = "compressed-tensors"
 #: The tensor names of one quantized Linear (ENCODE tensor scales, float32 ``[1]``).
@@ -109,6 +140,60 @@ def quantization_config(
     )
 
 
+def mixed_quantization_config(
+    groups: Mapping[str, Sequence[str]], *, scheme: Scheme | str = Scheme.NVFP4A16,
+    ignore: Sequence[str] = (),
+) -> QuantizationConfig:
+    """compressed-tensors ``QuantizationConfig`` of a mixed-precision checkpoint: ``groups``
+    maps a layer kind (``"nvfp4"``, ``"fp8"``, ``"mxfp4"``) to its layers' exact module names,
+    one config group each (in that order, kinds without layers left out); the NVFP4 group is
+    the preset ``scheme``, the others :data:`GROUP_PRESETS`; each group carries its format, the
+    top-level ``format`` is the one format or ``"mixed-precision"``; ``ignore``: modules left
+    float."""
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        preset_name_to_scheme,
+    )
+
+    config_groups = {}
+    for kind, targets in groups.items():
+        if kind not in _GROUP_FORMATS:
+            raise ValueError(f"unknown layer kind {kind!r}; accepted: {sorted(_GROUP_FORMATS)}")
+        if not targets:
+            continue
+        preset = check_scheme(scheme).value if kind == "nvfp4" else GROUP_PRESETS[kind][0]
+        group = preset_name_to_scheme(preset, list(targets))
+        group.format = _GROUP_FORMATS[kind]
+        config_groups[f"group_{len(config_groups)}"] = group
+    formats = {g.format for g in config_groups.values()}
+    if not formats:
+        raise ValueError("mixed_quantization_config needs at least one layer in groups")
+    return QuantizationConfig(
+        config_groups=config_groups,
+        ignore=list(ignore),
+        format=_value(next(iter(formats))) if len(formats) == 1 else MIXED_FORMAT,
+        quantization_status=QuantizationStatus.COMPRESSED,
+    )
+
+
+def write_mixed_config(folder: Path, config: QuantizationConfig) -> None:
+    """Replace the config groups, ``ignore`` and ``format`` of ``folder/config.json``'s
+    ``quantization_config`` with ``config``'s (the rest, a ``kv_cache_scheme`` included,
+    kept), checked by compressed-tensors' own ``QuantizationConfig.model_validate``."""
+    from compressed_tensors.quantization import QuantizationConfig
+
+    file = folder / CONFIG_NAME
+    data = read_json(file)
+    block = data["quantization_config"]
+    dumped = config.model_dump(mode="json")
+    for key in ("config_groups", "ignore", "format"):
+        block[key] = dumped[key]
+    fields = set(QuantizationConfig.model_fields)
+    QuantizationConfig.model_validate({k: v for k, v in block.items() if k in fields})
+    file.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+
+
 def _config_error(file: Path, message: str) -> CheckpointError:
     return CheckpointError(f"{file}: {message}")
 
@@ -118,16 +203,69 @@ def _value(x: object) -> object:
     return getattr(x, "value", x)
 
 
-def _check_group(file: Path, name: str, group: QuantizationScheme) -> None:
-    """Accept only what NVFP4Linear can hold: FP4 weights in tensor_group blocks of 16."""
+def group_kind(group: QuantizationScheme) -> str:
+    """The layer kind a config group's weights describe: ``"fp8"`` (8-bit float), ``"mxfp4"``
+    (4-bit float, ``group`` strategy, blocks of 32), else ``"nvfp4"`` (checked by
+    :func:`_check_group`)."""
+    w = group.weights
+    if w is not None and (w.num_bits, _value(w.type)) == (8, "float"):
+        return "fp8"
+    if w is not None and (w.num_bits, _value(w.type), _value(w.strategy), w.group_size) == (
+            4, "float", "group", 32):
+        return "mxfp4"
+    return "nvfp4"
+
+
+def _check_fp8_group(file: Path, name: str, group: QuantizationScheme) -> None:
+    """Accept only what FP8Linear runs: compressed-tensors' FP8_DYNAMIC (E4M3 weights, one
+    scale per output channel, activations dynamic per token)."""
+    w, a = group.weights, group.input_activations
+    found = (_value(w.strategy), w.symmetric, w.dynamic)
+    if found != ("channel", True, False) or w.scale_dtype not in (None, torch.float32):
+        raise _config_error(
+            file, f"config group {name!r} has FP8 weights strategy={w.strategy}, symmetric="
+            f"{w.symmetric}, dynamic={w.dynamic}, scale_dtype={w.scale_dtype}; nvfp4lab reads "
+            "FP8_DYNAMIC (static symmetric per-channel float32 weight scales) only")
+    if a is None or (a.num_bits, _value(a.type), _value(a.strategy), a.dynamic) != (
+            8, "float", "token", True):
+        raise _config_error(
+            file, f"config group {name!r} has FP8 weights with input activations {a}; nvfp4lab "
+            "runs FP8 layers as FP8_DYNAMIC (8-bit float, per token, dynamic) only")
+
+
+def _check_mxfp4_group(file: Path, name: str, group: QuantizationScheme) -> None:
+    """Accept only what MXFP4Linear holds: compressed-tensors' MXFP4A16."""
+    w = group.weights
+    if not w.symmetric or w.scale_dtype not in (None, torch.uint8) or (
+            group.input_activations is not None):
+        raise _config_error(
+            file, f"config group {name!r} has MXFP4 weights symmetric={w.symmetric}, "
+            f"scale_dtype={w.scale_dtype}, input_activations={group.input_activations}; "
+            "nvfp4lab reads MXFP4A16 (symmetric, E8M0 uint8 scales, weight-only) only")
+
+
+def _check_group(file: Path, name: str, group: QuantizationScheme) -> str:
+    """The group's layer kind (:func:`group_kind`), refusing what nvfp4lab cannot hold: NVFP4
+    groups need FP4 weights in tensor_group blocks of 16, FP8 and MXFP4 groups their preset;
+    a group's ``format`` must be its kind's."""
     w = group.weights
     if w is None:
         raise _config_error(file, f"config group {name!r} quantizes no weights; not NVFP4")
+    kind = group_kind(group)
     fmt = getattr(group, "format", None)
-    if fmt is not None and _value(fmt) != CT_FORMAT:
+    if fmt is not None and _value(fmt) != _GROUP_FORMATS[kind]:
         raise _config_error(
-            file, f"config group {name!r} has format {fmt!r}; nvfp4lab reads only {CT_FORMAT!r}"
+            file, f"config group {name!r} has format {fmt!r}; nvfp4lab reads {kind} weights "
+            f"only as {_GROUP_FORMATS[kind]!r}"
         )
+    if group.output_activations is not None:
+        raise _config_error(file, f"config group {name!r} quantizes outputs; not supported")
+    if kind == "fp8":
+        _check_fp8_group(file, name, group)
+        return kind
+    if kind == "mxfp4":
+        _check_mxfp4_group(file, name, group)
+        return kind
     found = (w.num_bits, _value(w.type), _value(w.strategy), w.symmetric)
     if found != (4, "float", "tensor_group", True):
         raise _config_error(
@@ -157,8 +295,7 @@ def _check_group(file: Path, name: str, group: QuantizationScheme) -> None:
             f"type={a.type}, strategy={a.strategy}, group_size={a.group_size}; nvfp4lab "
             "supports NVFP4 activations (W4A4) or none (W4A16) only",
         )
-    if group.output_activations is not None:
-        raise _config_error(file, f"config group {name!r} quantizes outputs; not supported")
+    return kind
 
 
 def _validate_config(file: Path, data: Mapping[str, Any]) -> QuantizationConfig:
@@ -170,9 +307,10 @@ def _validate_config(file: Path, data: Mapping[str, Any]) -> QuantizationConfig:
             file, f"quantization_config.quant_method is {method!r}, not {QUANT_METHOD!r}"
         )
     fmt = data.get("format")
-    if fmt != CT_FORMAT:
+    if fmt not in (*_GROUP_FORMATS.values(), MIXED_FORMAT):
         raise _config_error(
-            file, f"quantization_config.format is {fmt!r}; nvfp4lab reads only {CT_FORMAT!r}"
+            file, f"quantization_config.format is {fmt!r}; nvfp4lab reads only {CT_FORMAT!r} "
+            f"({MIXED_FORMAT!r} with {FP8_FORMAT!r} / {MXFP4_FORMAT!r} groups beside it)"
         )
     fields = set(QuantizationConfig.model_fields)
     try:
@@ -188,8 +326,12 @@ def _validate_config(file: Path, data: Mapping[str, Any]) -> QuantizationConfig:
         )
     if not config.config_groups:
         raise _config_error(file, "quantization_config has no config_groups")
-    for name, group in config.config_groups.items():
-        _check_group(file, name, group)
+    kinds = {_check_group(file, name, group) for name, group in config.config_groups.items()}
+    expected = _GROUP_FORMATS[next(iter(kinds))] if len(kinds) == 1 else MIXED_FORMAT
+    if fmt != expected:
+        raise _config_error(
+            file, f"quantization_config.format is {fmt!r} but its config groups hold "
+            f"{'/'.join(sorted(kinds))} weights ({expected!r}); fix the format")
     return config
 
 
@@ -197,7 +339,8 @@ def read_quantization_config(path: str | os.PathLike[str]) -> QuantizationConfig
     """Read and validate ``<path>/config.json``'s ``quantization_config`` (compressed-tensors).
 
     Raises :class:`CheckpointError` naming the file for anything but a compressed
-    "nvfp4-pack-quantized" config with 4-bit float weights in blocks of 16.
+    "nvfp4-pack-quantized" config with 4-bit float weights in blocks of 16, or a
+    "mixed-precision" one whose other groups are FP8_DYNAMIC / MXFP4A16 (module docstring).
     """
     file = Path(path) / CONFIG_NAME
     qdata = read_json(file).get("quantization_config")
@@ -235,7 +378,15 @@ class CompressedTensorsConfig:
 
     @property
     def unquantized(self) -> tuple[str, ...]:
-        """The config's ``ignore`` entries (names or ``re:`` patterns)."""
+        """The config's ``ignore`` entries (names or ``re:`` patterns), which another format's
+        config records on ``convert``; CheckpointError for a config with FP8 / MXFP4 groups,
+        whose layers no other format declares."""
+        for name, group in self.config.config_groups.items():
+            if (kind := group_kind(group)) != "nvfp4":
+                raise CheckpointError(
+                    f"{self.file}: config group {name!r} holds {kind} layers, which only "
+                    "compressed-tensors declares; a mixed checkpoint cannot be converted (load "
+                    "it with nvfp4lab.checkpoint.load)")
         return tuple(self.config.ignore or ())
 
     @property
@@ -246,8 +397,10 @@ class CompressedTensorsConfig:
         return kv_cache_kind(self.config.kv_cache_scheme, self.file)
 
     def checkpoint_scheme(self) -> Scheme:
-        """The one scheme of every config group; CheckpointError when they mix."""
-        static = [_static_input(g) for g in self.config.config_groups.values()]
+        """The one scheme of every NVFP4 config group (FP8 / MXFP4 groups aside; none:
+        NVFP4A16); CheckpointError when they mix."""
+        static = [_static_input(g) for g in self.config.config_groups.values()
+                  if group_kind(g) == "nvfp4"]
         if any(static) and not all(static):
             raise CheckpointError(f"{self.file}: config groups mix W4A4 and weight-only layers; "
                                   "nvfp4lab reads one scheme per checkpoint (as a ModelOpt "
@@ -255,8 +408,19 @@ class CompressedTensorsConfig:
         return Scheme.NVFP4 if all(static) else Scheme.NVFP4A16
 
     def quantized_modules(self, model: nn.Module) -> dict[str, bool]:
-        """Module name -> whether it stores a static input scale, matched with
-        compressed-tensors' own target / ignore rules."""
+        """The NVFP4 modules: name -> whether it stores a static input scale, matched with
+        compressed-tensors' own target / ignore rules (:meth:`mixed_modules`: the others)."""
+        return {name: _static_input(group) for name, group in self._matched(model).items()
+                if group_kind(group) == "nvfp4"}
+
+    def mixed_modules(self, model: nn.Module) -> dict[str, str]:
+        """The modules of FP8 and MXFP4 groups: name -> ``"fp8"`` / ``"mxfp4"``."""
+        return {name: kind for name, group in self._matched(model).items()
+                if (kind := group_kind(group)) != "nvfp4"}
+
+    def _matched(self, model: nn.Module) -> dict[str, QuantizationScheme]:
+        """Module name -> its config group, by compressed-tensors' own matching (an exact name
+        before a regex before a class name)."""
         from compressed_tensors.utils.match import match_named_modules, match_targets
 
         config = self.config
@@ -264,7 +428,7 @@ class CompressedTensorsConfig:
         for group in config.config_groups.values():
             for target in group.targets:
                 target_to_scheme[target] = group
-        out: dict[str, bool] = {}
+        out: dict[str, QuantizationScheme] = {}
         for name, module in match_named_modules(model, list(target_to_scheme),
                                                 config.ignore or []):
             if not isinstance(module, nn.Linear):
@@ -272,8 +436,7 @@ class CompressedTensorsConfig:
                     f"{self.file}: module {name!r} ({type(module).__name__}) is targeted for "
                     "quantization; nvfp4lab loads quantized nn.Linear layers only"
                 )
-            group = target_to_scheme[match_targets(name, module, target_to_scheme)[0]]
-            out[name] = _static_input(group)
+            out[name] = target_to_scheme[match_targets(name, module, target_to_scheme)[0]]
         if not out:
             raise CheckpointError(
                 f"{self.file}: the quantization_config targets no module of the model "

@@ -1,0 +1,246 @@
+"""The FP8 and MXFP4 Linears of a mixed-precision model (:mod:`nvfp4lab.execution.mixed`) in a
+compressed-tensors checkpoint with several config groups.
+
+Saving (:func:`check_mixed`, :func:`layer_tensors`, :func:`write_groups`): each
+:class:`~nvfp4lab.execution.mixed.FP8Linear` is stored as compressed-tensors' ``float-quantized``
+format stores an FP8_DYNAMIC layer (``<name>.weight`` float8_e4m3fn ``[N, K]``,
+``<name>.weight_scale`` float32 ``[N, 1]``, ``<name>.bias``), each
+:class:`~nvfp4lab.execution.mixed.MXFP4Linear` as ``mxfp4-pack-quantized`` stores an MXFP4A16
+layer (``<name>.weight_packed`` uint8 ``[N, K/2]``, ``<name>.weight_scale`` uint8 E8M0
+``[N, K/32]``, ``<name>.bias``), bytes as the modules hold them; the config gets one group per
+kind (NVFP4, FP8, MXFP4) targeting its layers by exact name
+(:func:`~nvfp4lab.checkpoint.formats.compressed_tensors.mixed_quantization_config`). What no
+other format can declare, and what vLLM 0.33 cannot load (a fused q/k/v or gate/up unit split
+across formats, FP8 weight scales per tensor), is refused before anything is written.
+
+Loading (:func:`load_mixed_linear`): the stored tensors become the same modules, byte for byte.
+Auditing (:func:`audit_mixed_rows`): one row per FP8 / MXFP4 layer beside the NVFP4 rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nvfp4lab.checkpoint.formats.compressed_tensors import (
+    ignore_entries,
+    mixed_quantization_config,
+    write_mixed_config,
+)
+from nvfp4lab.checkpoint.records import TensorInfo
+from nvfp4lab.checkpoint.refusals import CheckpointError
+from nvfp4lab.checkpoint.rows import RowReader, TensorSource, read_exact, read_like
+from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.execution.mixed import MXFP4_BLOCK, FP8Linear, MXFP4Linear, fused_units
+from nvfp4lab.vocab import CheckpointFormat, Scheme
+
+__all__ = [
+    "MIXED_TYPES",
+    "audit_mixed_rows",
+    "check_mixed",
+    "layer_kind",
+    "layer_tensors",
+    "load_mixed_linear",
+    "mixed_layers",
+    "write_groups",
+]
+
+#: The module types saved beside NVFP4Linear in a mixed checkpoint.
+MIXED_TYPES: tuple[type[nn.Module], ...] = (FP8Linear, MXFP4Linear)
+_TITLES = {"fp8": "FP8", "mxfp4": "MXFP4"}
+
+
+def layer_kind(module: nn.Module) -> str | None:
+    """``"nvfp4"``, ``"fp8"``, ``"mxfp4"``, ``"float"`` (an ``nn.Linear``), else None."""
+    if isinstance(module, NVFP4Linear):
+        return "nvfp4"
+    if isinstance(module, FP8Linear):
+        return "fp8"
+    if isinstance(module, MXFP4Linear):
+        return "mxfp4"
+    return "float" if isinstance(module, nn.Linear) else None
+
+
+def mixed_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Name -> every FP8Linear / MXFP4Linear of ``model``, in module order."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, MIXED_TYPES)}
+
+
+def _check_fp8(name: str, module: FP8Linear) -> None:
+    n, k = module.out_features, module.in_features
+    scale = module.weight_scale
+    if tuple(scale.shape) != (n, 1) or n == 1:
+        raise ValueError(f"{name}: FP8 weight scale {list(scale.shape)} is per tensor; "
+                         "compressed-tensors' FP8_DYNAMIC stores one per output channel: build "
+                         "it with apply_mix(..., per_channel=True)")
+    if module.weight.dtype != torch.float8_e4m3fn or tuple(module.weight.shape) != (n, k) or (
+            scale.dtype != torch.float32):
+        raise ValueError(f"{name}: FP8Linear holds weight {module.weight.dtype} "
+                         f"{list(module.weight.shape)}, scale {scale.dtype}; expected "
+                         f"float8_e4m3fn [{n}, {k}] and float32: rebuild it with FP8Linear")
+    if not bool(torch.isfinite(scale).all() and (scale > 0).all()):
+        raise ValueError(f"{name}: FP8 weight scales must be finite and > 0; rebuild the layer "
+                         "with FP8Linear.from_linear")
+
+
+def _check_mxfp4(name: str, module: MXFP4Linear) -> None:
+    n, k = module.out_features, module.in_features
+    expected = {"weight_packed": (n, k // 2), "weight_scale": (n, k // MXFP4_BLOCK)}
+    for leaf, shape in expected.items():
+        tensor = getattr(module, leaf)
+        if k % MXFP4_BLOCK or tensor.dtype != torch.uint8 or tuple(tensor.shape) != shape:
+            raise ValueError(f"{name}.{leaf}: MXFP4Linear holds {tensor.dtype} "
+                             f"{list(tensor.shape)}; mxfp4-pack-quantized stores uint8 "
+                             f"{list(shape)} (K a multiple of {MXFP4_BLOCK}): rebuild the layer")
+
+
+def check_mixed(model: nn.Module, mixed: Mapping[str, nn.Module], fmt: str) -> None:
+    """Refuse (ValueError, one line) a mixed model a ``fmt`` checkpoint cannot hold: FP8 /
+    MXFP4 layers in any format but compressed-tensors, FP8 scales per tensor, malformed
+    buffers, and a fused unit (q/k/v, gate/up) whose members differ in kind (vLLM 0.33 loads a
+    fused layer with one scheme). Nothing to check without ``mixed`` layers."""
+    if not mixed:
+        return
+    if fmt != CheckpointFormat.COMPRESSED_TENSORS:
+        name, module = next(iter(mixed.items()))
+        kind = _TITLES[str(layer_kind(module))]
+        raise ValueError(f"the model holds {kind} layers (e.g. {name!r}), which a {fmt} "
+                         "checkpoint cannot declare; save it as compressed-tensors")
+    for name, module in mixed.items():
+        if isinstance(module, FP8Linear):
+            _check_fp8(name, module)
+        else:
+            assert isinstance(module, MXFP4Linear)
+            _check_mxfp4(name, module)
+    kinds = {n: k for n, m in model.named_modules() if n and (k := layer_kind(m)) is not None}
+    for unit in fused_units(list(kinds)):
+        found = {kinds[n] for n in unit}
+        if len(found) > 1 and found & set(_TITLES):
+            detail = ", ".join(f"{n.rpartition('.')[2]}={kinds[n]}" for n in unit)
+            raise ValueError(f"fused unit {unit[0].rpartition('.')[0]} mixes formats ({detail}); "
+                             "vLLM 0.33 loads a fused layer in one scheme: give its members one "
+                             "format")
+
+
+def layer_tensors(name: str, module: nn.Module,
+                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The stored tensors of one FP8Linear / MXFP4Linear under compressed-tensors' names
+    (module docstring), as the module holds them; ``dtype``: cast the bias to it."""
+    if isinstance(module, FP8Linear):
+        out = {"weight": module.weight, "weight_scale": module.weight_scale}
+    elif isinstance(module, MXFP4Linear):
+        out = {"weight_packed": module.weight_packed, "weight_scale": module.weight_scale}
+    else:
+        raise TypeError(f"{name} is a {type(module).__name__}, not FP8Linear / MXFP4Linear")
+    bias = getattr(module, "bias", None)
+    if bias is not None:
+        out["bias"] = bias if dtype is None else bias.to(dtype)
+    return {f"{name}.{leaf}": t for leaf, t in out.items()}
+
+
+def write_groups(folder: Path, nvfp4: Iterable[str], mixed: Mapping[str, nn.Module],
+                 scheme: Scheme, ignore: Iterable[str]) -> None:
+    """Rewrite ``folder/config.json``'s config groups as one group per kind, each targeting
+    its layers by exact name (``nvfp4``: the NVFP4Linear names, preset ``scheme``), with
+    ``ignore`` (module names or fnmatch wildcards, :func:`ignore_entries`)."""
+    groups: dict[str, list[str]] = {"nvfp4": list(nvfp4), "fp8": [], "mxfp4": []}
+    for name, module in mixed.items():
+        groups[str(layer_kind(module))].append(name)
+    config = mixed_quantization_config(groups, scheme=scheme, ignore=ignore_entries(ignore))
+    write_mixed_config(folder, config)
+
+
+def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, kind: str,
+                      dtype: torch.dtype) -> tuple[nn.Module, set[str]]:
+    """The FP8Linear (``kind`` ``"fp8"``) or MXFP4Linear (``"mxfp4"``) of ``module``'s shape
+    from its stored tensors, byte for byte; returns it and the keys it used. CheckpointError
+    naming the file and tensor for a wrong dtype or shape, a missing tensor, or FP8 scales
+    that are not finite and > 0."""
+    n, k = module.out_features, module.in_features
+    bias = None
+    used: set[str] = set()
+    if module.bias is not None:
+        bias = read_like(source, f"{name}.bias", module.bias)
+        used.add(f"{name}.bias")
+    if kind == "fp8":
+        weight = read_exact(source, f"{name}.weight", torch.float8_e4m3fn, (n, k))
+        scale = read_exact(source, f"{name}.weight_scale", torch.float32, (n, 1))
+        if not bool(torch.isfinite(scale).all() and (scale > 0).all()):
+            raise CheckpointError(f"{source.file_of(f'{name}.weight_scale')}: "
+                                  f"{name}.weight_scale holds FP8 weight scales that are not "
+                                  "finite and > 0; the checkpoint is damaged")
+        used |= {f"{name}.weight", f"{name}.weight_scale"}
+        return FP8Linear(weight, scale, bias), used
+    if kind != "mxfp4" or k % MXFP4_BLOCK:
+        raise CheckpointError(f"{name}: cannot load a {kind} layer with in_features={k} "
+                              f"(FP8, or MXFP4 with K a multiple of {MXFP4_BLOCK})")
+    packed = read_exact(source, f"{name}.weight_packed", torch.uint8, (n, k // 2))
+    scales = read_exact(source, f"{name}.weight_scale", torch.uint8, (n, k // MXFP4_BLOCK))
+    used |= {f"{name}.weight_packed", f"{name}.weight_scale"}
+    return MXFP4Linear.from_stored(packed, scales, dtype, bias), used
+
+
+# ---------------------------------------------------------------------------------------------
+# audit
+# ---------------------------------------------------------------------------------------------
+
+#: Elements read at a time when an FP8 weight is scanned.
+_CHUNK = 1 << 21
+
+
+def _fp8_row(name: str, weight: TensorInfo, scale: TensorInfo) -> dict[str, Any]:
+    """The audit row of one FP8 layer: scale range and bad-scale counts, the decoded weights'
+    amax and NaN codes (read a few rows at a time)."""
+    row: dict[str, Any] = {"layer": name, "format": "fp8", "scheme": "FP8_DYNAMIC",
+                           "shape": list(weight.shape), "scale_form": "decode"}
+    issues = []
+    if weight.dtype != "F8_E4M3" or scale.dtype != "F32" or len(weight.shape) != 2 or (
+            tuple(scale.shape) != (weight.shape[0], 1)):
+        row["issues"] = (f"expected float8_e4m3fn [N, K] weight and float32 [N, 1] weight_scale, "
+                         f"found {weight.dtype} {list(weight.shape)} and {scale.dtype} "
+                         f"{list(scale.shape)}")
+        return row
+    with RowReader(scale) as reader:
+        s = reader.rows().reshape(-1)
+    bad = ~torch.isfinite(s)
+    row.update(scale_min=float(s.min()), scale_max=float(s.max()), nan_scales=int(bad.sum()),
+               negative_scales=int((s < 0).sum()), zero_scales=int((s == 0).sum()))
+    if row["nan_scales"] or row["negative_scales"] or row["zero_scales"]:
+        issues.append("weight scales not finite and > 0 (load refuses them)")
+    amax, nan_codes, step = 0.0, 0, max(1, _CHUNK // max(weight.shape[1], 1))
+    with RowReader(weight) as reader:
+        for start in range(0, weight.shape[0], step):
+            w = reader.rows(start, start + step).to(torch.float32)
+            nan_codes += int(torch.isnan(w).sum())
+            decoded = torch.nan_to_num(w, nan=0.0) * s[start:start + step, None]
+            amax = max(amax, float(decoded.abs().max())) if decoded.numel() else amax
+    row["decoded_amax"] = amax
+    if nan_codes:
+        issues.append(f"{nan_codes} NaN FP8 weight code(s)")
+    row["issues"] = "; ".join(issues)
+    return row
+
+
+def audit_mixed_rows(tensors: Mapping[str, TensorInfo]) -> list[dict[str, Any]]:
+    """Audit rows of a compressed-tensors checkpoint's FP8 layers (``<name>.weight`` stored
+    float8_e4m3fn beside ``<name>.weight_scale``: format ``fp8``, scheme ``FP8_DYNAMIC``) and
+    MXFP4 layers (``weight_packed`` with uint8 ``weight_scale`` and no global scale: format
+    ``mxfp4``, scheme ``MXFP4A16``, shapes checked), in stored order."""
+    rows = []
+    for key, info in tensors.items():
+        name = key.rpartition(".")[0]
+        scale = tensors.get(f"{name}.weight_scale")
+        if key.endswith(".weight") and info.dtype.startswith("F8") and scale is not None:
+            rows.append(_fp8_row(name, info, scale))
+        elif key.endswith(".weight_packed") and scale is not None and scale.dtype == "U8" and (
+                f"{name}.weight_global_scale" not in tensors):
+            n, half = info.shape if len(info.shape) == 2 else (0, 0)
+            ok = info.dtype == "U8" and tuple(scale.shape) == (n, 2 * half // MXFP4_BLOCK)
+            rows.append({"layer": name, "format": "mxfp4", "scheme": "MXFP4A16",
+                         "shape": [n, 2 * half], "issues": "" if ok else
+                         f"weight_scale {list(scale.shape)} does not fit codes {list(info.shape)}"})
+    return rows

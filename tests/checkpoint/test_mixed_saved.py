@@ -1,0 +1,239 @@
+"""A mixed-precision model (issue 36 item 3: NVFP4, FP8 and MXFP4 Linears beside float ones)
+saved as a compressed-tensors checkpoint with one config group per scheme: compressed-tensors
+validates the config, transformers decompresses each layer to our weights, nvfp4lab reloads it
+bit for bit, audit lists every layer, and what cannot be saved is refused before writing."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
+from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+from transformers import AutoModelForCausalLM
+
+from nvfp4lab import checkpoint, metrics
+from nvfp4lab.checkpoint.auditing import audit_rows
+from nvfp4lab.checkpoint.refusals import CheckpointError
+from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.execution.mixed import FP8Linear, MXFP4Linear, apply_mix
+from tests.checkpoint.builders import file_tensors, raw, tiny_llama, token_batches
+
+L0, L1 = "model.layers.0.", "model.layers.1."
+QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+MIX = {
+    **{L0 + n: "nvfp4-rtn" for n in (*QKV, "mlp.gate_proj", "mlp.up_proj")},
+    L0 + "self_attn.o_proj": "fp8", L0 + "mlp.down_proj": "bf16",
+    **{L1 + n: "nvfp4-rtn" for n in QKV},
+    L1 + "self_attn.o_proj": "fp8", L1 + "mlp.down_proj": "fp8",
+    L1 + "mlp.gate_proj": "mxfp4", L1 + "mlp.up_proj": "mxfp4",
+}
+KINDS = {"nvfp4-rtn": NVFP4Linear, "fp8": FP8Linear, "mxfp4": MXFP4Linear}
+
+
+def _names(fmt: str) -> list[str]:
+    return [n for n, f in MIX.items() if f == fmt]
+
+
+def _mixed(bias: bool = False) -> torch.nn.Module:
+    model = tiny_llama(bias=bias)
+    apply_mix(model, MIX)
+    return model
+
+
+def _save(model: torch.nn.Module, path: Path, **kwargs: object) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return checkpoint.save_pretrained(model, path, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    model = _mixed()
+    for name, fmt in MIX.items():
+        assert isinstance(model.get_submodule(name), KINDS.get(fmt, torch.nn.Linear)), name
+    return model, _save(model, tmp_path_factory.mktemp("mixed") / "ckpt")
+
+
+def _block(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())["quantization_config"]
+
+
+def test_compressed_tensors_validates_the_groups(saved: tuple[torch.nn.Module, Path]) -> None:
+    _, path = saved
+    block = _block(path)
+    config = QuantizationConfig.model_validate(
+        {k: v for k, v in block.items() if k in set(QuantizationConfig.model_fields)})
+    assert config.format == "mixed-precision"
+    assert config.ignore == [L0 + "mlp.down_proj", "lm_head"]
+    groups = list(config.config_groups.values())
+    expected = [("NVFP4A16", "nvfp4-pack-quantized", "nvfp4-rtn"),
+                ("FP8_DYNAMIC", "float-quantized", "fp8"),
+                ("MXFP4A16", "mxfp4-pack-quantized", "mxfp4")]
+    assert len(groups) == len(expected)
+    for group, (preset, fmt, kind) in zip(groups, expected, strict=True):
+        scheme = preset_name_to_scheme(preset, group.targets)
+        for ours, preset_args in ((group.weights, scheme.weights),
+                                  (group.input_activations, scheme.input_activations)):
+            dumped = [None if a is None else a.model_dump(mode="json") for a in (ours, preset_args)]
+            assert dumped[0] == dumped[1], preset  # as written (zp_dtype is never written)
+        assert str(group.format.value if hasattr(group.format, "value") else group.format) == fmt
+        assert group.targets == _names(kind)  # exact module names, in module order
+
+
+def test_tensors_are_named_and_quantized_as_compressed_tensors_does(
+        saved: tuple[torch.nn.Module, Path]) -> None:
+    model, path = saved
+    stored, float_model = file_tensors(path), tiny_llama()
+    fp8 = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
+    mx = preset_name_to_scheme("MXFP4A16", ["Linear"])
+    for name in _names("fp8"):
+        keys = {k.removeprefix(name + ".") for k in stored if k.startswith(name + ".")}
+        assert keys == set(FloatQuantizationCompressor.compression_param_names(fp8)), name
+        w = float_model.get_submodule(name).weight.detach()
+        scale = w.float().abs().amax(dim=1, keepdim=True) / 448.0  # the oracle's own scale
+        assert stored[f"{name}.weight_scale"].dtype == torch.float32
+        assert torch.equal(stored[f"{name}.weight_scale"], scale), name
+        theirs = FloatQuantizationCompressor.compress({"weight": w.float(), "weight_scale": scale},
+                                                      fp8)["weight"]
+        assert theirs.dtype == stored[f"{name}.weight"].dtype == torch.float8_e4m3fn
+        assert torch.equal(raw(stored[f"{name}.weight"]), raw(theirs)), name
+    for name in _names("mxfp4"):
+        keys = {k.removeprefix(name + ".") for k in stored if k.startswith(name + ".")}
+        assert keys == set(MXFP4PackedCompressor.compression_param_names(mx)), name
+        layer = model.get_submodule(name)
+        assert torch.equal(stored[f"{name}.weight_packed"], layer.weight_packed)
+        assert torch.equal(stored[f"{name}.weight_scale"], layer.weight_scale)
+
+
+def test_transformers_decompresses_each_layer_to_ours(
+        saved: tuple[torch.nn.Module, Path]) -> None:
+    model, path = saved
+    theirs = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).eval()
+    ids = token_batches(1, seed=9)[0]
+    with torch.no_grad():  # the first forward decompresses every layer
+        logits_t, logits_n = theirs(ids).logits, model(ids).logits
+        logits_f = tiny_llama()(ids).logits
+    assert metrics.sqnr_db(logits_t, logits_n) > metrics.sqnr_db(logits_f, logits_t) + 3.0
+    for name, fmt in MIX.items():
+        ours, w = model.get_submodule(name), theirs.get_submodule(name).weight
+        assert w.dtype == torch.bfloat16, name
+        if fmt == "fp8":  # compressed-tensors 0.20 holds the scale in the model's dtype
+            expected = ours.weight.to(torch.bfloat16) * ours.weight_scale.to(torch.bfloat16)
+        elif fmt == "mxfp4":
+            expected = ours.dequantized_weight(torch.bfloat16)
+        elif fmt == "nvfp4-rtn":
+            expected = ours.weight_nvfp4().dequantize(torch.bfloat16)
+        else:
+            expected = ours.weight
+        assert torch.equal(w, expected), name
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_nvfp4lab_reloads_it_bit_for_bit(bias: bool, saved: tuple[torch.nn.Module, Path],
+                                          tmp_path: Path) -> None:
+    model, path = saved
+    if bias:
+        model = _mixed(bias=True)
+        path = _save(model, tmp_path / "bias")
+    loaded = checkpoint.load(path)
+    for name, fmt in MIX.items():
+        assert type(loaded.get_submodule(name)) is KINDS.get(fmt, torch.nn.Linear), name
+    original, state = model.state_dict(), loaded.state_dict()
+    assert state.keys() == original.keys()
+    for key, value in state.items():
+        assert value.dtype == original[key].dtype, key
+        assert torch.equal(raw(value), raw(original[key])), key
+    ids = token_batches(1, seed=9)[0]
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_audit_lists_every_layer(saved: tuple[torch.nn.Module, Path]) -> None:
+    _, path = saved
+    rows = {r["layer"]: r for r in audit_rows(path)}
+    quantized = {n: f for n, f in MIX.items() if f != "bf16"}
+    assert set(rows) == set(quantized)
+    for name, fmt in quantized.items():
+        row = rows[name]
+        assert row["issues"] == "", name
+        if fmt == "fp8":
+            assert (row["format"], row["scheme"]) == ("fp8", "FP8_DYNAMIC")
+            assert row["nan_scales"] == row["zero_scales"] == 0
+        elif fmt == "mxfp4":
+            assert (row["format"], row["scheme"]) == ("mxfp4", "MXFP4A16")
+        else:
+            assert row["scheme"] == "NVFP4A16"
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "gguf", "fp-quant"])
+def test_other_formats_refuse_fp8_layers_before_writing(fmt: str, tmp_path: Path) -> None:
+    target = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"holds FP8 layers \(e\.g\. 'model\.layers\.0\.self_attn"
+                                         r"\.o_proj'\).*save it as compressed-tensors"):
+        _save(_mixed(), target, format=fmt)
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_what_vllm_cannot_load_is_refused(tmp_path: Path) -> None:
+    split = tiny_llama()
+    apply_mix(split, {L0 + "self_attn.q_proj": "fp8", L0 + "self_attn.k_proj": "nvfp4-rtn",
+                      L0 + "self_attn.v_proj": "nvfp4-rtn"})
+    with pytest.raises(ValueError, match=r"fused unit model\.layers\.0\.self_attn mixes formats "
+                                         r"\(q_proj=fp8, k_proj=nvfp4, v_proj=nvfp4\)"):
+        _save(split, tmp_path / "split")
+    per_tensor = tiny_llama()
+    apply_mix(per_tensor, {L0 + "self_attn.o_proj": "fp8"}, per_channel=False)
+    with pytest.raises(ValueError, match=r"o_proj: FP8 weight scale \[1, 1\] is per tensor"):
+        _save(per_tensor, tmp_path / "tensor")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fp8_only_model_saves_and_reloads(tmp_path: Path) -> None:
+    model = tiny_llama()
+    apply_mix(model, {L1 + "self_attn.o_proj": "fp8"})
+    path = _save(model, tmp_path / "fp8")
+    block = _block(path)
+    assert block["format"] == "float-quantized" and list(block["config_groups"]) == ["group_0"]
+    ids = token_batches(1, seed=9)[0]
+    with torch.no_grad():
+        assert torch.equal(checkpoint.load(path)(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize(
+    ("edit", "pattern"),
+    [
+        (lambda b: b.update(format="nvfp4-pack-quantized"),
+         "format is 'nvfp4-pack-quantized' but its config groups hold fp8/mxfp4/nvfp4"),
+        (lambda b: b["config_groups"]["group_1"]["weights"].update(strategy="tensor"),
+         "group 'group_1' has FP8 weights strategy=tensor"),
+        (lambda b: b["config_groups"]["group_1"].update(input_activations=None),
+         "group 'group_1' has FP8 weights with input activations None"),
+        (lambda b: b["config_groups"]["group_2"].update(format="float-quantized"),
+         "group 'group_2' has format 'float-quantized'; nvfp4lab reads mxfp4"),
+    ],
+)
+def test_load_refuses_groups_it_cannot_run(edit: object, pattern: str,
+                                           saved: tuple[torch.nn.Module, Path],
+                                           tmp_path: Path) -> None:
+    import shutil
+
+    path = Path(shutil.copytree(saved[1], tmp_path / "c"))
+    file = path / "config.json"
+    data = json.loads(file.read_text())
+    edit(data["quantization_config"])  # type: ignore[operator]
+    file.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=pattern):
+        checkpoint.load(path)
+
+
+def test_convert_refuses_a_mixed_checkpoint(saved: tuple[torch.nn.Module, Path],
+                                            tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="group 'group_1' holds fp8 layers, which only "
+                                              "compressed-tensors declares"):
+        checkpoint.convert(saved[1], tmp_path / "mo", format="modelopt")
+    assert not (tmp_path / "mo").exists()
