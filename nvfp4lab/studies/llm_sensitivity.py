@@ -438,9 +438,10 @@ def _row(name: str, fmt: LayerFormat, module: nn.Module, proxy: float,
 
 
 def _line(row: LayerSensitivity, done: int, total: int, where: str = "") -> str:
-    return (f"[{done}/{total}] {row.layer} {row.format}: mean KLD {row.kld:.4g} (95 % "
-            f"{row.kld_lo:.4g} to {row.kld_hi:.4g}), proxy {row.proxy:.4g}, "
-            f"{row.seconds:.1f} s{where}")
+    interval = ("" if math.isnan(row.kld_lo) else  # one window: no interval
+                f" (95 % {row.kld_lo:.4g} to {row.kld_hi:.4g})")
+    return (f"[{done}/{total}] {row.layer} {row.format}: mean KLD {row.kld:.4g}{interval}, "
+            f"proxy {row.proxy:.4g}, {row.seconds:.1f} s{where}")
 
 
 def _run_jobs(tail: TailRunner, jobs: Iterator[tuple[str, LayerFormat, nn.Module, float]],

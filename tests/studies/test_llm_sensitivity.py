@@ -287,3 +287,15 @@ def test_the_study_with_a_search(tmp_path: Path, capfd: pytest.CaptureFixture[st
     with pytest.raises(SystemExit) as stopped:  # argparse's one line, exit status 2
         cli_main(["study", str(model), "--search", "5"])
     assert stopped.value.code == 2 and "write bits=B" in capfd.readouterr().err
+
+
+def test_progress_line_shows_an_interval_only_where_there_is_one() -> None:
+    from nvfp4lab.studies import llm_sensitivity as ls
+
+    one = ls.LayerSensitivity("model.layers.0.mlp.down_proj", "fp8", 0.00123, math.nan, math.nan,
+                              4.5, 64, 8.5, 0.4)
+    two = ls.LayerSensitivity("model.layers.0.mlp.down_proj", "fp8", 0.00123, 0.001, 0.0015,
+                              4.5, 64, 8.5, 0.4)
+    assert ls._line(one, 3, 10) == ("[3/10] model.layers.0.mlp.down_proj fp8: mean KLD 0.00123, "
+                                    "proxy 4.5, 0.4 s")
+    assert "(95 % 0.001 to 0.0015)" in ls._line(two, 3, 10) and "nan" not in ls._line(one, 3, 10)
