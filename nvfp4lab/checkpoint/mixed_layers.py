@@ -13,6 +13,14 @@ kind (NVFP4, FP8, MXFP4) targeting its layers by exact name
 other format can declare, and what vLLM 0.33 cannot load (a fused q/k/v or gate/up unit split
 across formats, FP8 weight scales per tensor), is refused before anything is written.
 
+ModelOpt (``format="modelopt"``): a ``MIXED_PRECISION`` checkpoint
+(:mod:`~nvfp4lab.checkpoint.formats.modelopt`): NVFP4Linear layers as ``"NVFP4"`` (W4A4) or
+``"W4A16_NVFP4"``, per-channel FP8Linear layers as ``"FP8_PER_CHANNEL_PER_TOKEN"``
+(``<name>.weight`` float8_e4m3fn ``[N, K]``, ``<name>.weight_scale`` float32 ``[N]``: the bytes
+ModelOpt 0.47 exports for that algorithm); refused: MXFP4 layers (vLLM 0.33's ModelOpt loader has
+no MXFP4 linear algorithm), per-tensor FP8 (ModelOpt's ``"FP8"`` also needs a static input
+scale that FP8Linear does not hold), and a model with no NVFP4Linear.
+
 Loading (:func:`load_mixed_linear`): the stored tensors become the same modules, byte for byte.
 Auditing (:func:`audit_mixed_rows`): one row per FP8 / MXFP4 layer beside the NVFP4 rows.
 """
@@ -30,6 +38,12 @@ from nvfp4lab.checkpoint.formats.compressed_tensors import (
     ignore_entries,
     mixed_quantization_config,
     write_mixed_config,
+)
+from nvfp4lab.checkpoint.formats.modelopt import (
+    FP8_ALGO,
+    MODELOPT_FP8_KIND,
+    QUANT_ALGOS,
+    write_mixed_configs,
 )
 from nvfp4lab.checkpoint.records import TensorInfo
 from nvfp4lab.checkpoint.refusals import CheckpointError
@@ -98,18 +112,39 @@ def _check_mxfp4(name: str, module: MXFP4Linear) -> None:
                              f"{list(shape)} (K a multiple of {MXFP4_BLOCK}): rebuild the layer")
 
 
+def _check_modelopt(model: nn.Module, mixed: Mapping[str, nn.Module]) -> None:
+    """What a ModelOpt MIXED_PRECISION checkpoint cannot hold (module docstring)."""
+    for name, module in mixed.items():
+        if isinstance(module, MXFP4Linear):
+            raise ValueError(f"{name}: MXFP4 layer; vLLM 0.33's ModelOpt MIXED_PRECISION loader "
+                             "has no MXFP4 linear algorithm: save it as compressed-tensors or give "
+                             "the layer another format")
+        if isinstance(module, FP8Linear) and not module.per_channel:
+            raise ValueError(f"{name}: FP8 weight scale {list(module.weight_scale.shape)} is per "
+                             "tensor; ModelOpt's per-tensor 'FP8' also needs a static input scale "
+                             "FP8Linear (dynamic per token) does not hold: build it with "
+                             "apply_mix(..., per_channel=True) (FP8_PER_CHANNEL_PER_TOKEN)")
+    if not any(isinstance(m, NVFP4Linear) for m in model.modules()):
+        raise ValueError("the model has FP8 layers but no NVFP4Linear; ModelOpt writes that as "
+                         f"a single-algorithm {FP8_ALGO} checkpoint, which nvfp4lab does not "
+                         "write: save it as compressed-tensors")
+
+
 def check_mixed(model: nn.Module, mixed: Mapping[str, nn.Module], fmt: str) -> None:
     """Refuse (ValueError, one line) a mixed model a ``fmt`` checkpoint cannot hold: FP8 /
-    MXFP4 layers in any format but compressed-tensors, FP8 scales per tensor, malformed
-    buffers, and a fused unit (q/k/v, gate/up) whose members differ in kind (vLLM 0.33 loads a
-    fused layer with one scheme). Nothing to check without ``mixed`` layers."""
+    MXFP4 layers in any format but compressed-tensors and ModelOpt (there: no MXFP4, and at
+    least one NVFP4Linear), FP8 scales per tensor, malformed buffers, and a fused unit (q/k/v,
+    gate/up) whose members differ in kind (vLLM 0.33 loads a fused layer with one scheme).
+    Nothing to check without ``mixed`` layers."""
     if not mixed:
         return
-    if fmt != CheckpointFormat.COMPRESSED_TENSORS:
+    if fmt == CheckpointFormat.MODELOPT:
+        _check_modelopt(model, mixed)
+    elif fmt != CheckpointFormat.COMPRESSED_TENSORS:
         name, module = next(iter(mixed.items()))
         kind = _TITLES[str(layer_kind(module))]
         raise ValueError(f"the model holds {kind} layers (e.g. {name!r}), which a {fmt} "
-                         "checkpoint cannot declare; save it as compressed-tensors")
+                         "checkpoint cannot declare; save it as compressed-tensors or modelopt")
     for name, module in mixed.items():
         if isinstance(module, FP8Linear):
             _check_fp8(name, module)
@@ -126,12 +161,15 @@ def check_mixed(model: nn.Module, mixed: Mapping[str, nn.Module], fmt: str) -> N
                              "format")
 
 
-def layer_tensors(name: str, module: nn.Module,
-                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The stored tensors of one FP8Linear / MXFP4Linear under compressed-tensors' names
-    (module docstring), as the module holds them; ``dtype``: cast the bias to it."""
+def layer_tensors(name: str, module: nn.Module, dtype: torch.dtype | None = None,
+                  fmt: str = CheckpointFormat.COMPRESSED_TENSORS) -> dict[str, torch.Tensor]:
+    """The stored tensors of one FP8Linear / MXFP4Linear under ``fmt``'s names (module
+    docstring), as the module holds them (ModelOpt: the FP8 weight scale as ``[N]``);
+    ``dtype``: cast the bias to it."""
     if isinstance(module, FP8Linear):
-        out = {"weight": module.weight, "weight_scale": module.weight_scale}
+        scale = module.weight_scale
+        out = {"weight": module.weight,
+               "weight_scale": scale.reshape(-1) if fmt == CheckpointFormat.MODELOPT else scale}
     elif isinstance(module, MXFP4Linear):
         out = {"weight_packed": module.weight_packed, "weight_scale": module.weight_scale}
     else:
@@ -143,10 +181,20 @@ def layer_tensors(name: str, module: nn.Module,
 
 
 def write_groups(folder: Path, nvfp4: Iterable[str], mixed: Mapping[str, nn.Module],
-                 scheme: Scheme, ignore: Iterable[str]) -> None:
+                 scheme: Scheme, ignore: Iterable[str],
+                 fmt: str = CheckpointFormat.COMPRESSED_TENSORS,
+                 model: nn.Module | None = None) -> None:
     """Rewrite ``folder/config.json``'s config groups as one group per kind, each targeting
     its layers by exact name (``nvfp4``: the NVFP4Linear names, preset ``scheme``), with
-    ``ignore`` (module names or fnmatch wildcards, :func:`ignore_entries`)."""
+    ``ignore`` (module names or fnmatch wildcards, :func:`ignore_entries`). ModelOpt
+    (``fmt``): write the MIXED_PRECISION configs instead, layers in ``model``'s module order
+    (float ones, ``ignore``, absent from ``quantized_layers`` as ModelOpt writes them)."""
+    if fmt == CheckpointFormat.MODELOPT:
+        nvfp4_algo = next(a for a, s in QUANT_ALGOS.items() if s == Scheme(scheme))
+        algo = {**{n: nvfp4_algo for n in nvfp4}, **{n: FP8_ALGO for n in mixed}}
+        order = [n for n, _ in model.named_modules()] if model is not None else list(algo)
+        write_mixed_configs(folder, {n: algo[n] for n in order if n in algo})
+        return
     groups: dict[str, list[str]] = {"nvfp4": list(nvfp4), "fp8": [], "mxfp4": []}
     for name, module in mixed.items():
         groups[str(layer_kind(module))].append(name)
@@ -154,9 +202,17 @@ def write_groups(folder: Path, nvfp4: Iterable[str], mixed: Mapping[str, nn.Modu
     write_mixed_config(folder, config)
 
 
+def _check_fp8_scales(source: TensorSource, name: str, scale: torch.Tensor) -> None:
+    if not bool(torch.isfinite(scale).all() and (scale > 0).all()):
+        raise CheckpointError(f"{source.file_of(f'{name}.weight_scale')}: "
+                              f"{name}.weight_scale holds FP8 weight scales that are not "
+                              "finite and > 0; the checkpoint is damaged")
+
+
 def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, kind: str,
                       dtype: torch.dtype) -> tuple[nn.Module, set[str]]:
-    """The FP8Linear (``kind`` ``"fp8"``) or MXFP4Linear (``"mxfp4"``) of ``module``'s shape
+    """The FP8Linear (``kind`` ``"fp8"``; ModelOpt's ``"fp8-modelopt"``: scale ``[N]``) or
+    MXFP4Linear (``"mxfp4"``) of ``module``'s shape
     from its stored tensors, byte for byte; returns it and the keys it used. CheckpointError
     naming the file and tensor for a wrong dtype or shape, a missing tensor, or FP8 scales
     that are not finite and > 0."""
@@ -169,12 +225,15 @@ def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, kind: 
     if kind == "fp8":
         weight = read_exact(source, f"{name}.weight", torch.float8_e4m3fn, (n, k))
         scale = read_exact(source, f"{name}.weight_scale", torch.float32, (n, 1))
-        if not bool(torch.isfinite(scale).all() and (scale > 0).all()):
-            raise CheckpointError(f"{source.file_of(f'{name}.weight_scale')}: "
-                                  f"{name}.weight_scale holds FP8 weight scales that are not "
-                                  "finite and > 0; the checkpoint is damaged")
+        _check_fp8_scales(source, name, scale)
         used |= {f"{name}.weight", f"{name}.weight_scale"}
         return FP8Linear(weight, scale, bias), used
+    if kind == MODELOPT_FP8_KIND:  # FP8_PER_CHANNEL_PER_TOKEN: weight scale [N]
+        weight = read_exact(source, f"{name}.weight", torch.float8_e4m3fn, (n, k))
+        scale = read_exact(source, f"{name}.weight_scale", torch.float32, (n,))
+        _check_fp8_scales(source, name, scale)
+        used |= {f"{name}.weight", f"{name}.weight_scale"}
+        return FP8Linear(weight, scale.reshape(n, 1), bias), used
     if kind != "mxfp4" or k % MXFP4_BLOCK:
         raise CheckpointError(f"{name}: cannot load a {kind} layer with in_features={k} "
                               f"(FP8, or MXFP4 with K a multiple of {MXFP4_BLOCK})")

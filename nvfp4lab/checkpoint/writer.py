@@ -219,7 +219,7 @@ def _state_to_save(
     tensors: dict[str, torch.Tensor] = {}
     by_owner: dict[str, list[str]] = {}
     own = {n: _quantized_tensors(n, m, scheme, spec) for n, m in quantized.items()}
-    own.update({n: mixed_io.layer_tensors(n, m) for n, m in mixed.items()})
+    own.update({n: mixed_io.layer_tensors(n, m, fmt=spec.format) for n, m in mixed.items()})
     for name, held in own.items():
         for key, tensor in held.items():
             if dtype is not None and key.endswith(".bias"):
@@ -514,10 +514,11 @@ def save_pretrained(
     to load correctly in vLLM (it decodes all shards with the max; not checked for a format whose
     engine keeps one scale per tensor, GGUF); ``True`` raises when one does
     not, ``None`` (default) warns with :class:`UnsharedGlobalScaleWarning`, ``False`` is silent.
-    FP8Linear / MXFP4Linear layers (``execution.apply_mix``) are saved in compressed-tensors only,
-    one config group per kind (:mod:`~nvfp4lab.checkpoint.mixed_layers`; ValueError before
-    writing in other formats). ``dtype``: cast the unquantized floating tensors (embeddings,
-    norms, biases, float Linears) to it and record it as the config's dtype; default: keep them.
+    FP8Linear / MXFP4Linear layers (``execution.apply_mix``) are saved in compressed-tensors (a
+    config group per kind) or ModelOpt (MIXED_PRECISION, no MXFP4; ValueError before writing
+    otherwise; :mod:`~nvfp4lab.checkpoint.mixed_layers`). ``dtype``: cast the unquantized
+    floating tensors (embeddings, norms, biases, float Linears) to it and record it as the
+    config's dtype; default: keep them.
     ``path`` may be missing or an empty folder; ``overwrite=True`` replaces a folder that holds
     only checkpoint files (:data:`CHECKPOINT_FILES`, weights); anything else is refused with
     FileExistsError naming what would be lost. ``max_shard_bytes``: split the weights into
@@ -579,8 +580,9 @@ def save_pretrained(
 
     def write(tmp: Path) -> None:
         written = {*spec.write_checkpoint(tmp, contents), *spec.config_files}
-        if mixed:  # one config group per kind, by exact names (compressed-tensors only)
-            mixed_io.write_groups(tmp, quantized, mixed, resolved, unquantized.listed)
+        if mixed:  # per-kind groups by exact names (compressed-tensors), or MIXED_PRECISION
+            mixed_io.write_groups(tmp, quantized, mixed, resolved, unquantized.listed,
+                                  spec.format, model)
         if own is None:
             _write_transforms(tmp, quantized)
         generation = getattr(model, "generation_config", None)

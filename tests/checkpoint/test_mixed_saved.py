@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -170,7 +171,7 @@ def test_audit_lists_every_layer(saved: tuple[torch.nn.Module, Path]) -> None:
             assert row["scheme"] == "NVFP4A16"
 
 
-@pytest.mark.parametrize("fmt", ["modelopt", "gguf", "fp-quant"])
+@pytest.mark.parametrize("fmt", ["gguf", "fp-quant"])  # modelopt: test_modelopt_* below
 def test_other_formats_refuse_fp8_layers_before_writing(fmt: str, tmp_path: Path) -> None:
     target = tmp_path / "out"
     with pytest.raises(ValueError, match=r"holds FP8 layers \(e\.g\. 'model\.layers\.0\.self_attn"
@@ -237,3 +238,154 @@ def test_convert_refuses_a_mixed_checkpoint(saved: tuple[torch.nn.Module, Path],
                                               "compressed-tensors declares"):
         checkpoint.convert(saved[1], tmp_path / "mo", format="modelopt")
     assert not (tmp_path / "mo").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# ModelOpt MIXED_PRECISION (NVFP4 W4A16 + FP8 per channel / per token + float)
+# ---------------------------------------------------------------------------------------------
+
+MO_MIX = {k: v for k, v in MIX.items() if v != "mxfp4"}  # L1 gate/up stay float
+
+
+def _mo_expected(names: dict[str, str]) -> tuple[dict[str, object], dict[str, object]]:
+    """(hf_quant_config.json, config.json quantization_config) as ModelOpt 0.47 writes them for
+    these per-layer algorithms, written out by hand from its source:
+    modelopt/torch/export/quant_utils.py ``process_layer_quant_config`` (entries; more than one
+    distinct entry -> "MIXED_PRECISION", no exclude_modules) and
+    modelopt/torch/export/convert_hf_config.py ``convert_hf_quant_config_format`` /
+    ``_quant_algo_to_group_config`` (one group per distinct entry, first-seen order, sorted
+    targets, quantized_layers again, ignore [])."""
+    fp4 = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
+    entry = {"W4A16_NVFP4": {"quant_algo": "W4A16_NVFP4", "group_size": 16},
+             "FP8_PER_CHANNEL_PER_TOKEN": {"quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"}}
+    layers = {n: entry[a] for n, a in names.items()}
+    producer = {"name": "modelopt", "version": "0.47.0"}
+    hf = {"producer": producer, "quantization": {"quant_algo": "MIXED_PRECISION",
+                                                 "kv_cache_quant_algo": None,
+                                                 "quantized_layers": layers}}
+    fp8 = {"input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
+           "weights": {"dynamic": False, "num_bits": 8, "type": "float", "strategy": "channel"}}
+    first = [n for n, a in names.items() if a == "W4A16_NVFP4"]
+    second = [n for n, a in names.items() if a != "W4A16_NVFP4"]
+    config = {"config_groups": {"group_0": {"weights": fp4, "targets": sorted(first)},
+                                "group_1": {**fp8, "targets": sorted(second)}},
+              "quantized_layers": layers, "ignore": [], "quant_algo": "MIXED_PRECISION",
+              "producer": producer, "quant_method": "modelopt"}
+    return hf, config
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_modelopt_mixed_round_trip(bias: bool, tmp_path: Path) -> None:
+    model = tiny_llama(bias=bias)
+    apply_mix(model, MO_MIX)
+    path = _save(model, tmp_path / "mo", format="modelopt")
+    algo = {"nvfp4-rtn": "W4A16_NVFP4", "fp8": "FP8_PER_CHANNEL_PER_TOKEN"}
+    order = [n for n, _ in model.named_modules()]
+    names = {n: algo[MO_MIX[n]] for n in order if MO_MIX.get(n, "bf16") != "bf16"}
+    hf, config = _mo_expected(names)
+    assert json.loads((path / "hf_quant_config.json").read_text()) == hf
+    assert json.dumps(_block(path)) == json.dumps(config)
+    stored = file_tensors(path)
+    for name in _names("fp8"):
+        layer = model.get_submodule(name)
+        assert stored[f"{name}.weight_scale"].shape == (layer.out_features,)  # ModelOpt: [N]
+        assert torch.equal(stored[f"{name}.weight_scale"], layer.weight_scale.reshape(-1))
+        assert torch.equal(raw(stored[f"{name}.weight"]), raw(layer.weight))
+        assert f"{name}.input_scale" not in stored
+    for name in _names("nvfp4-rtn"):
+        assert f"{name}.weight_scale_2" in stored and f"{name}.input_scale" not in stored
+    loaded = checkpoint.load(path)
+    for name, fmt in MO_MIX.items():
+        assert type(loaded.get_submodule(name)) is KINDS.get(fmt, torch.nn.Linear), name
+    original, state = model.state_dict(), loaded.state_dict()
+    extra = set(state) - set(original)  # ModelOpt's DECODE tensor scales, kept exactly
+    assert extra and all(k.endswith(".weight_decode_scale") for k in extra)
+    for key in extra:  # the ENCODE buffer is its float32 reciprocal (modelopt.py docstring)
+        owner = key.removesuffix(".weight_decode_scale")
+        assert torch.equal(state[key], stored[f"{owner}.weight_scale_2"].reshape(1)), key
+        assert torch.equal(state[f"{owner}.weight_global_scale"], 1 / state[key]), key
+    for key, value in original.items():
+        assert value.dtype == state[key].dtype, key
+        if key.endswith(".weight_global_scale"):
+            continue
+        assert torch.equal(raw(value), raw(state[key])), key
+    ids = token_batches(1, seed=9)[0]
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    again = _save(loaded, tmp_path / "again", format="modelopt")
+    back = file_tensors(again)
+    assert list(back) == list(stored)
+    assert all(torch.equal(raw(back[k]), raw(stored[k])) for k in stored)
+    for file in ("hf_quant_config.json", "config.json"):
+        assert (again / file).read_text() == (path / file).read_text(), file
+
+
+def test_modelopt_refuses_what_it_cannot_express(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^model\.layers\.1\.mlp\.gate_proj: MXFP4 layer; vLLM "
+                                         r"0\.33's ModelOpt MIXED_PRECISION loader has no MXFP4"):
+        _save(_mixed(), tmp_path / "mx", format="modelopt")
+    per_tensor = tiny_llama()
+    apply_mix(per_tensor, {L0 + "self_attn.o_proj": "fp8", L0 + "mlp.down_proj": "nvfp4-rtn"},
+              per_channel=False)
+    with pytest.raises(ValueError, match=r"o_proj: FP8 weight scale \[1, 1\] is per tensor; "
+                                         r"ModelOpt's per-tensor 'FP8' also needs a static input"):
+        _save(per_tensor, tmp_path / "tensor", format="modelopt")
+    fp8_only = tiny_llama()
+    apply_mix(fp8_only, {L1 + "self_attn.o_proj": "fp8"})
+    with pytest.raises(ValueError, match="FP8 layers but no NVFP4Linear; ModelOpt writes that as "
+                                         "a single-algorithm FP8_PER_CHANNEL_PER_TOKEN"):
+        _save(fp8_only, tmp_path / "fp8", format="modelopt")
+    split = tiny_llama()
+    apply_mix(split, {L0 + "mlp.gate_proj": "fp8", L0 + "mlp.up_proj": "nvfp4-rtn"})
+    with pytest.raises(ValueError, match=r"fused unit model\.layers\.0\.mlp mixes formats"):
+        _save(split, tmp_path / "split", format="modelopt")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def mo_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = tiny_llama()
+    apply_mix(model, MO_MIX)
+    return _save(model, tmp_path_factory.mktemp("mo") / "ckpt", format="modelopt")
+
+
+def _set_layer(name: str, entry: dict[str, object]) -> Callable[[dict], None]:
+    return lambda q: q["quantized_layers"].update({name: entry})
+
+
+@pytest.mark.parametrize(
+    ("edit", "pattern"),
+    [
+        (_set_layer(L0 + "self_attn.o_proj", {"quant_algo": "FP8"}),
+         r"quantized_layers\['model\.layers\.0\.self_attn\.o_proj'\] has quant_algo 'FP8' "
+         r"\(per-tensor FP8 with a static input scale"),
+        (_set_layer(L0 + "self_attn.o_proj", {"quant_algo": "MXFP8", "group_size": 32}),
+         "has quant_algo 'MXFP8' \\(not a format nvfp4lab holds\\)"),
+        (_set_layer(L0 + "self_attn.q_proj", {"quant_algo": "W4A16_NVFP4", "group_size": 32}),
+         "has group_size 32; NVFP4 uses blocks of 16"),
+        (_set_layer(L0 + "self_attn.q_proj", {"quant_algo": "NVFP4", "group_size": 16}),
+         "mix NVFP4 \\(W4A4\\) and W4A16_NVFP4 layers"),
+        (_set_layer("model.norm", {"quant_algo": "W4A16_NVFP4", "group_size": 16}),
+         "quantized_layers names 'model.norm' \\(LlamaRMSNorm\\)"),
+        (lambda q: q.update(quantized_layers={}), "'quantized_layers' map is missing or empty"),
+    ],
+)
+def test_modelopt_load_refuses_layers_it_cannot_hold(edit: object, pattern: str, mo_saved: Path,
+                                                     tmp_path: Path) -> None:
+    import shutil
+
+    path = Path(shutil.copytree(mo_saved, tmp_path / "c"))
+    for name, key in (("config.json", "quantization_config"),
+                      ("hf_quant_config.json", "quantization")):
+        data = json.loads((path / name).read_text())
+        edit(data[key])  # type: ignore[operator]
+        (path / name).write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=pattern):
+        checkpoint.load(path)
+
+
+def test_convert_refuses_a_modelopt_mixed_checkpoint(mo_saved: Path, tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="quant_algo 'MIXED_PRECISION' holds per-layer "
+                                              "formats no other format declares"):
+        checkpoint.convert(mo_saved, tmp_path / "ct", format="compressed-tensors")
+    assert not (tmp_path / "ct").exists()

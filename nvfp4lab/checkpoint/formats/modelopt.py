@@ -18,11 +18,12 @@ twice:
 {"quant_algo", "kv_cache_quant_algo", "group_size", "exclude_modules"}}``, the form vLLM needs all
 four keys of) and a ``quantization_config`` in ``config.json`` (``quant_method: "modelopt"``,
 compressed-tensors-like ``config_groups``, ``ignore``); vLLM reads the latter when present.
-``quant_algo`` "NVFP4" (W4A4) and "W4A16_NVFP4" (weight-only) are read; every other algorithm
-(FP8, MIXED_PRECISION, NVFP4_AWQ, ...) is refused. A quantized KV cache is declared as ModelOpt
-0.47 exports it (``kv_cache_quant_algo`` "FP8" / "NVFP4" in ``hf_quant_config.json``,
-``kv_cache_scheme`` in ``config.json``) with its DECODE scales in ``<attn>.k_proj.k_scale`` /
-``<attn>.v_proj.v_scale`` (:data:`KV_CACHE_NAMES`; ``docs/kv_cache.md``).
+``quant_algo`` "NVFP4" (W4A4) and "W4A16_NVFP4" (weight-only) are read, and "MIXED_PRECISION"
+(below); every other algorithm (FP8, NVFP4_AWQ, ...) is refused. A quantized KV cache is
+declared as ModelOpt 0.47 exports it (``kv_cache_quant_algo`` "FP8" / "NVFP4" in
+``hf_quant_config.json``, ``kv_cache_scheme`` in ``config.json``) with its DECODE scales in
+``<attn>.k_proj.k_scale`` / ``<attn>.v_proj.v_scale`` (:data:`KV_CACHE_NAMES`;
+``docs/kv_cache.md``).
 
 nvfp4lab writes ``producer.name = "modelopt"`` because vLLM routes the ``hf_quant_config.json``
 form to its ModelOpt loader by that name; ``version`` is the export format written (0.47.0).
@@ -40,6 +41,20 @@ Why ModelOpt's codes differ from the kernel order in bf16/fp16 (0.02-0.44% of co
     the two orders' rounding errors send each tie to a different side. Block scales differ the
     same way one level up (exact E4M3 midpoints). ``convention="modelopt"`` reproduces ModelOpt.
 
+Mixed precision (``quant_algo: "MIXED_PRECISION"``, ModelOpt 0.47's ``process_layer_quant_config``
+when a model holds more than one per-layer format; vLLM 0.33's ``ModelOptMixedPrecisionConfig``):
+``hf_quant_config.json`` lists every quantized Linear in ``quantized_layers`` (module order) as
+``{"quant_algo": "NVFP4" | "W4A16_NVFP4", "group_size": 16}`` or ``{"quant_algo":
+"FP8_PER_CHANNEL_PER_TOKEN"}`` and writes no ``exclude_modules``: a Linear absent from the map is
+float. ``config.json`` (``convert_hf_quant_config_format``) holds one config group per distinct
+entry (first-seen order, ``targets`` sorted), the same ``quantized_layers`` and ``ignore: []``.
+An FP8_PER_CHANNEL_PER_TOKEN layer (nvfp4lab's per-channel :class:`FP8Linear`) stores
+``<name>.weight`` float8_e4m3fn ``[N, K]`` and ``<name>.weight_scale`` float32 ``[N]`` (1-D, no
+input scale: activations are quantized per token at run time). Read and written here: those three
+algorithms (:data:`MIXED_LAYER_ALGOS`), NVFP4 layers of one scheme. Refused: per-tensor
+``"FP8"`` (static input scale, which :class:`FP8Linear` does not hold), MXFP4 (vLLM 0.33's
+``LINEAR_ALGOS`` has none) and every other algorithm.
+
 In memory nvfp4lab holds ENCODE scales; a ModelOpt DECODE scale read from disk is also kept
 exactly (``weight_decode_scale`` / ``input_decode_scale``) and written back unchanged.
 """
@@ -48,7 +63,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +91,9 @@ __all__ = [
     "HF_QUANT_CONFIG_NAME",
     "KV_CACHE_ALGOS",
     "KV_CACHE_NAMES",
+    "MIXED_ALGO",
+    "MIXED_LAYER_ALGOS",
+    "MODELOPT_FP8_KIND",
     "MODELOPT_VERSION",
     "QUANT_ALGOS",
     "QUANT_METHOD",
@@ -85,7 +103,10 @@ __all__ = [
     "config_quantization",
     "excluded",
     "hf_quant_config",
+    "mixed_config_quantization",
+    "mixed_hf_quant_config",
     "read_modelopt_config",
+    "write_mixed_configs",
 ]
 
 HF_QUANT_CONFIG_NAME = "hf_quant_config.json"
@@ -100,6 +121,16 @@ MODELOPT_VERSION = "0.47.0"
 #: ModelOpt ``quant_algo`` -> the NVFP4 scheme it stores.
 QUANT_ALGOS: dict[str, Scheme] = {"NVFP4": Scheme.NVFP4, "W4A16_NVFP4": Scheme.NVFP4A16}
 _ALGO_OF: dict[Scheme, str] = {scheme: algo for algo, scheme in QUANT_ALGOS.items()}
+#: ``quant_algo`` of a checkpoint whose layers differ in format (``quantized_layers`` map).
+MIXED_ALGO = "MIXED_PRECISION"
+#: The FP8 per-layer algorithm nvfp4lab reads and writes: per-channel weight scales, dynamic
+#: per-token activations (vLLM 0.33 ``resolve``: ``kFp8StaticTokenSym`` / ``kFp8DynamicTokenSym``).
+FP8_ALGO = "FP8_PER_CHANNEL_PER_TOKEN"
+#: The layer kind of a ModelOpt FP8_PER_CHANNEL_PER_TOKEN Linear for
+#: :func:`~nvfp4lab.checkpoint.mixed_layers.load_mixed_linear` (weight scale float32 ``[N]``).
+MODELOPT_FP8_KIND = "fp8-modelopt"
+#: Per-layer ``quant_algo`` of a MIXED_PRECISION checkpoint -> ``"nvfp4"`` / ``"fp8"``.
+MIXED_LAYER_ALGOS: dict[str, str] = {"NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", FP8_ALGO: "fp8"}
 
 
 @dataclass(frozen=True)
@@ -112,10 +143,18 @@ class ModelOptConfig:
     exclude_modules: tuple[str, ...]
     kv_cache_quant_algo: str | None
     file: Path
+    #: MIXED_PRECISION: (module name, per-layer ``quant_algo``) in stored order; else empty.
+    layers: tuple[tuple[str, str], ...] = ()
 
     @property
     def unquantized(self) -> tuple[str, ...]:
-        """``exclude_modules``: module names and fnmatch wildcards."""
+        """``exclude_modules``: module names and fnmatch wildcards; CheckpointError for a
+        MIXED_PRECISION config (its FP8 layers no other format declares, so no convert)."""
+        if self.layers:
+            raise CheckpointError(
+                f"{self.file}: quant_algo {MIXED_ALGO!r} holds per-layer formats no other format "
+                "declares; a mixed checkpoint cannot be converted (load it with "
+                "nvfp4lab.checkpoint.load)")
         return self.exclude_modules
 
     def checkpoint_scheme(self) -> Scheme:
@@ -138,8 +177,12 @@ class ModelOptConfig:
 
     def quantized_modules(self, model: nn.Module) -> dict[str, bool]:
         """Module name -> whether it stores an input scale: every nn.Linear not matched by
-        ``exclude_modules`` (as vLLM decides), all of one scheme."""
+        ``exclude_modules`` (as vLLM decides), all of one scheme; MIXED_PRECISION: the NVFP4
+        entries of ``quantized_layers`` (:meth:`mixed_modules`: the FP8 ones)."""
         static = self.scheme == Scheme.NVFP4
+        if self.layers:
+            return {name: algo == "NVFP4" for name, algo in self._mixed(model)
+                    if MIXED_LAYER_ALGOS[algo] == "nvfp4"}
         out = {
             name: static
             for name, module in model.named_modules()
@@ -151,6 +194,53 @@ class ModelOptConfig:
                 f"{list(self.exclude_modules)}; nothing is quantized"
             )
         return out
+
+    def mixed_modules(self, model: nn.Module) -> dict[str, str]:
+        """The FP8_PER_CHANNEL_PER_TOKEN Linears of a MIXED_PRECISION config: name ->
+        :data:`MODELOPT_FP8_KIND` (empty for a single-algorithm config)."""
+        return {name: MODELOPT_FP8_KIND for name, algo in self._mixed(model)
+                if MIXED_LAYER_ALGOS[algo] == "fp8"}
+
+    def _mixed(self, model: nn.Module) -> list[tuple[str, str]]:
+        """``layers`` not matched by ``exclude_modules`` (vLLM checks those first), each an
+        nn.Linear of ``model`` (CheckpointError naming the file otherwise)."""
+        modules = dict(model.named_modules())
+        out = [(n, a) for n, a in self.layers if not excluded(n, self.exclude_modules)]
+        for name, _ in out:
+            if not isinstance(modules.get(name), nn.Linear):
+                found = type(modules[name]).__name__ if name in modules else "no such module"
+                raise CheckpointError(f"{self.file}: quantized_layers names {name!r} ({found}); "
+                                      "nvfp4lab loads quantized nn.Linear layers of the model only")
+        return out
+
+
+def _mixed_layers(file: Path, raw: Any) -> tuple[tuple[str, str], ...]:
+    """The validated ``quantized_layers`` map of a MIXED_PRECISION config: (name, upper-case
+    algorithm) pairs; CheckpointError naming the file and layer for an algorithm nvfp4lab
+    cannot hold, a group size other than 16, or NVFP4 layers of both schemes."""
+    if not isinstance(raw, dict) or not raw:
+        raise CheckpointError(f"{file}: quant_algo {MIXED_ALGO!r} is not NVFP4 throughout and "
+                              "its 'quantized_layers' map is missing or empty: add one (layer "
+                              "name -> {'quant_algo': ...})")
+    out: list[tuple[str, str]] = []
+    for name, entry in raw.items():
+        algo = str(entry.get("quant_algo") if isinstance(entry, dict) else entry).upper()
+        if algo not in MIXED_LAYER_ALGOS:
+            why = ("per-tensor FP8 with a static input scale, which FP8Linear (dynamic per "
+                   "token) does not hold" if algo == "FP8" else "not a format nvfp4lab holds")
+            raise CheckpointError(
+                f"{file}: quantized_layers[{name!r}] has quant_algo {algo!r} ({why}); nvfp4lab "
+                f"reads {', '.join(MIXED_LAYER_ALGOS)} layers")
+        group = entry.get("group_size", BLOCK_SIZE) if isinstance(entry, dict) else BLOCK_SIZE
+        if MIXED_LAYER_ALGOS[algo] == "nvfp4" and group != BLOCK_SIZE:
+            raise CheckpointError(f"{file}: quantized_layers[{name!r}] has group_size {group!r}; "
+                                  f"NVFP4 uses blocks of {BLOCK_SIZE}")
+        out.append((str(name), algo))
+    schemes = {a for _, a in out if MIXED_LAYER_ALGOS[a] == "nvfp4"}
+    if len(schemes) > 1:
+        raise CheckpointError(f"{file}: quantized_layers mix NVFP4 (W4A4) and W4A16_NVFP4 "
+                              "layers; nvfp4lab reads one NVFP4 scheme per checkpoint")
+    return tuple(out)
 
 
 def _group_size(block: dict[str, Any]) -> Any:
@@ -206,10 +296,14 @@ def read_modelopt_config(path: str | Path) -> ModelOptConfig:
         algo, group = quant.get("quant_algo"), quant.get("group_size", BLOCK_SIZE)
         exclude, kv = quant.get("exclude_modules") or [], quant.get("kv_cache_quant_algo")
     key = str(algo).upper()
-    if key not in QUANT_ALGOS:
+    layers: tuple[tuple[str, str], ...] = ()
+    if key == MIXED_ALGO:
+        layers = _mixed_layers(file, _block_of(directory, file).get("quantized_layers"))
+        key = "NVFP4" if any(a == "NVFP4" for _, a in layers) else "W4A16_NVFP4"
+    elif key not in QUANT_ALGOS:
         raise CheckpointError(
             f"{file}: quant_algo {algo!r} is not NVFP4; nvfp4lab reads ModelOpt "
-            f"{' and '.join(repr(a) for a in QUANT_ALGOS)} checkpoints only"
+            f"{' and '.join(repr(a) for a in QUANT_ALGOS)} (and {MIXED_ALGO!r}) checkpoints only"
         )
     if file.name == CONFIG_NAME:
         _check_agreement(directory, file, algo)
@@ -220,7 +314,9 @@ def read_modelopt_config(path: str | Path) -> ModelOptConfig:
         kv = "NVFP4_4OVER6"
     if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
         raise CheckpointError(f"{file}: exclude_modules / ignore must be a list of names")
-    return ModelOptConfig(key, QUANT_ALGOS[key], BLOCK_SIZE, tuple(exclude), kv, file)
+    quant_algo = MIXED_ALGO if layers else key
+    return ModelOptConfig(quant_algo, QUANT_ALGOS[key], BLOCK_SIZE, tuple(exclude), kv, file,
+                          layers)
 
 
 def excluded(name: str, patterns: Iterable[str]) -> bool:
@@ -257,6 +353,72 @@ def config_quantization(scheme: str, exclude: Iterable[str]) -> dict[str, Any]:
         "producer": {"name": QUANT_METHOD, "version": MODELOPT_VERSION},
         "quant_method": QUANT_METHOD,
     }
+
+
+def _layer_entry(algo: str) -> dict[str, Any]:
+    """One ``quantized_layers`` entry as ModelOpt 0.47 writes it (``process_layer_quant_config``
+    in modelopt/torch/export/quant_utils.py)."""
+    return {"quant_algo": algo} if algo == FP8_ALGO else {"quant_algo": algo,
+                                                          "group_size": BLOCK_SIZE}
+
+
+def _group_of(algo: str) -> dict[str, Any]:
+    """The config group body of one per-layer algorithm, as ModelOpt 0.47's
+    ``_quant_algo_to_group_config`` (modelopt/torch/export/convert_hf_config.py) maps it."""
+    fp4 = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": BLOCK_SIZE}
+    if algo == FP8_ALGO:
+        return {"input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
+                "weights": {"dynamic": False, "num_bits": 8, "type": "float",
+                            "strategy": "channel"}}
+    if algo == "NVFP4":
+        return {"input_activations": dict(fp4), "weights": dict(fp4)}
+    return {"weights": dict(fp4)}
+
+
+def mixed_hf_quant_config(layers: Mapping[str, str]) -> dict[str, Any]:
+    """``hf_quant_config.json`` of a MIXED_PRECISION export; ``layers``: every quantized Linear
+    (module order) -> its algorithm (:data:`MIXED_LAYER_ALGOS`)."""
+    return {
+        "producer": {"name": QUANT_METHOD, "version": MODELOPT_VERSION},
+        "quantization": {
+            "quant_algo": MIXED_ALGO,
+            "kv_cache_quant_algo": None,
+            "quantized_layers": {name: _layer_entry(algo) for name, algo in layers.items()},
+        },
+    }
+
+
+def mixed_config_quantization(layers: Mapping[str, str]) -> dict[str, Any]:
+    """The ``quantization_config`` ModelOpt 0.47 puts in ``config.json`` for MIXED_PRECISION
+    (``convert_hf_quant_config_format``): one group per distinct layer entry in first-seen
+    order, targets sorted, the ``quantized_layers`` map again and an empty ``ignore``."""
+    targets: dict[str, list[str]] = {}
+    for name, algo in layers.items():
+        targets.setdefault(algo, []).append(name)
+    groups = {f"group_{i}": {**_group_of(algo), "targets": sorted(names)}
+              for i, (algo, names) in enumerate(targets.items())}
+    return {
+        "config_groups": groups,
+        "quantized_layers": {name: _layer_entry(algo) for name, algo in layers.items()},
+        "ignore": [],
+        "quant_algo": MIXED_ALGO,
+        "producer": {"name": QUANT_METHOD, "version": MODELOPT_VERSION},
+        "quant_method": QUANT_METHOD,
+    }
+
+
+def write_mixed_configs(folder: Path, layers: Mapping[str, str]) -> None:
+    """Replace ``folder``'s single-algorithm ModelOpt configs with the MIXED_PRECISION ones,
+    keeping the KV cache they declare."""
+    old = read_json(folder / HF_QUANT_CONFIG_NAME).get("quantization") or {}
+    kind = old.get(KV_4OVER6_KEY) or KV_CACHE_ALGOS.get(str(old.get("kv_cache_quant_algo")))
+    data = read_json(folder / CONFIG_NAME)
+    data["quantization_config"] = mixed_config_quantization(layers)
+    for name, body in ((CONFIG_NAME, data), (HF_QUANT_CONFIG_NAME, mixed_hf_quant_config(layers))):
+        with open(folder / name, "w", encoding="utf-8") as handle:
+            json.dump(body, handle, indent=4)
+    if kind:
+        _add_kv_cache(folder, kind)
 
 
 #: ModelOpt ``kv_cache_quant_algo`` -> the nvfp4lab KV cache kind (``NVFP4_4OVER6``: an
