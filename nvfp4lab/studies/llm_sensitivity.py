@@ -503,7 +503,8 @@ def plot_sensitivity(table: SensitivityTable, *, title: str | None = None) -> An
     formats = [f for f in table.formats if f != LayerFormat.BF16]
     layers = table.layers
     values = torch.tensor([[max(table.kld(n, f), 1e-9) for f in formats] for n in layers])
-    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(formats), 1.2 + 0.12 * len(layers)))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(formats), 1.2 + 0.12 * len(layers)),
+                           layout="constrained")  # room for the colorbar, in any style
     image = ax.imshow(values.numpy(), aspect="auto", norm=LogNorm(), cmap="viridis")
     ax.set_xticks(range(len(formats)), formats, fontsize=8)
     step = max(1, len(layers) // 40)
@@ -511,6 +512,7 @@ def plot_sensitivity(table: SensitivityTable, *, title: str | None = None) -> An
                   [n.removeprefix("model.") for n in layers[::step]], fontsize=6)
     ax.set_title(title or f"Mean KLD with one layer alone quantized ({table.tokens} tokens)",
                  fontsize=9)
+    ax.set_xlabel("format")
+    ax.set_ylabel("layer (module order)")
     fig.colorbar(image, ax=ax, label="mean KL(reference ‖ layer quantized), nats/token")
-    fig.tight_layout()
     return fig

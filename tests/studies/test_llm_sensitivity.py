@@ -254,8 +254,15 @@ def test_measured_mixes_frontier_and_files(setup, tmp_path: Path) -> None:
     back = SensitivityTable.read_csv(tmp_path / "sensitivity.csv")
     assert [(r.layer, r.format, r.kld) for r in back.rows] == [
         (r.layer, str(r.format), r.kld) for r in table.rows]
-    plot_sensitivity(table)
-    plot_frontier(points, uniform=[("W4A16 GPTQ", 4.5, uniform.fidelity)])
+    import matplotlib.pyplot as plt
+
+    from nvfp4lab.plots import STYLE_PATH
+
+    with plt.style.context(str(STYLE_PATH)):  # the pages' style (its layout engine)
+        for fig in (plot_sensitivity(table),
+                    plot_frontier(points, uniform=[("W4A16 GPTQ", 4.5, uniform.fidelity)])):
+            fig.savefig(tmp_path / "figure.png")
+            plt.close(fig)
     assert isinstance(path[0], Mix) and LayerFormat.FP8 in set(path[-1].formats.values()) | {
         LayerFormat.FP8}
 
