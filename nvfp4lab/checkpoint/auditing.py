@@ -38,7 +38,8 @@ no model is built. One row per quantized layer:
   ``fp8`` / ``mxfp4``: scale range and bad scales, decoded amax, NaN codes;
   :func:`~nvfp4lab.checkpoint.mixed_layers.audit_mixed_rows`);
 * the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`;
-  it describes the scheme, whatever engine the format is for);
+  it describes the scheme, whatever engine the format is for; FP8 / MXFP4 layers: vLLM 0.33.0's,
+  "not modelled: ..." for another release);
 * with ``reference`` (a float checkpoint folder): the weight SQNR against ``<layer>.weight``.
 * with a compressed-tensors ``transform_config``, a ``transform`` column: each layer's online
   input rotation (type, block, group, precision, matrix stored or built) and the offline
@@ -84,6 +85,7 @@ from nvfp4lab.checkpoint.stream import run_tasks as _run_tasks
 from nvfp4lab.checkpoint.validation import input_problems, scale_value_problem, weight_problems
 from nvfp4lab.constants import BLOCK_SIZE, E4M3_MAX
 from nvfp4lab.e2m1 import decode_e2m1, unpack_fp4
+from nvfp4lab.execution import vllm_rules
 from nvfp4lab.execution.whole_model import FUSED_GROUPS
 from nvfp4lab.layout import unswizzle_scales
 from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
@@ -418,7 +420,14 @@ def _backends(scheme: str, gpus: Sequence[str], vllm: str | None,
 
         cache[scheme] = {}
         for gpu in gpus:
-            c = select_backend(gpu=gpu, vllm=vllm, scheme=scheme, env={})
+            try:
+                c = select_backend(gpu=gpu, vllm=vllm, scheme=scheme, env={})
+            except ValueError as err:  # FP8 / MXFP4 rules: vLLM 0.33.0 on CUDA only
+                if scheme in (Scheme.NVFP4, Scheme.NVFP4A16):
+                    raise
+                cache[scheme][f"vllm {vllm_rules.release(vllm)} on {gpu}"] = (
+                    f"not modelled: {err}")
+                continue
             text = f"{c.numerics} ({c.kernel})" if c.kernel else f"none: {c.error}"
             cache[scheme][f"vllm {c.vllm} on {gpu}"] = text
     return cache[scheme]
@@ -501,10 +510,9 @@ def audit_rows(
             issues = "; ".join(p for p in (issues, problem) if p)
         row["issues"] = issues
         out.append(row)
-    for row in mixed:  # FP8 / MXFP4 layers of a mixed checkpoint: no NVFP4 kernel to name
+    for row in mixed:  # FP8 / MXFP4 layers of a mixed checkpoint: their scheme's kernel
         issues = row.pop("issues")
-        backends = dict.fromkeys(_backends(Scheme.NVFP4A16.value, gpus, vllm, cache),
-                                 f"not modelled ({row['format']})")
+        backends = _backends(row["scheme"], gpus, vllm, cache)
         out.append(dict.fromkeys(COLUMNS) | row | backends | {"issues": issues})
     return out + _kv_cache_rows(inv)
 

@@ -439,8 +439,9 @@ def select_backend(
     "seed" or "latest" (None = latest). ``platform``: cuda | rocm | xpu | cpu; None = cuda for a
     simulated GPU or CUDA device, the device's own platform otherwise. ``linear_backend``:
     vLLM's ``--linear-backend`` (0.22.0+; None = not given). ``scheme``: "NVFP4" (W4A4) or
-    "NVFP4A16" (weight-only). ``packages``: the optional packages installed (flashinfer,
-    humming, b12x, fbgemm); None = what ``pip install vllm`` of that release brings.
+    "NVFP4A16" (weight-only); "FP8_DYNAMIC" / "MXFP4A16" (vLLM 0.33.0 only:
+    :mod:`~nvfp4lab.execution.dispatch_mixed`). ``packages``: the optional packages installed
+    (flashinfer, humming, b12x, fbgemm); None = what ``pip install vllm`` of that release brings.
     ``engine``: "vllm" (default) or "llama.cpp" (llama.cpp's path on the device; ``vllm``,
     ``linear_backend`` and ``packages`` are vLLM's and must stay None; llama.cpp quantizes
     activations whatever the ``scheme``). ``rotation`` ("input:hadamard-16"): ``transform``.
@@ -448,6 +449,13 @@ def select_backend(
     unknown ``--linear-backend``) and for a bad ``NVFP4LAB_BACKEND``.
     """
     variables = settings.environ(env)
+    from nvfp4lab.execution import dispatch_mixed  # imports this module: imported here
+
+    if dispatch_mixed.is_mixed_scheme(scheme):  # FP8 / MXFP4 layers of a mixed checkpoint
+        return dispatch_mixed.select_mixed_backend(
+            device, capability=capability, gpu=gpu, platform=platform, scheme=scheme, vllm=vllm,
+            packages=packages, engine=engine, linear_backend=linear_backend, rotation=rotation,
+            variables=variables)
     override = parse_backend_override(variables.get(BACKEND_ENV))
     if check_choice("engine", engine, Engine) == Engine.LLAMA_CPP:
         given = [k for k, v in (("vllm", vllm), ("linear_backend", linear_backend),

@@ -391,3 +391,64 @@ def test_grid_reaches_every_cuda_kernel(monkeypatch: pytest.MonkeyPatch) -> None
         if kernel is not None:
             seen.add(kernel)
     assert set(names) <= seen, sorted(set(names) - seen)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8_DYNAMIC layers of a mixed checkpoint (nvfp4lab/execution/dispatch_mixed.py)
+# ---------------------------------------------------------------------------------------------
+#
+# vLLM 0.33.0's own steps for an llm-compressor FP8_DYNAMIC layer, run as shipped: the scheme
+# branch ``CompressedTensorsConfig._check_scheme_supported(89, error=False)`` (W8A8 from 89 on,
+# else W8A16: compressed_tensors.py@0.33.0 L896-912), then ``init_fp8_linear_kernel`` with the
+# scheme's keys (dynamic per-token activations, per-channel weights) or
+# ``init_wfp8_a16_linear_kernel`` with W8A16's (schemes/compressed_tensors_w8a16_fp8.py L46-49,
+# L112). Stood in for, as above: the platform and capability, and the probes: the C++
+# ``cutlass_scaled_mm_supports_fp8`` (capability >= 89, the CUDA 12.4+ answer), FlashInfer,
+# Humming and b12x's tensor FP8 GEMM.
+
+
+def _fp8_vllm(mp: pytest.MonkeyPatch, cap: tuple[int, int],
+              packages: tuple[str, ...]) -> str:
+    """vLLM's FP8_DYNAMIC kernel class name on CUDA ``cap`` with ``packages``."""
+    ct = importlib.import_module(
+        "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors")
+    ct_utils = importlib.import_module(
+        "vllm.model_executor.layers.quantization.compressed_tensors.utils")
+    quant = importlib.import_module("vllm.model_executor.layers.quantization.utils.quant_utils")
+    w8a8 = importlib.import_module("vllm.model_executor.layers.quantization.utils.w8a8_utils")
+    scaled = "vllm.model_executor.kernels.linear.scaled_mm."
+    machine = _Machine(mp)
+    machine.platform("cuda", cap)
+    mp.setattr(w8a8.ops, "cutlass_scaled_mm_supports_fp8", lambda c: c >= 89, raising=False)
+    mp.setattr(importlib.import_module(scaled + "flashinfer"), "has_flashinfer",
+               lambda: "flashinfer" in packages)
+    mp.setattr(importlib.import_module(scaled + "humming"), "has_humming",
+               lambda: "humming" in packages)
+    tensor_fp8 = types.SimpleNamespace(is_supported=lambda: True) if "b12x" in packages else None
+    mp.setattr(importlib.import_module(scaled + "b12x"), "_import_b12x_tensor_fp8",
+               lambda: tensor_fp8)
+    import torch
+
+    channel = ct_utils.STRATEGY_TO_WEIGHT_QUANT_KEY[ct_utils.QuantizationStrategy.CHANNEL]
+    w8a8 = ct.CompressedTensorsConfig._check_scheme_supported(89, error=False)
+    config = LINEAR.FP8ScaledMMLinearLayerConfig(
+        weight_quant_key=channel,
+        activation_quant_key=quant.kFp8DynamicTokenSym if w8a8 else quant.kFp8DynamicTensorSym,
+        input_dtype=torch.bfloat16, out_dtype=torch.bfloat16, weight_shape=(256, 512))
+    # the chooser the init_* functions call (L810-815, L1170-1175), without their constructor
+    # (QuantFP8, a CustomOp, needs an engine config): it returns the class they build
+    kernel = LINEAR.choose_scaled_mm_linear_kernel(
+        config, LINEAR._POSSIBLE_FP8_KERNELS if w8a8 else LINEAR._POSSIBLE_WFP8A16_KERNELS,
+        quantization="fp8_w8a8" if w8a8 else "w8a16_fp8")
+    return kernel.__name__
+
+
+@pytest.mark.parametrize("packages", ["default", "none", "all"])
+@pytest.mark.parametrize("cap", [c for c in CUDA_CAPS if c >= (7, 5)])
+def test_fp8_dynamic_kernel_is_vllms(monkeypatch: pytest.MonkeyPatch, cap, packages) -> None:
+    installed = DEFAULT if packages == "default" else PACKAGE_SETS[packages]
+    kernel = _fp8_vllm(monkeypatch, cap, installed)
+    choice = select_backend(capability=cap, scheme="FP8_DYNAMIC", vllm=REL, env={},
+                            packages=PACKAGE_SETS[packages])
+    assert choice.kernel == kernel, (cap, packages)
+    assert choice.numerics == ("w8a8" if cap >= (8, 9) else "w8a16")
