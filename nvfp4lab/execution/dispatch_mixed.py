@@ -49,7 +49,7 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
 from nvfp4lab.execution import vllm_rules
-from nvfp4lab.execution.dispatch import BackendChoice, _Target, _target
+from nvfp4lab.execution.targets import BackendChoice, _Target, _target
 from nvfp4lab.settings import BACKEND_ENV, BATCH_INVARIANT_ENV, DISABLED_KERNELS_ENV
 from nvfp4lab.vocab import AUTO, BiasMode, Engine, Platform, VllmPackage
 
