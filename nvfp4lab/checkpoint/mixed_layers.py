@@ -56,7 +56,7 @@ __all__ = [
     "MIXED_TYPES",
     "audit_mixed_rows",
     "check_mixed",
-    "layer_kind",
+    "layer_family",
     "layer_tensors",
     "load_mixed_linear",
     "mixed_layers",
@@ -68,7 +68,7 @@ MIXED_TYPES: tuple[type[nn.Module], ...] = (FP8Linear, MXFP4Linear)
 _TITLES = {"fp8": "FP8", "mxfp4": "MXFP4"}
 
 
-def layer_kind(module: nn.Module) -> str | None:
+def layer_family(module: nn.Module) -> str | None:
     """``"nvfp4"``, ``"fp8"``, ``"mxfp4"``, ``"float"`` (an ``nn.Linear``), else None."""
     if isinstance(module, NVFP4Linear):
         return "nvfp4"
@@ -142,8 +142,8 @@ def check_mixed(model: nn.Module, mixed: Mapping[str, nn.Module], fmt: str) -> N
         _check_modelopt(model, mixed)
     elif fmt != CheckpointFormat.COMPRESSED_TENSORS:
         name, module = next(iter(mixed.items()))
-        kind = _TITLES[str(layer_kind(module))]
-        raise ValueError(f"the model holds {kind} layers (e.g. {name!r}), which a {fmt} "
+        title = _TITLES[str(layer_family(module))]
+        raise ValueError(f"the model holds {title} layers (e.g. {name!r}), which a {fmt} "
                          "checkpoint cannot declare; save it as compressed-tensors or modelopt")
     for name, module in mixed.items():
         if isinstance(module, FP8Linear):
@@ -151,7 +151,7 @@ def check_mixed(model: nn.Module, mixed: Mapping[str, nn.Module], fmt: str) -> N
         else:
             assert isinstance(module, MXFP4Linear)
             _check_mxfp4(name, module)
-    kinds = {n: k for n, m in model.named_modules() if n and (k := layer_kind(m)) is not None}
+    kinds = {n: k for n, m in model.named_modules() if n and (k := layer_family(m)) is not None}
     for unit in fused_units(list(kinds)):
         found = {kinds[n] for n in unit}
         if len(found) > 1 and found & set(_TITLES):
@@ -197,7 +197,7 @@ def write_groups(folder: Path, nvfp4: Iterable[str], mixed: Mapping[str, nn.Modu
         return
     groups: dict[str, list[str]] = {"nvfp4": list(nvfp4), "fp8": [], "mxfp4": []}
     for name, module in mixed.items():
-        groups[str(layer_kind(module))].append(name)
+        groups[str(layer_family(module))].append(name)
     config = mixed_quantization_config(groups, scheme=scheme, ignore=ignore_entries(ignore))
     write_mixed_config(folder, config)
 
@@ -209,9 +209,9 @@ def _check_fp8_scales(source: TensorSource, name: str, scale: torch.Tensor) -> N
                               "finite and > 0; the checkpoint is damaged")
 
 
-def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, kind: str,
+def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, family: str,
                       dtype: torch.dtype) -> tuple[nn.Module, set[str]]:
-    """The FP8Linear (``kind`` ``"fp8"``; ModelOpt's ``"fp8-modelopt"``: scale ``[N]``) or
+    """The FP8Linear (``family`` ``"fp8"``; ModelOpt's ``"fp8-modelopt"``: scale ``[N]``) or
     MXFP4Linear (``"mxfp4"``) of ``module``'s shape
     from its stored tensors, byte for byte; returns it and the keys it used. CheckpointError
     naming the file and tensor for a wrong dtype or shape, a missing tensor, or FP8 scales
@@ -222,20 +222,20 @@ def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, kind: 
     if module.bias is not None:
         bias = read_like(source, f"{name}.bias", module.bias)
         used.add(f"{name}.bias")
-    if kind == "fp8":
+    if family == "fp8":
         weight = read_exact(source, f"{name}.weight", torch.float8_e4m3fn, (n, k))
         scale = read_exact(source, f"{name}.weight_scale", torch.float32, (n, 1))
         _check_fp8_scales(source, name, scale)
         used |= {f"{name}.weight", f"{name}.weight_scale"}
         return FP8Linear(weight, scale, bias), used
-    if kind == MODELOPT_FP8_KIND:  # FP8_PER_CHANNEL_PER_TOKEN: weight scale [N]
+    if family == MODELOPT_FP8_KIND:  # FP8_PER_CHANNEL_PER_TOKEN: weight scale [N]
         weight = read_exact(source, f"{name}.weight", torch.float8_e4m3fn, (n, k))
         scale = read_exact(source, f"{name}.weight_scale", torch.float32, (n,))
         _check_fp8_scales(source, name, scale)
         used |= {f"{name}.weight", f"{name}.weight_scale"}
         return FP8Linear(weight, scale.reshape(n, 1), bias), used
-    if kind != "mxfp4" or k % MXFP4_BLOCK:
-        raise CheckpointError(f"{name}: cannot load a {kind} layer with in_features={k} "
+    if family != "mxfp4" or k % MXFP4_BLOCK:
+        raise CheckpointError(f"{name}: cannot load a {family} layer with in_features={k} "
                               f"(FP8, or MXFP4 with K a multiple of {MXFP4_BLOCK})")
     packed = read_exact(source, f"{name}.weight_packed", torch.uint8, (n, k // 2))
     scales = read_exact(source, f"{name}.weight_scale", torch.uint8, (n, k // MXFP4_BLOCK))

@@ -51,7 +51,7 @@ from enum import StrEnum
 from nvfp4lab.execution import vllm_rules
 from nvfp4lab.execution.targets import BackendChoice, _Target, _target
 from nvfp4lab.settings import BACKEND_ENV, BATCH_INVARIANT_ENV, DISABLED_KERNELS_ENV
-from nvfp4lab.vocab import AUTO, BiasMode, Engine, Platform, VllmPackage
+from nvfp4lab.vocab import AUTO, BiasMode, Engine, Numerics, Platform, VllmPackage
 
 __all__ = ["MIXED_RELEASE", "LayerScheme", "is_mixed_scheme", "select_mixed_backend"]
 
@@ -70,7 +70,7 @@ class LayerScheme(StrEnum):
 
 #: nvfp4lab's own path for each scheme (``BackendChoice.name``) and the layer that runs it.
 _NVFP4LAB = {LayerScheme.FP8_DYNAMIC: ("w8a8", "FP8Linear"),
-             LayerScheme.MXFP4A16: ("w4a16", "MXFP4Linear")}
+             LayerScheme.MXFP4A16: (Numerics.W4A16.value, "MXFP4Linear")}
 
 
 def is_mixed_scheme(scheme: object) -> bool:
@@ -160,7 +160,7 @@ def _mxfp4(cc: int, packages: frozenset[str]) -> tuple[str, str, list[str], str]
                 "(check_and_fallback_input_schema, not installed here): unverified")
     steps.append("MarlinMxFp4LinearKernel: is_fp4_marlin_supported() (capability >= 75; "
                  "mxfp4/marlin.py@0.33.0 L16-37)")
-    return ("MarlinMxFp4LinearKernel", "w4a16", steps,
+    return ("MarlinMxFp4LinearKernel", Numerics.W4A16.value, steps,
             "weight-only: Marlin ignores the activation key (it warns so), 16-bit activations "
             "as in nvfp4lab's MXFP4Linear")
 

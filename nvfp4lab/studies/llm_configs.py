@@ -49,7 +49,7 @@ from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import tqdm_class
 from nvfp4lab.studies.llm import ReferenceRun, TokenFidelity, token_fidelity
-from nvfp4lab.vocab import Backend, KVCacheKind, OrderName, QuantMethod
+from nvfp4lab.vocab import Backend, KVCacheKind, OrderName, QuantMethod, ScaleSelection
 
 __all__ = [
     "ANCHORS_PATH",
@@ -215,7 +215,7 @@ def more_configurations() -> list[LLMConfig]:
         LLMConfig("W4A4 RTN + rotation 64", w4a4, w4a4=W4A4Options(rotation=64)),
         LLMConfig("W4A4 RTN + rotation full", w4a4, w4a4=W4A4Options(rotation="full")),
         LLMConfig("W4A4 RTN + 4over6 weights", w4a4,
-                  w4a4=W4A4Options(weight_scales="four_over_six")),
+                  w4a4=W4A4Options(weight_scales=ScaleSelection.FOUR_OVER_SIX)),
         LLMConfig("KV nvfp4 + Q/K rotation 32", None, kv_cache=KVCacheKind.NVFP4,
                   kv_rotation=32),
         LLMConfig("KV nvfp4 + Q/K rotation 64", None, kv_cache=KVCacheKind.NVFP4,
