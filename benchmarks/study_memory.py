@@ -14,8 +14,8 @@ windows of 256 tokens of the calibration part, the same way.
 
 Each configuration (W4A16 RTN, W4A16 GPTQ, KV nvfp4) runs in a fresh subprocess: the streamed
 reference, then the configuration, both block by block in bf16; reported per configuration: the
-child's peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``), the reference's seconds and the
-configuration's. ``--compare`` also runs the in-memory path (``from_pretrained`` in bf16,
+child's peak RSS (``VmHWM``: its own address space's high-water mark), the reference's seconds
+and the configuration's. ``--compare`` also runs the in-memory path (``from_pretrained`` in bf16,
 ``reference_run``, ``config_row``) in one more subprocess and says whether every row is equal
 (all but the time and memory fields). Everything is written under ``--dir`` (removed at the end
 unless ``--keep``). Not a test: it takes minutes.
@@ -126,6 +126,14 @@ def _inputs(folder: Path) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
 
 
 def _peak_mb() -> float:
+    """This process's peak RSS, MiB: ``VmHWM`` of its own address space. Not ``ru_maxrss``:
+    Linux carries the forked parent's resident size into it across ``exec``, so a child of a
+    parent that has just written the model reported the parent's 1.4 GB for every
+    configuration."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
 
