@@ -11,9 +11,7 @@ transformers is newer than it was tested with; the export is checked here, bit f
 from __future__ import annotations
 
 import copy
-import importlib
 import json
-import warnings
 from pathlib import Path
 
 import pytest
@@ -23,22 +21,8 @@ import nvfp4lab
 from nvfp4lab import checkpoint
 from nvfp4lab.execution import NVFP4Linear, quantize_model
 from tests.checkpoint.builders import file_tensors, modelopt_like, raw
+from tests.peers.modelopt_peer import MODELOPT, NVFP4QTensor, export_hf_checkpoint, mtq
 from tests.sample_data import make
-
-try:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        MODELOPT = importlib.import_module("modelopt")
-        mtq = importlib.import_module("modelopt.torch.quantization")
-        NVFP4QTensor = importlib.import_module(
-            "modelopt.torch.quantization.qtensor.nvfp4_tensor").NVFP4QTensor
-        export_hf_checkpoint = importlib.import_module("modelopt.torch.export").export_hf_checkpoint
-except Exception as exc:  # pragma: no cover - depends on the peer install
-    pytest.skip(
-        f"ModelOpt does not import ({type(exc).__name__}: {exc}); run `make test-peers`, which "
-        "installs nvidia-modelopt==0.47.0 with --no-deps into a cache directory",
-        allow_module_level=True,
-    )
 
 pytestmark = [pytest.mark.peers, pytest.mark.filterwarnings("ignore")]
 

@@ -13,9 +13,7 @@ tensors byte for byte. ModelOpt's per-tensor ``FP8`` layers (static input scale)
 from __future__ import annotations
 
 import copy
-import importlib
 import json
-import warnings
 from pathlib import Path
 
 import pytest
@@ -27,18 +25,7 @@ from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.execution import NVFP4Linear
 from nvfp4lab.execution.mixed import FP8Linear
 from tests.checkpoint.builders import file_tensors, raw
-
-try:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mtq = importlib.import_module("modelopt.torch.quantization")
-        export_hf_checkpoint = importlib.import_module("modelopt.torch.export").export_hf_checkpoint
-except Exception as exc:  # pragma: no cover - depends on the peer install
-    pytest.skip(
-        f"ModelOpt does not import ({type(exc).__name__}: {exc}); run `make test-peers`, which "
-        "installs nvidia-modelopt==0.47.0 with --no-deps into a cache directory",
-        allow_module_level=True,
-    )
+from tests.peers.modelopt_peer import export_hf_checkpoint, mtq
 
 pytestmark = [pytest.mark.peers, pytest.mark.filterwarnings("ignore")]
 
