@@ -9,6 +9,7 @@ import importlib
 import warnings
 
 import pytest
+import torch
 
 try:
     with warnings.catch_warnings():
@@ -24,3 +25,16 @@ except Exception as exc:  # pragma: no cover - depends on the peer install
         "installs nvidia-modelopt==0.47.0 with --no-deps into a cache directory",
         allow_module_level=True,
     )
+
+
+def tiny_llama(dtype: torch.dtype) -> torch.nn.Module:
+    """The seeded tiny Llama the ModelOpt peer tests quantize (hidden 64, 2 layers, GQA 4/2,
+    vocabulary 256, untied head), in ``dtype``, eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128, tie_word_embeddings=False,
+                         architectures=["LlamaForCausalLM"])
+    return LlamaForCausalLM(config).to(dtype).eval()

@@ -21,7 +21,13 @@ import nvfp4lab
 from nvfp4lab import checkpoint
 from nvfp4lab.execution import NVFP4Linear, quantize_model
 from tests.checkpoint.builders import file_tensors, modelopt_like, raw
-from tests.peers.modelopt_peer import MODELOPT, NVFP4QTensor, export_hf_checkpoint, mtq
+from tests.peers.modelopt_peer import (
+    MODELOPT,
+    NVFP4QTensor,
+    export_hf_checkpoint,
+    mtq,
+    tiny_llama,
+)
 from tests.sample_data import make
 
 pytestmark = [pytest.mark.peers, pytest.mark.filterwarnings("ignore")]
@@ -66,17 +72,6 @@ def test_padded_k_and_given_scale_2(dtype) -> None:
     assert torch.equal(_bits(ours.scales), _bits(scale))
 
 
-def _tiny_llama(dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=128, tie_word_embeddings=False,
-                         architectures=["LlamaForCausalLM"])
-    return LlamaForCausalLM(config).to(dtype).eval()
-
-
 def _batches() -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     return [torch.randint(0, 256, (2, 32), generator=gen) for _ in range(4)]
@@ -85,7 +80,7 @@ def _batches() -> list[torch.Tensor]:
 @pytest.fixture(scope="module", params=[torch.bfloat16, torch.float32])
 def exported(request, tmp_path_factory) -> tuple[dict[str, torch.Tensor], torch.nn.Module, Path]:
     """(float weights, the float model, ModelOpt's export folder) for one model dtype."""
-    model = _tiny_llama(request.param)
+    model = tiny_llama(request.param)
     float_model = copy.deepcopy(model)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
 

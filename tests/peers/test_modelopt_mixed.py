@@ -25,7 +25,7 @@ from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.execution import NVFP4Linear
 from nvfp4lab.execution.mixed import FP8Linear
 from tests.checkpoint.builders import file_tensors, raw
-from tests.peers.modelopt_peer import export_hf_checkpoint, mtq
+from tests.peers.modelopt_peer import export_hf_checkpoint, mtq, tiny_llama
 
 pytestmark = [pytest.mark.peers, pytest.mark.filterwarnings("ignore")]
 
@@ -34,17 +34,6 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 #: (name, NVFP4 per-layer algorithm, FP8 per-layer algorithm)
 VARIANTS = [("w4a4", "NVFP4", "FP8_PER_CHANNEL_PER_TOKEN"),
             ("w4a16", "W4A16_NVFP4", "FP8_PER_CHANNEL_PER_TOKEN")]
-
-
-def _tiny_llama(dtype: torch.dtype) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=128, tie_word_embeddings=False,
-                         architectures=["LlamaForCausalLM"])
-    return LlamaForCausalLM(config).to(dtype).eval()
 
 
 def _quantizers(preset: dict, name: str) -> dict:
@@ -67,7 +56,7 @@ def _mixed_cfg(variant: str) -> dict:
 
 
 def _export(variant: str, dtype: torch.dtype, path: Path) -> tuple[nn.Module, Path]:
-    model = _tiny_llama(dtype)
+    model = tiny_llama(dtype)
     float_model = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, 256, (2, 32), generator=gen) for _ in range(4)]
