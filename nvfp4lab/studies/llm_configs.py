@@ -27,8 +27,6 @@ from __future__ import annotations
 import copy
 import csv
 import math
-import os
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +47,8 @@ from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import tqdm_class
 from nvfp4lab.studies.llm import ReferenceRun, TokenFidelity, token_fidelity
+from nvfp4lab.studies.peak_memory import PeakRSS as _PeakRSS
+from nvfp4lab.studies.peak_memory import rss_bytes as _rss_bytes  # noqa: F401  (tests)
 from nvfp4lab.vocab import Backend, KVCacheKind, OrderName, QuantMethod, ScaleSelection
 
 __all__ = [
@@ -326,62 +326,6 @@ class ConfigResult:
                 "activations": config.activations, "kv_cache": config.kv_cache or "float",
                 "method": config.method_label if config.backend is not None else "-",
                 "build_seconds": self.build_seconds, **memory, **self.fidelity.row()}
-
-
-def _rss_bytes(field_name: str | None = None) -> int | None:
-    """This process's resident set size now (``field_name`` None, from ``/proc/self/statm``) or
-    its high-water mark (``"VmHWM"`` of ``/proc/self/status``), bytes; None off Linux."""
-    try:
-        if field_name is None:
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(f"{field_name}:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-class _PeakRSS:
-    """Peak resident memory of this process inside a ``with`` block, MiB (``mb``; None off
-    Linux): the kernel's exact high-water mark when the block raised it, else the largest
-    resident size sampled every ``interval`` seconds by a background thread."""
-
-    def __init__(self, interval: float = 0.01) -> None:
-        self.interval = interval
-        self.mb: float | None = None
-        self._peak = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _sample(self) -> None:
-        now = _rss_bytes()
-        if now is not None:
-            self._peak = max(self._peak, now)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def __enter__(self) -> _PeakRSS:
-        self._hwm = _rss_bytes("VmHWM")
-        if self._hwm is not None:
-            self._sample()
-            self._thread = threading.Thread(target=self._loop, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-        hwm = _rss_bytes("VmHWM")
-        peak = hwm if hwm is not None and hwm > (self._hwm or 0) else self._peak
-        self.mb = peak / 2**20
 
 
 def config_result(reference: nn.Module, run: ReferenceRun, config: LLMConfig,

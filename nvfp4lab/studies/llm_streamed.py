@@ -69,8 +69,9 @@ from nvfp4lab.execution.streamed_blocks import (
 )
 from nvfp4lab.settings import tqdm_class
 from nvfp4lab.studies import llm
-from nvfp4lab.studies.llm_configs import CALIBRATED, ConfigResult, LLMConfig, _PeakRSS
+from nvfp4lab.studies.llm_configs import CALIBRATED, ConfigResult, LLMConfig
 from nvfp4lab.studies.llm_statistics import TokenFidelity
+from nvfp4lab.studies.peak_memory import PeakRSS
 from nvfp4lab.vocab import Backend, QuantMethod, check_dtype
 
 __all__ = [
@@ -535,7 +536,7 @@ def streamed_config_result(
         raise ValueError(f"configuration {config.label!r}: {config.weight_format} weights "
                          "(weight_format=) are not built block by block yet; run it in memory")
     streamed = _opened(model, dtype)
-    with _PeakRSS() as peak:
+    with PeakRSS() as peak:
         fidelity, seconds = _streamed_fidelity(streamed, run, config, calibration_batches,
                                                progress)
     return ConfigResult(config, fidelity, seconds, peak.mb)
