@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,9 @@ def _cluster(workers: int, threads: int, folder: Path) -> tuple[str, list[subpro
 
 
 def main() -> None:
+    # SIGTERM (``timeout``, a CI runner) raises SystemExit here, so the ``finally`` below stops
+    # the Dask scheduler and workers this script started instead of leaving them running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--formats", nargs="+", default=["nvfp4-rtn"])
     parser.add_argument("--tokens", type=int, default=512)
