@@ -91,10 +91,9 @@ from nvfp4lab.blocks import block_scales_from_blocks, fixed_scale_codec, multipl
 from nvfp4lab.codec import finite_amax
 from nvfp4lab.constants import BLOCK_SIZE
 from nvfp4lab.e2m1 import pack_fp4
-from nvfp4lab.execution.gptq_hessian import (  # noqa: F401  (re-exported)
+from nvfp4lab.execution.gptq_hessian import (
     WORK_DTYPE,
     Hessian,
-    _factor_in_place,
     _inverse_factor,
     all_finite,
 )
@@ -117,7 +116,6 @@ __all__ = [
     "gptq_fake_quantize",
     "gptq_quantize",
 ]
-
 
 
 class GPTQFallbackWarning(UserWarning):

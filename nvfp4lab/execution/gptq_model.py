@@ -43,12 +43,12 @@ from nvfp4lab.execution.gptq import (
     GPTQOptions,
     GPTQResult,
     Hessian,
-    all_finite,
     as_rotated,
     check_pair,
     gptq_nvfp4,
     rotated_hessian,
 )
+from nvfp4lab.execution.gptq_hessian import all_finite
 from nvfp4lab.execution.sequential import BlockRunner, Blocks, capture_block_inputs, find_blocks
 from nvfp4lab.hadamard import check_seed, hadamard_transform
 from nvfp4lab.tensor import NVFP4Tensor

@@ -29,9 +29,6 @@ the same arguments, the code outside them runs unchanged.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -59,26 +56,6 @@ __all__ = [
 
 #: A block's stand-in: ``(block index, args, kwargs) -> what the block returns``.
 StandIn = Callable[[int, tuple[Any, ...], dict[str, Any]], Any]
-
-
-def release_freed_memory() -> None:
-    """Hand the pages of freed heap memory back to the operating system (glibc's
-    ``malloc_trim(0)``; nothing elsewhere). A block's tensors of 0.1–32 MB come from the heap,
-    not from their own mappings, and freed heap pages otherwise stay resident: run block after
-    block, a 1.2 B model's peak RSS grew by hundreds of MB without it."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # musl or another C library
-        return None
 
 
 def pass_through(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:

@@ -64,7 +64,6 @@ from nvfp4lab.execution.streamed_blocks import (
     finish,
     placeholder_weights,
     quantize_block,
-    release_freed_memory,
     run_calls,
 )
 from nvfp4lab.settings import tqdm_class
@@ -384,7 +383,6 @@ def _streamed_hidden(streamed: StreamedModel, inputs: Sequence[torch.Tensor], de
             block = streamed.load_block(index)
             calls = run_calls(block, index, calls)
             del block
-            release_freed_memory()
             bar.update(1)
     return [batch.hidden for batch in calls]
 
@@ -496,7 +494,6 @@ def _streamed_fidelity(
                 seconds += time.perf_counter() - start
                 calls = run_calls(block, index, calls)
                 del block
-                release_freed_memory()
                 bar.update(1)
         hidden = [batch.hidden for batch in calls]
         del calls, gptq_calls, scale_calls
