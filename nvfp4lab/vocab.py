@@ -27,7 +27,7 @@ vocabulary             values                                                   
 :class:`NativeIsa`     scalar, avx2, avx512 (``NVFP4LAB_NATIVE_ISA``: C++ vector cap)  kernels
 :class:`KVCacheKind`   nvfp4, nvfp4_4over6, fp8 (vLLM's ``--kv-cache-dtype`` values)   execution
 :class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)         corpus
-:class:`LayerFormat`   nvfp4-rtn, nvfp4-gptq, fp8, mxfp4, bf16 (one Linear's format)   execution
+:class:`LayerFormat`   nvfp4-rtn, nvfp4-gptq, fp8, mxfp4, q8_0, bf16 (a Linear's)     execution
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in;
@@ -329,7 +329,11 @@ class LayerFormat(StrEnum):
     NVFP4_GPTQ = "nvfp4-gptq"  #: NVFP4 weights by GPTQ, float activations (W4A16)
     #: FP8 E4M3 weights (per-channel scales) and dynamic per-token FP8 activations (W8A8)
     FP8 = GemmPath.FP8.value
+    #: FP8 E4M3 weights (per-channel scales), float activations (W8A16: vLLM's Marlin FP8)
+    FP8_W8A16 = "fp8-w8a16"
     MXFP4 = "mxfp4"  #: MXFP4 weights (E2M1, E8M0 scale per 32), float activations (W4A16)
+    #: llama.cpp's Q8_0 weights (int8, float16 scale per 32) and Q8_0 activations (GGUF mixes)
+    Q8_0 = GemmPath.Q8_0.value
     BF16 = GemmPath.BF16.value  #: left float (counted as 16 bits a weight)
 
 

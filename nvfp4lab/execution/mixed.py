@@ -8,9 +8,14 @@ nvfp4-rtn      :class:`NVFP4Linear`, W4A16 (weights NVFP4 by round    4 + 8/16 +
 nvfp4-gptq     the same layer, its codes by GPTQ                      4 + 8/16 + 32/(N·K)
 fp8            :class:`FP8Linear`: W8A8 as vLLM 0.33 runs FP8         8 + 32/K (per channel)
                (below)                                                8 + 32/(N·K) (per tensor)
+fp8-w8a16      :class:`FP8Linear` with float activations (W8A16, the  8 + 32/K (per channel)
+               same weight bytes; below)
 mxfp4          :class:`MXFP4Linear`, W4A16 (E2M1, an E8M0 scale per   4 + 8/32
                32 along K; activations in the model's dtype, as
                vLLM's Marlin MXFP4 path on Hopper)
+q8_0           :class:`~nvfp4lab.execution.mixed_q8_0.Q8_0Linear`:    8 + 16/32
+               llama.cpp's Q8_0 (int8, float16 scale per 32; Q8_0
+               activations), for GGUF mixes
 bf16           the Linear left as it is (float)                       16
 =============  =====================================================  ===========================
 
@@ -34,6 +39,13 @@ the online ``fp8`` method keep one weight scale per tensor, ``per_channel=False`
   products are exact in float64 for K below 2^17; the tensor-core accumulation order is not
   modelled), then ``(acc · s_x) · s_wᵀ`` in float32, ``+ bias`` in float32, cast to the input's
   dtype (vLLM's ``ChannelWiseTorchFP8ScaledMMLinearKernel`` epilogue, in that order).
+
+**FP8 W8A16** (``fp8-w8a16``; vLLM 0.33 loads a compressed-tensors group whose weights are FP8
+and whose ``input_activations`` is null as ``CompressedTensorsW8A16Fp8``, the Marlin FP8 kernel,
+on every GPU from sm_75): the same weight bytes and scales; the activations stay in the model's
+dtype, ``acc = x · W_qᵀ`` accumulated in float64 and rounded once to float32 (the products of a
+bfloat16 value and an E4M3 code are exact there), then ``acc · s_wᵀ``, ``+ bias``, the cast.
+No activation error: beside NVFP4 W4A16 layers this keeps the whole mix weight-only.
 
 :func:`apply_mix` installs a mix: FP8 and MXFP4 layers first, then the NVFP4 RTN layers and last
 the GPTQ layers, both by :func:`~nvfp4lab.execution.whole_model.quantize_model` (so GPTQ
@@ -59,6 +71,7 @@ from nvfp4lab.codec import compute_global_scale
 from nvfp4lab.constants import BLOCK_SIZE, E4M3_MAX
 from nvfp4lab.execution.gptq import GPTQOptions, gptq_quantize
 from nvfp4lab.execution.layers import NVFP4Linear
+from nvfp4lab.execution.mixed_q8_0 import Q8_0_BITS, Q8_0Linear
 from nvfp4lab.execution.quantize_report import QuantizeReport
 from nvfp4lab.execution.whole_model import DEFAULT_IGNORE, FUSED_GROUPS, quantize_model
 from nvfp4lab.number_formats.base import PackedBlocks
@@ -68,6 +81,7 @@ __all__ = [
     "FP8Linear",
     "MXFP4Linear",
     "MixReport",
+    "Q8_0Linear",
     "apply_mix",
     "check_mix",
     "effective_bits",
@@ -83,6 +97,7 @@ FP8_MIN_SCALE: float = 1.0 / (E4M3_MAX * 512.0)
 #: Elements per MXFP4 block.
 MXFP4_BLOCK = 32
 _NVFP4 = (LayerFormat.NVFP4_RTN, LayerFormat.NVFP4_GPTQ)
+_FP8 = (LayerFormat.FP8, LayerFormat.FP8_W8A16)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,28 +125,35 @@ def fp8_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class FP8Linear(nn.Module):
-    """A Linear in FP8 W8A8 as vLLM 0.33 runs it (module docstring). Buffers: ``weight``
-    float8_e4m3fn ``[N, K]``, ``weight_scale`` float32 ``[N, 1]`` (per channel) or ``[1, 1]``;
-    ``bias`` in the original dtype or None. ``forward(x [..., K])`` returns ``[..., N]`` in
-    ``x.dtype``."""
+    """A Linear in FP8 W8A8 as vLLM 0.33 runs it, or W8A16 with ``quantize_activations=False``
+    (module docstring). Buffers: ``weight`` float8_e4m3fn ``[N, K]``, ``weight_scale`` float32
+    ``[N, 1]`` (per channel) or ``[1, 1]``; ``bias`` in the original dtype or None.
+    ``forward(x [..., K])`` returns ``[..., N]`` in ``x.dtype``."""
 
     def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> None:
+                 bias: torch.Tensor | None = None, *, quantize_activations: bool = True) -> None:
         super().__init__()
         if weight.dtype != torch.float8_e4m3fn or weight.ndim != 2:
             raise ValueError(f"FP8Linear needs a float8_e4m3fn [N, K] weight, got {weight.dtype} "
                              f"{tuple(weight.shape)}")
         self.out_features, self.in_features = weight.shape
+        self.quantize_activations = bool(quantize_activations)
         self.register_buffer("weight", weight)
         self.register_buffer("weight_scale", weight_scale.to(torch.float32))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, *, per_channel: bool = True) -> FP8Linear:
+    def from_linear(cls, linear: nn.Linear, *, per_channel: bool = True,
+                    quantize_activations: bool = True) -> FP8Linear:
         """Quantize ``linear``'s weight (per output channel, or one scale with
-        ``per_channel=False``)."""
+        ``per_channel=False``); ``quantize_activations=False``: W8A16."""
         weight, scale = fp8_weight(linear.weight, per_channel)
-        return cls(weight, scale, linear.bias)
+        return cls(weight, scale, linear.bias, quantize_activations=quantize_activations)
+
+    @property
+    def layer_format(self) -> LayerFormat:
+        """``fp8`` (W8A8) or ``fp8-w8a16``."""
+        return LayerFormat.FP8 if self.quantize_activations else LayerFormat.FP8_W8A16
 
     @property
     def per_channel(self) -> bool:
@@ -143,17 +165,23 @@ class FP8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x_q, x_s = fp8_activation(x.reshape(-1, self.in_features))
-        acc = (x_q.to(torch.float64) @ self.weight.to(torch.float64).T).to(torch.float32)
-        out = acc * x_s * self.weight_scale.T
+        rows = x.reshape(-1, self.in_features)
+        if self.quantize_activations:
+            x_q, x_s = fp8_activation(rows)
+            acc = (x_q.to(torch.float64) @ self.weight.to(torch.float64).T).to(torch.float32)
+            out = acc * x_s * self.weight_scale.T
+        else:
+            acc = (rows.to(torch.float64) @ self.weight.to(torch.float64).T).to(torch.float32)
+            out = acc * self.weight_scale.T
         if self.bias is not None:
             out = out + self.bias
         return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         scales = "per channel" if self.per_channel else "per tensor"
+        acts = "activations per token" if self.quantize_activations else "W8A16"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, weight scales {scales}, activations per token")
+                f"bias={self.bias is not None}, weight scales {scales}, {acts}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,10 +286,12 @@ def layer_bits(fmt: str, n: int, k: int, *, per_channel: bool = True) -> float:
     fmt = check_choice("layer format", fmt, LayerFormat)
     if fmt in _NVFP4:
         return 4.0 + 8.0 / BLOCK_SIZE + 32.0 / (n * k)
-    if fmt == LayerFormat.FP8:
+    if fmt in _FP8:
         return 8.0 + (32.0 / k if per_channel else 32.0 / (n * k))
     if fmt == LayerFormat.MXFP4:
         return 4.0 + 8.0 / MXFP4_BLOCK
+    if fmt == LayerFormat.Q8_0:
+        return Q8_0_BITS
     return 16.0
 
 
@@ -334,10 +364,13 @@ def quantize_layer(
         bias = None if linear.bias is None else linear.bias.detach()
         assert result.weight is not None
         return NVFP4Linear.from_quantized(result.weight, bias, backend=Backend.W4A16)
-    if fmt == LayerFormat.FP8:
-        return FP8Linear.from_linear(linear, per_channel=per_channel)
+    if fmt in _FP8:
+        return FP8Linear.from_linear(linear, per_channel=per_channel,
+                                     quantize_activations=fmt == LayerFormat.FP8)
     if fmt == LayerFormat.MXFP4:
         return MXFP4Linear.from_linear(linear)
+    if fmt == LayerFormat.Q8_0:
+        return Q8_0Linear.from_linear(linear)
     return linear
 
 
@@ -397,9 +430,12 @@ def apply_mix(
     originals = {n: model.get_submodule(n) for n, f in formats.items() if f != LayerFormat.BF16}
     report = MixReport(full, bits)
     try:
-        for name in wanted[LayerFormat.FP8] + wanted[LayerFormat.MXFP4]:
+        for name in (wanted[LayerFormat.FP8] + wanted[LayerFormat.FP8_W8A16]
+                     + wanted[LayerFormat.MXFP4]):
             layer = quantize_layer(originals[name], formats[name], per_channel=per_channel)
             set_layer(model, name, layer)
+        for name in wanted[LayerFormat.Q8_0]:  # GGUF mixes: llama.cpp's Q8_0
+            set_layer(model, name, quantize_layer(originals[name], LayerFormat.Q8_0))
         for fmt, method in ((LayerFormat.NVFP4_RTN, QuantMethod.RTN),
                             (LayerFormat.NVFP4_GPTQ, QuantMethod.GPTQ)):
             if not wanted[fmt]:

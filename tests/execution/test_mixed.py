@@ -32,11 +32,12 @@ F32_EPS = 2.0**-23
 
 
 def _fp8_oracle(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-                per_channel: bool) -> torch.Tensor:
-    """vLLM 0.33's FP8 W8A8 (compressed-tensors weights, dynamic per-token activations), one
-    scalar at a time: every float32 operation rounded once (``round_f32`` of the double result,
-    exact for one +, *, / of float32 operands), E4M3 by nearest-even over its value table, the
-    dot product summed exactly (fractions) and rounded once."""
+                per_channel: bool, quantize_activations: bool = True) -> torch.Tensor:
+    """vLLM 0.33's FP8 W8A8 (compressed-tensors weights, dynamic per-token activations), or
+    W8A16 (the activations as they are, no activation scale), one scalar at a time: every
+    float32 operation rounded once (``round_f32`` of the double result, exact for one +, *, / of
+    float32 operands), E4M3 by nearest-even over its value table, the dot product summed exactly
+    (fractions) and rounded once."""
     n, k = w.shape
     wv = [[float(v) for v in row] for row in w.float().tolist()]
     if per_channel:
@@ -50,16 +51,21 @@ def _fp8_oracle(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     out = []
     min_scale = round_f32(1.0 / (448.0 * 512.0))
     for row in rows.tolist():
-        s_x = max(round_f32(max(abs(v) for v in row) / 448.0), min_scale)
-        recip = round_f32(1.0 / s_x)
-        xq = [round_e4m3(max(-448.0, min(448.0, round_f32(v * recip)))) for v in row]
+        if quantize_activations:
+            s_x = max(round_f32(max(abs(v) for v in row) / 448.0), min_scale)
+            recip = round_f32(1.0 / s_x)
+            xq = [round_e4m3(max(-448.0, min(448.0, round_f32(v * recip)))) for v in row]
+        else:
+            s_x, xq = 1.0, row
         values = []
         for j in range(n):
             exact = sum((Fraction(a) * Fraction(b) for a, b in zip(xq, wq[j], strict=True)),
                         Fraction(0))
             acc = round_f32(float(exact))
             assert Fraction(float(exact)) == exact  # the sum is exact in a double
-            value = round_f32(round_f32(acc * s_x) * w_scales[j])
+            if quantize_activations:
+                acc = round_f32(acc * s_x)
+            value = round_f32(acc * w_scales[j])
             if bias is not None:
                 value = round_f32(value + float(bias.detach()[j]))
             values.append(narrow(value, x.dtype))
@@ -86,6 +92,13 @@ def test_fp8_linear_matches_the_scalar_oracle(dtype: torch.dtype, per_channel: b
     got = layer(x)
     assert got.dtype == dtype and got.shape == (2, 3, 5)
     assert torch.equal(got, _fp8_oracle(x, linear.weight, linear.bias, per_channel))
+    w8a16 = quantize_layer(linear, "fp8-w8a16", per_channel=per_channel)
+    assert isinstance(w8a16, FP8Linear) and w8a16.layer_format == LayerFormat.FP8_W8A16
+    assert torch.equal(w8a16.weight.view(torch.uint8), layer.weight.view(torch.uint8))
+    assert torch.equal(w8a16.weight_scale, layer.weight_scale)
+    got16 = w8a16(x)
+    assert torch.equal(got16, _fp8_oracle(x, linear.weight, linear.bias, per_channel, False))
+    assert not torch.equal(got16, got)  # the activations' FP8 error is gone
 
 
 def test_fp8_is_close_to_the_float_layer_and_not_equal() -> None:
@@ -115,6 +128,7 @@ def test_bits_rule() -> None:
     assert layer_bits(LayerFormat.NVFP4_RTN, 4, 16) == 4.5 + 32 / 64
     assert layer_bits("nvfp4-gptq", 10, 32) == 4.5 + 32 / 320
     assert layer_bits("fp8", 10, 32) == 8 + 1
+    assert layer_bits("fp8-w8a16", 10, 32) == 8 + 1
     assert layer_bits("fp8", 10, 32, per_channel=False) == 8 + 32 / 320
     assert layer_bits("mxfp4", 10, 32) == 4.25 and layer_bits("bf16", 1, 16) == 16
     with pytest.raises(ValueError, match="unknown layer format 'int3'"):
@@ -204,6 +218,24 @@ def test_a_mixed_model() -> None:
     with torch.no_grad():
         logits = model(input_ids=_batches()[0]["input_ids"]).logits
     assert bool(torch.isfinite(logits).all())
+
+
+def test_a_w8a16_mix_keeps_the_fp8_bytes_and_runs_float_activations() -> None:
+    model = tiny_model("qwen3", seed=1)
+    names = list(quantizable_linears(model))
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(4))
+    mix = {names[0]: "fp8-w8a16", names[1]: "fp8-w8a16", names[2]: "fp8-w8a16",
+           names[3]: "fp8"}
+    float_q = model.get_submodule(names[0])
+    report = apply_mix(model, mix)
+    assert report.counts() == {"fp8-w8a16": 3, "fp8": 1, "bf16": len(names) - 4}
+    layer = model.get_submodule(names[0])
+    assert isinstance(layer, FP8Linear) and not layer.quantize_activations
+    assert "W8A16" in repr(layer)
+    assert torch.equal(layer.weight.view(torch.uint8),
+                       FP8Linear.from_linear(float_q).weight.view(torch.uint8))
+    assert torch.equal(layer(x), _fp8_oracle(x, float_q.weight, float_q.bias, True, False))
+    assert model.get_submodule(names[3]).quantize_activations
 
 
 def test_refusals_and_all_or_nothing() -> None:
