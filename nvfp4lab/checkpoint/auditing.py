@@ -36,7 +36,8 @@ no model is built. One row per quantized layer:
   its merged scale and its decode);
 * a mixed compressed-tensors checkpoint's FP8 / MXFP4 layers, after the NVFP4 rows (format
   ``fp8`` / ``mxfp4``: scale range and bad scales, decoded amax, NaN codes;
-  :func:`~nvfp4lab.checkpoint.mixed_layers.audit_mixed_rows`);
+  :func:`~nvfp4lab.checkpoint.mixed_layers.audit_mixed_rows`), and a GGUF mix's Q8_0 layers
+  (format ``q8_0``: block-scale range and non-finite scales; no vLLM kernel columns);
 * the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`;
   it describes the scheme, whatever engine the format is for; FP8 / MXFP4 layers: vLLM 0.33.0's,
   "not modelled: ..." for another release);
@@ -89,7 +90,7 @@ from nvfp4lab.execution import vllm_rules
 from nvfp4lab.execution.whole_model import FUSED_GROUPS
 from nvfp4lab.layout import unswizzle_scales
 from nvfp4lab.tensor import NVFP4Tensor, invalid_block_scales
-from nvfp4lab.vocab import CheckpointFormat, Scheme
+from nvfp4lab.vocab import CheckpointFormat, LayerFormat, Scheme
 
 __all__ = ["COLUMNS", "DEFAULT_GPUS", "audit", "audit_rows", "write_csv"]
 
@@ -491,7 +492,8 @@ def audit_rows(
     (default: detected; :func:`~nvfp4lab.checkpoint.formats.detect_format`).
     """
     inv = inventory(path, detect_format(path, format))
-    mixed = audit_mixed_rows(inv.tensors) if inv.fmt == CheckpointFormat.COMPRESSED_TENSORS else []
+    mixed = audit_mixed_rows(inv.tensors) if inv.fmt in (
+        CheckpointFormat.COMPRESSED_TENSORS, CheckpointFormat.GGUF) else []
     if not inv.layers and not mixed:
         raise CheckpointError(f"{path}: no quantized layer found in the weight files")
     tasks = _tasks(inv, _reference_inventory(reference), _stores_input(inv))
@@ -511,8 +513,9 @@ def audit_rows(
         row["issues"] = issues
         out.append(row)
     for row in mixed:  # FP8 / MXFP4 layers of a mixed checkpoint: their scheme's kernel
-        issues = row.pop("issues")
-        backends = _backends(row["scheme"], gpus, vllm, cache)
+        issues = row.pop("issues")  # (a GGUF Q8_0 layer: llama.cpp's, no vLLM scheme)
+        q8_0 = row["format"] == LayerFormat.Q8_0
+        backends = {} if q8_0 else _backends(row["scheme"], gpus, vllm, cache)
         out.append(dict.fromkeys(COLUMNS) | row | backends | {"issues": issues})
     return out + _kv_cache_rows(inv)
 

@@ -21,8 +21,16 @@ ModelOpt 0.47 exports for that algorithm); refused: MXFP4 layers (vLLM 0.33's Mo
 no MXFP4 linear algorithm), per-tensor FP8 (ModelOpt's ``"FP8"`` also needs a static input
 scale that FP8Linear does not hold), and a model with no NVFP4Linear.
 
+GGUF (``format="gguf"``): each :class:`~nvfp4lab.execution.mixed_q8_0.Q8_0Linear` is written as
+llama.cpp's ``Q8_0`` (ggml type 8, :mod:`~nvfp4lab.checkpoint.formats.gguf_write`); in memory
+and in :class:`~nvfp4lab.checkpoint.records.Contents` its tensors are ``<name>.weight`` int8
+``[N, K]`` and ``<name>.weight_d`` float16 ``[N, K/32]``. Refused: FP8 / MXFP4 layers in a GGUF
+save (no llama.cpp type holds them with these scales: q8_0 is the 8-bit format of a GGUF mix),
+and Q8_0 layers in any other format (none declares llama.cpp's Q8_0). llama.cpp stores q/k/v and
+gate/up as separate tensors, so a fused unit may mix formats in GGUF.
+
 Loading (:func:`load_mixed_linear`): the stored tensors become the same modules, byte for byte.
-Auditing (:func:`audit_mixed_rows`): one row per FP8 / MXFP4 layer beside the NVFP4 rows.
+Auditing (:func:`audit_mixed_rows`): one row per FP8 / MXFP4 / Q8_0 layer beside the NVFP4 rows.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.rows import RowReader, TensorSource, read_exact, read_like
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.mixed import MXFP4_BLOCK, FP8Linear, MXFP4Linear, fused_units
+from nvfp4lab.execution.mixed_q8_0 import SCALE_BUFFER, Q8_0Linear
 from nvfp4lab.vocab import CheckpointFormat, Scheme
 
 __all__ = [
@@ -64,7 +73,9 @@ __all__ = [
 ]
 
 #: The module types saved beside NVFP4Linear in a mixed checkpoint.
-MIXED_TYPES: tuple[type[nn.Module], ...] = (FP8Linear, MXFP4Linear)
+MIXED_TYPES: tuple[type[nn.Module], ...] = (FP8Linear, MXFP4Linear, Q8_0Linear)
+#: Values per llama.cpp ``block_q8_0``; a Q8_0 layer's family (:func:`layer_family`).
+_Q8_BLOCK, _Q8_0 = 32, str(Q8_0Linear.layer_format)
 _TITLES = {"fp8": "FP8", "mxfp4": "MXFP4"}
 
 
@@ -76,11 +87,13 @@ def layer_family(module: nn.Module) -> str | None:
         return "fp8"
     if isinstance(module, MXFP4Linear):
         return "mxfp4"
+    if isinstance(module, Q8_0Linear):
+        return _Q8_0
     return "float" if isinstance(module, nn.Linear) else None
 
 
 def mixed_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Name -> every FP8Linear / MXFP4Linear of ``model``, in module order."""
+    """Name -> every FP8Linear / MXFP4Linear / Q8_0Linear of ``model``, in module order."""
     return {n: m for n, m in model.named_modules() if isinstance(m, MIXED_TYPES)}
 
 
@@ -112,6 +125,31 @@ def _check_mxfp4(name: str, module: MXFP4Linear) -> None:
                              f"{list(shape)} (K a multiple of {MXFP4_BLOCK}): rebuild the layer")
 
 
+def _check_q8_0(name: str, module: Q8_0Linear) -> None:
+    n, k = module.out_features, module.in_features
+    d = getattr(module, SCALE_BUFFER)
+    if module.weight.dtype != torch.int8 or tuple(module.weight.shape) != (n, k) or (
+            d.dtype != torch.float16 or tuple(d.shape) != (n, k // _Q8_BLOCK)):
+        raise ValueError(f"{name}: Q8_0Linear holds {module.weight.dtype} "
+                         f"{list(module.weight.shape)} codes and {d.dtype} {list(d.shape)} "
+                         f"scales; expected int8 [{n}, {k}] and float16 [{n}, {k // _Q8_BLOCK}]: "
+                         "rebuild it with Q8_0Linear.from_linear")
+    if not bool(torch.isfinite(d).all()):
+        raise ValueError(f"{name}: Q8_0 block scales must be finite; rebuild the layer with "
+                         "Q8_0Linear.from_linear")
+
+
+def _check_gguf(mixed: Mapping[str, nn.Module]) -> None:
+    """A GGUF mix holds NVFP4Linear, Q8_0Linear and float Linears only (module docstring)."""
+    for name, module in mixed.items():
+        if not isinstance(module, Q8_0Linear):
+            family = str(layer_family(module))
+            raise ValueError(f"{name}: {_TITLES.get(family, family)} layer; GGUF has no "
+                             f"llama.cpp type for it: use {_Q8_0!r} for the 8-bit layers of a "
+                             "GGUF mix (apply_mix), or save as compressed-tensors")
+        _check_q8_0(name, module)
+
+
 def _check_modelopt(model: nn.Module, mixed: Mapping[str, nn.Module]) -> None:
     """What a ModelOpt MIXED_PRECISION checkpoint cannot hold (module docstring)."""
     for name, module in mixed.items():
@@ -134,10 +172,19 @@ def check_mixed(model: nn.Module, mixed: Mapping[str, nn.Module], fmt: str) -> N
     """Refuse (ValueError, one line) a mixed model a ``fmt`` checkpoint cannot hold: FP8 /
     MXFP4 layers in any format but compressed-tensors and ModelOpt (there: no MXFP4, and at
     least one NVFP4Linear), FP8 scales per tensor, malformed buffers, and a fused unit (q/k/v,
-    gate/up) whose members differ in kind (vLLM 0.33 loads a fused layer with one scheme).
+    gate/up) whose members differ in kind (vLLM 0.33 loads a fused layer with one scheme);
+    Q8_0Linear layers anywhere but in GGUF, which holds no other kind (module docstring).
     Nothing to check without ``mixed`` layers."""
     if not mixed:
         return
+    if fmt == CheckpointFormat.GGUF:
+        _check_gguf(mixed)  # q/k/v and gate/up are separate tensors: units may mix formats
+        return
+    q8 = next((n for n, m in mixed.items() if isinstance(m, Q8_0Linear)), None)
+    if q8 is not None:
+        raise ValueError(f"the model holds Q8_0 layers (e.g. {q8!r}), which only GGUF stores "
+                         "(llama.cpp's type 8); save it with format='gguf' or give them another "
+                         "format")
     if fmt == CheckpointFormat.MODELOPT:
         _check_modelopt(model, mixed)
     elif fmt != CheckpointFormat.COMPRESSED_TENSORS:
@@ -172,6 +219,8 @@ def layer_tensors(name: str, module: nn.Module, dtype: torch.dtype | None = None
                "weight_scale": scale.reshape(-1) if fmt == CheckpointFormat.MODELOPT else scale}
     elif isinstance(module, MXFP4Linear):
         out = {"weight_packed": module.weight_packed, "weight_scale": module.weight_scale}
+    elif isinstance(module, Q8_0Linear):  # GGUF: gguf_write lays them out as type 8
+        out = {"weight": module.weight, SCALE_BUFFER: getattr(module, SCALE_BUFFER)}
     else:
         raise TypeError(f"{name} is a {type(module).__name__}, not FP8Linear / MXFP4Linear")
     bias = getattr(module, "bias", None)
@@ -188,7 +237,10 @@ def write_groups(folder: Path, nvfp4: Iterable[str], mixed: Mapping[str, nn.Modu
     its layers by exact name (``nvfp4``: the NVFP4Linear names, preset ``scheme``), with
     ``ignore`` (module names or fnmatch wildcards, :func:`ignore_entries`). ModelOpt
     (``fmt``): write the MIXED_PRECISION configs instead, layers in ``model``'s module order
-    (float ones, ``ignore``, absent from ``quantized_layers`` as ModelOpt writes them)."""
+    (float ones, ``ignore``, absent from ``quantized_layers`` as ModelOpt writes them). GGUF:
+    nothing (its one file declares every tensor's type)."""
+    if fmt == CheckpointFormat.GGUF:
+        return
     if fmt == CheckpointFormat.MODELOPT:
         nvfp4_algo = next(a for a, s in QUANT_ALGOS.items() if s == Scheme(scheme))
         algo = {**{n: nvfp4_algo for n in nvfp4}, **{n: FP8_ALGO for n in mixed}}
@@ -234,6 +286,14 @@ def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, family
         _check_fp8_scales(source, name, scale)
         used |= {f"{name}.weight", f"{name}.weight_scale"}
         return FP8Linear(weight, scale.reshape(n, 1), bias), used
+    if family == _Q8_0 and not k % _Q8_BLOCK:  # GGUF's Q8_0: Q8_0Linear
+        codes = read_exact(source, f"{name}.weight", torch.int8, (n, k))
+        d = read_exact(source, f"{name}.{SCALE_BUFFER}", torch.float16, (n, k // _Q8_BLOCK))
+        if not bool(torch.isfinite(d).all()):
+            raise CheckpointError(f"{source.file_of(f'{name}.weight')}: the Q8_0 block scales "
+                                  f"of {name} are not all finite; the file is damaged")
+        used |= {f"{name}.weight", f"{name}.{SCALE_BUFFER}"}
+        return Q8_0Linear(codes, d, bias), used
     if family != "mxfp4" or k % MXFP4_BLOCK:
         raise CheckpointError(f"{name}: cannot load a {family} layer with in_features={k} "
                               f"(FP8, or MXFP4 with K a multiple of {MXFP4_BLOCK})")
@@ -284,14 +344,38 @@ def _fp8_row(name: str, weight: TensorInfo, scale: TensorInfo) -> dict[str, Any]
     return row
 
 
+def _q8_0_row(name: str, codes: TensorInfo, d: TensorInfo) -> dict[str, Any]:
+    """The audit row of one Q8_0 layer (GGUF): shape, block-scale range, non-finite and
+    negative scales (llama.cpp's quantizer writes none; load refuses non-finite ones)."""
+    n, k = codes.shape if len(codes.shape) == 2 else (0, 0)
+    row: dict[str, Any] = {"layer": name, "format": _Q8_0, "scheme": "Q8_0", "shape": [n, k]}
+    if d.dtype != "F16" or tuple(d.shape) != (n, k // _Q8_BLOCK) or k % _Q8_BLOCK:
+        row["issues"] = f"block scales {d.dtype} {list(d.shape)} do not fit codes [{n}, {k}]"
+        return row
+    with RowReader(d) as reader:
+        s = reader.rows().to(torch.float32).reshape(-1)
+    bad = int((~torch.isfinite(s)).sum())
+    finite = s[torch.isfinite(s)]
+    row.update(scale_min=float(finite.min()) if finite.numel() else None,
+               scale_max=float(finite.max()) if finite.numel() else None, nan_scales=bad,
+               negative_scales=int((s < 0).sum()))
+    row["issues"] = "block scales not finite (load refuses them)" if bad else ""
+    return row
+
+
 def audit_mixed_rows(tensors: Mapping[str, TensorInfo]) -> list[dict[str, Any]]:
     """Audit rows of a compressed-tensors checkpoint's FP8 layers (``<name>.weight`` stored
     float8_e4m3fn beside ``<name>.weight_scale``: format ``fp8``, scheme ``FP8_DYNAMIC``) and
     MXFP4 layers (``weight_packed`` with uint8 ``weight_scale`` and no global scale: format
-    ``mxfp4``, scheme ``MXFP4A16``, shapes checked), in stored order."""
+    ``mxfp4``, scheme ``MXFP4A16``, shapes checked), and a GGUF file's Q8_0 layers (int8
+    ``weight`` beside float16 ``weight_d``: format and scheme ``q8_0`` / ``Q8_0``), in stored
+    order."""
     rows = []
     for key, info in tensors.items():
         name = key.rpartition(".")[0]
+        if key.endswith(".weight") and info.dtype == "I8" and f"{name}.{SCALE_BUFFER}" in tensors:
+            rows.append(_q8_0_row(name, info, tensors[f"{name}.{SCALE_BUFFER}"]))
+            continue
         scale = tensors.get(f"{name}.weight_scale")
         if key.endswith(".weight") and info.dtype.startswith("F8") and scale is not None:
             rows.append(_fp8_row(name, info, scale))

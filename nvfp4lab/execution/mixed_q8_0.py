@@ -34,6 +34,7 @@ from torch import nn
 
 from nvfp4lab.constants import GGML_Q8_0_BLOCK
 from nvfp4lab.execution.ggml_cpu import quantize_q8_0
+from nvfp4lab.vocab import LayerFormat
 
 __all__ = ["Q8_0_BITS", "SCALE_BUFFER", "Q8_0Linear", "dot_q8_0", "quantize_q8_0_weight"]
 
@@ -113,6 +114,9 @@ class Q8_0Linear(nn.Module):
     ``[N, K]`` (the codes), ``weight_d`` float16 ``[N, K/32]`` (each block's ``d``), ``bias``
     in the original dtype or None. ``forward(x [..., K])`` returns ``[..., N]`` in ``x.dtype``:
     Q8_0 activations and :func:`dot_q8_0` in float32, cast, plus the bias."""
+
+    #: The :class:`~nvfp4lab.vocab.LayerFormat` of every such layer.
+    layer_format = LayerFormat.Q8_0
 
     def __init__(self, weight: torch.Tensor, weight_d: torch.Tensor,
                  bias: torch.Tensor | None = None) -> None:

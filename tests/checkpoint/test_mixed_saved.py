@@ -171,7 +171,8 @@ def test_audit_lists_every_layer(saved: tuple[torch.nn.Module, Path]) -> None:
             assert row["scheme"] == "NVFP4A16"
 
 
-@pytest.mark.parametrize("fmt", ["gguf", "fp-quant"])  # modelopt: test_modelopt_* below
+# modelopt: test_modelopt_* below; gguf (use q8_0): formats/test_gguf_mixed.py
+@pytest.mark.parametrize("fmt", ["fp-quant"])
 def test_other_formats_refuse_fp8_layers_before_writing(fmt: str, tmp_path: Path) -> None:
     target = tmp_path / "out"
     with pytest.raises(ValueError, match=r"holds FP8 layers \(e\.g\. 'model\.layers\.0\.self_attn"

@@ -44,6 +44,16 @@ tensor F32; from bfloat16/float16 that is exact), 2-D ones (embeddings, an untie
 Reading also accepts other ggml types for the unquantized tensors (Q8_0, Q4_1, ...): they are
 dequantized to float32 by ``gguf.quants.dequantize``.
 
+Mixed models (:mod:`nvfp4lab.checkpoint.mixed_layers`): a
+:class:`~nvfp4lab.execution.mixed_q8_0.Q8_0Linear` is written as ``<t>.weight`` of
+``GGMLQuantizationType.Q8_0`` (8; ``block_q8_0``: the float16 ``d``, then 32 int8 codes, 34 bytes
+per 32 values; q/k rows permuted as above) with its bias F32 and no sidecar; float Linears are
+written like any 2-D float tensor. On reading, a Q8_0 tensor that is the weight of one of the
+model's nn.Linear, of its shape, is seen as ``<linear>.weight`` int8 ``[N, K]`` and
+``<linear>.weight_d`` float16 ``[N, K/32]`` (:class:`GgufView` parts of the same blocks) and
+loads as a ``Q8_0Linear`` byte for byte (:meth:`GgufConfig.mixed_modules`); ``convert`` refuses
+such a file (no other format declares Q8_0).
+
 Metadata: a model that came from a GGUF file (``source=`` of ``save_pretrained``, or the file
 its reader recorded in the model's ``nvfp4lab_source`` attribute: ``nvfp4lab.models.smollm2``
 and ``checkpoint.load`` set it) keeps that file's key-values: architecture, hyper-parameters,
@@ -100,6 +110,7 @@ from nvfp4lab.checkpoint.formats.gguf_read import (
 )
 from nvfp4lab.checkpoint.formats.gguf_write import (
     CHUNK_BYTES,
+    Q8_0_SCALE,
     WEIGHTS_FILE,
     kv_cache_refusal,
     write_gguf,
@@ -108,9 +119,14 @@ from nvfp4lab.checkpoint.formats.tensor_scales import TensorScaleForm
 from nvfp4lab.checkpoint.records import ST_DTYPES, Contents, StoredWeights, TaskRunner, TensorInfo
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.validation import config_problem
-from nvfp4lab.constants import BLOCK_SIZE, GGML_NVFP4_BLOCK, GGML_NVFP4_BLOCK_BYTES
+from nvfp4lab.constants import (
+    BLOCK_SIZE,
+    GGML_NVFP4_BLOCK,
+    GGML_NVFP4_BLOCK_BYTES,
+    GGML_Q8_0_BLOCK,
+)
 from nvfp4lab.layout import from_ggml_nvfp4
-from nvfp4lab.vocab import TENSOR_SCALE_STORAGE, CheckpointFormat, Scheme
+from nvfp4lab.vocab import TENSOR_SCALE_STORAGE, CheckpointFormat, LayerFormat, Scheme
 
 __all__ = [
     "CHUNK_BYTES",
@@ -143,6 +159,7 @@ NAIVE_NOTE = (
 
 
 _QUANT = "quant"  # a GgufView part: a non-NVFP4 ggml type, dequantized
+_Q8_CODES, _Q8_SCALES = "q8_codes", "q8_scales"  # GgufView parts: a Q8_0 Linear's two halves
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,6 +312,11 @@ class GgufView:
             except ValueError as exc:
                 raise CheckpointError(f"{self.file}: tensor {self.name!r}, rows {start}-"
                                       f"{stop - 1}: {exc}") from None
+        if self.part in (_Q8_CODES, _Q8_SCALES):  # block_q8_0: fp16 d, then 32 int8 codes
+            blocks = torch.from_numpy(raw).reshape(stop - start, -1, GGML_Q8_0_BLOCK + 2)
+            if self.part == _Q8_SCALES:
+                return blocks[..., :2].contiguous().view(torch.float16).reshape(stop - start, -1)
+            return blocks[..., 2:].contiguous().view(torch.int8).reshape(stop - start, -1)
         if self.part == _QUANT:
             gguf = ggml_package()
             values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(self.kind))
@@ -334,20 +356,47 @@ def _check_linear(file: Path, t: _Tensor, prefix: str, names: ModelNames) -> Non
             "(out_features, in_features); the file and its config disagree")
 
 
-def _tensor_infos(parsed: _Parsed) -> tuple[dict[str, TensorInfo], dict[str, bool]]:
-    """The file's tensors under the model's names, and the quantized Linears (model name ->
-    whether it stores an input scale)."""
+def _q8_0_infos(parsed: _Parsed, t: _Tensor, prefix: str, heads: int) -> dict[str, TensorInfo]:
+    """A Q8_0 Linear weight as its int8 codes ``<prefix>.weight`` ``[N, K]`` and float16 block
+    scales ``<prefix>.weight_d`` ``[N, K/32]`` (the bounds walk checked that its ``N · K/32``
+    blocks of 34 bytes lie in the file)."""
+    n, k = t.shape
+    view = functools.partial(GgufView, parsed.file, t.offset, n, t.nbytes // n, heads=heads,
+                             name=t.name)
+    nb = k // GGML_Q8_0_BLOCK
+    return {
+        f"{prefix}.weight": TensorInfo(parsed.file, t.name, "I8", (n, k), t.offset, n * k,
+                                       view(part=_Q8_CODES, dtype="I8", cols=k)),
+        f"{prefix}.{Q8_0_SCALE}": TensorInfo(parsed.file, t.name, "F16", (n, nb), t.offset,
+                                             2 * n * nb,
+                                             view(part=_Q8_SCALES, dtype="F16", cols=nb)),
+    }
+
+
+def _tensor_infos(parsed: _Parsed) -> tuple[dict[str, TensorInfo], dict[str, bool],
+                                             tuple[str, ...]]:
+    """The file's tensors under the model's names, the quantized Linears (model name ->
+    whether it stores an input scale) and the Q8_0 Linears (a Q8_0 tensor that is the weight of
+    one of the model's nn.Linear, of its shape: read as codes and scales, module docstring)."""
     gguf = ggml_package()
     names = model_names(parsed.config_json)
     nvfp4 = int(gguf.GGMLQuantizationType.NVFP4)
+    q8_0 = int(gguf.GGMLQuantizationType.Q8_0)
     present = {t.name for t in parsed.tensors}
     out: dict[str, TensorInfo] = {}
     quantized: dict[str, bool] = {}
+    q8_layers: list[str] = []
     for t in parsed.tensors:
         key, module = _model_name(t, names)
         heads = names.heads.get(module, 0) if t.name.endswith((".weight", ".bias")) else 0
         rows = t.shape[0] if t.shape else 1
         row_bytes = t.nbytes // max(rows, 1)
+        prefix = key.rpartition(".")[0]
+        if t.kind == q8_0 and t.name.endswith(".weight") and len(t.shape) == 2 and (
+                names.linear_shapes.get(prefix) == tuple(t.shape)):
+            out.update(_q8_0_infos(parsed, t, prefix, heads))
+            q8_layers.append(prefix)
+            continue
         if t.kind == nvfp4:
             if len(t.shape) != 2:
                 raise CheckpointError(
@@ -388,7 +437,7 @@ def _tensor_infos(parsed: _Parsed) -> tuple[dict[str, TensorInfo], dict[str, boo
             out[key] = TensorInfo(parsed.file, t.name, dtype, t.shape, t.offset, t.nbytes, view)
         else:
             out[key] = TensorInfo(parsed.file, t.name, dtype, t.shape, t.offset, t.nbytes)
-    return out, quantized
+    return out, quantized, tuple(q8_layers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,17 +447,38 @@ def _tensor_infos(parsed: _Parsed) -> tuple[dict[str, TensorInfo], dict[str, boo
 @dataclass(frozen=True)
 class GgufConfig:
     """What a GGUF file says of its quantization (``file``: the GGUF file): its NVFP4 tensors
-    by the model's module name (-> whether the layer stores an input scale) and the model's
-    other Linears."""
+    by the model's module name (-> whether the layer stores an input scale), the model's
+    Linears, and those stored Q8_0 (``q8_0``: a mixed model's
+    :class:`~nvfp4lab.execution.mixed_q8_0.Q8_0Linear` layers)."""
 
     file: Path
     quantized: dict[str, bool]
     linears: tuple[str, ...]
+    q8_0: tuple[str, ...] = ()
 
     @property
     def unquantized(self) -> tuple[str, ...]:
-        """Every nn.Linear of the model that has no NVFP4 tensor (a tied ``lm_head`` too)."""
+        """Every nn.Linear of the model that has no NVFP4 tensor (a tied ``lm_head`` too), which
+        another format's config records on ``convert``; CheckpointError for a file with Q8_0
+        Linears, which no other format declares."""
+        if self.q8_0:
+            raise CheckpointError(
+                f"{self.file}: {len(self.q8_0)} Linear(s) are stored Q8_0 (e.g. "
+                f"{self.q8_0[0]!r}), which neither compressed-tensors nor ModelOpt declares; a "
+                "mixed GGUF cannot be converted (load it with nvfp4lab.checkpoint.load)")
         return tuple(n for n in self.linears if n not in self.quantized)
+
+    def mixed_modules(self, model: nn.Module) -> dict[str, str]:
+        """The Q8_0 Linears: name -> ``"q8_0"`` (each an nn.Linear of ``model``)."""
+        for name in self.q8_0:
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:
+                module = None
+            if not isinstance(module, nn.Linear):
+                raise CheckpointError(f"{self.file}: the Q8_0 tensor of {name!r} has no "
+                                      f"nn.Linear in {type(model).__name__} to load into")
+        return dict.fromkeys(self.q8_0, str(LayerFormat.Q8_0))
 
     def checkpoint_scheme(self) -> Scheme:
         """NVFP4 when every NVFP4 tensor has an ``.input_scale`` sidecar, NVFP4A16 when none
@@ -465,20 +535,20 @@ class Gguf(TensorScaleForm):
     def read_config(self, path: Path) -> GgufConfig:
         """The NVFP4 tensors of the file (CheckpointError when it holds none)."""
         parsed = _parse(path)
-        _, quantized = _tensor_infos(parsed)
+        _, quantized, q8_0 = _tensor_infos(parsed)
         if not quantized:
             gguf = ggml_package()
             kinds = sorted({gguf.GGMLQuantizationType(t.kind).name for t in parsed.tensors})
             raise CheckpointError(f"{parsed.file} holds no NVFP4 tensor (its types: "
                                   f"{', '.join(kinds)}); nvfp4lab reads NVFP4 GGUF files "
                                   "(ggml type 40)")
-        return GgufConfig(parsed.file, quantized, model_names(parsed.config_json).linears)
+        return GgufConfig(parsed.file, quantized, model_names(parsed.config_json).linears, q8_0)
 
     def read_weights(self, path: Path) -> StoredWeights:
         """The file's tensors under the model's names (an NVFP4 tensor as its codes and block
         scales, read through :class:`GgufView`; q/k rows unpermuted)."""
         parsed = _parse(path)
-        tensors, _ = _tensor_infos(parsed)
+        tensors, _, _ = _tensor_infos(parsed)
         return StoredWeights(parsed.file.parent, (parsed.file,), tensors, {parsed.file: {}})
 
     def model_config(self, path: Path) -> dict[str, Any]:

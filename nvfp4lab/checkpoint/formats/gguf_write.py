@@ -2,7 +2,8 @@
 
 :func:`write_gguf` writes ``<folder>/model.gguf`` (:data:`WEIGHTS_FILE`) from a
 :class:`~nvfp4lab.checkpoint.records.Contents`: every refusal first (:func:`_plan`: an NVFP4
-tensor where its codes are, q/k rows permuted, the float tensors F32 / F16 / BF16), then the
+tensor where its codes are, a Q8_0 tensor where a mixed model's int8 codes are, q/k rows
+permuted, the float tensors F32 / F16 / BF16), then the
 key-values (copied from the GGUF file the model came from, else its hyper-parameters as
 llama.cpp's converter writes them, plus :data:`~nvfp4lab.checkpoint.formats.gguf_read.CONFIG_KEY`),
 then the tensors through gguf's ``GGUFWriter``, :data:`CHUNK_BYTES` of rows at a time.
@@ -37,10 +38,17 @@ from nvfp4lab.checkpoint.formats.gguf_read import (
 from nvfp4lab.checkpoint.records import ST_DTYPES, Contents, StoredTensor
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.rows import read_rows, tensor_bytes
-from nvfp4lab.constants import BLOCK_SIZE, GGML_NVFP4_BLOCK, GGML_NVFP4_BLOCK_BYTES
+from nvfp4lab.constants import (
+    BLOCK_SIZE,
+    GGML_NVFP4_BLOCK,
+    GGML_NVFP4_BLOCK_BYTES,
+    GGML_Q8_0_BLOCK,
+)
+from nvfp4lab.execution.ggml_cpu import q8_0_blocks
+from nvfp4lab.execution.mixed_q8_0 import SCALE_BUFFER as Q8_0_SCALE
 from nvfp4lab.layout import to_ggml_nvfp4
 
-__all__ = ["CHUNK_BYTES", "WEIGHTS_FILE", "kv_cache_refusal", "write_gguf"]
+__all__ = ["CHUNK_BYTES", "Q8_0_SCALE", "WEIGHTS_FILE", "kv_cache_refusal", "write_gguf"]
 
 #: The file ``save_pretrained`` and ``convert`` write in the checkpoint folder.
 WEIGHTS_FILE = "model.gguf"
@@ -127,6 +135,28 @@ def _nvfp4_out(name: str, packed: StoredTensor, block: StoredTensor, heads: int)
                 n * row_bytes, _Streamed(n * row_bytes, chunks))
 
 
+def _q8_0_out(name: str, codes: StoredTensor, d: StoredTensor, heads: int) -> _Out:
+    """A Q8_0 Linear weight as ggml type 8: per row and 32 values the float16 ``d`` then the
+    32 int8 codes (34 bytes), rows permuted like every q/k weight."""
+    gguf = ggml_package()
+    n, k = codes.shape if len(codes.shape) == 2 else (0, 0)
+    if (codes.dtype != "I8" or len(codes.shape) != 2 or k % GGML_Q8_0_BLOCK or d.dtype != "F16"
+            or tuple(d.shape) != (n, k // GGML_Q8_0_BLOCK)):
+        raise CheckpointError(f"{codes.name}: codes {codes.dtype} {list(codes.shape)} and "
+                              f"scales {d.dtype} {list(d.shape)} are not Q8_0 (I8 [N, K], F16 "
+                              f"[N, K/{GGML_Q8_0_BLOCK}], K a multiple of {GGML_Q8_0_BLOCK})")
+    row_bytes = k // GGML_Q8_0_BLOCK * (GGML_Q8_0_BLOCK + 2)
+    order = gguf_order(n, heads) if heads else None
+
+    def chunks() -> Iterator[memoryview]:
+        for a, b in _row_steps(n, row_bytes, heads):
+            q = _permuted(read_rows(codes, a, b), a, order)
+            yield tensor_bytes(q8_0_blocks(q, _permuted(read_rows(d, a, b), a, order)))
+
+    return _Out(f"{name}.weight", gguf.GGMLQuantizationType.Q8_0, (n, row_bytes), np.uint8,
+                n * row_bytes, _Streamed(n * row_bytes, chunks))
+
+
 def _float_out(name: str, tensor: StoredTensor, heads: int) -> _Out:
     """An unquantized tensor: 1-D ones as F32, 2-D ones in their float dtype."""
     gguf = ggml_package()
@@ -159,10 +189,24 @@ def _plan(contents: Contents, names: ModelNames) -> list[_Out]:
     tensors = {t.name: t for t in contents.tensors()}
     quantized = {k.removesuffix(f".{NAMES.block_scale}") for k in tensors
                  if k.endswith(f".{NAMES.block_scale}")}
+    q8_0 = {k.removesuffix(f".{Q8_0_SCALE}") for k in tensors if k.endswith(f".{Q8_0_SCALE}")}
     gguf_module = {hf: g for g, hf in names.modules.items()}
     out: list[_Out] = []
     for key, tensor in tensors.items():
         module, _, leaf = key.rpartition(".")
+        if module in q8_0:
+            base = gguf_module.get(module)
+            if base is None:
+                raise CheckpointError(f"{module}: gguf's name map for {names.arch} has no name "
+                                      "for this layer; it cannot be written as GGUF")
+            if leaf == "weight":
+                out.append(_q8_0_out(base, tensor, tensors[f"{module}.{Q8_0_SCALE}"],
+                                     names.heads.get(base, 0)))
+            elif leaf == "bias":
+                out.append(_float_out(f"{base}.{leaf}", tensor, names.heads.get(base, 0)))
+            elif leaf != Q8_0_SCALE:
+                raise CheckpointError(f"{key}: a Q8_0 layer's tensor GGUF has no place for")
+            continue
         if module in quantized:
             base = gguf_module.get(module)
             if base is None:
