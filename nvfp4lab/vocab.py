@@ -27,7 +27,7 @@ vocabulary             values                                                   
 :class:`NativeIsa`     scalar, avx2, avx512 (``NVFP4LAB_NATIVE_ISA``: C++ vector cap)  kernels
 :class:`KVCacheKind`   nvfp4, nvfp4_4over6, fp8 (vLLM's ``--kv-cache-dtype`` values)   execution
 :class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)         corpus
-:class:`LayerFormat`   nvfp4-rtn, nvfp4-gptq, fp8, mxfp4, q8_0, bf16 (a Linear's)     execution
+:class:`LayerFormat`   nvfp4-rtn, nvfp4-gptq, fp8, fp8-w8a16, mxfp4, q8_0, bf16        execution
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in;

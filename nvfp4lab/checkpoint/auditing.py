@@ -68,6 +68,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,7 @@ from typing import Any
 import torch
 
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
+from nvfp4lab.checkpoint.formats.compressed_tensors import group_kind
 from nvfp4lab.checkpoint.formats.transforms import audit_transforms
 from nvfp4lab.checkpoint.kv_scales import kv_cache_names, kv_rows
 from nvfp4lab.checkpoint.mixed_layers import audit_mixed_rows
@@ -456,6 +458,18 @@ def _stores_input(inv: Inventory) -> bool:
     return spec.read_config(inv.path or inv.directory).checkpoint_scheme() == Scheme.NVFP4
 
 
+def _weight_only_fp8(inv: Inventory) -> set[str]:
+    """The layers of a compressed-tensors checkpoint's FP8 W8A16 config groups (weights 8-bit
+    float, no input activations): the stored ``<name>.weight`` names their targets match
+    (an exact name, or compressed-tensors' ``re:`` pattern)."""
+    config = format_spec(inv.fmt).read_config(inv.path or inv.directory).config
+    targets = [t for group in config.config_groups.values()
+               if group_kind(group) == LayerFormat.FP8_W8A16 for t in group.targets]
+    names = {key.rpartition(".")[0] for key in inv.tensors if key.endswith(".weight")}
+    return {n for n in names for t in targets
+            if n == t or (t.startswith("re:") and re.fullmatch(t[3:], n))}
+
+
 def _transforms(inv: Inventory) -> dict[str, tuple[str, str]]:
     """Layer -> (``transform`` column, issue) of a compressed-tensors transform_config
     (:func:`~nvfp4lab.checkpoint.formats.transforms.audit_transforms`); {} without one."""
@@ -492,7 +506,9 @@ def audit_rows(
     (default: detected; :func:`~nvfp4lab.checkpoint.formats.detect_format`).
     """
     inv = inventory(path, detect_format(path, format))
-    mixed = audit_mixed_rows(inv.tensors) if inv.fmt in (
+    weight_only = (_weight_only_fp8(inv) if inv.fmt == CheckpointFormat.COMPRESSED_TENSORS
+                   else set())
+    mixed = audit_mixed_rows(inv.tensors, weight_only) if inv.fmt in (
         CheckpointFormat.COMPRESSED_TENSORS, CheckpointFormat.GGUF) else []
     if not inv.layers and not mixed:
         raise CheckpointError(f"{path}: no quantized layer found in the weight files")

@@ -35,7 +35,7 @@ Auditing (:func:`audit_mixed_rows`): one row per FP8 / MXFP4 / Q8_0 layer beside
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,11 @@ from nvfp4lab.checkpoint.formats.modelopt import (
 from nvfp4lab.checkpoint.records import TensorInfo
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.rows import RowReader, TensorSource, read_exact, read_like
+from nvfp4lab.execution.dispatch_mixed import LayerScheme
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.mixed import MXFP4_BLOCK, FP8Linear, MXFP4Linear, fused_units
 from nvfp4lab.execution.mixed_q8_0 import SCALE_BUFFER, Q8_0Linear
-from nvfp4lab.vocab import CheckpointFormat, Scheme
+from nvfp4lab.vocab import CheckpointFormat, LayerFormat, Scheme
 
 __all__ = [
     "MIXED_TYPES",
@@ -76,15 +77,16 @@ __all__ = [
 MIXED_TYPES: tuple[type[nn.Module], ...] = (FP8Linear, MXFP4Linear, Q8_0Linear)
 #: Values per llama.cpp ``block_q8_0``; a Q8_0 layer's family (:func:`layer_family`).
 _Q8_BLOCK, _Q8_0 = 32, str(Q8_0Linear.layer_format)
-_TITLES = {"fp8": "FP8", "mxfp4": "MXFP4"}
+_TITLES = {"fp8": "FP8", LayerFormat.FP8_W8A16.value: "FP8 W8A16", "mxfp4": "MXFP4"}
 
 
 def layer_family(module: nn.Module) -> str | None:
-    """``"nvfp4"``, ``"fp8"``, ``"mxfp4"``, ``"float"`` (an ``nn.Linear``), else None."""
+    """``"nvfp4"``, ``"fp8"`` (W8A8), ``"fp8-w8a16"``, ``"mxfp4"``, ``"float"`` (an
+    ``nn.Linear``), else None."""
     if isinstance(module, NVFP4Linear):
         return "nvfp4"
     if isinstance(module, FP8Linear):
-        return "fp8"
+        return str(module.layer_format)
     if isinstance(module, MXFP4Linear):
         return "mxfp4"
     if isinstance(module, Q8_0Linear):
@@ -157,6 +159,11 @@ def _check_modelopt(model: nn.Module, mixed: Mapping[str, nn.Module]) -> None:
             raise ValueError(f"{name}: MXFP4 layer; vLLM 0.33's ModelOpt MIXED_PRECISION loader "
                              "has no MXFP4 linear algorithm: save it as compressed-tensors or give "
                              "the layer another format")
+        if isinstance(module, FP8Linear) and not module.quantize_activations:
+            raise ValueError(f"{name}: FP8 W8A16 layer (weights only); ModelOpt's "
+                             "MIXED_PRECISION has no FP8 weight-only algorithm (vLLM 0.33 reads "
+                             "FP8 as W8A8): save it as compressed-tensors, or build the layer as "
+                             "'fp8' (W8A8)")
         if isinstance(module, FP8Linear) and not module.per_channel:
             raise ValueError(f"{name}: FP8 weight scale {list(module.weight_scale.shape)} is per "
                              "tensor; ModelOpt's per-tensor 'FP8' also needs a static input scale "
@@ -247,7 +254,7 @@ def write_groups(folder: Path, nvfp4: Iterable[str], mixed: Mapping[str, nn.Modu
         order = [n for n, _ in model.named_modules()] if model is not None else list(algo)
         write_mixed_configs(folder, {n: algo[n] for n in order if n in algo})
         return
-    groups: dict[str, list[str]] = {"nvfp4": list(nvfp4), "fp8": [], "mxfp4": []}
+    groups: dict[str, list[str]] = {"nvfp4": list(nvfp4), **{k: [] for k in _TITLES}}
     for name, module in mixed.items():
         groups[str(layer_family(module))].append(name)
     config = mixed_quantization_config(groups, scheme=scheme, ignore=ignore_entries(ignore))
@@ -263,7 +270,8 @@ def _check_fp8_scales(source: TensorSource, name: str, scale: torch.Tensor) -> N
 
 def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, family: str,
                       dtype: torch.dtype) -> tuple[nn.Module, set[str]]:
-    """The FP8Linear (``family`` ``"fp8"``; ModelOpt's ``"fp8-modelopt"``: scale ``[N]``) or
+    """The FP8Linear (``family`` ``"fp8"``, ``"fp8-w8a16"``: weight-only; ModelOpt's
+    ``"fp8-modelopt"``: scale ``[N]``) or
     MXFP4Linear (``"mxfp4"``) of ``module``'s shape
     from its stored tensors, byte for byte; returns it and the keys it used. CheckpointError
     naming the file and tensor for a wrong dtype or shape, a missing tensor, or FP8 scales
@@ -274,12 +282,13 @@ def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, family
     if module.bias is not None:
         bias = read_like(source, f"{name}.bias", module.bias)
         used.add(f"{name}.bias")
-    if family == "fp8":
+    if family in ("fp8", LayerFormat.FP8_W8A16):
         weight = read_exact(source, f"{name}.weight", torch.float8_e4m3fn, (n, k))
         scale = read_exact(source, f"{name}.weight_scale", torch.float32, (n, 1))
         _check_fp8_scales(source, name, scale)
         used |= {f"{name}.weight", f"{name}.weight_scale"}
-        return FP8Linear(weight, scale, bias), used
+        return FP8Linear(weight, scale, bias,
+                         quantize_activations=family == "fp8"), used
     if family == MODELOPT_FP8_KIND:  # FP8_PER_CHANNEL_PER_TOKEN: weight scale [N]
         weight = read_exact(source, f"{name}.weight", torch.float8_e4m3fn, (n, k))
         scale = read_exact(source, f"{name}.weight_scale", torch.float32, (n,))
@@ -311,10 +320,14 @@ def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, family
 _CHUNK = 1 << 21
 
 
-def _fp8_row(name: str, weight: TensorInfo, scale: TensorInfo) -> dict[str, Any]:
-    """The audit row of one FP8 layer: scale range and bad-scale counts, the decoded weights'
-    amax and NaN codes (read a few rows at a time)."""
-    row: dict[str, Any] = {"layer": name, "format": "fp8", "scheme": "FP8_DYNAMIC",
+def _fp8_row(name: str, weight: TensorInfo, scale: TensorInfo,
+             weight_only: bool = False) -> dict[str, Any]:
+    """The audit row of one FP8 layer (``weight_only``: its group quantizes no activations):
+    scale range and bad-scale counts, the decoded weights' amax and NaN codes (read a few rows
+    at a time)."""
+    fmt, scheme = ((LayerFormat.FP8_W8A16.value, LayerScheme.FP8_W8A16.value) if weight_only
+                   else ("fp8", "FP8_DYNAMIC"))
+    row: dict[str, Any] = {"layer": name, "format": fmt, "scheme": scheme,
                            "shape": list(weight.shape), "scale_form": "decode"}
     issues = []
     if weight.dtype != "F8_E4M3" or scale.dtype != "F32" or len(weight.shape) != 2 or (
@@ -363,9 +376,12 @@ def _q8_0_row(name: str, codes: TensorInfo, d: TensorInfo) -> dict[str, Any]:
     return row
 
 
-def audit_mixed_rows(tensors: Mapping[str, TensorInfo]) -> list[dict[str, Any]]:
+def audit_mixed_rows(tensors: Mapping[str, TensorInfo],
+                     weight_only: Collection[str] = ()) -> list[dict[str, Any]]:
     """Audit rows of a compressed-tensors checkpoint's FP8 layers (``<name>.weight`` stored
-    float8_e4m3fn beside ``<name>.weight_scale``: format ``fp8``, scheme ``FP8_DYNAMIC``) and
+    float8_e4m3fn beside ``<name>.weight_scale``: format ``fp8``, scheme ``FP8_DYNAMIC``; those
+    in ``weight_only`` (their config group has no input activations): ``fp8-w8a16``,
+    ``FP8_W8A16``) and
     MXFP4 layers (``weight_packed`` with uint8 ``weight_scale`` and no global scale: format
     ``mxfp4``, scheme ``MXFP4A16``, shapes checked), and a GGUF file's Q8_0 layers (int8
     ``weight`` beside float16 ``weight_d``: format and scheme ``q8_0`` / ``Q8_0``), in stored
@@ -378,7 +394,7 @@ def audit_mixed_rows(tensors: Mapping[str, TensorInfo]) -> list[dict[str, Any]]:
             continue
         scale = tensors.get(f"{name}.weight_scale")
         if key.endswith(".weight") and info.dtype.startswith("F8") and scale is not None:
-            rows.append(_fp8_row(name, info, scale))
+            rows.append(_fp8_row(name, info, scale, name in weight_only))
         elif key.endswith(".weight_packed") and scale is not None and scale.dtype == "U8" and (
                 f"{name}.weight_global_scale" not in tensors):
             n, half = info.shape if len(info.shape) == 2 else (0, 0)

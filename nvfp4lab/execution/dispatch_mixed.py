@@ -7,6 +7,11 @@ the formats :mod:`nvfp4lab.execution.mixed` saves beside NVFP4 layers:
     llm-compressor's preset (ModelOpt's FP8_PER_CHANNEL_PER_TOKEN has the same numerics): e4m3
     weights with one float32 scale per output channel, activations quantized per token at run
     time. nvfp4lab runs it as :class:`~nvfp4lab.execution.mixed.FP8Linear` (W8A8).
+``FP8_W8A16``
+    FP8_DYNAMIC's weights with ``input_activations`` null (compressed-tensors has no preset for
+    it): vLLM 0.33 runs it weight-only on every GPU from sm_75. nvfp4lab runs it as
+    :class:`~nvfp4lab.execution.mixed.FP8Linear` with ``quantize_activations=False``
+    (``fp8-w8a16``).
 ``MXFP4A16``
     compressed-tensors' weight-only MXFP4 (E2M1 codes, an E8M0 scale per 32 along K). nvfp4lab
     runs it as :class:`~nvfp4lab.execution.mixed.MXFP4Linear` (W4A16).
@@ -17,7 +22,9 @@ The rules, read from vLLM 0.33.0's source (paths under ``vllm/model_executor/``)
   (layers/quantization/compressed_tensors/compressed_tensors.py@0.33.0 L878-912) takes
   ``CompressedTensorsW8A8Fp8`` where the capability is >= 89 (its ``get_min_capability``), else
   ``CompressedTensorsW8A16Fp8`` (min 75), which keeps the weights FP8 and ignores the
-  activation quantization: activations stay 16-bit. W8A8 chooses among
+  activation quantization: activations stay 16-bit. A group without input activations takes
+  ``CompressedTensorsW8A16Fp8`` on every capability (``_is_fp8_w8a16``, L915-920). W8A8
+  chooses among
   ``_POSSIBLE_FP8_KERNELS[CUDA]`` (kernels/linear/__init__.py@0.33.0 L458-466): FlashInfer
   needs per-tensor scales (scaled_mm/flashinfer.py L56-65) and is skipped, CUTLASS
   (scaled_mm/cutlass.py L157-174) runs wherever the C++ probe ``cutlass_scaled_mm_supports_fp8``
@@ -65,11 +72,13 @@ class LayerScheme(StrEnum):
     """A non-NVFP4 layer scheme of a mixed checkpoint (compressed-tensors preset names)."""
 
     FP8_DYNAMIC = "FP8_DYNAMIC"  #: W8A8: e4m3 weights per channel, activations FP8 per token
+    FP8_W8A16 = "FP8_W8A16"  #: FP8_DYNAMIC's weights, no activation quantization (no preset)
     MXFP4A16 = "MXFP4A16"  #: weight-only MXFP4: E2M1 + E8M0 per 32, 16-bit activations
 
 
 #: nvfp4lab's own path for each scheme (``BackendChoice.name``) and the layer that runs it.
 _NVFP4LAB = {LayerScheme.FP8_DYNAMIC: ("w8a8", "FP8Linear"),
+             LayerScheme.FP8_W8A16: ("w8a16", "FP8Linear(quantize_activations=False)"),
              LayerScheme.MXFP4A16: (Numerics.W4A16.value, "MXFP4Linear")}
 
 
@@ -98,9 +107,11 @@ def _check_request(scheme: str, vllm: str | None, engine: str, linear_backend: s
     return rel
 
 
-def _fp8(cc: int, packages: frozenset[str]) -> tuple[str, str, list[str], str]:
-    """(kernel, numerics, steps, note) of FP8_DYNAMIC on CUDA capability ``cc`` (>= 75)."""
-    if cc >= 89:
+def _fp8(cc: int, packages: frozenset[str], weight_only: bool = False
+         ) -> tuple[str, str, list[str], str]:
+    """(kernel, numerics, steps, note) of FP8_DYNAMIC (``weight_only``: FP8_W8A16) on CUDA
+    capability ``cc`` (>= 75)."""
+    if cc >= 89 and not weight_only:
         return ("CutlassFP8ScaledMMLinearKernel", "w8a8", [
             f"capability {cc} >= 89: CompressedTensorsW8A8Fp8 ({_CT} L878-904)",
             f"init_fp8_linear_kernel, registry _POSSIBLE_FP8_KERNELS[cuda] ({_KL} L458-466)",
@@ -112,11 +123,15 @@ def _fp8(cc: int, packages: frozenset[str]) -> tuple[str, str, list[str], str]:
             "not checked on a CPU: the C++ probe cutlass_scaled_mm_supports_fp8 (taken as true "
             "from sm_89 on, with vLLM 0.33.0's CUDA 12.8+ build) and the CUTLASS epilogue's "
             "rounding order (FP8Linear follows the torch._scaled_mm kernel's)")
-    steps = [f"capability {cc} < 89: CompressedTensorsW8A16Fp8 ({_CT} L905-912; min "
-             "capability 75)",
-             f"init_wfp8_a16_linear_kernel, registry _POSSIBLE_WFP8A16_KERNELS[cuda] "
+    first = (f"input_activations null: _is_fp8_w8a16, CompressedTensorsW8A16Fp8 ({_CT} "
+             "L915-920; min capability 75)" if weight_only else
+             f"capability {cc} < 89: CompressedTensorsW8A16Fp8 ({_CT} L905-912; min "
+             "capability 75)")
+    steps = [first, f"init_wfp8_a16_linear_kernel, registry _POSSIBLE_WFP8A16_KERNELS[cuda] "
              f"({_KL} L522-526)"]
-    upcast = ("weight-only fallback: activations stay 16-bit (NOT quantized), so vLLM's "
+    upcast = ("weight-only: activations stay 16-bit, as nvfp4lab's FP8Linear with "
+              "quantize_activations=False (fp8-w8a16)" if weight_only else
+              "weight-only fallback: activations stay 16-bit (NOT quantized), so vLLM's "
               "numerics differ from nvfp4lab's FP8Linear, which quantizes them per token")
     if VllmPackage.HUMMING in packages:
         steps.append("HummingFP8ScaledMMLinearKernel: humming installed, SM75+ "
@@ -178,12 +193,15 @@ def _decide(scheme: LayerScheme, target: _Target,
         raise ValueError(f"scheme={scheme.value!r} on platform={plat.value!r} is not modelled "
                          "(vLLM 0.33.0 on CUDA only); pass gpu='H100' or capability=(9, 0)")
     cc = target.capability[0] * 10 + target.capability[1]
-    low = 75 if scheme == LayerScheme.FP8_DYNAMIC else 80
+    fp8 = scheme in (LayerScheme.FP8_DYNAMIC, LayerScheme.FP8_W8A16)
+    low = 75 if fp8 else 80
     if cc < low:
         raise ValueError(f"scheme={scheme.value!r} on sm_{cc} is not modelled (vLLM 0.33.0 "
                          f"needs capability >= {low}); pass a GPU of sm_{low} or newer")
-    rule = _fp8 if scheme == LayerScheme.FP8_DYNAMIC else _mxfp4
-    kernel, numerics, steps, note = rule(cc, packages)
+    if fp8:
+        kernel, numerics, steps, note = _fp8(cc, packages, scheme == LayerScheme.FP8_W8A16)
+    else:
+        kernel, numerics, steps, note = _mxfp4(cc, packages)
     return kernel, numerics, steps, note, None
 
 
@@ -197,7 +215,8 @@ def select_mixed_backend(
     ``kernel``: vLLM 0.33.0's kernel class (None where its load fails: ``error``);
     ``numerics``: "w8a8" (FP8 x FP8 per token), "w8a16" (FP8 weights, 16-bit activations),
     "w4a16", "w4a4" (MXFP4 activations) or "w4a16 or w4a4" (Humming decides); ``name``: what
-    nvfp4lab runs ("w8a8" :class:`FP8Linear`, "w4a16" :class:`MXFP4Linear`)."""
+    nvfp4lab runs ("w8a8" :class:`FP8Linear`, "w8a16" FP8Linear without activation
+    quantization, "w4a16" :class:`MXFP4Linear`)."""
     layer = LayerScheme(scheme)
     rel = _check_request(layer.value, vllm, engine, linear_backend, rotation, variables)
     target = _target(device, capability, gpu, platform)  # type: ignore[arg-type]

@@ -30,10 +30,11 @@ MIX = {
     **{L0 + n: "nvfp4-rtn" for n in (*QKV, "mlp.gate_proj", "mlp.up_proj")},
     L0 + "self_attn.o_proj": "fp8", L0 + "mlp.down_proj": "bf16",
     **{L1 + n: "nvfp4-rtn" for n in QKV},
-    L1 + "self_attn.o_proj": "fp8", L1 + "mlp.down_proj": "fp8",
+    L1 + "self_attn.o_proj": "fp8", L1 + "mlp.down_proj": "fp8-w8a16",
     L1 + "mlp.gate_proj": "mxfp4", L1 + "mlp.up_proj": "mxfp4",
 }
-KINDS = {"nvfp4-rtn": NVFP4Linear, "fp8": FP8Linear, "mxfp4": MXFP4Linear}
+KINDS = {"nvfp4-rtn": NVFP4Linear, "fp8": FP8Linear, "fp8-w8a16": FP8Linear,
+         "mxfp4": MXFP4Linear}
 
 
 def _names(fmt: str) -> list[str]:
@@ -74,10 +75,13 @@ def test_compressed_tensors_validates_the_groups(saved: tuple[torch.nn.Module, P
     groups = list(config.config_groups.values())
     expected = [("NVFP4A16", "nvfp4-pack-quantized", "nvfp4-rtn"),
                 ("FP8_DYNAMIC", "float-quantized", "fp8"),
+                ("FP8_DYNAMIC", "float-quantized", "fp8-w8a16"),  # its weights, no activations
                 ("MXFP4A16", "mxfp4-pack-quantized", "mxfp4")]
     assert len(groups) == len(expected)
     for group, (preset, fmt, kind) in zip(groups, expected, strict=True):
         scheme = preset_name_to_scheme(preset, group.targets)
+        if kind == "fp8-w8a16":
+            scheme.input_activations = None
         for ours, preset_args in ((group.weights, scheme.weights),
                                   (group.input_activations, scheme.input_activations)):
             dumped = [None if a is None else a.model_dump(mode="json") for a in (ours, preset_args)]
@@ -92,7 +96,7 @@ def test_tensors_are_named_and_quantized_as_compressed_tensors_does(
     stored, float_model = file_tensors(path), tiny_llama()
     fp8 = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
     mx = preset_name_to_scheme("MXFP4A16", ["Linear"])
-    for name in _names("fp8"):
+    for name in _names("fp8") + _names("fp8-w8a16"):
         keys = {k.removeprefix(name + ".") for k in stored if k.startswith(name + ".")}
         assert keys == set(FloatQuantizationCompressor.compression_param_names(fp8)), name
         w = float_model.get_submodule(name).weight.detach()
@@ -123,7 +127,7 @@ def test_transformers_decompresses_each_layer_to_ours(
     for name, fmt in MIX.items():
         ours, w = model.get_submodule(name), theirs.get_submodule(name).weight
         assert w.dtype == torch.bfloat16, name
-        if fmt == "fp8":  # compressed-tensors 0.20 holds the scale in the model's dtype
+        if fmt.startswith("fp8"):  # compressed-tensors 0.20 holds the scale in the model's dtype
             expected = ours.weight.to(torch.bfloat16) * ours.weight_scale.to(torch.bfloat16)
         elif fmt == "mxfp4":
             expected = ours.dequantized_weight(torch.bfloat16)
@@ -144,6 +148,8 @@ def test_nvfp4lab_reloads_it_bit_for_bit(bias: bool, saved: tuple[torch.nn.Modul
     loaded = checkpoint.load(path)
     for name, fmt in MIX.items():
         assert type(loaded.get_submodule(name)) is KINDS.get(fmt, torch.nn.Linear), name
+        if fmt.startswith("fp8"):  # not in the state dict: the config group says it
+            assert loaded.get_submodule(name).quantize_activations == (fmt == "fp8"), name
     original, state = model.state_dict(), loaded.state_dict()
     assert state.keys() == original.keys()
     for key, value in state.items():
@@ -162,8 +168,9 @@ def test_audit_lists_every_layer(saved: tuple[torch.nn.Module, Path]) -> None:
     for name, fmt in quantized.items():
         row = rows[name]
         assert row["issues"] == "", name
-        if fmt == "fp8":
-            assert (row["format"], row["scheme"]) == ("fp8", "FP8_DYNAMIC")
+        if fmt.startswith("fp8"):
+            scheme = "FP8_DYNAMIC" if fmt == "fp8" else "FP8_W8A16"
+            assert (row["format"], row["scheme"]) == (fmt, scheme)
             assert row["nan_scales"] == row["zero_scales"] == 0
         elif fmt == "mxfp4":
             assert (row["format"], row["scheme"]) == ("mxfp4", "MXFP4A16")
@@ -210,13 +217,14 @@ def test_fp8_only_model_saves_and_reloads(tmp_path: Path) -> None:
     ("edit", "pattern"),
     [
         (lambda b: b.update(format="nvfp4-pack-quantized"),
-         "format is 'nvfp4-pack-quantized' but its config groups hold fp8/mxfp4/nvfp4"),
+         "format is 'nvfp4-pack-quantized' but its config groups hold fp8/fp8-w8a16/mxfp4/nvfp4"),
         (lambda b: b["config_groups"]["group_1"]["weights"].update(strategy="tensor"),
          "group 'group_1' has FP8 weights strategy=tensor"),
-        (lambda b: b["config_groups"]["group_1"].update(input_activations=None),
-         "group 'group_1' has FP8 weights with input activations None"),
-        (lambda b: b["config_groups"]["group_2"].update(format="float-quantized"),
-         "group 'group_2' has format 'float-quantized'; nvfp4lab reads mxfp4"),
+        (lambda b: b["config_groups"]["group_1"]["input_activations"].update(
+            strategy="tensor", dynamic=False),
+         "group 'group_1' has FP8 weights with input activations"),
+        (lambda b: b["config_groups"]["group_3"].update(format="float-quantized"),
+         "group 'group_3' has format 'float-quantized'; nvfp4lab reads mxfp4"),
     ],
 )
 def test_load_refuses_groups_it_cannot_run(edit: object, pattern: str,
@@ -245,7 +253,8 @@ def test_convert_refuses_a_mixed_checkpoint(saved: tuple[torch.nn.Module, Path],
 # ModelOpt MIXED_PRECISION (NVFP4 W4A16 + FP8 per channel / per token + float)
 # ---------------------------------------------------------------------------------------------
 
-MO_MIX = {k: v for k, v in MIX.items() if v != "mxfp4"}  # L1 gate/up stay float
+#: L1 gate/up stay float; ModelOpt has no FP8 weight-only algorithm: L1 down_proj W8A8
+MO_MIX = {k: "fp8" if v == "fp8-w8a16" else v for k, v in MIX.items() if v != "mxfp4"}
 
 
 def _mo_expected(names: dict[str, str]) -> tuple[dict[str, object], dict[str, object]]:
@@ -331,6 +340,12 @@ def test_modelopt_refuses_what_it_cannot_express(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"o_proj: FP8 weight scale \[1, 1\] is per tensor; "
                                          r"ModelOpt's per-tensor 'FP8' also needs a static input"):
         _save(per_tensor, tmp_path / "tensor", format="modelopt")
+    weight_only = tiny_llama()
+    apply_mix(weight_only, {L0 + "self_attn.o_proj": "fp8-w8a16",
+                            L0 + "mlp.down_proj": "nvfp4-rtn"})
+    with pytest.raises(ValueError, match=r"o_proj: FP8 W8A16 layer \(weights only\); ModelOpt's "
+                                         r"MIXED_PRECISION has no FP8 weight-only algorithm"):
+        _save(weight_only, tmp_path / "w8a16", format="modelopt")
     fp8_only = tiny_llama()
     apply_mix(fp8_only, {L1 + "self_attn.o_proj": "fp8"})
     with pytest.raises(ValueError, match="FP8 layers but no NVFP4Linear; ModelOpt writes that as "

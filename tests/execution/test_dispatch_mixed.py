@@ -33,6 +33,12 @@ TABLE = {
                               ("capability 100 >= 89", "not checked on a CPU")),
     ("RTX 5090", "FP8_DYNAMIC"): ("CutlassFP8ScaledMMLinearKernel", "w8a8",
                                   ("capability 120 >= 89",)),
+    ("A100", "FP8_W8A16"): ("HummingFP8ScaledMMLinearKernel", "w8a16",
+                            ("input_activations null: _is_fp8_w8a16",
+                             "as nvfp4lab's FP8Linear with quantize_activations=False")),
+    ("H100", "FP8_W8A16"): ("HummingFP8ScaledMMLinearKernel", "w8a16",
+                            ("CompressedTensorsW8A16Fp8", "activations stay 16-bit")),
+    ("B200", "FP8_W8A16"): ("HummingFP8ScaledMMLinearKernel", "w8a16", ("L915-920",)),
     ("A100", "MXFP4A16"): ("MarlinMxFp4LinearKernel", "w4a16",
                            ("FlashInfer + >=sm_100 (Blackwell) required", "weight-only")),
     ("L40S", "MXFP4A16"): ("MarlinMxFp4LinearKernel", "w4a16", ("is_fp4_marlin_supported",)),
@@ -51,7 +57,7 @@ def test_table(gpu: str, scheme: str) -> None:
     for choice in (select_backend(gpu=gpu, scheme=scheme, env={}),
                    select_backend(capability=GPUS[gpu], scheme=scheme, vllm="0.33.0", env={})):
         assert (choice.kernel, choice.numerics, choice.vllm) == (kernel, numerics, "0.33.0")
-        assert choice.name == ("w8a8" if scheme == "FP8_DYNAMIC" else "w4a16")
+        assert choice.name == {"FP8_DYNAMIC": "w8a8", "FP8_W8A16": "w8a16"}.get(scheme, "w4a16")
         assert choice.scheme == scheme and choice.error is None and choice.supported
         assert f"picks {kernel} ({numerics})" in choice.reason
         for word in words:
@@ -71,6 +77,9 @@ def test_fp8_on_sm80_is_weight_only_fallback() -> None:
     assert "skipped: HummingFP8ScaledMMLinearKernel: Humming is not installed" in c.steps
     l40s = select_backend(gpu="L40S", scheme="FP8_DYNAMIC", env={})
     assert "16-bit" not in l40s.reason and l40s.numerics == "w8a8"
+    weight_only = select_backend(gpu="H100", scheme="FP8_W8A16", packages=(), env={})
+    assert weight_only.kernel == "MarlinFP8ScaledMMLinearKernel"
+    assert weight_only.numerics == "w8a16" and "NOT quantized" not in weight_only.reason
 
 
 @pytest.mark.parametrize(("gpu", "packages", "kernel"), [

@@ -408,8 +408,9 @@ def test_grid_reaches_every_cuda_kernel(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def _fp8_vllm(mp: pytest.MonkeyPatch, cap: tuple[int, int],
-              packages: tuple[str, ...]) -> str:
-    """vLLM's FP8_DYNAMIC kernel class name on CUDA ``cap`` with ``packages``."""
+              packages: tuple[str, ...], weight_only: bool = False) -> str:
+    """vLLM's FP8_DYNAMIC kernel class name on CUDA ``cap`` with ``packages``
+    (``weight_only``: a group without input activations, always CompressedTensorsW8A16Fp8)."""
     ct = importlib.import_module(
         "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors")
     ct_utils = importlib.import_module(
@@ -430,7 +431,7 @@ def _fp8_vllm(mp: pytest.MonkeyPatch, cap: tuple[int, int],
     import torch
 
     channel = ct_utils.STRATEGY_TO_WEIGHT_QUANT_KEY[ct_utils.QuantizationStrategy.CHANNEL]
-    w8a8 = ct.CompressedTensorsConfig._check_scheme_supported(89, error=False)
+    w8a8 = not weight_only and ct.CompressedTensorsConfig._check_scheme_supported(89, error=False)
     config = LINEAR.FP8ScaledMMLinearLayerConfig(
         weight_quant_key=channel,
         activation_quant_key=quant.kFp8DynamicTokenSym if w8a8 else quant.kFp8DynamicTensorSym,
@@ -452,3 +453,7 @@ def test_fp8_dynamic_kernel_is_vllms(monkeypatch: pytest.MonkeyPatch, cap, packa
                             packages=PACKAGE_SETS[packages])
     assert choice.kernel == kernel, (cap, packages)
     assert choice.numerics == ("w8a8" if cap >= (8, 9) else "w8a16")
+    weight_only = select_backend(capability=cap, scheme="FP8_W8A16", vllm=REL, env={},
+                                 packages=PACKAGE_SETS[packages])
+    assert weight_only.kernel == _fp8_vllm(monkeypatch, cap, installed, weight_only=True)
+    assert weight_only.numerics == "w8a16"

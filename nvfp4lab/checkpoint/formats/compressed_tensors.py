@@ -52,7 +52,7 @@ from nvfp4lab.checkpoint.safetensors_files import (
     quantization_block,
 )
 from nvfp4lab.constants import BLOCK_SIZE
-from nvfp4lab.vocab import TENSOR_SCALE_STORAGE, CheckpointFormat, Scheme, check_choice
+from nvfp4lab.vocab import TENSOR_SCALE_STORAGE, CheckpointFormat, LayerFormat, Scheme, check_choice
 
 if TYPE_CHECKING:
     from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
@@ -93,9 +93,12 @@ MIXED_FORMAT = "mixed-precision"
 #: NVFP4 kind's preset is the checkpoint's :class:`~nvfp4lab.vocab.Scheme`.
 GROUP_PRESETS: dict[str, tuple[str, str]] = {
     "fp8": ("FP8_DYNAMIC", FP8_FORMAT),
+    # no preset: FP8_DYNAMIC's weights with input_activations null (vLLM 0.33:
+    # CompressedTensorsW8A16Fp8, the Marlin FP8 kernel)
+    LayerFormat.FP8_W8A16.value: ("FP8_DYNAMIC", FP8_FORMAT),
     "mxfp4": ("MXFP4A16", MXFP4_FORMAT),
 }
-_GROUP_FORMATS = {"nvfp4": CT_FORMAT, "fp8": FP8_FORMAT, "mxfp4": MXFP4_FORMAT}
+_GROUP_FORMATS = {"nvfp4": CT_FORMAT, **{k: f for k, (_, f) in GROUP_PRESETS.items()}}
 #: ``quantization_config.quant_method`` of a compressed-tensors checkpoint.
 QUANT_METHOD = "compressed-tensors"
 #: The tensor names of one quantized Linear (ENCODE tensor scales, float32 ``[1]``).
@@ -145,9 +148,10 @@ def mixed_quantization_config(
     ignore: Sequence[str] = (),
 ) -> QuantizationConfig:
     """compressed-tensors ``QuantizationConfig`` of a mixed-precision checkpoint: ``groups``
-    maps a layer kind (``"nvfp4"``, ``"fp8"``, ``"mxfp4"``) to its layers' exact module names,
-    one config group each (in that order, kinds without layers left out); the NVFP4 group is
-    the preset ``scheme``, the others :data:`GROUP_PRESETS`; each group carries its format, the
+    maps a layer kind (``"nvfp4"``, ``"fp8"``, ``"fp8-w8a16"``, ``"mxfp4"``) to its layers' exact
+    module names, one config group each (in that order, kinds without layers left out); the
+    NVFP4 group is the preset ``scheme``, the others :data:`GROUP_PRESETS` (``fp8-w8a16``:
+    FP8_DYNAMIC without input activations); each group carries its format, the
     top-level ``format`` is the one format or ``"mixed-precision"``; ``ignore``: modules left
     float."""
     from compressed_tensors.quantization import (
@@ -164,6 +168,8 @@ def mixed_quantization_config(
             continue
         preset = check_scheme(scheme).value if kind == "nvfp4" else GROUP_PRESETS[kind][0]
         group = preset_name_to_scheme(preset, list(targets))
+        if kind == LayerFormat.FP8_W8A16:
+            group.input_activations = None
         group.format = _GROUP_FORMATS[kind]
         config_groups[f"group_{len(config_groups)}"] = group
     formats = {g.format for g in config_groups.values()}
@@ -204,12 +210,12 @@ def _value(x: object) -> object:
 
 
 def group_kind(group: QuantizationScheme) -> str:
-    """The layer kind a config group's weights describe: ``"fp8"`` (8-bit float), ``"mxfp4"``
-    (4-bit float, ``group`` strategy, blocks of 32), else ``"nvfp4"`` (checked by
-    :func:`_check_group`)."""
+    """The layer kind a config group's weights describe: ``"fp8"`` (8-bit float weights with
+    input activations), ``"fp8-w8a16"`` (8-bit float weights alone), ``"mxfp4"`` (4-bit float,
+    ``group`` strategy, blocks of 32), else ``"nvfp4"`` (checked by :func:`_check_group`)."""
     w = group.weights
     if w is not None and (w.num_bits, _value(w.type)) == (8, "float"):
-        return "fp8"
+        return "fp8" if group.input_activations is not None else LayerFormat.FP8_W8A16.value
     if w is not None and (w.num_bits, _value(w.type), _value(w.strategy), w.group_size) == (
             4, "float", "group", 32):
         return "mxfp4"
@@ -218,7 +224,7 @@ def group_kind(group: QuantizationScheme) -> str:
 
 def _check_fp8_group(file: Path, name: str, group: QuantizationScheme) -> None:
     """Accept only what FP8Linear runs: compressed-tensors' FP8_DYNAMIC (E4M3 weights, one
-    scale per output channel, activations dynamic per token)."""
+    scale per output channel, activations dynamic per token), or its weights alone (W8A16)."""
     w, a = group.weights, group.input_activations
     found = (_value(w.strategy), w.symmetric, w.dynamic)
     if found != ("channel", True, False) or w.scale_dtype not in (None, torch.float32):
@@ -226,11 +232,12 @@ def _check_fp8_group(file: Path, name: str, group: QuantizationScheme) -> None:
             file, f"config group {name!r} has FP8 weights strategy={w.strategy}, symmetric="
             f"{w.symmetric}, dynamic={w.dynamic}, scale_dtype={w.scale_dtype}; nvfp4lab reads "
             "FP8_DYNAMIC (static symmetric per-channel float32 weight scales) only")
-    if a is None or (a.num_bits, _value(a.type), _value(a.strategy), a.dynamic) != (
+    if a is not None and (a.num_bits, _value(a.type), _value(a.strategy), a.dynamic) != (
             8, "float", "token", True):
         raise _config_error(
             file, f"config group {name!r} has FP8 weights with input activations {a}; nvfp4lab "
-            "runs FP8 layers as FP8_DYNAMIC (8-bit float, per token, dynamic) only")
+            "runs FP8 layers as FP8_DYNAMIC (8-bit float, per token, dynamic) or weight-only "
+            "(input_activations null) only")
 
 
 def _check_mxfp4_group(file: Path, name: str, group: QuantizationScheme) -> None:
@@ -260,7 +267,7 @@ def _check_group(file: Path, name: str, group: QuantizationScheme) -> str:
         )
     if group.output_activations is not None:
         raise _config_error(file, f"config group {name!r} quantizes outputs; not supported")
-    if kind == "fp8":
+    if kind in ("fp8", LayerFormat.FP8_W8A16):
         _check_fp8_group(file, name, group)
         return kind
     if kind == "mxfp4":
@@ -414,7 +421,8 @@ class CompressedTensorsConfig:
                 if group_kind(group) == "nvfp4"}
 
     def mixed_modules(self, model: nn.Module) -> dict[str, str]:
-        """The modules of FP8 and MXFP4 groups: name -> ``"fp8"`` / ``"mxfp4"``."""
+        """The modules of FP8 and MXFP4 groups: name -> ``"fp8"`` / ``"fp8-w8a16"`` /
+        ``"mxfp4"``."""
         return {name: kind for name, group in self._matched(model).items()
                 if (kind := group_kind(group)) != "nvfp4"}
 
