@@ -27,7 +27,7 @@ vocabulary             values                                                   
 :class:`NativeIsa`     scalar, avx2, avx512 (``NVFP4LAB_NATIVE_ISA``: C++ vector cap)  kernels
 :class:`KVCacheKind`   nvfp4, nvfp4_4over6, fp8 (vLLM's ``--kv-cache-dtype`` values)   execution
 :class:`CorpusPart`    calibration, evaluation (the two parts of the LLM text)         corpus
-:class:`LayerFormat`   nvfp4-rtn, nvfp4-gptq, fp8, fp8-w8a16, mxfp4, q8_0, bf16        execution
+:class:`LayerFormat`   nvfp4-rtn/-gptq/-mr-gptq, fp8, fp8-w8a16, mxfp4, q8_0, bf16     execution
 =====================  ==============================================================  ========
 
 :data:`SUPPORTED_DTYPES` are the floating dtypes NVFP4 quantizes from and computes in;
@@ -327,6 +327,9 @@ class LayerFormat(StrEnum):
 
     NVFP4_RTN = "nvfp4-rtn"  #: NVFP4 weights rounded to nearest, float activations (W4A16)
     NVFP4_GPTQ = "nvfp4-gptq"  #: NVFP4 weights by GPTQ, float activations (W4A16)
+    #: NVFP4 weights of W·Q by GPTQ (MR-GPTQ: compressed-tensors' random-hadamard 16), the
+    #: inputs rotated at run time, float activations (W4A16)
+    NVFP4_MR_GPTQ = "nvfp4-mr-gptq"
     #: FP8 E4M3 weights (per-channel scales) and dynamic per-token FP8 activations (W8A8)
     FP8 = GemmPath.FP8.value
     #: FP8 E4M3 weights (per-channel scales), float activations (W8A16: vLLM's Marlin FP8)

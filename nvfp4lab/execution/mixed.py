@@ -6,6 +6,11 @@ format         what runs                                              bits per w
 nvfp4-rtn      :class:`NVFP4Linear`, W4A16 (weights NVFP4 by round    4 + 8/16 + 32/(N·K)
                to nearest, activations in the model's dtype)
 nvfp4-gptq     the same layer, its codes by GPTQ                      4 + 8/16 + 32/(N·K)
+nvfp4-mr-gptq  the same layer holding NVFP4 of ``W Q`` by GPTQ          4 + 8/16 + 32/(N·K)
+               (MR-GPTQ; Q compressed-tensors' random-hadamard 16,
+               :data:`~nvfp4lab.execution.whole_model.MR_GPTQ_ROTATION`;
+               inputs rotated at run time; the 16x16 rotation stored
+               once per checkpoint is not counted)
 fp8            :class:`FP8Linear`: W8A8 as vLLM 0.33 runs FP8         8 + 32/K (per channel)
                (below)                                                8 + 32/(N·K) (per tensor)
 fp8-w8a16      :class:`FP8Linear` with float activations (W8A16, the  8 + 32/K (per channel)
@@ -47,8 +52,9 @@ dtype, ``acc = x · W_qᵀ`` accumulated in float64 and rounded once to float32 
 bfloat16 value and an E4M3 code are exact there), then ``acc · s_wᵀ``, ``+ bias``, the cast.
 No activation error: beside NVFP4 W4A16 layers this keeps the whole mix weight-only.
 
-:func:`apply_mix` installs a mix: FP8 and MXFP4 layers first, then the NVFP4 RTN layers and last
-the GPTQ layers, both by :func:`~nvfp4lab.execution.whole_model.quantize_model` (so GPTQ
+:func:`apply_mix` installs a mix: FP8, MXFP4 and Q8_0 layers first, then the NVFP4 RTN layers,
+the GPTQ layers and last the MR-GPTQ layers, all by
+:func:`~nvfp4lab.execution.whole_model.quantize_model` (so GPTQ
 calibrates on the model with every other layer already in its format, and fused shards of one
 format share their global scale as quantize_model shares them). A mix that is all one NVFP4
 method gives quantize_model's model bit for bit.
@@ -73,7 +79,13 @@ from nvfp4lab.execution.gptq import GPTQOptions, gptq_quantize
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.mixed_q8_0 import Q8_0_BITS, Q8_0Linear
 from nvfp4lab.execution.quantize_report import QuantizeReport
-from nvfp4lab.execution.whole_model import DEFAULT_IGNORE, FUSED_GROUPS, quantize_model
+from nvfp4lab.execution.whole_model import (
+    DEFAULT_IGNORE,
+    FUSED_GROUPS,
+    MR_GPTQ_ROTATION,
+    quantize_model,
+)
+from nvfp4lab.hadamard import hadamard_transform
 from nvfp4lab.number_formats.base import PackedBlocks
 from nvfp4lab.vocab import Backend, LayerFormat, QuantMethod, check_choice
 
@@ -96,7 +108,11 @@ __all__ = [
 FP8_MIN_SCALE: float = 1.0 / (E4M3_MAX * 512.0)
 #: Elements per MXFP4 block.
 MXFP4_BLOCK = 32
-_NVFP4 = (LayerFormat.NVFP4_RTN, LayerFormat.NVFP4_GPTQ)
+_NVFP4 = (LayerFormat.NVFP4_RTN, LayerFormat.NVFP4_GPTQ, LayerFormat.NVFP4_MR_GPTQ)
+#: The NVFP4 formats quantize_model builds, in apply_mix's order, with their method.
+_NVFP4_METHODS = ((LayerFormat.NVFP4_RTN, QuantMethod.RTN),
+                  (LayerFormat.NVFP4_GPTQ, QuantMethod.GPTQ),
+                  (LayerFormat.NVFP4_MR_GPTQ, QuantMethod.MR_GPTQ))
 _FP8 = (LayerFormat.FP8, LayerFormat.FP8_W8A16)
 
 
@@ -334,12 +350,16 @@ def check_mix(model: nn.Module, mix: Mapping[str, str]) -> dict[str, LayerFormat
     return out
 
 
-def shared_global_scale(linears: Mapping[str, nn.Linear], name: str) -> torch.Tensor:
-    """The NVFP4 weight global scale ``name`` gets when its fused unit (:func:`fused_units` of
-    ``linears``' names) is quantized together, as quantize_model shares it: ``min_i 2688 /
-    amax(W_i)`` over the unit (its own scale when it is alone), float32 ``[1]``."""
+def shared_global_scale(linears: Mapping[str, nn.Linear], name: str,
+                        fmt: str = LayerFormat.NVFP4_RTN) -> torch.Tensor:
+    """The NVFP4 weight global scale ``name`` gets in ``fmt`` when its fused unit
+    (:func:`fused_units` of ``linears``' names) is quantized together, as quantize_model shares
+    it: ``min_i 2688 / amax(W_i)`` over the unit (its own scale when it is alone; of ``W_i Q``,
+    the tensor quantized, for ``nvfp4-mr-gptq``), float32 ``[1]``."""
     unit = next(u for u in fused_units(list(linears)) if name in u)
-    scales = [compute_global_scale(linears[m].weight.detach()) for m in unit]
+    rotated = check_choice("layer format", fmt, LayerFormat) == LayerFormat.NVFP4_MR_GPTQ
+    scales = [compute_global_scale(hadamard_transform(linears[m].weight.detach(), MR_GPTQ_ROTATION)
+                                   if rotated else linears[m].weight.detach()) for m in unit]
     return torch.stack(scales).min(dim=0).values
 
 
@@ -348,19 +368,21 @@ def quantize_layer(
     global_scale: torch.Tensor | None = None, gptq: GPTQOptions | None = None,
     per_channel: bool = True,
 ) -> nn.Module:
-    """``linear`` in ``fmt`` as one module (``bf16``: ``linear`` itself). ``nvfp4-gptq`` needs
-    ``hessian`` (float ``[K, K]``, ∝ Σ x xᵀ of the layer's inputs); ``global_scale``: the NVFP4
-    ENCODE global scale (None: the layer's own, :func:`shared_global_scale` for a fused unit)."""
+    """``linear`` in ``fmt`` as one module (``bf16``: ``linear`` itself). ``nvfp4-gptq`` and
+    ``nvfp4-mr-gptq`` need ``hessian`` (float ``[K, K]``, ∝ Σ x xᵀ of the layer's inputs);
+    ``global_scale``: the NVFP4 ENCODE global scale (None: the layer's own;
+    :func:`shared_global_scale` of ``fmt`` for a fused unit)."""
     fmt = check_choice("layer format", fmt, LayerFormat)
     if fmt == LayerFormat.NVFP4_RTN:
         return NVFP4Linear.from_linear(linear, weight_global_scale=global_scale,
                                        backend=Backend.W4A16)
-    if fmt == LayerFormat.NVFP4_GPTQ:
+    if fmt in (LayerFormat.NVFP4_GPTQ, LayerFormat.NVFP4_MR_GPTQ):
         if hessian is None:
-            raise ValueError("nvfp4-gptq needs the layer's hessian (collect it from "
+            raise ValueError(f"{fmt} needs the layer's hessian (collect it from "
                              "calibration inputs: execution.gptq_model.collect_hessians)")
+        rotation = MR_GPTQ_ROTATION if fmt == LayerFormat.NVFP4_MR_GPTQ else None
         result = gptq_quantize(linear.weight, hessian, global_scale=global_scale,
-                               options=gptq)
+                               options=gptq, hadamard=rotation)  # type: ignore[arg-type]
         bias = None if linear.bias is None else linear.bias.detach()
         assert result.weight is not None
         return NVFP4Linear.from_quantized(result.weight, bias, backend=Backend.W4A16)
@@ -422,9 +444,10 @@ def apply_mix(
     formats, or GPTQ layers without ``calibration``, are refused before anything changes."""
     formats = check_mix(model, mix)
     wanted = {fmt: [n for n, f in formats.items() if f == fmt] for fmt in LayerFormat}
-    if wanted[LayerFormat.NVFP4_GPTQ] and calibration is None:
-        raise ValueError("the mix has nvfp4-gptq layers: pass calibration= (model inputs from a "
-                         "calibration text, e.g. corpus.calibration_batches(tokenizer))")
+    for fmt in (LayerFormat.NVFP4_GPTQ, LayerFormat.NVFP4_MR_GPTQ):
+        if wanted[fmt] and calibration is None:
+            raise ValueError(f"the mix has {fmt} layers: pass calibration= (model inputs from "
+                             "a calibration text, e.g. corpus.calibration_batches(tokenizer))")
     bits = effective_bits(model, formats, per_channel=per_channel)
     full = {**dict.fromkeys(quantizable_linears(model), LayerFormat.BF16), **formats}
     originals = {n: model.get_submodule(n) for n, f in formats.items() if f != LayerFormat.BF16}
@@ -436,8 +459,7 @@ def apply_mix(
             set_layer(model, name, layer)
         for name in wanted[LayerFormat.Q8_0]:  # GGUF mixes: llama.cpp's Q8_0
             set_layer(model, name, quantize_layer(originals[name], LayerFormat.Q8_0))
-        for fmt, method in ((LayerFormat.NVFP4_RTN, QuantMethod.RTN),
-                            (LayerFormat.NVFP4_GPTQ, QuantMethod.GPTQ)):
+        for fmt, method in _NVFP4_METHODS:
             if not wanted[fmt]:
                 continue
             chosen = set(wanted[fmt])

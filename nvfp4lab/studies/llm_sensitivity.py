@@ -373,8 +373,8 @@ def _jobs(model: nn.Module, layers: Sequence[str], formats: Sequence[LayerFormat
     for name in layers:
         linear = linears[name]
         h = hessians[name].matrix()
-        scale = shared_global_scale(linears, name)
         for fmt in formats:
+            scale = shared_global_scale(linears, name, fmt)
             module = quantize_layer(linear, fmt, hessian=h, global_scale=scale, gptq=gptq,
                                     per_channel=per_channel)
             yield name, fmt, module, proxy_score(linear, module, h)

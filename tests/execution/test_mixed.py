@@ -167,13 +167,17 @@ def _batches() -> list[dict[str, torch.Tensor]]:
             {"input_ids": ids[2:], "attention_mask": torch.ones_like(ids[2:])}]
 
 
-@pytest.mark.parametrize("fmt", [LayerFormat.NVFP4_RTN, LayerFormat.NVFP4_GPTQ])
+METHODS = {LayerFormat.NVFP4_RTN: "rtn", LayerFormat.NVFP4_GPTQ: "gptq",
+           LayerFormat.NVFP4_MR_GPTQ: "mr-gptq"}
+
+
+@pytest.mark.parametrize("fmt", list(METHODS))
 def test_a_uniform_mix_is_quantize_model_bit_for_bit(fmt: LayerFormat) -> None:
     model = tiny_model("llama", seed=4)
     ids = torch.randint(4, 200, (2, 16), generator=torch.Generator().manual_seed(9))
-    gptq = fmt == LayerFormat.NVFP4_GPTQ
+    gptq = fmt != LayerFormat.NVFP4_RTN
     theirs = tiny_model("llama", seed=4)
-    quantize_model(theirs, backend="w4a16", method="gptq" if gptq else "rtn",
+    quantize_model(theirs, backend="w4a16", method=METHODS[fmt],
                    calibration=_batches() if gptq else None)
     report = apply_mix(model, dict.fromkeys(quantizable_linears(model), fmt),
                        calibration=_batches() if gptq else None)
@@ -182,6 +186,7 @@ def test_a_uniform_mix_is_quantize_model_bit_for_bit(fmt: LayerFormat) -> None:
         if isinstance(module, NVFP4Linear):
             mine = model.get_submodule(name)
             assert isinstance(mine, NVFP4Linear)
+            assert (mine.hadamard is None) == (fmt != LayerFormat.NVFP4_MR_GPTQ)
             assert torch.equal(mine.weight_packed, module.weight_packed)
             assert torch.equal(mine.weight_scale.view(torch.uint8),
                                module.weight_scale.view(torch.uint8))
@@ -218,6 +223,28 @@ def test_a_mixed_model() -> None:
     with torch.no_grad():
         logits = model(input_ids=_batches()[0]["input_ids"]).logits
     assert bool(torch.isfinite(logits).all())
+
+
+def test_one_mr_gptq_layer_alone_is_quantize_models_layer() -> None:
+    """quantize_layer's nvfp4-mr-gptq (the sensitivity's layer alone) is the layer quantize_model
+    makes when it is the only one replaced: same rotation, global scale of W Q, codes."""
+    from nvfp4lab.execution.gptq_model import collect_hessians
+
+    model, theirs = tiny_model("llama", seed=4), tiny_model("llama", seed=4)
+    linears = quantizable_linears(model)
+    name = next(n for n in linears if n.endswith("o_proj"))
+    hessian = collect_hessians(model, [name], _batches())[name].matrix()
+    scale = shared_global_scale(linears, name, "nvfp4-mr-gptq")
+    mine = quantize_layer(linears[name], "nvfp4-mr-gptq", hessian=hessian, global_scale=scale)
+    quantize_model(theirs, backend="w4a16", method="mr-gptq", calibration=_batches(),
+                   ignore=[re.compile("^(?!" + re.escape(name) + "$)")])
+    ref = theirs.get_submodule(name)
+    assert isinstance(mine, NVFP4Linear) and mine.hadamard is not None
+    assert torch.equal(mine.weight_global_scale, ref.weight_global_scale)
+    assert torch.equal(mine.weight_packed, ref.weight_packed)
+    assert not torch.equal(scale, shared_global_scale(linears, name))  # of W Q, not of W
+    x = torch.randn(3, mine.in_features, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(mine(x), ref(x))
 
 
 def test_a_w8a16_mix_keeps_the_fp8_bytes_and_runs_float_activations() -> None:
