@@ -405,3 +405,46 @@ def test_convert_refuses_a_modelopt_mixed_checkpoint(mo_saved: Path, tmp_path: P
                                               "formats no other format declares"):
         checkpoint.convert(mo_saved, tmp_path / "ct", format="compressed-tensors")
     assert not (tmp_path / "ct").exists()
+
+
+def test_an_mr_gptq_mix_saves_its_rotation_for_the_nvfp4_layers_only(tmp_path: Path) -> None:
+    """The search's mix (nvfp4-mr-gptq + fp8-w8a16): compressed-tensors validates the groups
+    and a transform_config whose targets are exactly the NVFP4 layers (the FP8 ones are not
+    rotated); nvfp4lab reloads every tensor, the rotation and the logits bit for bit."""
+    from compressed_tensors.transform import TransformConfig
+
+    from nvfp4lab.hadamard import ct_rotation
+
+    model = tiny_llama()
+    mix = {**{L0 + n: "nvfp4-mr-gptq" for n in (*QKV, "self_attn.o_proj", "mlp.down_proj")},
+           L0 + "mlp.gate_proj": "fp8-w8a16", L0 + "mlp.up_proj": "fp8-w8a16",
+           **{L1 + n: "fp8-w8a16" for n in QKV}, L1 + "mlp.down_proj": "nvfp4-mr-gptq"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        apply_mix(model, mix, calibration=token_batches())
+    path = _save(model, tmp_path / "mr")
+    block = _block(path)
+    config = QuantizationConfig.model_validate(
+        {k: v for k, v in block.items() if k in set(QuantizationConfig.model_fields)})
+    nvfp4 = [n for n, f in mix.items() if f == "nvfp4-mr-gptq"]
+    order = [n for n, _ in model.named_modules()]
+    groups = {tuple(g.targets): g for g in config.config_groups.values()}
+    assert set(groups) == {tuple(sorted(nvfp4, key=order.index)),
+                           tuple(n for n in order if mix.get(n) == "fp8-w8a16")}
+    transform = TransformConfig.model_validate(block["transform_config"])
+    (scheme,) = transform.config_groups.values()
+    assert all(sorted(a.targets) == sorted(nvfp4) for a in scheme.apply)
+    loaded = checkpoint.load(path)
+    for name, fmt in mix.items():
+        back = loaded.get_submodule(name)
+        if fmt == "nvfp4-mr-gptq":
+            assert isinstance(back, NVFP4Linear) and back.hadamard == ct_rotation(), name
+        else:
+            assert isinstance(back, FP8Linear) and not back.quantize_activations, name
+    original, state = model.state_dict(), loaded.state_dict()
+    assert state.keys() == original.keys()
+    for key, value in state.items():
+        assert torch.equal(raw(value), raw(original[key])), key
+    ids = token_batches(1, seed=9)[0]
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
