@@ -18,13 +18,13 @@ the evaluation text and on the second text (the study's windows, float32). Not a
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from saved_checks import same_tensors, validated
 
 from nvfp4lab import checkpoint
 from nvfp4lab.execution import W4A4Options
@@ -35,27 +35,6 @@ from nvfp4lab.vocab import Backend, QuantMethod
 RECIPE = LLMConfig("W4A4 GPTQ + SmoothQuant 0.5, calibrated", Backend.EMULATION, QuantMethod.GPTQ,
                    input_scales=CALIBRATED, w4a4=W4A4Options(smooth_alpha=0.5))
 TARGET = 0.20
-
-
-def _validated(path: Path) -> bool:
-    from compressed_tensors.quantization import QuantizationConfig
-
-    block = json.loads((path / "config.json").read_text())["quantization_config"]
-    QuantizationConfig.model_validate(
-        {k: v for k, v in block.items() if k in set(QuantizationConfig.model_fields)})
-    return True
-
-
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as torch.equal compares it (float8 as its bytes)."""
-    return tensor.view(torch.uint8) if tensor.dtype.itemsize == 1 else tensor
-
-
-def _same_tensors(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    left, right = a.state_dict(), b.state_dict()
-    return left.keys() == right.keys() and all(
-        left[k].dtype == right[k].dtype and torch.equal(_bits(left[k]), _bits(right[k]))
-        for k in left)
 
 
 def main() -> None:
@@ -70,14 +49,14 @@ def main() -> None:
     try:
         path = checkpoint.save_pretrained(model, root / "smollm2-w4a4-recipe")
         size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        valid = _validated(path)
+        valid = validated(path)
         start = time.perf_counter()
         loaded = checkpoint.load(path, backend="emulation").eval()
         load_seconds = time.perf_counter() - start
         ids = run.input_ids(0)
         with torch.no_grad():
             same_logits = torch.equal(model(ids).logits, loaded(ids).logits)
-        same = _same_tensors(model, loaded)
+        same = same_tensors(model, loaded)
         del model
         fidelity = llm.token_fidelity(run, loaded, progress=True)
         evaluation, domain = llm_study._split(fidelity, plan.eval_windows)

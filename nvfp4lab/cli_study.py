@@ -2,8 +2,8 @@
 
 ``nvfp4lab study [MODEL] [--text FILE] [--calibration FILE] [--configs NAME ...] [--tokens N]
 [--context T] [--samples S] [--dtype D] [--streamed | --in-memory] [--out DIR] [--overwrite]
-[--smoke] [--dask ADDRESS] [--search bits=B] [--trust-remote-code]`` runs
-:func:`nvfp4lab.studies.llm_study.study` with one progress line per configuration on stderr,
+[--smoke] [--dask ADDRESS] [--search bits=B [--search-formats F,F,...]] [--trust-remote-code]``
+runs :func:`nvfp4lab.studies.llm_study.study` with one progress line per configuration on stderr,
 prints the verdict, and with ``--out`` writes ``DIR/study.csv``, ``DIR/study.json`` and
 ``DIR/study.html`` (the template notebook ``nvfp4lab/studies/llm_study.ipynb`` rendered by the
 report runner: a self-contained page, no progress in it). Bad input is one line on stderr, exit
@@ -74,6 +74,10 @@ def add_study(parser: argparse.ArgumentParser) -> None:
                         "formats (NVFP4 GPTQ / FP8 / BF16) under B effective bits per weight: "
                         "one more row, 'mixed (search, B bits)', and sensitivity.csv, "
                         "frontier.csv, mix.json in --out")
+    parser.add_argument("--search-formats", default=None, type=format_list, metavar="F,F,...",
+                        help="the formats --search chooses among (default "
+                        "nvfp4-mr-gptq,fp8-w8a16,bf16; also nvfp4-rtn, nvfp4-gptq, fp8 (W8A8), "
+                        "mxfp4)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow a model whose config names its own Python code (auto_map)")
 
@@ -89,6 +93,11 @@ def search_bits(value: str) -> float:
         raise argparse.ArgumentTypeError(f"--search {value!r}: write bits=B, B the effective "
                                          "bits per weight, e.g. bits=5.0")
     return bits
+
+
+def format_list(value: str) -> list[str]:
+    """``a,b,c`` -> ``["a", "b", "c"]`` (argparse type; checked by plan_study)."""
+    return [f.strip() for f in value.split(",") if f.strip()]
 
 
 def _out_dir(args: argparse.Namespace) -> Path | None:
@@ -139,7 +148,7 @@ def run_study_command(args: argparse.Namespace) -> int:
                           configs=args.configs, tokens=args.tokens, context=args.context,
                           samples=args.samples, smoke=args.smoke, dtype=args.dtype,
                           streamed=args.streamed, trust_remote_code=args.trust_remote_code,
-                          search=args.search)
+                          search=args.search, search_formats=args.search_formats)
         result = run_study(plan, dask=args.dask, progress=True)
         if out is not None:
             written = list(result.save(out))

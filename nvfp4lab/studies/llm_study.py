@@ -56,7 +56,7 @@ from nvfp4lab.studies.llm_configs import (
     LLMConfig,
     configurations,
 )
-from nvfp4lab.studies.llm_search import study_search
+from nvfp4lab.studies.llm_search import SEARCH_FORMATS, study_search
 from nvfp4lab.studies.llm_statistics import TokenFidelity, fidelity_of
 from nvfp4lab.studies.llm_verdict import (
     FamilyVerdict,
@@ -65,7 +65,7 @@ from nvfp4lab.studies.llm_verdict import (
     family_table,
     verdict_text,
 )
-from nvfp4lab.vocab import CorpusPart
+from nvfp4lab.vocab import CorpusPart, LayerFormat, check_choice
 
 __all__ = [
     "RESULTS_CSV",
@@ -122,6 +122,7 @@ class StudyPlan:
     streamed: bool
     trust_remote_code: bool = False
     search_bits: float | None = None  #: the mixed-precision search's budget (llm_search)
+    search_formats: tuple[str, ...] = ()  #: the formats it chooses among
 
     def describe(self) -> dict[str, Any]:
         """The plan as JSON-ready facts (the page's header)."""
@@ -134,6 +135,7 @@ class StudyPlan:
             "evaluation_windows": self.eval_windows, "domain_windows": self.domain_windows,
             "calibration_samples": self.samples,
             "configurations": [c.label for c in self.configs], "search_bits": self.search_bits,
+            "search_formats": list(self.search_formats) if self.search_bits is not None else [],
         }
 
 
@@ -174,6 +176,7 @@ def plan_study(
     trust_remote_code: bool = False,
     seed: int = 0,
     search: float | None = None,
+    search_formats: Sequence[str] | None = None,
 ) -> StudyPlan:
     """Resolve and check everything :func:`study` needs, reading no weights: the model
     (:func:`~nvfp4lab.local_models.resolve_model`, :func:`~nvfp4lab.local_models.check_decoder`),
@@ -210,6 +213,7 @@ def plan_study(
     if search is not None and (isinstance(search, bool) or not isinstance(search, int | float)
                                or not 0 < search < 64):
         raise ValueError(f"--search bits={search!r}: give the effective bits per weight, e.g. 5.0")
+    formats = _search_formats(search, search_formats)
     needs = any(c.needs_calibration for c in chosen) or search is not None
     batches = tuple(corpus.calibration_batches(
         tokenizer, text=split.calibration, samples=samples, length=DEFAULTS["length"],
@@ -230,8 +234,22 @@ def plan_study(
         eval_windows=evaluation.numel() // context, domain_windows=second.numel() // context,
         batches=batches, samples=samples if needs else 0, dtype=torch_dtype,
         streamed=bool(streamed), trust_remote_code=trust_remote_code,
-        search_bits=None if search is None else float(search),
+        search_bits=None if search is None else float(search), search_formats=formats,
     )
+
+
+def _search_formats(search: float | None, formats: Sequence[str] | None) -> tuple[str, ...]:
+    """The search's formats, checked (default :data:`~nvfp4lab.studies.llm_search.
+    SEARCH_FORMATS`); ValueError for formats without a search or a name not a LayerFormat."""
+    if formats is None:
+        return tuple(SEARCH_FORMATS)
+    if search is None:
+        raise ValueError("--search-formats needs --search bits=B (the budget to search under)")
+    chosen = tuple(str(check_choice("--search-formats entry", f, LayerFormat)) for f in formats)
+    if not chosen or all(f == LayerFormat.BF16 for f in chosen):
+        raise ValueError(f"--search-formats {','.join(formats)!r}: name at least one quantized "
+                         "format, e.g. nvfp4-mr-gptq,fp8-w8a16,bf16")
+    return chosen
 
 
 def _streamable(configs: list[LLMConfig], streamed: bool, *, asked: bool) -> list[LLMConfig]:
@@ -463,7 +481,8 @@ def run_study(plan: StudyPlan, *, dask: str | None = None, progress: bool = True
         on_reference(run)
     results = _run_all(plan, run, reference, dask, progress)
     search = None if plan.search_bits is None else study_search(
-        reference, run, plan.batches, plan.search_bits, dask=dask, progress=progress)
+        reference, run, plan.batches, plan.search_bits, dask=dask, progress=progress,
+        formats=plan.search_formats or SEARCH_FORMATS)
     results += [] if search is None else [search.result]
     del reference
     pairs = [(r, *_split(r.fidelity, plan.eval_windows)) for r in results]
@@ -495,6 +514,7 @@ def study(
     trust_remote_code: bool = False,
     progress: bool = True,
     search: float | None = None,
+    search_formats: Sequence[str] | None = None,
 ) -> StudyResult:
     """What NVFP4 does to ``model`` on ``text``: :func:`plan_study` then :func:`run_study`.
 
@@ -506,12 +526,14 @@ def study(
     (256); ``samples``: calibration windows of 256 tokens (32). ``dtype``: "float32" (default),
     "bfloat16" or "float16". ``streamed``: block by block (None: when the model is large).
     ``dask``: a Dask scheduler address. ``search``: bits per weight for the mixed-precision
-    search (:mod:`~nvfp4lab.studies.llm_search`: one more row, its files in ``.save``).
+    search (:mod:`~nvfp4lab.studies.llm_search`: one more row, its files in ``.save``);
+    ``search_formats``: the :class:`~nvfp4lab.vocab.LayerFormat` values it chooses among.
     Returns a :class:`StudyResult` (``.table``, ``.verdict()``, ``.save(folder)``).
     """
     plan = plan_study(model, text=text, calibration=calibration, configs=configs,
                       tokens=tokens, context=context, samples=samples, smoke=smoke, dtype=dtype,
-                      streamed=streamed, trust_remote_code=trust_remote_code, search=search)
+                      streamed=streamed, trust_remote_code=trust_remote_code, search=search,
+                      search_formats=search_formats)
     return run_study(plan, dask=dask, progress=progress)
 
 

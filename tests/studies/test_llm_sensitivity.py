@@ -278,22 +278,34 @@ def test_the_study_with_a_search(tmp_path: Path, capfd: pytest.CaptureFixture[st
     model = save_hf_cache(tiny_model("llama", seed=1), tiny_tokenizer(), tmp_path / "hub",
                           repo_id="tiny-org/tiny-llama")
     text = write_text(tmp_path / "notes.md")
+    formats = ["nvfp4-mr-gptq", "fp8-w8a16", "bf16"]
     result = llm_study.study(model, text=text, configs=["w4a16-gptq"], tokens=64, context=32,
-                             samples=2, search=5.0, progress=False)
+                             samples=2, search=5.0, search_formats=formats, progress=False)
     labels = [r["label"] for r in result.rows()]
     assert labels == ["W4A16 GPTQ", "mixed (search, 5 bits)"] * 2
     mixed = result.evaluation[-1]
     assert mixed.fidelity.kld_mean == result.search.chosen.fidelity.kld_mean or (
         mixed.fidelity.windows == result.plan.eval_windows)
     assert result.search.chosen.mix.bits <= 5.0
-    assert len(result.search.table.rows) == 28  # 14 Linears in nvfp4-gptq and fp8
+    assert len(result.search.table.rows) == 28  # 14 Linears in nvfp4-mr-gptq and fp8-w8a16
+    assert set(result.search.chosen.mix.formats.values()) <= set(formats)
+    assert result.plan.search_formats == tuple(formats)
     result.save(tmp_path)
     assert {"sensitivity.csv", "frontier.csv", "mix.json"} <= {p.name for p in tmp_path.iterdir()}
     with pytest.raises(ValueError, match="--search bits=-1"):
         llm_study.plan_study(model, text=text, search=-1, tokens=64, context=32)
+    for kwargs, words in (({"search_formats": ["fp8"]}, "--search-formats needs --search"),
+                          ({"search": 5.0, "search_formats": ["int3"]}, "'int3'"),
+                          ({"search": 5.0, "search_formats": ["bf16"]}, "at least one quantized")):
+        with pytest.raises(ValueError, match=words):
+            llm_study.plan_study(model, text=text, tokens=64, context=32, **kwargs)
     with pytest.raises(SystemExit) as stopped:  # argparse's one line, exit status 2
         cli_main(["study", str(model), "--search", "5"])
     assert stopped.value.code == 2 and "write bits=B" in capfd.readouterr().err
+    assert cli_main(["study", str(model), "--search", "bits=5", "--search-formats", "fp8,int3",
+                     "--tokens", "64", "--context", "32"]) == 2
+    err = capfd.readouterr().err
+    assert "int3" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_progress_line_shows_an_interval_only_where_there_is_one() -> None:
