@@ -71,7 +71,8 @@ def add_study(parser: argparse.ArgumentParser) -> None:
                         "scheduler address (every worker must see MODEL at the same path)")
     parser.add_argument("--search", default=None, type=search_bits, metavar="bits=B",
                         help="also measure every Linear's sensitivity and search per-layer "
-                        "formats (NVFP4 GPTQ / FP8 / BF16) under B effective bits per weight: "
+                        "formats (default NVFP4 MR-GPTQ / FP8 W8A16 / BF16) under B effective bits "
+                        "per weight: "
                         "one more row, 'mixed (search, B bits)', and sensitivity.csv, "
                         "frontier.csv, mix.json in --out")
     parser.add_argument("--search-formats", default=None, type=format_list, metavar="F,F,...",

@@ -78,8 +78,9 @@ __all__ = [
 ]
 
 #: The formats :func:`sensitivity` measures unless told.
-DEFAULT_FORMATS: tuple[LayerFormat, ...] = (LayerFormat.NVFP4_RTN, LayerFormat.NVFP4_GPTQ,
-                                            LayerFormat.FP8, LayerFormat.MXFP4)
+DEFAULT_FORMATS: tuple[LayerFormat, ...] = (
+    LayerFormat.NVFP4_RTN, LayerFormat.NVFP4_GPTQ, LayerFormat.NVFP4_MR_GPTQ, LayerFormat.FP8,
+    LayerFormat.FP8_W8A16, LayerFormat.MXFP4)
 
 
 @dataclass(frozen=True)

@@ -235,11 +235,12 @@ def test_measured_mixes_frontier_and_files(setup, tmp_path: Path) -> None:
     table = sensitivity(model, run, formats=["nvfp4-gptq", "fp8"], calibration=batches,
                         progress=False)
     assert len(table.rows) == 28 and -1.0 <= table.rank_correlation("fp8") <= 1.0
-    path = search_path(table, model)
+    formats = ["nvfp4-gptq", "fp8", "bf16"]  # as measured (not the default search formats)
+    path = search_path(table, model, formats=formats)
     assert path[0].counts() == {"nvfp4-gptq": 14}
-    points = frontier(model, run, table, (4.0, 5.0, 6.0), batches)
+    points = frontier(model, run, table, (4.0, 5.0, 6.0), batches, formats=formats)
     assert [p.label for p in points] == ["mixed (search, 5 bits)", "mixed (search, 6 bits)"]
-    assert points[0].mix.formats == best_mix(table, model, 5.0).formats
+    assert points[0].mix.formats == best_mix(table, model, 5.0, formats=formats).formats
     assert 4.5 < points[0].mix.bits <= 5.0 < points[1].mix.bits <= 6.0
     built = copy.deepcopy(model)
     apply_mix(built, points[0].mix.formats, calibration=batches)
