@@ -6,12 +6,22 @@ pipeline and on the fused kernels (``nvfp4lab[<convention>]`` / ``nvfp4lab[<conv
 on the same seeded tensors, in the same process, interleaved round-robin, on one device; checks
 they agree bit for bit and reports ratios. torchao's ``NVFP4Tensor.to_nvfp4`` is timed too when it
 is installed. The fused kernels are compiled before the timing starts.
+
+llama.cpp's own quantizer is a peer too when llama-cpp-python is importable (its
+``libggml-base.so`` through ctypes, the package itself never imported):
+``ggml_quantize_chunk(GGML_TYPE_NVFP4 = 40)`` against ``nvfp4lab.quantize(convention="llama.cpp")``
+on the same float32 rows (ggml reads float32 only), interleaved in the same rounds; a note gives
+both in ns per element, their ratio, and whether nvfp4lab's codes and scales, laid out as ggml's
+blocks (:func:`nvfp4lab.ggml_blocks.to_ggml_nvfp4`, outside the timing), equal ggml's bytes.
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nvfp4lab.bench import timing
@@ -22,11 +32,16 @@ from nvfp4lab.vocab import OrderName, Scheme
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["PeerResult", "peer_rows", "run_peers"]
+__all__ = ["GGML_TYPE_NVFP4", "PeerResult", "ggml_nvfp4_quantizer", "peer_rows", "run_peers"]
 
 #: The reference peer's name in the results: the compressed-tensors library (its PyPI name),
 #: not nvfp4lab's convention of the same name.
 _CT_PEER = "compressed-tensors"
+#: ggml/include/ggml.h (llama.cpp@0c1e57098bba): the NVFP4 type.
+GGML_TYPE_NVFP4 = 40
+#: The ggml peer's and nvfp4lab's names in the results of that comparison.
+_GGML_PEER = "ggml_quantize_chunk[nvfp4]"
+_LLAMA_ORDER = "nvfp4lab[llama.cpp, fused]"
 
 
 @dataclass(frozen=True)
@@ -142,6 +157,67 @@ def _torchao_closure(
     return fn, note
 
 
+def ggml_nvfp4_quantizer() -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, str]:
+    """(ggml's NVFP4 quantize, "") or (None, why not): the callable takes float32 rows
+    ``[rows, K]`` (K a multiple of 64, contiguous, CPU) and returns ggml's blocks, uint8
+    ``[rows, K/64*36]``, from ``ggml_quantize_chunk(GGML_TYPE_NVFP4, src, dst, 0, rows, K, NULL)``
+    of llama-cpp-python's ``llama_cpp/lib/libggml-base.so`` (one thread, as ggml runs it)."""
+    import torch
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        return None, ("llama-cpp-python is not importable: ggml's NVFP4 quantize was skipped "
+                      "(`make test-peers` installs it; put its folder on PYTHONPATH)")
+    path = Path(spec.origin).parent / "lib" / "libggml-base.so"
+    if not path.is_file():
+        return None, f"llama-cpp-python has no {path}: ggml's NVFP4 quantize was skipped"
+    lib = ctypes.CDLL(str(path))
+    lib.ggml_quantize_init.argtypes = [ctypes.c_int]
+    lib.ggml_quantize_init.restype = None
+    lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.ggml_row_size.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                        ctypes.c_void_p]
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_init(GGML_TYPE_NVFP4)
+
+    def quantize(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.ndim != 2 or x.shape[1] % 64 or not x.is_contiguous():
+            raise ValueError(
+                f"ggml's NVFP4 quantize takes contiguous float32 rows [rows, K], K a multiple of "
+                f"64, got {x.dtype} {tuple(x.shape)}; pass x.float().contiguous()"
+            )
+        rows, k = x.shape
+        dst = torch.empty((rows, lib.ggml_row_size(GGML_TYPE_NVFP4, k)), dtype=torch.uint8)
+        lib.ggml_quantize_chunk(GGML_TYPE_NVFP4, x.data_ptr(), dst.data_ptr(), 0, rows, k, None)
+        return dst
+
+    return quantize, ""
+
+
+def _ggml_note(
+    timings: dict[str, timing.Timing], x: torch.Tensor, ggml_bytes: torch.Tensor,
+    ours: Callable[[], Any],
+) -> str:
+    """One line: the llama.cpp order against ggml on the float32 rows ``x``, in ns per element,
+    their ratio, and whether the bytes are equal."""
+    import torch
+
+    from nvfp4lab.ggml_blocks import to_ggml_nvfp4
+
+    q = ours()
+    equal = torch.equal(to_ggml_nvfp4(q.packed, q.scales), ggml_bytes)
+    n = x.numel()
+    t_ggml, t_ours = timings[_GGML_PEER].median_s, timings[_LLAMA_ORDER].median_s
+    return (
+        f"llama.cpp order vs ggml_quantize_chunk(type 40), {x.shape[0]}x{x.shape[1]} float32 "
+        f"rows: nvfp4lab {t_ours * 1e9 / n:.3f} ns/element, ggml {t_ggml * 1e9 / n:.3f} "
+        f"ns/element (one thread), ggml / nvfp4lab = {t_ggml / t_ours:.2f}x; "
+        f"bytes {'equal' if equal else 'DIFFER'}"
+    )
+
+
 def run_peers(
     shapes: Sequence[tuple[int, int]],
     *,
@@ -170,6 +246,9 @@ def run_peers(
     ao = _torchao_quantizer()
     if ao is None:
         notes.append("torchao is not installed: its NVFP4Tensor was skipped")
+    ggml, why = ggml_nvfp4_quantizer() if device == "cpu" else (None, "")
+    if why:
+        notes.append(why)
     for i, (N, K) in enumerate(shapes):
         x = seeded_randn((N, K), dt, seed + i, device)
         ref_packed, ref_scale, _ = _ct_quantize(x)
@@ -182,12 +261,26 @@ def run_peers(
                 notes.append(ao_note)
             if ao_fn is not None:
                 impls["torchao"] = ao_fn
+        rows = x.float().contiguous()  # ggml reads float32: both quantize these rows
+        if ggml is not None and K % 64 == 0:
+            from nvfp4lab.codec import quantize
+
+            impls[_GGML_PEER] = lambda rows=rows: ggml(rows)
+            # global_scale=1.0 is the order's own unit tensor scale (the same bytes); given, it
+            # skips the codec's check for vanishing blocks, an eager pass over every block
+            # whenever 1.0 < 1344 / amax (ordinary data in this order)
+            impls[_LLAMA_ORDER] = lambda rows=rows: quantize(
+                rows, 1.0, convention="llama.cpp")
         timings = timing.time_interleaved(impls, warmup=warmup, repeats=repeats, device=device)
+        if _GGML_PEER in impls:
+            notes.append(_ggml_note(timings, rows, ggml(rows), impls[_LLAMA_ORDER]))
         t_ct = timings[_CT_PEER].median_s
         for name, t in timings.items():
             match: bool | None = None
             agree: float | None = None
-            if name.startswith("nvfp4lab"):
+            if name in (_GGML_PEER, _LLAMA_ORDER):
+                pass  # another order: compared with ggml's bytes (the note), not CT's
+            elif name.startswith("nvfp4lab"):
                 q = impls[name]()
                 match = bool(
                     torch.equal(q.packed, ref_packed)

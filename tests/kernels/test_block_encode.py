@@ -123,6 +123,80 @@ class TestEqualsEager:
                 assert_same(x, None, convention, threads=threads)
 
 
+def e4m3_values() -> torch.Tensor:
+    """Every positive finite E4M3 value (subnormal 2**-9 to 448), float32."""
+    codes = torch.arange(1, 0x7F, dtype=torch.uint8)
+    return codes.view(torch.float8_e4m3fn).to(torch.float32)
+
+
+def assert_same_propagating(x: torch.Tensor, gs: float, convention: str) -> None:
+    """As :func:`assert_same`, against the eager codec under ``nonfinite="propagate"``."""
+    order = ORDERS[OrderName(convention)]
+    want = quantize(x, gs, convention=convention, fused=False, nonfinite="propagate")
+    want_fake = bits(fake_quantize(x, gs, convention=convention, fused=False,
+                                   nonfinite="propagate"))
+    t = want.global_scale if want.decode_scale is None else want.decode_scale
+    for path in PATHS:
+        packed, scales = block_encode.encode(x, t, order, path=path)
+        assert torch.equal(packed, want.packed), path
+        assert torch.equal(scales.view(torch.uint8), want.scales.view(torch.uint8)), path
+        fake = block_encode.fake_quantize(x, t, order, path=path)
+        assert torch.equal(bits(fake), want_fake), path
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_ties_at_every_scale(dtype: torch.dtype, convention: str) -> None:
+    """Elements exactly on the midpoints between E2M1 magnitudes times s (both signs) in blocks
+    of max 6 s, for every E4M3 value s (subnormal scales included), and one ulp either side:
+    the ties of both E2M1 rules (even; llama.cpp's first nearest) and the scale roundings."""
+    s = e4m3_values()[:, None]
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    row = torch.cat([6 * s, mids * s, -6 * s, -mids * s], dim=1)  # [126, 16]
+    x = row.to(dtype)
+    up = torch.nextafter(x, torch.full_like(x, float("inf")))
+    down = torch.nextafter(x, torch.zeros_like(x))
+    for gs in (1.0, 0.5, 3.0):
+        assert_same(torch.cat([x, up, down]), gs, convention)
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_huge_and_vanishing_against_the_scale(convention: str) -> None:
+    """Elements far beyond 6 s (a saturated scale of 448 under values up to 3e38, llama.cpp's
+    first-minimum loop), blocks whose scale rounds to 0 beside larger ones, pre-scaling that
+    overflows to inf (gs = 1e30): float32, each path against eager."""
+    g = torch.Generator().manual_seed(11)
+    magnitudes = torch.logspace(-12, 38.4, 16 * 64, dtype=torch.float64).clamp(max=3e38)
+    x = (magnitudes * torch.where(torch.rand(magnitudes.shape, generator=g) < 0.5, -1, 1))
+    x = x[torch.randperm(x.numel(), generator=g)].to(torch.float32).reshape(-1, 16)
+    tiny = torch.rand((8, 16), generator=g) * 5.0e-3  # amax / 6 below 2**-10 at gs = 1
+    # maxima 1e9..1e12 at scale 448: codes 7 and smaller (rounded errors equal) side by side
+    big = (torch.rand((256, 16), generator=g) * 0.9 + 0.1) * torch.logspace(9, 12, 256)[:, None]
+    x = torch.cat([x, tiny, -tiny, big, -big])
+    for gs in (1.0, 2.0**-20, 1e30):
+        assert_same(x, gs, convention)
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nonfinite_as_eager(dtype: torch.dtype, convention: str) -> None:
+    """Infinities given a finite tensor scale: the eager codec's propagated bits, every order
+    and path; NaN too in the llama.cpp order (scale 0 and codes 0 for its block). The codec
+    never hands NaN/Inf to the kernel by default: a fused call raises eager's error."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(8, 64, generator=g).to(dtype)
+    x[0, 3], x[1, 17], x[2, :16] = float("inf"), float("-inf"), float("inf")
+    assert_same_propagating(x, 2.0, convention)
+    x[3, 40], x[4, :16] = float("nan"), float("nan")
+    if convention == "llama.cpp":
+        assert_same_propagating(x, 1.0, convention)
+    with pytest.raises(ValueError) as eager:
+        quantize(x, convention=convention, fused=False)
+    with pytest.raises(ValueError) as fused:
+        quantize(x, convention=convention, fused=True)
+    assert str(fused.value) == str(eager.value)
+
+
 @pytest.mark.parametrize("path", paths())
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_abs_max_equals_torch(dtype: torch.dtype, path: str) -> None:
