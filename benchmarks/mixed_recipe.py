@@ -4,14 +4,17 @@ sensitivity, search, the chosen mix built, scored, saved as a compressed-tensors
 validated by compressed-tensors, reloaded by nvfp4lab and scored again from the reload.
 
     python benchmarks/mixed_recipe.py [--bits 5.0] [--formats nvfp4-mr-gptq,fp8-w8a16,bf16]
-        [--sensitivity FILE.csv] [--out DIR] [--keep] [--no-uniform]
+        [--sensitivity FILE.csv] [--dtype bfloat16] [--out DIR] [--keep] [--no-uniform]
 
 ``--sensitivity``: a table saved before (``SensitivityTable.save_csv``, the study's
 sensitivity.csv) holding every layer in the measured formats, else it is measured here on the
 study's 256 calibration tokens (minutes). The uniform W4A16 GPTQ and MR-GPTQ rows are built and
 scored in the same run (unless ``--no-uniform``), so "half the best uniform" uses this run's
 numbers. Also tried: saving the same mix as ModelOpt and GGUF (each prints what it refuses,
-in one line, or that it saved). Reported: the mix, bits, build seconds, checkpoint size, the
+in one line, or that it saved). With ``--dtype bfloat16`` (transformers runs compressed-tensors
+checkpoints in bfloat16 only) transformers also loads the checkpoint through compressed-tensors
+and its logits on the first evaluation window are compared with nvfp4lab's. Reported: the mix,
+bits, build seconds, checkpoint size, the
 checks (torch.equal on every tensor and on the logits), mean KLD with 95 % intervals on the
 evaluation text and the second text. Not a test: minutes.
 """
@@ -53,6 +56,29 @@ def _table(reference: torch.nn.Module, batches: list, formats: list[str],
     return sensitivity(reference, run, formats=measured, calibration=batches, progress=True)
 
 
+def _transformers_line(path: Path, ours: torch.nn.Module, ids: torch.Tensor) -> str:
+    """transformers (through compressed-tensors) against nvfp4lab on ``ids``, as loaded and with
+    the checkpoint's input rotations applied (``checkpoint.transformers_input_rotations``): mean
+    KL of the next-token distributions, top-1 agreement."""
+    from transformers import AutoModelForCausalLM
+
+    said = []
+    for rotate in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+            layers = checkpoint.transformers_input_rotations(theirs, path) if rotate else 0
+            with torch.no_grad():
+                a = theirs.eval()(ids).logits.float().log_softmax(-1)
+                b = ours(ids).logits.float().log_softmax(-1)
+        kl = float((b.exp() * (b - a)).sum(-1).mean())
+        top1 = float((a.argmax(-1) == b.argmax(-1)).float().mean())
+        how = f"with {layers} input rotations applied" if rotate else "as loaded"
+        said.append(f"{how}: KL(nvfp4lab || transformers) {kl:.2e} nats/token, top-1 "
+                    f"agreement {top1:.4f}")
+    return f"transformers + compressed-tensors on {ids.numel()} tokens, " + "; ".join(said)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bits", type=float, default=5.0)
@@ -61,9 +87,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--no-uniform", dest="uniform", action="store_false")
+    parser.add_argument("--dtype", default=None, help="the model's dtype (default float32)")
     args = parser.parse_args()
     formats = [f.strip() for f in args.formats.split(",")]
-    plan = llm_study.plan_study(configs=list(UNIFORM))
+    plan = llm_study.plan_study(configs=list(UNIFORM), dtype=args.dtype)
     run, reference = llm_study._reference(plan, progress=True)
     table = _table(reference, list(plan.batches), formats, args.sensitivity)
     mix = llm_search.best_mix(table, reference, args.bits, formats=formats)
@@ -104,6 +131,8 @@ def main() -> None:
         print(f"mix built in {seconds:.0f} s; checkpoint {size / 1e6:.1f} MB (compressed-tensors), "
               f"config valid for compressed-tensors: {valid}; every tensor equal after reload: "
               f"{same}, logits equal: {same_logits}")
+        if plan.dtype == torch.bfloat16:
+            print("  " + _transformers_line(path, loaded, ids))
         print("  " + _line("reloaded, evaluation text", evaluation))
         print("  " + _line(f"reloaded, {plan.domain_name}", domain))
         bases = (("W4A16 GPTQ as filed", 0.099), ("best uniform, this run", best_uniform))

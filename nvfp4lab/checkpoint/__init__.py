@@ -39,6 +39,7 @@ from nvfp4lab.checkpoint.formats.compressed_tensors import (
     read_quantization_config,
 )
 from nvfp4lab.checkpoint.formats.modelopt import read_modelopt_config
+from nvfp4lab.checkpoint.formats.transforms import transformers_input_rotations
 from nvfp4lab.checkpoint.reader import load
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.verification import Verified, verify
@@ -74,5 +75,6 @@ __all__ = [
     "read_modelopt_config",
     "read_quantization_config",
     "save_pretrained",
+    "transformers_input_rotations",
     "verify",
 ]

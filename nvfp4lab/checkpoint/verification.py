@@ -2,7 +2,11 @@
 
 compressed-tensors (installed with nvfp4lab) lets transformers read compressed-tensors NVFP4
 checkpoints and decompress their weights on load. :func:`verify` does exactly what a user would
-(``from_pretrained`` offline, then a forward pass on a few token ids) and says what failed.
+(``from_pretrained`` offline, then a forward pass on a few token ids) and says what failed. A
+checkpoint with a compressed-tensors ``transform_config`` (rotated layers) gets its online input
+rotations applied after loading (:func:`~nvfp4lab.checkpoint.formats.transforms.
+transformers_input_rotations`): transformers 5.25 loads it without them and would run a wrong
+model.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from nvfp4lab.checkpoint.formats.transforms import transformers_input_rotations
 from nvfp4lab.checkpoint.refusals import CheckpointError
 from nvfp4lab.checkpoint.safetensors_files import CONFIG_NAME
 from nvfp4lab.vocab import CheckpointFormat
@@ -30,6 +35,7 @@ class Verified:
     dtype: torch.dtype
     output_shape: tuple[int, ...]
     tokens: int
+    input_rotations: int = 0  #: layers whose input rotation was applied after loading
 
 
 def _model_class(path: Path) -> type:
@@ -70,6 +76,7 @@ def verify(
         cls = _model_class(folder)
         kwargs = {"local_files_only": True, **({"dtype": dtype} if dtype is not None else {})}
         model = cls.from_pretrained(str(folder), **kwargs).eval()
+        rotations = transformers_input_rotations(model, folder)
         vocab = int(getattr(model.config, "vocab_size", 0) or 100)
         ids = (torch.arange(tokens) * 7 % vocab).reshape(1, tokens)
         with torch.no_grad():
@@ -94,4 +101,5 @@ def verify(
             f"{str(exc).splitlines()[0] if str(exc) else ''}){remedy}"
         ) from exc
     first = out[0] if isinstance(out, tuple) else next(iter(out.values()))
-    return Verified(folder, type(model).__name__, model.dtype, tuple(first.shape), tokens)
+    return Verified(folder, type(model).__name__, model.dtype, tuple(first.shape), tokens,
+                    rotations)

@@ -328,3 +328,34 @@ def test_a_matrix_is_built_when_none_is_stored_and_a_bad_one_refused(peer, tmp_p
         else:
             with pytest.raises(CheckpointError, match=rf"{key}.*only ±1 entries"):
                 checkpoint.load(dst)
+
+
+def test_transformers_runs_the_rotation_only_when_it_is_applied(mr_gptq, tmp_path: Path) -> None:
+    """transformers 5.25 + compressed-tensors 0.20 load a transform_config checkpoint without its
+    input rotations (a wrong model, silently); transformers_input_rotations applies them, and
+    verify does so itself. Compared with nvfp4lab's model on the same ids (bfloat16 checkpoint:
+    what transformers runs)."""
+    from transformers import AutoModelForCausalLM
+
+    model, _ = mr_gptq
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = checkpoint.save_pretrained(model, tmp_path / "bf16", dtype=torch.bfloat16)
+    ours = checkpoint.load(path, backend="w4a16").eval()
+    ids = token_batches(1, seed=4)[0]
+
+    def kl_to_ours(theirs: nn.Module) -> float:
+        with torch.no_grad():
+            a = theirs(ids).logits.float().log_softmax(-1)
+            b = ours(ids).logits.float().log_softmax(-1)
+        return float((b.exp() * (b - a)).sum(-1).mean())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).eval()
+        rotated = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).eval()
+    layers = [n for n, m in ours.named_modules() if isinstance(m, NVFP4Linear)]
+    assert checkpoint.transformers_input_rotations(rotated, path) == len(layers)
+    close, wrong = kl_to_ours(rotated), kl_to_ours(plain)
+    assert close < 1e-4 < wrong / 10, (close, wrong)  # measured 0.0 and 0.0128
+    assert checkpoint.verify(path).input_rotations == len(layers)
