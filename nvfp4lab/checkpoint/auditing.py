@@ -508,8 +508,9 @@ def audit_rows(
     inv = inventory(path, detect_format(path, format))
     weight_only = (_weight_only_fp8(inv) if inv.fmt == CheckpointFormat.COMPRESSED_TENSORS
                    else set())
-    mixed = audit_mixed_rows(inv.tensors, weight_only) if inv.fmt in (
-        CheckpointFormat.COMPRESSED_TENSORS, CheckpointFormat.GGUF) else []
+    mixed = audit_mixed_rows(inv.tensors, weight_only, inv.fmt == CheckpointFormat.MODELOPT) if (
+        inv.fmt in (CheckpointFormat.COMPRESSED_TENSORS, CheckpointFormat.GGUF,
+                    CheckpointFormat.MODELOPT)) else []
     if not inv.layers and not mixed:
         raise CheckpointError(f"{path}: no quantized layer found in the weight files")
     tasks = _tasks(inv, _reference_inventory(reference), _stores_input(inv))

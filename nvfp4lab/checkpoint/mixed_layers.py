@@ -321,18 +321,20 @@ _CHUNK = 1 << 21
 
 
 def _fp8_row(name: str, weight: TensorInfo, scale: TensorInfo,
-             weight_only: bool = False) -> dict[str, Any]:
-    """The audit row of one FP8 layer (``weight_only``: its group quantizes no activations):
-    scale range and bad-scale counts, the decoded weights' amax and NaN codes (read a few rows
-    at a time)."""
+             weight_only: bool = False, modelopt: bool = False) -> dict[str, Any]:
+    """The audit row of one FP8 layer (``weight_only``: its group quantizes no activations;
+    ``modelopt``: a ModelOpt FP8_PER_CHANNEL_PER_TOKEN layer, scale ``[N]``): scale range and
+    bad-scale counts, the decoded weights' amax and NaN codes (read a few rows at a time)."""
     fmt, scheme = ((LayerFormat.FP8_W8A16.value, LayerScheme.FP8_W8A16.value) if weight_only
-                   else ("fp8", "FP8_DYNAMIC"))
+                   else ("fp8", FP8_ALGO if modelopt else "FP8_DYNAMIC"))
     row: dict[str, Any] = {"layer": name, "format": fmt, "scheme": scheme,
                            "shape": list(weight.shape), "scale_form": "decode"}
     issues = []
+    n = weight.shape[0] if weight.shape else 0
+    want = [n] if modelopt else [n, 1]
     if weight.dtype != "F8_E4M3" or scale.dtype != "F32" or len(weight.shape) != 2 or (
-            tuple(scale.shape) != (weight.shape[0], 1)):
-        row["issues"] = (f"expected float8_e4m3fn [N, K] weight and float32 [N, 1] weight_scale, "
+            list(scale.shape) != want):
+        row["issues"] = (f"expected float8_e4m3fn [N, K] weight and float32 {want} weight_scale, "
                          f"found {weight.dtype} {list(weight.shape)} and {scale.dtype} "
                          f"{list(scale.shape)}")
         return row
@@ -376,12 +378,13 @@ def _q8_0_row(name: str, codes: TensorInfo, d: TensorInfo) -> dict[str, Any]:
     return row
 
 
-def audit_mixed_rows(tensors: Mapping[str, TensorInfo],
-                     weight_only: Collection[str] = ()) -> list[dict[str, Any]]:
+def audit_mixed_rows(tensors: Mapping[str, TensorInfo], weight_only: Collection[str] = (),
+                     modelopt: bool = False) -> list[dict[str, Any]]:
     """Audit rows of a compressed-tensors checkpoint's FP8 layers (``<name>.weight`` stored
     float8_e4m3fn beside ``<name>.weight_scale``: format ``fp8``, scheme ``FP8_DYNAMIC``; those
     in ``weight_only`` (their config group has no input activations): ``fp8-w8a16``,
-    ``FP8_W8A16``) and
+    ``FP8_W8A16``; ``modelopt``: a ModelOpt MIXED_PRECISION checkpoint's, scheme
+    ``FP8_PER_CHANNEL_PER_TOKEN``, scale ``[N]``) and
     MXFP4 layers (``weight_packed`` with uint8 ``weight_scale`` and no global scale: format
     ``mxfp4``, scheme ``MXFP4A16``, shapes checked), and a GGUF file's Q8_0 layers (int8
     ``weight`` beside float16 ``weight_d``: format and scheme ``q8_0`` / ``Q8_0``), in stored
@@ -394,7 +397,7 @@ def audit_mixed_rows(tensors: Mapping[str, TensorInfo],
             continue
         scale = tensors.get(f"{name}.weight_scale")
         if key.endswith(".weight") and info.dtype.startswith("F8") and scale is not None:
-            rows.append(_fp8_row(name, info, scale, name in weight_only))
+            rows.append(_fp8_row(name, info, scale, name in weight_only, modelopt))
         elif key.endswith(".weight_packed") and scale is not None and scale.dtype == "U8" and (
                 f"{name}.weight_global_scale" not in tensors):
             n, half = info.shape if len(info.shape) == 2 else (0, 0)

@@ -448,3 +448,20 @@ def test_an_mr_gptq_mix_saves_its_rotation_for_the_nvfp4_layers_only(tmp_path: P
     ids = token_batches(1, seed=9)[0]
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_audit_lists_a_modelopt_mix(mo_saved: Path) -> None:
+    """ModelOpt MIXED_PRECISION: the FP8_PER_CHANNEL_PER_TOKEN layers (scale [N]) are audited
+    beside the NVFP4 ones, their scales read from the file."""
+    rows = {r["layer"]: r for r in audit_rows(mo_saved)}
+    quantized = {n: f for n, f in MO_MIX.items() if f != "bf16"}
+    assert set(rows) == set(quantized)
+    for name, fmt in quantized.items():
+        assert rows[name]["issues"] == "", (name, rows[name]["issues"])
+        if fmt == "fp8":
+            assert (rows[name]["format"], rows[name]["scheme"]) == (
+                "fp8", "FP8_PER_CHANNEL_PER_TOKEN")
+            scale = FP8Linear.from_linear(tiny_llama().get_submodule(name)).weight_scale
+            assert rows[name]["scale_max"] == float(scale.max())
+        else:
+            assert rows[name]["scheme"] == "NVFP4A16"
