@@ -114,12 +114,17 @@ class ConvertReport:
     scales: int
     not_round_trip: tuple[str, ...] = field(default=())
     copied: tuple[str, ...] = field(default=())
+    through_model: bool = False  #: a mixed checkpoint, loaded and saved through the model
 
     @property
     def fraction(self) -> float:
         return len(self.not_round_trip) / self.scales if self.scales else 0.0
 
     def summary(self) -> str:
+        if self.through_model:
+            return (f"{self.src} ({self.src_format}) -> {self.dst} ({self.dst_format}): a mixed-"
+                    f"precision checkpoint, loaded and saved through the model in memory "
+                    f"(every layer's bytes kept), {self.tensors} tensors")
         return (
             f"{self.src} ({self.src_format}) -> {self.dst} ({self.dst_format}): {self.tensors} "
             f"tensors, {self.scales} tensor scales converted by their float32 reciprocal, "
@@ -353,6 +358,44 @@ def _kv_shards(shards: tuple[Shard, ...], kind: str | None, src: CheckpointForma
     return tuple(convert_kv_shard(shard, src_names, dst_names) for shard in shards)
 
 
+def _mixed(inv: Inventory) -> bool:
+    """Whether the checkpoint holds layers in another format than NVFP4 (from the headers): an
+    FP8 ``<name>.weight``, a Q8_0 int8 one, or MXFP4 ``weight_packed`` with uint8 scales and no
+    global scale."""
+    for key, info in inv.tensors.items():
+        name = key.rpartition(".")[0]
+        if key.endswith(".weight") and (info.dtype.startswith("F8") or info.dtype == "I8"):
+            return True
+        scale = inv.tensors.get(f"{name}.weight_scale")
+        if key.endswith(".weight_packed") and scale is not None and scale.dtype == "U8" and (
+                f"{name}.weight_global_scale" not in inv.tensors):
+            return True
+    return False
+
+
+def _convert_mixed(source: Path, target: Path, src_format: str, dst_format: str,
+                   overwrite: bool) -> ConvertReport:
+    """A mixed-precision checkpoint converted through the model: :func:`~nvfp4lab.checkpoint.
+    reader.load` (every layer byte for byte) then :func:`~nvfp4lab.checkpoint.writer.
+    save_pretrained` to ``dst_format``, whose refusals apply (a layer the target cannot
+    declare: FP8 W8A16 or MXFP4 in ModelOpt, FP8 in GGUF, Q8_0 outside GGUF) before anything is
+    written. The whole model is held in memory."""
+    from nvfp4lab.checkpoint.reader import load
+    from nvfp4lab.checkpoint.writer import save_pretrained
+
+    try:
+        model = load(source, format=src_format)
+        path = save_pretrained(model, target, format=dst_format, source=source,
+                               overwrite=overwrite)
+    except ValueError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{source}: cannot convert this mixed-precision checkpoint to "
+                              f"{dst_format}: {exc}") from exc
+    tensors = len(inventory(path, dst_format).tensors)
+    return ConvertReport(source, path, src_format, dst_format, tensors, 0, through_model=True)
+
+
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -378,8 +421,10 @@ def convert(
     docstring). A quantized KV cache is carried: its kind into the target's configuration,
     each layer's float32 k / v DECODE scales renamed and reshaped to the target's names with the
     same values (both safetensors formats store the DECODE form); a target that cannot hold it
-    (GGUF; an NVFP4 cache in compressed-tensors) is refused. ``dst`` may be missing or an empty
-    folder; ``overwrite=True`` replaces a folder
+    (GGUF; an NVFP4 cache in compressed-tensors) is refused. A mixed-precision checkpoint (FP8,
+    MXFP4 or Q8_0 layers beside the NVFP4 ones) converts through the model instead
+    (:func:`_convert_mixed`: in memory; the target's refusals apply). ``dst`` may be missing or
+    an empty folder; ``overwrite=True`` replaces a folder
     holding only checkpoint files and files copied from ``src`` (anything else, symlinks and
     empty folders included, is refused with FileExistsError, also when it appears while
     converting). ``workers`` / ``dask`` / ``progress``: where safetensors shards are written
@@ -406,6 +451,8 @@ def convert(
     if inv.fmt == target_format:
         raise CheckpointError(f"{source} is already a {inv.fmt.value} checkpoint; nothing to "
                               "convert (copy the folder instead)")
+    if _mixed(inv):
+        return _convert_mixed(source, target, inv.fmt.value, target_format.value, overwrite)
     if not inv.layers:
         raise CheckpointError(f"{source}: no quantized layer found in the weight files")
     src_spec = format_spec(inv.fmt)

@@ -241,11 +241,14 @@ def test_load_refuses_groups_it_cannot_run(edit: object, pattern: str,
         checkpoint.load(path)
 
 
-def test_convert_refuses_a_mixed_checkpoint(saved: tuple[torch.nn.Module, Path],
-                                            tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="group 'group_1' holds fp8 layers, which only "
-                                              "compressed-tensors declares"):
+def test_convert_refuses_what_the_target_cannot_declare(
+        saved: tuple[torch.nn.Module, Path], tmp_path: Path) -> None:
+    """A mixed checkpoint converts through the model; ModelOpt has no MXFP4 / FP8 W8A16 layer:
+    refused in one line, nothing written."""
+    with pytest.raises(CheckpointError, match=r"cannot convert this mixed-precision checkpoint to "
+                                              r"modelopt: .*MXFP4 layer") as err:
         checkpoint.convert(saved[1], tmp_path / "mo", format="modelopt")
+    assert "\n" not in str(err.value)
     assert not (tmp_path / "mo").exists()
 
 
@@ -400,11 +403,33 @@ def test_modelopt_load_refuses_layers_it_cannot_hold(edit: object, pattern: str,
         checkpoint.load(path)
 
 
-def test_convert_refuses_a_modelopt_mixed_checkpoint(mo_saved: Path, tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="quant_algo 'MIXED_PRECISION' holds per-layer "
-                                              "formats no other format declares"):
-        checkpoint.convert(mo_saved, tmp_path / "ct", format="compressed-tensors")
-    assert not (tmp_path / "ct").exists()
+def _same_layers(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    """Every Linear of ``a`` and ``b``: the same kind, codes, block scales and FP8 bytes (tensor
+    scales converted by their float32 reciprocal may differ in the last bit)."""
+    for name, mine in a.named_modules():
+        theirs = b.get_submodule(name) if name else b
+        assert type(theirs) is type(mine), name
+        leaves = {NVFP4Linear: ("weight_packed", "weight_scale"),
+                  FP8Linear: ("weight", "weight_scale")}.get(type(mine), ())
+        for leaf in leaves:
+            assert torch.equal(raw(getattr(mine, leaf)), raw(getattr(theirs, leaf))), (name, leaf)
+
+
+def test_convert_a_mixed_checkpoint_both_ways(mo_saved: Path, tmp_path: Path) -> None:
+    """ModelOpt MIXED_PRECISION -> compressed-tensors (config groups) -> ModelOpt: every layer's
+    bytes kept, the last folder's config and tensors equal to the first's."""
+    report = checkpoint.convert(mo_saved, tmp_path / "ct", format="compressed-tensors")
+    assert report.through_model and "mixed-precision checkpoint" in report.summary()
+    first, ct = checkpoint.load(mo_saved), checkpoint.load(tmp_path / "ct")
+    _same_layers(first, ct)
+    assert _block(tmp_path / "ct")["format"] == "mixed-precision"
+    checkpoint.convert(tmp_path / "ct", tmp_path / "mo", format="modelopt")
+    _same_layers(first, checkpoint.load(tmp_path / "mo"))
+    assert (json.loads((tmp_path / "mo" / "hf_quant_config.json").read_text())
+            == json.loads((mo_saved / "hf_quant_config.json").read_text()))
+    ids = token_batches(1, seed=9)[0]
+    with torch.no_grad():
+        assert torch.equal(checkpoint.load(tmp_path / "mo")(ids).logits, first(ids).logits)
 
 
 def test_an_mr_gptq_mix_saves_its_rotation_for_the_nvfp4_layers_only(tmp_path: Path) -> None:

@@ -51,8 +51,8 @@ per 32 values; q/k rows permuted as above) with its bias F32 and no sidecar; flo
 written like any 2-D float tensor. On reading, a Q8_0 tensor that is the weight of one of the
 model's nn.Linear, of its shape, is seen as ``<linear>.weight`` int8 ``[N, K]`` and
 ``<linear>.weight_d`` float16 ``[N, K/32]`` (:class:`GgufView` parts of the same blocks) and
-loads as a ``Q8_0Linear`` byte for byte (:meth:`GgufConfig.mixed_modules`); ``convert`` refuses
-such a file (no other format declares Q8_0).
+loads as a ``Q8_0Linear`` byte for byte (:meth:`GgufConfig.mixed_modules`); ``convert`` (through
+the model) refuses such a file for the other formats, which declare no Q8_0.
 
 Metadata: a model that came from a GGUF file (``source=`` of ``save_pretrained``, or the file
 its reader recorded in the model's ``nvfp4lab_source`` attribute: ``nvfp4lab.models.smollm2``
