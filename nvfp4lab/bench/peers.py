@@ -267,10 +267,10 @@ def run_peers(
 
             impls[_GGML_PEER] = lambda rows=rows: ggml(rows)
             # global_scale=1.0 is the order's own unit tensor scale (the same bytes); given, it
-            # skips the codec's check for vanishing blocks, an eager pass over every block
-            # whenever 1.0 < 1344 / amax (ordinary data in this order)
+            # skips the codec's check for vanishing blocks (a block-max pass whenever
+            # 1.0 < 1344 / amax, ordinary data in this order)
             impls[_LLAMA_ORDER] = lambda rows=rows: quantize(
-                rows, 1.0, convention="llama.cpp")
+                rows, 1.0, convention=OrderName.LLAMA_CPP)
         timings = timing.time_interleaved(impls, warmup=warmup, repeats=repeats, device=device)
         if _GGML_PEER in impls:
             notes.append(_ggml_note(timings, rows, ggml(rows), impls[_LLAMA_ORDER]))
