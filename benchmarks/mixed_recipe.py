@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from saved_checks import same_tensors, validated
+from saved_checks import same_tensors, save_checked
 
 from nvfp4lab import checkpoint
 from nvfp4lab.studies import llm, llm_configs, llm_search, llm_study
@@ -111,9 +111,7 @@ def main() -> None:
         model, seconds = llm_search.build_mix(reference, mix, plan.batches)
     root = args.out or Path(tempfile.mkdtemp(prefix="nvfp4lab-mixed-"))
     try:
-        path = checkpoint.save_pretrained(model, root / "smollm2-mixed")
-        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        valid = validated(path)
+        path, size, valid = save_checked(model, root / "smollm2-mixed")
         for fmt in ("modelopt", "gguf"):
             try:
                 checkpoint.save_pretrained(model, root / f"smollm2-mixed-{fmt}", format=fmt)

@@ -25,6 +25,16 @@ def validated(path: Path) -> bool:
     return True
 
 
+def save_checked(model: torch.nn.Module, path: Path) -> tuple[Path, int, bool]:
+    """``model`` saved as compressed-tensors at ``path``: the folder, its weight bytes and
+    :func:`validated`."""
+    from nvfp4lab import checkpoint
+
+    folder = checkpoint.save_pretrained(model, path)
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    return folder, size, validated(folder)
+
+
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` as torch.equal compares it (float8 as its bytes)."""
     return tensor.view(torch.uint8) if tensor.dtype.itemsize == 1 else tensor

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from saved_checks import same_tensors, validated
+from saved_checks import same_tensors, save_checked
 
 from nvfp4lab import checkpoint
 from nvfp4lab.execution import W4A4Options
@@ -47,9 +47,7 @@ def main() -> None:
     model, seconds = llm_configs.build(reference, RECIPE, plan.batches)
     root = args.out or Path(tempfile.mkdtemp(prefix="nvfp4lab-w4a4-"))
     try:
-        path = checkpoint.save_pretrained(model, root / "smollm2-w4a4-recipe")
-        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        valid = validated(path)
+        path, size, valid = save_checked(model, root / "smollm2-w4a4-recipe")
         start = time.perf_counter()
         loaded = checkpoint.load(path, backend="emulation").eval()
         load_seconds = time.perf_counter() - start

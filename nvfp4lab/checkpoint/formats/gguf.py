@@ -79,7 +79,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -470,15 +470,19 @@ class GgufConfig:
 
     def mixed_modules(self, model: nn.Module) -> dict[str, str]:
         """The Q8_0 Linears: name -> ``"q8_0"`` (each an nn.Linear of ``model``)."""
-        for name in self.q8_0:
+        self._check_linears(model, self.q8_0, "Q8_0")
+        return dict.fromkeys(self.q8_0, str(LayerFormat.Q8_0))
+
+    def _check_linears(self, model: nn.Module, names: Iterable[str], kind: str) -> None:
+        """CheckpointError for a stored ``kind`` tensor whose name is no nn.Linear of ``model``."""
+        for name in names:
             try:
                 module = model.get_submodule(name)
             except AttributeError:
                 module = None
             if not isinstance(module, nn.Linear):
-                raise CheckpointError(f"{self.file}: the Q8_0 tensor of {name!r} has no "
+                raise CheckpointError(f"{self.file}: the {kind} tensor of {name!r} has no "
                                       f"nn.Linear in {type(model).__name__} to load into")
-        return dict.fromkeys(self.q8_0, str(LayerFormat.Q8_0))
 
     def checkpoint_scheme(self) -> Scheme:
         """NVFP4 when every NVFP4 tensor has an ``.input_scale`` sidecar, NVFP4A16 when none
@@ -493,14 +497,7 @@ class GgufConfig:
 
     def quantized_modules(self, model: nn.Module) -> dict[str, bool]:
         """Module name -> whether it stores a static input scale, for every NVFP4 tensor."""
-        for name in self.quantized:
-            try:
-                module = model.get_submodule(name)
-            except AttributeError:
-                module = None
-            if not isinstance(module, nn.Linear):
-                raise CheckpointError(f"{self.file}: the NVFP4 tensor of {name!r} has no "
-                                      f"nn.Linear in {type(model).__name__} to load into")
+        self._check_linears(model, self.quantized, "NVFP4")
         return dict(self.quantized)
 
 
