@@ -55,6 +55,7 @@ __all__ = [
     "best_mix",
     "build_mix",
     "cheapest_meeting",
+    "check_search_formats",
     "fewest_bits",
     "frontier",
     "measure_mix",
@@ -387,6 +388,20 @@ class StudySearch:
     def save(self, folder: str | Path, eval_windows: int | None = None) -> list[Path]:
         """:func:`save_search` into ``folder`` (the frontier over the evaluation part)."""
         return save_search(folder, self.table, self.points, self.chosen, eval_windows)
+
+
+def check_search_formats(search: float | None, formats: Sequence[str] | None) -> tuple[str, ...]:
+    """The study's search formats, checked (default :data:`SEARCH_FORMATS`); ValueError
+    for formats without a search or a name not a LayerFormat."""
+    if formats is None:
+        return tuple(SEARCH_FORMATS)
+    if search is None:
+        raise ValueError("--search-formats needs --search bits=B (the budget to search under)")
+    chosen = tuple(str(check_choice("--search-formats entry", f, LayerFormat)) for f in formats)
+    if not chosen or all(f == LayerFormat.BF16 for f in chosen):
+        raise ValueError(f"--search-formats {','.join(formats)!r}: name at least one quantized "
+                         "format, e.g. nvfp4-mr-gptq,fp8-w8a16,bf16")
+    return chosen
 
 
 def study_search(

@@ -56,7 +56,7 @@ from nvfp4lab.studies.llm_configs import (
     LLMConfig,
     configurations,
 )
-from nvfp4lab.studies.llm_search import SEARCH_FORMATS, study_search
+from nvfp4lab.studies.llm_search import SEARCH_FORMATS, check_search_formats, study_search
 from nvfp4lab.studies.llm_statistics import TokenFidelity, fidelity_of
 from nvfp4lab.studies.llm_verdict import (
     FamilyVerdict,
@@ -65,7 +65,7 @@ from nvfp4lab.studies.llm_verdict import (
     family_table,
     verdict_text,
 )
-from nvfp4lab.vocab import CorpusPart, LayerFormat, check_choice
+from nvfp4lab.vocab import CorpusPart
 
 __all__ = [
     "RESULTS_CSV",
@@ -213,7 +213,7 @@ def plan_study(
     if search is not None and (isinstance(search, bool) or not isinstance(search, int | float)
                                or not 0 < search < 64):
         raise ValueError(f"--search bits={search!r}: give the effective bits per weight, e.g. 5.0")
-    formats = _search_formats(search, search_formats)
+    formats = check_search_formats(search, search_formats)
     needs = any(c.needs_calibration for c in chosen) or search is not None
     batches = tuple(corpus.calibration_batches(
         tokenizer, text=split.calibration, samples=samples, length=DEFAULTS["length"],
@@ -236,20 +236,6 @@ def plan_study(
         streamed=bool(streamed), trust_remote_code=trust_remote_code,
         search_bits=None if search is None else float(search), search_formats=formats,
     )
-
-
-def _search_formats(search: float | None, formats: Sequence[str] | None) -> tuple[str, ...]:
-    """The search's formats, checked (default :data:`~nvfp4lab.studies.llm_search.
-    SEARCH_FORMATS`); ValueError for formats without a search or a name not a LayerFormat."""
-    if formats is None:
-        return tuple(SEARCH_FORMATS)
-    if search is None:
-        raise ValueError("--search-formats needs --search bits=B (the budget to search under)")
-    chosen = tuple(str(check_choice("--search-formats entry", f, LayerFormat)) for f in formats)
-    if not chosen or all(f == LayerFormat.BF16 for f in chosen):
-        raise ValueError(f"--search-formats {','.join(formats)!r}: name at least one quantized "
-                         "format, e.g. nvfp4-mr-gptq,fp8-w8a16,bf16")
-    return chosen
 
 
 def _streamable(configs: list[LLMConfig], streamed: bool, *, asked: bool) -> list[LLMConfig]:
