@@ -303,7 +303,7 @@ def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "name": f"SmolLM2 W4A16 RTN, {row['label']}: perplexity / reference's",
                 "value": round(row["perplexity_ratio"], 4),
-                "unit": "x",
+                "unit": "×",
             }
         )
     naive, converter = by_label.get(NAIVE), by_label.get(CONVERTER)
@@ -312,7 +312,7 @@ def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "name": "SmolLM2: llama.cpp naive NVFP4's mean KLD / the converter's",
                 "value": round(naive["kld_mean"] / converter["kld_mean"], 2),
-                "unit": "x",
+                "unit": "×",
             }
         )
     return out
