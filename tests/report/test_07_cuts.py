@@ -44,13 +44,14 @@ def test_calibrated_kv_scales_are_calibrated_once_with_the_same_numbers(
         for name in ("kld", "nll", "top1", "reference_nll"):
             assert torch.equal(getattr(one.fidelity, name), getattr(shared.fidelity, name))
         assert one.fidelity.row() == shared.fidelity.row(), one.label
-    # each calibrated configuration counts the calibration in its build seconds
-    first, _, second = together
-    assert second.build_seconds >= 0.5 * first.build_seconds > 0
     shared: dict[str, object] = {}
     lc.build(reference, CALIBRATED[0], BATCHES, shared=shared)
     scales, seconds = shared["kv_scales"]
     assert scales == real(reference, BATCHES, KVCacheKind.FP8) and seconds > 0
+    # a build that reuses the calibration still counts its seconds (no wall-time ratio asserted:
+    # its own time is >= 0 on a monotonic clock, plus the recorded calibration)
+    _, again = lc.build(reference, CALIBRATED[0], BATCHES, shared=shared)
+    assert again >= seconds
 
 
 def test_calibration_passes_skip_the_output_head_only_when_it_observes_nothing() -> None:
