@@ -67,6 +67,7 @@ __all__ = [
     "config_text",
     "configurations",
     "headline_numbers",
+    "interval_unit",
     "llm_explorer",
     "plot_configs",
     "published_anchors",
@@ -432,7 +433,7 @@ def anchor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _interval_unit(unit: str, row: dict[str, Any], stem: str, digits: int = 4) -> str:
+def interval_unit(unit: str, row: dict[str, Any], stem: str, digits: int = 4) -> str:
     """``unit`` with the row's 95 % interval of ``stem`` (``{stem}_lo`` / ``{stem}_hi``) and its
     window count, e.g. ``nats/token (95 % interval 0.1001 to 0.1150, 8 windows)``."""
     lo, hi = row.get(f"{stem}_lo"), row.get(f"{stem}_hi")
@@ -448,26 +449,43 @@ HEADLINE_LABELS = ("W4A16 RTN", "W4A16 GPTQ", "W4A16 MR-GPTQ", "W4A4 RTN, dynami
                    "KV nvfp4_4over6", "KV fp8", "W4A4 + KV nvfp4")
 
 
-def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def headline_numbers(rows: Sequence[dict[str, Any]],
+                     results: Sequence[ConfigResult] = ()) -> list[dict[str, Any]]:
     """The notebook's headlines: mean KLD of W4A16 RTN, GPTQ, MR-GPTQ, W4A4 and the KV caches,
     each with its 95 % interval and window count in the unit; GPTQ's and MR-GPTQ's cut of RTN's
-    mean KLD (%, a point estimate); every one measured against the Q4_1-dequantized
-    reference."""
+    mean KLD (%), with the paired KLD difference and its 95 % interval in the unit when
+    ``results`` (the rows' :class:`ConfigResult`, scored on one run) are given; every one
+    measured against the Q4_1-dequantized reference."""
     out = []
     for label in HEADLINE_LABELS:
         row = _row(rows, label)
         if row is not None:
             out.append({"name": f"SmolLM2 {label}: mean KLD vs Q4_1-dequantized reference",
                         "value": round(row["kld_mean"], 4),
-                        "unit": _interval_unit("nats/token", row, "kld")})
+                        "unit": interval_unit("nats/token", row, "kld")})
     rtn = _row(rows, "W4A16 RTN")
     for label, name in (("W4A16 GPTQ", "GPTQ"), ("W4A16 MR-GPTQ", "MR-GPTQ")):
         other = _row(rows, label)
         if rtn is not None and other is not None and rtn["kld_mean"] > 0:
             out.append({"name": f"SmolLM2 W4A16: {name}'s cut of RTN's mean KLD",
                         "value": round(100.0 * (1.0 - other["kld_mean"] / rtn["kld_mean"]), 1),
-                        "unit": "%"})
+                        "unit": _paired_unit(results, label, "W4A16 RTN")})
     return out
+
+
+def _paired_unit(results: Sequence[ConfigResult], label: str, baseline: str) -> str:
+    """``%`` with ``label``'s KLD minus ``baseline``'s, paired token by token, and its 95 %
+    interval over the windows (:func:`~nvfp4lab.studies.llm_statistics.paired_difference`);
+    ``% (point estimate)`` without both results."""
+    from nvfp4lab.studies.llm_statistics import paired_difference
+
+    by_label = {r.config.label: r for r in results}
+    if label not in by_label or baseline not in by_label:
+        return "% (point estimate)"
+    d = paired_difference(by_label[label].fidelity, by_label[baseline].fidelity, "kld")
+    lo, hi = d.ci95
+    return (f"% (paired KLD difference {d.difference:.4f} nats/token, 95 % interval {lo:.4f} "
+            f"to {hi:.4f}, {d.windows} windows)")
 
 
 def plot_configs(rows: Sequence[dict[str, Any]], *, title: str | None = None) -> Any:

@@ -30,6 +30,7 @@ weights' squared error over their energy) with the KLD / perplexity row of
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -45,7 +46,7 @@ from nvfp4lab.plots import legend_outside, log_if_wide, new_figure
 from nvfp4lab.scales import abs_max
 from nvfp4lab.settings import tqdm_class
 from nvfp4lab.studies.llm import ReferenceRun
-from nvfp4lab.studies.llm_configs import LLMConfig, build, scored_row
+from nvfp4lab.studies.llm_configs import LLMConfig, build, interval_unit, scored_row
 from nvfp4lab.studies.llm_layers import short_name
 from nvfp4lab.vocab import Backend, OrderName
 
@@ -296,23 +297,26 @@ def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "name": f"SmolLM2 W4A16 RTN, {row['label']}: mean KLD",
                 "value": round(row["kld_mean"], 4),
-                "unit": "nats/token",
+                "unit": interval_unit("nats/token", row, "kld"),
             }
         )
         out.append(
             {
                 "name": f"SmolLM2 W4A16 RTN, {row['label']}: perplexity / reference's",
                 "value": round(row["perplexity_ratio"], 4),
-                "unit": "×",
+                "unit": interval_unit("×", row, "perplexity_ratio"),
             }
         )
     naive, converter = by_label.get(NAIVE), by_label.get(CONVERTER)
     if naive is not None and converter is not None and converter["kld_mean"] > 0:
+        apart = (naive.get("kld_lo", math.nan) > converter.get("kld_hi", math.nan)
+                 or converter.get("kld_lo", math.nan) > naive.get("kld_hi", math.nan))
         out.append(
             {
                 "name": "SmolLM2: llama.cpp naive NVFP4's mean KLD / the converter's",
                 "value": round(naive["kld_mean"] / converter["kld_mean"], 2),
-                "unit": "×",
+                "unit": "× (a ratio of means; their 95 % intervals "
+                        + ("do not overlap)" if apart else "overlap: no difference shown)"),
             }
         )
     return out

@@ -206,3 +206,23 @@ def test_headlines_carry_intervals_and_mr_gptq() -> None:
     assert mr["unit"] == "nats/token (95 % interval 0.0450 to 0.0550, 8 windows)"
     assert heads["SmolLM2 W4A16: MR-GPTQ's cut of RTN's mean KLD"]["value"] == 75.0
     assert heads["SmolLM2 W4A16: GPTQ's cut of RTN's mean KLD"]["value"] == 50.0
+
+
+def test_the_cut_headlines_carry_the_paired_difference() -> None:
+    """With the results, GPTQ's / MR-GPTQ's cut of RTN's KLD carries the paired KLD difference
+    and its 95 % interval (llm_statistics.paired_difference, the oracle); without, it says it
+    is a point estimate."""
+    from nvfp4lab.studies.llm_statistics import paired_difference
+
+    reference = tiny_llama()
+    run = llm.reference_run(reference, IDS[0], context=8, progress=False)
+    rtn = lc.config_result(reference, run, lc.LLMConfig("W4A16 RTN", Backend.W4A16))
+    w4a4 = lc.config_result(reference, run, lc.LLMConfig("W4A4 RTN, dynamic", Backend.EMULATION))
+    gptq = lc.ConfigResult(lc.LLMConfig("W4A16 GPTQ", Backend.W4A16), w4a4.fidelity, 0.0)
+    rows = [rtn.row(), gptq.row()]
+    name = "SmolLM2 W4A16: GPTQ's cut of RTN's mean KLD"
+    unit = {h["name"]: h["unit"] for h in lc.headline_numbers(rows, [rtn, gptq])}[name]
+    d = paired_difference(w4a4.fidelity, rtn.fidelity, "kld")
+    assert unit == (f"% (paired KLD difference {d.difference:.4f} nats/token, 95 % interval "
+                    f"{d.ci95[0]:.4f} to {d.ci95[1]:.4f}, {d.windows} windows)")
+    assert {h["name"]: h["unit"] for h in lc.headline_numbers(rows)}[name] == "% (point estimate)"

@@ -144,9 +144,16 @@ def test_study_rows_and_kinds() -> None:
     assert q["layers"] == 2 and q["weight_nmse"] == (
         sum(r["noise"] for r in group) / sum(r["signal"] for r in group)
     )
-    heads = {h["name"]: h["value"] for h in llc.headline_numbers(rows)}
+    records = {h["name"]: h for h in llc.headline_numbers(rows)}
+    heads = {n: h["value"] for n, h in records.items()}
     ratio = heads["SmolLM2: llama.cpp naive NVFP4's mean KLD / the converter's"]
     assert math.isclose(ratio, round(rows[0]["kld_mean"] / rows[2]["kld_mean"], 2))
+    first = rows[0]
+    kld_unit = records[f"SmolLM2 W4A16 RTN, {first['label']}: mean KLD"]["unit"]
+    assert kld_unit == (f"nats/token (95 % interval {first['kld_lo']:.4f} to "
+                        f"{first['kld_hi']:.4f}, {first['windows']} windows)")
+    assert records["SmolLM2: llama.cpp naive NVFP4's mean KLD / the converter's"]["unit"] \
+        .startswith("× (a ratio of means; their 95 % intervals ")
 
 
 def test_plot_has_one_line_per_configuration() -> None:
