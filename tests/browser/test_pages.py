@@ -13,7 +13,8 @@ runner's ``headline: name = value`` line, on the index as ``name: value``). On a
 in a 1280 px wide window: no stderr output box (a progress bar or warning in pink), no content
 wider than its box unless that box scrolls (the first ancestor that does not let it spill must be
 a scroll box: a table cut at the page's edge fails), the page itself no wider than the window,
-and no table cell cut by pandas (``display.max_colwidth``: text ending in "..."). The live
+and no table cut by pandas (``display.max_colwidth``: text ending in "..."; ``display.max_rows``
+/ ``max_columns``: a row or column of "..."). The live
 explorers, whose widgets the static pages do not hold, are checked in a real JupyterLab by
 ``test_lab.py``. Chromium comes from ``conftest.py``.
 """
@@ -85,6 +86,10 @@ LAYOUT_JS = """() => {
   for (const e of document.querySelectorAll('td, th')) {
     const t = e.textContent.trim();
     if (t.length > 3 && t.endsWith('...')) out.cut.push(t.slice(-60));
+    // a row or column of '...': pandas cut the table (display.max_rows / max_columns)
+    const shape = /\\d+ rows × \\d+ columns/;
+    if (t === '...' || t === '…') out.cut.push('rows or columns cut by pandas: ' +
+      (e.closest('table')?.parentElement?.textContent.match(shape) ?? [''])[0]);
   }
   for (const e of document.querySelectorAll(
       '[data-mime-type="application/vnd.jupyter.stderr"]')) out.stderr.push(
