@@ -413,11 +413,11 @@ def anchor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         elif name == "gptq_recovery":
             a, b = _row(rows, "W4A16 RTN"), _row(rows, "W4A16 GPTQ")
             pair = (None if a is None or b is None else (a["kld_mean"], b["kld_mean"]),
-                    "mean KLD, RTN -> GPTQ")
+                    "mean KLD, RTN → GPTQ")
         elif name == "kv_4over6":
             a, b = _row(rows, "KV nvfp4"), _row(rows, "KV nvfp4_4over6")
             pair = (None if a is None or b is None else (a["kld_mean"], b["kld_mean"]),
-                    "mean KLD, nvfp4 -> nvfp4_4over6 KV")
+                    "mean KLD, nvfp4 → nvfp4_4over6 KV")
         else:
             continue
         values, what = pair
@@ -425,9 +425,9 @@ def anchor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         ours = "improves" if values[1] < values[0] else "worsens"  # lower is better here
         out.append({"anchor": f"{anchor['model']}: {anchor['metric']}",
-                    "published": f"{anchor['baseline_label']} {anchor['baseline']:g} -> "
+                    "published": f"{anchor['baseline_label']} {anchor['baseline']:g} → "
                                  f"{anchor['quantized_label']} {anchor['quantized']:g}",
-                    "published_effect": published, "here": f"{what}: {values[0]:.4g} -> "
+                    "published_effect": published, "here": f"{what}: {values[0]:.4g} → "
                     f"{values[1]:.4g}", "here_effect": ours, "agrees": ours == published,
                     "source": anchor["source"]})
     return out
