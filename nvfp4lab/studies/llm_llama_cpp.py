@@ -325,7 +325,8 @@ def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def plot_weight_nmse(rows: Sequence[dict[str, Any]]) -> Any:
     """Weight NMSE per decoder layer (the mean over its Linear layers), one line per
     configuration of :func:`weight_rows`; a log y axis only when the values span 10× or more
-    (:func:`nvfp4lab.plots.log_if_wide`); the legend sits outside the axes."""
+    (:func:`nvfp4lab.plots.log_if_wide`), else the label says how narrow the zoomed axis is;
+    the legend sits outside the axes."""
     ylabel = "weight NMSE, mean over the layer's Linear layers"
     fig, ax = new_figure(
         "SmolLM2-135M: weight NMSE per decoder layer, llama.cpp naive vs tensor scale",
@@ -345,5 +346,9 @@ def plot_weight_nmse(rows: Sequence[dict[str, Any]]) -> Any:
         ax.plot(xs, ys, marker=".", color=f"C{i}", label=label)
     if log_if_wide(ax, shown):
         ax.set_ylabel(f"{ylabel} (log scale)")
+    elif shown and min(shown) > 0 and max(shown) < 2.0 * min(shown):
+        # a linear axis zoomed on data within 2x: say how narrow it is
+        spread = 100.0 * (max(shown) / min(shown) - 1.0)
+        ax.set_ylabel(f"{ylabel}\n(axis zoomed: the lines span {spread:.1f} %)")
     legend_outside(ax, fontsize=7)
     return fig

@@ -173,6 +173,14 @@ def test_plot_has_one_line_per_configuration() -> None:
     assert [line.get_label() for line in ax.lines] == [llc.NAIVE, llc.CONVERTER]
     assert list(ax.lines[1].get_ydata()) == [r["nmse"] for r in rows[6::2]]  # two equal kinds
     assert legend_hits(fig) == []
+    assert "zoomed" not in ax.get_ylabel()  # 0.01 to 0.06: not a narrow range
+    plt.close(fig)
+    narrow = [{**r, "nmse": 0.009 + 0.0001 * i} for i, r in enumerate(rows)]  # 0.0090-0.0101
+    fig = llc.plot_weight_nmse(narrow)
+    ys = [float(y) for line in fig.axes[0].lines for y in line.get_ydata()]
+    spread = 100.0 * (max(ys) / min(ys) - 1.0)  # of the plotted per-layer means
+    assert 5.0 < spread < 20.0
+    assert fig.axes[0].get_ylabel().endswith(f"(axis zoomed: the lines span {spread:.1f} %)")
     plt.close(fig)
 
 
