@@ -34,8 +34,9 @@ no model is built. One row per quantized layer:
   (``shares_fused_scales``; llama.cpp keeps one scale per tensor): the extra error vLLM's
   max-merge causes in each shard, computed exactly (:mod:`nvfp4lab.execution.shared_scales`:
   its merged scale and its decode);
-* a mixed compressed-tensors checkpoint's FP8 / MXFP4 layers, after the NVFP4 rows (format
-  ``fp8`` / ``mxfp4``: scale range and bad scales, decoded amax, NaN codes;
+* a mixed checkpoint's FP8 / MXFP4 layers, after the NVFP4 rows (format ``fp8``,
+  ``fp8-w8a16``, ``mxfp4``; a ModelOpt MIXED_PRECISION checkpoint's FP8_PER_CHANNEL_PER_TOKEN
+  layers too: scale range and bad scales, decoded amax, NaN codes;
   :func:`~nvfp4lab.checkpoint.mixed_layers.audit_mixed_rows`), and a GGUF mix's Q8_0 layers
   (format ``q8_0``: block-scale range and non-finite scales; no vLLM kernel columns);
 * the kernel vLLM would run the layer on for each of ``gpus`` (:func:`~nvfp4lab.select_backend`;
@@ -68,7 +69,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +78,7 @@ import torch
 
 from nvfp4lab.checkpoint.formats import CheckpointFormatSpec, detect_format, format_spec
 from nvfp4lab.checkpoint.formats.compressed_tensors import group_kind
+from nvfp4lab.checkpoint.formats.modelopt import FP8_ALGO
 from nvfp4lab.checkpoint.formats.transforms import audit_transforms
 from nvfp4lab.checkpoint.kv_scales import kv_cache_names, kv_rows
 from nvfp4lab.checkpoint.mixed_layers import audit_mixed_rows
@@ -418,6 +419,10 @@ def _tasks(inv: Inventory, reference: Inventory | None,
 
 def _backends(scheme: str, gpus: Sequence[str], vllm: str | None,
               cache: dict[str, dict[str, str]]) -> dict[str, str]:
+    if scheme not in cache and scheme == FP8_ALGO:  # ModelOpt's FP8 loader: not in the rules
+        cache[scheme] = {f"vllm {vllm_rules.release(vllm)} on {gpu}": (
+            f"not modelled: vLLM's ModelOpt {FP8_ALGO} path is not in select_backend's rules "
+            "(compressed-tensors' FP8_DYNAMIC is)") for gpu in gpus}
     if scheme not in cache:
         from nvfp4lab.execution.dispatch import select_backend
 
@@ -460,14 +465,21 @@ def _stores_input(inv: Inventory) -> bool:
 
 def _weight_only_fp8(inv: Inventory) -> set[str]:
     """The layers of a compressed-tensors checkpoint's FP8 W8A16 config groups (weights 8-bit
-    float, no input activations): the stored ``<name>.weight`` names their targets match
-    (an exact name, or compressed-tensors' ``re:`` pattern)."""
+    float, no input activations): the stored ``<name>.weight`` names their targets match by
+    compressed-tensors' own ``match_name`` (an exact name or an ``re:`` pattern), or every one
+    for a class target (``Linear``), less the config's ``ignore``."""
+    from compressed_tensors.utils.match import match_name
+
     config = format_spec(inv.fmt).read_config(inv.path or inv.directory).config
     targets = [t for group in config.config_groups.values()
                if group_kind(group) == LayerFormat.FP8_W8A16 for t in group.targets]
+    ignore = list(config.ignore or ())
     names = {key.rpartition(".")[0] for key in inv.tensors if key.endswith(".weight")}
-    return {n for n in names for t in targets
-            if n == t or (t.startswith("re:") and re.fullmatch(t[3:], n))}
+
+    def hit(name: str, patterns: Sequence[str]) -> bool:
+        return any(match_name(name, t) or (t == "Linear") for t in patterns)
+
+    return {n for n in names if hit(n, targets) and not any(match_name(n, t) for t in ignore)}
 
 
 def _transforms(inv: Inventory) -> dict[str, tuple[str, str]]:
@@ -529,7 +541,7 @@ def audit_rows(
             issues = "; ".join(p for p in (issues, problem) if p)
         row["issues"] = issues
         out.append(row)
-    for row in mixed:  # FP8 / MXFP4 layers of a mixed checkpoint: their scheme's kernel
+    for row in mixed:  # FP8 / MXFP4 / Q8_0 layers of a mixed checkpoint: their scheme's kernel
         issues = row.pop("issues")  # (a GGUF Q8_0 layer: llama.cpp's, no vLLM scheme)
         q8_0 = row["format"] == LayerFormat.Q8_0
         backends = {} if q8_0 else _backends(row["scheme"], gpus, vllm, cache)

@@ -229,7 +229,8 @@ def layer_tensors(name: str, module: nn.Module, dtype: torch.dtype | None = None
     elif isinstance(module, Q8_0Linear):  # GGUF: gguf_write lays them out as type 8
         out = {"weight": module.weight, SCALE_BUFFER: getattr(module, SCALE_BUFFER)}
     else:
-        raise TypeError(f"{name} is a {type(module).__name__}, not FP8Linear / MXFP4Linear")
+        raise TypeError(f"{name} is a {type(module).__name__}, not FP8Linear / MXFP4Linear / "
+                        "Q8_0Linear")
     bias = getattr(module, "bias", None)
     if bias is not None:
         out["bias"] = bias if dtype is None else bias.to(dtype)
@@ -305,7 +306,7 @@ def load_mixed_linear(source: TensorSource, name: str, module: nn.Linear, family
         return Q8_0Linear(codes, d, bias), used
     if family != "mxfp4" or k % MXFP4_BLOCK:
         raise CheckpointError(f"{name}: cannot load a {family} layer with in_features={k} "
-                              f"(FP8, or MXFP4 with K a multiple of {MXFP4_BLOCK})")
+                              f"(FP8, Q8_0, or MXFP4 with K a multiple of {MXFP4_BLOCK})")
     packed = read_exact(source, f"{name}.weight_packed", torch.uint8, (n, k // 2))
     scales = read_exact(source, f"{name}.weight_scale", torch.uint8, (n, k // MXFP4_BLOCK))
     used |= {f"{name}.weight_packed", f"{name}.weight_scale"}

@@ -90,6 +90,7 @@ from nvfp4lab.number_formats.base import PackedBlocks
 from nvfp4lab.vocab import Backend, LayerFormat, QuantMethod, check_choice
 
 __all__ = [
+    "NVFP4_FORMATS",
     "FP8Linear",
     "MXFP4Linear",
     "MixReport",
@@ -108,7 +109,9 @@ __all__ = [
 FP8_MIN_SCALE: float = 1.0 / (E4M3_MAX * 512.0)
 #: Elements per MXFP4 block.
 MXFP4_BLOCK = 32
-_NVFP4 = (LayerFormat.NVFP4_RTN, LayerFormat.NVFP4_GPTQ, LayerFormat.NVFP4_MR_GPTQ)
+#: The NVFP4 layer formats (an NVFP4Linear with a tensor scale).
+NVFP4_FORMATS = (LayerFormat.NVFP4_RTN, LayerFormat.NVFP4_GPTQ, LayerFormat.NVFP4_MR_GPTQ)
+_NVFP4 = NVFP4_FORMATS
 #: The NVFP4 formats quantize_model builds, in apply_mix's order, with their method.
 _NVFP4_METHODS = ((LayerFormat.NVFP4_RTN, QuantMethod.RTN),
                   (LayerFormat.NVFP4_GPTQ, QuantMethod.GPTQ),
@@ -414,7 +417,8 @@ def set_layer(model: nn.Module, name: str, module: nn.Module) -> nn.Module:
 class MixReport:
     """What :func:`apply_mix` did: ``formats`` (name -> format of every quantizable Linear,
     the ones the mix left out as ``bf16``), ``bits`` (:func:`effective_bits`), and the
-    :class:`QuantizeReport` of the NVFP4 RTN / GPTQ calls (``nvfp4``, in that order)."""
+    :class:`QuantizeReport` of the NVFP4 RTN / GPTQ / MR-GPTQ calls (``nvfp4``, in that
+    order)."""
 
     formats: dict[str, LayerFormat]
     bits: float
@@ -438,10 +442,11 @@ def apply_mix(
 ) -> MixReport:
     """Put every Linear named in ``mix`` (name -> :class:`LayerFormat`) in its format, in place;
     quantizable Linears it leaves out stay float. ``calibration``: model inputs (tokenizer
-    outputs) for the ``nvfp4-gptq`` layers, which GPTQ calibrates on the model with every other
-    layer already in its format (module docstring). ``gptq``: :class:`GPTQOptions`.
-    ``per_channel``: FP8 weight scales per output channel (else one per tensor). Bad names or
-    formats, or GPTQ layers without ``calibration``, are refused before anything changes."""
+    outputs) for the ``nvfp4-gptq`` / ``nvfp4-mr-gptq`` layers, which GPTQ calibrates on the
+    model with every other layer already in its format (module docstring). ``gptq``:
+    :class:`GPTQOptions`. ``per_channel``: FP8 weight scales per output channel (else one per
+    tensor). Bad names or formats, or GPTQ layers without ``calibration``, are refused before
+    anything changes."""
     formats = check_mix(model, mix)
     wanted = {fmt: [n for n, f in formats.items() if f == fmt] for fmt in LayerFormat}
     for fmt in (LayerFormat.NVFP4_GPTQ, LayerFormat.NVFP4_MR_GPTQ):

@@ -309,14 +309,18 @@ def headline_numbers(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         )
     naive, converter = by_label.get(NAIVE), by_label.get(CONVERTER)
     if naive is not None and converter is not None and converter["kld_mean"] > 0:
-        apart = (naive.get("kld_lo", math.nan) > converter.get("kld_hi", math.nan)
-                 or converter.get("kld_lo", math.nan) > naive.get("kld_hi", math.nan))
+        bounds = [r.get(k) for r in (naive, converter) for k in ("kld_lo", "kld_hi")]
+        if not all(isinstance(b, int | float) and math.isfinite(b) for b in bounds):
+            said = "× (a ratio of means; no interval)"
+        elif bounds[0] > bounds[3] or bounds[2] > bounds[1]:
+            said = "× (a ratio of means; their 95 % intervals do not overlap)"
+        else:
+            said = "× (a ratio of means; their 95 % intervals overlap: no difference shown)"
         out.append(
             {
                 "name": "SmolLM2: llama.cpp naive NVFP4's mean KLD / the converter's",
                 "value": round(naive["kld_mean"] / converter["kld_mean"], 2),
-                "unit": "× (a ratio of means; their 95 % intervals "
-                        + ("do not overlap)" if apart else "overlap: no difference shown)"),
+                "unit": said,
             }
         )
     return out

@@ -394,13 +394,24 @@ def check_search_formats(search: float | None, formats: Sequence[str] | None) ->
     """The study's search formats, checked (default :data:`SEARCH_FORMATS`); ValueError
     for formats without a search or a name not a LayerFormat."""
     if formats is None:
-        return tuple(SEARCH_FORMATS)
-    if search is None:
-        raise ValueError("--search-formats needs --search bits=B (the budget to search under)")
-    chosen = tuple(str(check_choice("--search-formats entry", f, LayerFormat)) for f in formats)
-    if not chosen or all(f == LayerFormat.BF16 for f in chosen):
-        raise ValueError(f"--search-formats {','.join(formats)!r}: name at least one quantized "
-                         "format, e.g. nvfp4-mr-gptq,fp8-w8a16,bf16")
+        chosen = tuple(SEARCH_FORMATS)
+    else:
+        if search is None:
+            raise ValueError("--search-formats needs --search bits=B (the budget to search "
+                             "under)")
+        if isinstance(formats, str):
+            formats = [f.strip() for f in formats.split(",") if f.strip()]
+        chosen = tuple(str(check_choice("--search-formats entry", f, LayerFormat))
+                       for f in formats)
+        if not chosen or all(f == LayerFormat.BF16 for f in chosen):
+            raise ValueError(f"--search-formats {','.join(formats)!r}: name at least one "
+                             "quantized format, e.g. nvfp4-mr-gptq,fp8-w8a16,bf16")
+    # the cheapest a mix can be: every layer in the cheapest format (per-tensor terms aside)
+    floor = min(layer_bits(f, 1 << 16, 1 << 16) for f in chosen)
+    if search is not None and search < floor:
+        raise ValueError(f"--search bits={search:g} is below what the formats "
+                         f"{','.join(chosen)} can reach ({floor:.2f} bits per weight, every "
+                         "layer in the cheapest): raise the budget or add a cheaper format")
     return chosen
 
 
@@ -444,6 +455,7 @@ def study_search(
     chosen = next(p for p in points if dict(p.mix.formats) == dict(mine.formats))
     label = f"mixed (search, {bits:g} bits)"
     chosen = MeasuredMix(label, chosen.mix, chosen.fidelity, chosen.build_seconds)
-    config = LLMConfig(label, Backend.W4A16, QuantMethod.GPTQ)
+    rotated = LayerFormat.NVFP4_MR_GPTQ in set(chosen.mix.formats.values())
+    config = LLMConfig(label, Backend.W4A16, QuantMethod.GPTQ, rotation=rotated)
     result = ConfigResult(config, chosen.fidelity, chosen.build_seconds)
     return StudySearch(bits, table, path, points, chosen, result)

@@ -56,6 +56,7 @@ from nvfp4lab import settings
 from nvfp4lab.execution.gptq import GPTQOptions
 from nvfp4lab.execution.gptq_model import collect_hessians
 from nvfp4lab.execution.mixed import (
+    NVFP4_FORMATS,
     layer_bits,
     quantizable_linears,
     quantize_layer,
@@ -375,7 +376,8 @@ def _jobs(model: nn.Module, layers: Sequence[str], formats: Sequence[LayerFormat
         linear = linears[name]
         h = hessians[name].matrix()
         for fmt in formats:
-            scale = shared_global_scale(linears, name, fmt)
+            scale = (shared_global_scale(linears, name, fmt) if fmt in NVFP4_FORMATS
+                     else None)  # only NVFP4 layers have a tensor scale
             module = quantize_layer(linear, fmt, hessian=h, global_scale=scale, gptq=gptq,
                                     per_channel=per_channel)
             yield name, fmt, module, proxy_score(linear, module, h)

@@ -122,7 +122,7 @@ class StudyPlan:
     streamed: bool
     trust_remote_code: bool = False
     search_bits: float | None = None  #: the mixed-precision search's budget (llm_search)
-    search_formats: tuple[str, ...] = ()  #: the formats it chooses among
+    search_formats: tuple[str, ...] = tuple(SEARCH_FORMATS)  #: the formats it chooses among
 
     def describe(self) -> dict[str, Any]:
         """The plan as JSON-ready facts (the page's header)."""
@@ -468,7 +468,7 @@ def run_study(plan: StudyPlan, *, dask: str | None = None, progress: bool = True
     results = _run_all(plan, run, reference, dask, progress)
     search = None if plan.search_bits is None else study_search(
         reference, run, plan.batches, plan.search_bits, dask=dask, progress=progress,
-        formats=plan.search_formats or SEARCH_FORMATS)
+        formats=plan.search_formats)
     results += [] if search is None else [search.result]
     del reference
     pairs = [(r, *_split(r.fidelity, plan.eval_windows)) for r in results]

@@ -241,6 +241,24 @@ def test_load_refuses_groups_it_cannot_run(edit: object, pattern: str,
         checkpoint.load(path)
 
 
+def test_audit_matches_w8a16_targets_as_compressed_tensors_does(
+        saved: tuple[torch.nn.Module, Path], tmp_path: Path) -> None:
+    """A W8A16 group targeting its layer by a prefix regex (compressed-tensors' ``re:`` is
+    ``re.match``) is audited as fp8-w8a16, as load reads it."""
+    import shutil
+
+    path = Path(shutil.copytree(saved[1], tmp_path / "c"))
+    file = path / "config.json"
+    data = json.loads(file.read_text())
+    data["quantization_config"]["config_groups"]["group_2"]["targets"] = [
+        r"re:model\.layers\.1\.mlp\.down"]
+    file.write_text(json.dumps(data))
+    name = L1 + "mlp.down_proj"
+    assert not checkpoint.load(path).get_submodule(name).quantize_activations
+    row = next(r for r in audit_rows(path) if r["layer"] == name)
+    assert (row["format"], row["scheme"]) == ("fp8-w8a16", "FP8_W8A16")
+
+
 def test_convert_refuses_what_the_target_cannot_declare(
         saved: tuple[torch.nn.Module, Path], tmp_path: Path) -> None:
     """A mixed checkpoint converts through the model; ModelOpt has no MXFP4 / FP8 W8A16 layer:
@@ -488,5 +506,8 @@ def test_audit_lists_a_modelopt_mix(mo_saved: Path) -> None:
                 "fp8", "FP8_PER_CHANNEL_PER_TOKEN")
             scale = FP8Linear.from_linear(tiny_llama().get_submodule(name)).weight_scale
             assert rows[name]["scale_max"] == float(scale.max())
+            kernels = [v for k, v in rows[name].items() if k.startswith("vllm ")]
+            assert kernels and all(v.startswith("not modelled: vLLM's ModelOpt "
+                                                "FP8_PER_CHANNEL_PER_TOKEN path") for v in kernels)
         else:
             assert rows[name]["scheme"] == "NVFP4A16"

@@ -359,3 +359,18 @@ def test_transformers_runs_the_rotation_only_when_it_is_applied(mr_gptq, tmp_pat
     close, wrong = kl_to_ours(rotated), kl_to_ours(plain)
     assert close < 1e-4 < wrong / 10, (close, wrong)  # measured 0.0 and 0.0128
     assert checkpoint.verify(path).input_rotations == len(layers)
+    assert checkpoint.transformers_input_rotations(rotated, path) == 0  # never applied twice
+    # a stored matrix that is not the one compressed-tensors builds: refused, not run wrongly
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "other"
+    shutil.copytree(path, other)
+    (file,) = sorted(other.glob("*.safetensors"))
+    tensors = load_file(str(file))
+    key = next(k for k in tensors if k.endswith("v_input.weight"))
+    tensors[key] = -tensors[key]
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=f"{key} differs from the rotation"):
+        checkpoint.transformers_input_rotations(plain, other)

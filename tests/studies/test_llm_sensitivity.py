@@ -297,7 +297,10 @@ def test_the_study_with_a_search(tmp_path: Path, capfd: pytest.CaptureFixture[st
         llm_study.plan_study(model, text=text, search=-1, tokens=64, context=32)
     for kwargs, words in (({"search_formats": ["fp8"]}, "--search-formats needs --search"),
                           ({"search": 5.0, "search_formats": ["int3"]}, "'int3'"),
-                          ({"search": 5.0, "search_formats": ["bf16"]}, "at least one quantized")):
+                          ({"search": 5.0, "search_formats": ["bf16"]}, "at least one quantized"),
+                          ({"search": 5.0, "search_formats": "fp8-w8a16,bf16"},
+                           r"bits=5 is below what the formats fp8-w8a16,bf16 can reach \(8.00"),
+                          ({"search": 4.4}, r"below what the formats nvfp4-mr-gptq")):
         with pytest.raises(ValueError, match=words):
             llm_study.plan_study(model, text=text, tokens=64, context=32, **kwargs)
     with pytest.raises(SystemExit) as stopped:  # argparse's one line, exit status 2

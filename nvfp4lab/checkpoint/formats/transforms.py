@@ -177,19 +177,41 @@ def transformers_input_rotations(model: nn.Module, directory: str | Path) -> int
     """Make a transformers model loaded from the compressed-tensors folder ``directory`` rotate
     its layers' inputs as the checkpoint's ``transform_config`` says (module docstring: the
     online ``input`` transforms only, by compressed-tensors' ``apply_transform_config``), in
-    place; returns the number of layers it applies to (0: the folder has no transform)."""
+    place; returns the number of layers whose input it rotates (0: the folder has no
+    transform, or ``model`` holds compressed-tensors transform modules already: applied
+    twice, the rotation would be wrong). Every matrix compressed-tensors builds must equal
+    the one the checkpoint stores (``<layer>.<group>_input.weight``, or the layer gets
+    another rotation than the checkpoint's: CheckpointError naming it; a seed other than
+    compressed-tensors' default draws another matrix)."""
     from compressed_tensors.transform import apply_transform_config
+    from compressed_tensors.transform.factory.base import TransformBase
+    from safetensors import safe_open
 
-    config = read_transform_config(Path(directory))
-    if config is None:
+    folder = Path(directory)
+    config = read_transform_config(folder)
+    if config is None or any(isinstance(m, TransformBase) for m in model.modules()):
         return 0
     config = config.model_copy(deep=True)
-    layers = set()
     for scheme in config.config_groups.values():
         scheme.apply = [a for a in scheme.apply if a.location == "input"]
-        layers.update(t for a in scheme.apply for t in a.targets)
     apply_transform_config(model, config)
-    return len(layers)
+    built = {n: p for n, p in model.named_parameters(remove_duplicate=False)
+             if n.rpartition(".")[0].endswith("_input") and n.endswith(".weight")}
+    rotated = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            names = f.keys()
+            for key in names:
+                if key in built:
+                    stored = f.get_tensor(key)
+                    if not torch.equal(built[key].detach().to(stored.dtype), stored):
+                        raise CheckpointError(
+                            f"{file}: {key} differs from the rotation compressed-tensors builds "
+                            "from the transform_config (another seed?); transformers would run "
+                            "a different rotation than the checkpoint's: run it in vLLM or "
+                            "nvfp4lab.checkpoint.load")
+                    rotated += 1
+    return rotated
 
 
 def read_transform_config(directory: Path) -> Any:
