@@ -168,16 +168,17 @@ def _warn_if_blocks_vanish(
     (amax < 3.2e-32) and every order takes 1.0 where ``2688/amax`` is not finite in its
     arithmetic. Warn (:class:`ScaleUnderflowWarning`) when non-zero blocks then get a zero E4M3
     scale and quantize to zeros; ``blocks [..., B]`` as the pipeline cuts them. Costs a block-max
-    pass when the scale fell short (every call of the UNIT order, whose scale is 1), and a
-    block-scale pass only when some block is small enough to lose its scale."""
+    pass when the scale fell short (in the UNIT order, whose scale is 1: whenever amax < 1344),
+    and a block-scale pass only when some block is small enough to lose its scale."""
     a, gs = float(amax), float(scale.encode)
     if not (0 < a < math.inf) or gs * a >= GLOBAL_SCALE_NUMERATOR / 2:
         return
     block_max = abs_max(blocks, -1)
     nonzero = block_max > 0
     # A zero E4M3 block scale needs the scale, about block_max · gs / 6, below half of E4M3's
-    # smallest subnormal 2**-9 (every rounding rule); blocks 4x above that cannot lose theirs,
-    # so ordinary data (the UNIT order: gs = 1, always checked) skips the scale pass.
+    # smallest subnormal, 2**-10, in every rounding rule (orders that clamp or replace a zero
+    # scale never get one); the filter keeps every block under 4 · 2**-9 (8x that threshold),
+    # so ordinary data (the UNIT order, gs = 1: checked whenever amax < 1344) skips the pass.
     if not bool((nonzero & (block_max.float() * gs < 6.0 * 2.0**-7)).any()):
         return
     zero = block_scales_from_blocks(blocks, scale.arithmetic, opts.order) == 0
