@@ -65,6 +65,7 @@ from nvfp4lab.checkpoint.formats import FORMATS, CheckpointFormatSpec, detect_fo
 from nvfp4lab.checkpoint.formats.gguf import SUFFIX as GGUF_SUFFIX
 from nvfp4lab.checkpoint.formats.transforms import refuse_conversion, write_transform_config
 from nvfp4lab.checkpoint.kv_scales import convert_kv_shard, kv_cache_names, kv_cache_refusal
+from nvfp4lab.checkpoint.mixed_layers import stored_kind
 from nvfp4lab.checkpoint.records import (
     Contents,
     Shard,
@@ -359,18 +360,9 @@ def _kv_shards(shards: tuple[Shard, ...], kind: str | None, src: CheckpointForma
 
 
 def _mixed(inv: Inventory) -> bool:
-    """Whether the checkpoint holds layers in another format than NVFP4 (from the headers): an
-    FP8 ``<name>.weight``, a Q8_0 int8 one, or MXFP4 ``weight_packed`` with uint8 scales and no
-    global scale."""
-    for key, info in inv.tensors.items():
-        name = key.rpartition(".")[0]
-        if key.endswith(".weight") and (info.dtype.startswith("F8") or info.dtype == "I8"):
-            return True
-        scale = inv.tensors.get(f"{name}.weight_scale")
-        if key.endswith(".weight_packed") and scale is not None and scale.dtype == "U8" and (
-                f"{name}.weight_global_scale" not in inv.tensors):
-            return True
-    return False
+    """Whether the checkpoint holds layers in another format than NVFP4, from the headers
+    (:func:`~nvfp4lab.checkpoint.mixed_layers.stored_kind`: FP8, Q8_0 or MXFP4 weights)."""
+    return any(stored_kind(key, inv.tensors) is not None for key in inv.tensors)
 
 
 def _convert_mixed(source: Path, target: Path, src_format: str, dst_format: str,

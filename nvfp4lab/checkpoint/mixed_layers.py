@@ -70,6 +70,7 @@ __all__ = [
     "layer_tensors",
     "load_mixed_linear",
     "mixed_layers",
+    "stored_kind",
     "write_groups",
 ]
 
@@ -379,6 +380,24 @@ def _q8_0_row(name: str, codes: TensorInfo, d: TensorInfo) -> dict[str, Any]:
     return row
 
 
+def stored_kind(key: str, tensors: Mapping[str, TensorInfo]) -> str | None:
+    """What the stored tensor ``key`` is the weight of, from the headers alone: ``"q8_0"`` (an
+    int8 ``<name>.weight`` beside its float16 scales), ``"fp8"`` (a float8 ``<name>.weight``
+    beside ``<name>.weight_scale``), ``"mxfp4"`` (``<name>.weight_packed`` with uint8
+    ``weight_scale`` and no global scale), else None (NVFP4, float, or not a weight)."""
+    name = key.rpartition(".")[0]
+    info = tensors[key]
+    scale = tensors.get(f"{name}.weight_scale")
+    if key.endswith(".weight") and info.dtype == "I8" and f"{name}.{SCALE_BUFFER}" in tensors:
+        return _Q8_0
+    if key.endswith(".weight") and info.dtype.startswith("F8") and scale is not None:
+        return "fp8"
+    if key.endswith(".weight_packed") and scale is not None and scale.dtype == "U8" and (
+            f"{name}.weight_global_scale" not in tensors):
+        return "mxfp4"
+    return None
+
+
 def audit_mixed_rows(tensors: Mapping[str, TensorInfo], weight_only: Collection[str] = (),
                      modelopt: bool = False) -> list[dict[str, Any]]:
     """Audit rows of a compressed-tensors checkpoint's FP8 layers (``<name>.weight`` stored
@@ -392,15 +411,15 @@ def audit_mixed_rows(tensors: Mapping[str, TensorInfo], weight_only: Collection[
     order."""
     rows = []
     for key, info in tensors.items():
-        name = key.rpartition(".")[0]
-        if key.endswith(".weight") and info.dtype == "I8" and f"{name}.{SCALE_BUFFER}" in tensors:
-            rows.append(_q8_0_row(name, info, tensors[f"{name}.{SCALE_BUFFER}"]))
-            continue
+        name, kind = key.rpartition(".")[0], stored_kind(key, tensors)
         scale = tensors.get(f"{name}.weight_scale")
-        if key.endswith(".weight") and info.dtype.startswith("F8") and scale is not None:
+        if kind == _Q8_0:
+            rows.append(_q8_0_row(name, info, tensors[f"{name}.{SCALE_BUFFER}"]))
+        elif kind == "fp8":
+            assert scale is not None
             rows.append(_fp8_row(name, info, scale, name in weight_only, modelopt))
-        elif key.endswith(".weight_packed") and scale is not None and scale.dtype == "U8" and (
-                f"{name}.weight_global_scale" not in tensors):
+        elif kind == "mxfp4":
+            assert scale is not None
             n, half = info.shape if len(info.shape) == 2 else (0, 0)
             ok = info.dtype == "U8" and tuple(scale.shape) == (n, 2 * half // MXFP4_BLOCK)
             rows.append({"layer": name, "format": "mxfp4", "scheme": "MXFP4A16",

@@ -459,11 +459,9 @@ def apply_mix(
     report = MixReport(full, bits)
     try:
         for name in (wanted[LayerFormat.FP8] + wanted[LayerFormat.FP8_W8A16]
-                     + wanted[LayerFormat.MXFP4]):
+                     + wanted[LayerFormat.MXFP4] + wanted[LayerFormat.Q8_0]):
             layer = quantize_layer(originals[name], formats[name], per_channel=per_channel)
             set_layer(model, name, layer)
-        for name in wanted[LayerFormat.Q8_0]:  # GGUF mixes: llama.cpp's Q8_0
-            set_layer(model, name, quantize_layer(originals[name], LayerFormat.Q8_0))
         for fmt, method in _NVFP4_METHODS:
             if not wanted[fmt]:
                 continue
