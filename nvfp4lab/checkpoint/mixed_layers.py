@@ -391,10 +391,10 @@ def stored_kind(key: str, tensors: Mapping[str, TensorInfo]) -> str | None:
     if key.endswith(".weight") and info.dtype == "I8" and f"{name}.{SCALE_BUFFER}" in tensors:
         return _Q8_0
     if key.endswith(".weight") and info.dtype.startswith("F8") and scale is not None:
-        return "fp8"
+        return LayerFormat.FP8.value
     if key.endswith(".weight_packed") and scale is not None and scale.dtype == "U8" and (
             f"{name}.weight_global_scale" not in tensors):
-        return "mxfp4"
+        return LayerFormat.MXFP4.value
     return None
 
 
@@ -415,10 +415,10 @@ def audit_mixed_rows(tensors: Mapping[str, TensorInfo], weight_only: Collection[
         scale = tensors.get(f"{name}.weight_scale")
         if kind == _Q8_0:
             rows.append(_q8_0_row(name, info, tensors[f"{name}.{SCALE_BUFFER}"]))
-        elif kind == "fp8":
+        elif kind == LayerFormat.FP8:
             assert scale is not None
             rows.append(_fp8_row(name, info, scale, name in weight_only, modelopt))
-        elif kind == "mxfp4":
+        elif kind == LayerFormat.MXFP4:
             assert scale is not None
             n, half = info.shape if len(info.shape) == 2 else (0, 0)
             ok = info.dtype == "U8" and tuple(scale.shape) == (n, 2 * half // MXFP4_BLOCK)
