@@ -65,6 +65,7 @@ from nvfp4lab.studies.llm_verdict import (
     family_table,
     verdict_text,
 )
+from nvfp4lab.studies.reference_cache import cached_reference_run
 from nvfp4lab.vocab import CorpusPart
 
 __all__ = [
@@ -294,8 +295,8 @@ def _reference(plan: StudyPlan, progress: bool) -> tuple[llm.ReferenceRun, Any]:
         return run, None
     model, _ = load_decoder(plan.source, dtype=plan.dtype,
                             trust_remote_code=plan.trust_remote_code)
-    run = llm.reference_run(model, plan.ids, context=plan.context, batch_size=batch,
-                            progress=progress)
+    run = cached_reference_run(model, plan.ids, context=plan.context, batch_size=batch,
+                               progress=progress)
     return run, model
 
 
@@ -546,9 +547,11 @@ class NotebookSetup:
     ids: torch.Tensor
 
     def summary(self) -> str:
-        """One line: model, reference perplexity, tokens, configurations, calibration."""
+        """One line: model and its dtype, reference perplexity, tokens, configurations,
+        calibration."""
         samples = len(self.batches) and sum(b["input_ids"].shape[0] for b in self.batches)
-        return (f"{self.source.name}: reference perplexity {self.run.perplexity:.3f} on "
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        return (f"{self.source.name} ({dtype}): reference perplexity {self.run.perplexity:.3f} on "
                 f"{self.run.tokens} evaluation tokens ({len(self.run.windows)} windows) | "
                 f"{len(self.configs)} configurations | {samples} calibration windows")
 
@@ -569,7 +572,8 @@ def notebook_setup(
     and ``text`` (None: the pydoc topics; a file: split by :func:`nvfp4lab.texts.split_text`):
     the evaluation part scored up to ``max_tokens`` tokens in windows of ``context`` (``smoke``:
     128 tokens in windows of 64 and 4 calibration windows), calibration windows of ``length``
-    tokens drawn with ``seed``. No progress bar (a page shows none)."""
+    tokens drawn with ``seed``; ``dtype`` ("float32", "bfloat16" or "float16") is the dtype
+    every model runs in, the reference included. No progress bar (a page shows none)."""
     from nvfp4lab import texts
 
     if smoke:
@@ -581,7 +585,7 @@ def notebook_setup(
              else texts.split_text(texts.read_documents(text)))
     batches = corpus.calibration_batches(tokenizer, text=split.calibration, samples=samples,
                                          length=length, seed=seed)
-    run = llm.reference_run(loaded, split.evaluation, tokenizer=tokenizer, context=context,
-                            max_tokens=max_tokens, progress=False)
+    run = cached_reference_run(loaded, split.evaluation, tokenizer=tokenizer, context=context,
+                               max_tokens=max_tokens, progress=False)
     return NotebookSetup(source, loaded, tokenizer, split, configurations(smoke=smoke), batches,
                          run, run.input_ids(0)[:1])
