@@ -17,7 +17,7 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
 * ``NVFP4LAB_CACHE`` / ``XDG_CACHE_HOME`` — nvfp4lab's cache directory (:func:`cache_dir`:
   ``$NVFP4LAB_CACHE``, else ``$XDG_CACHE_HOME/nvfp4lab``, else ``~/.cache/nvfp4lab``): where
   packaged models are extracted, the C++ decode kernel built, and the compiled fused kernels'
-  default home (next item).
+  default home (next item), and the reference runs kept on disk (next but one).
 * ``TORCHINDUCTOR_CACHE_DIR`` — torch's own variable, where inductor keeps what it compiles (read
   by :func:`kernel_cache_dir`). When the user set it, it wins: nvfp4lab uses that directory and
   never changes it. Otherwise nvfp4lab's first fused call (:func:`use_kernel_cache`, before it
@@ -31,6 +31,10 @@ resolves it through :func:`environ`, so tests and notebooks can pass a dict inst
   variable the first time anything touches its cache (loading a transformers model does): that
   value counts as unset (to keep torch's directory, set ``TORCHINDUCTOR_CACHE_DIR`` to any other
   path). ``import nvfp4lab`` changes nothing.
+* ``NVFP4LAB_REFERENCE_CACHE`` — an integer: 0 turns off the disk cache of reference runs
+  (:func:`nvfp4lab.studies.reference_cache.cached_reference_run`: ``<cache_dir>/reference-runs``,
+  one safetensors file per model, scored tokens, context and batch size), so every process runs
+  the reference model again (read by :func:`reference_cache` at every call; unset = on).
 * ``ATEN_CPU_CAPABILITY`` — torch's variable (default | avx2 | avx512): caps the vector ISA of
   torch's CPU kernels and of the C++ inductor generates; part of :func:`cpu_signature`.
 * ``NVFP4LAB_FUSED`` — auto | on | off: when quantize / fake_quantize / dequantize / linear run
@@ -87,6 +91,7 @@ __all__ = [
     "KERNEL_CACHE_SUBDIR",
     "LLAMA_MMQ_PREC_ENV",
     "NATIVE_ISA_ENV",
+    "REFERENCE_CACHE_ENV",
     "TEXT_PROGRESS_ENV",
     "THREADS_ENV",
     "VLLM_ENV_VARS",
@@ -98,6 +103,7 @@ __all__ = [
     "hf_offline",
     "kernel_cache_dir",
     "native_isa",
+    "reference_cache",
     "text_progress",
     "thread_limit",
     "torch_default_kernel_cache",
@@ -118,6 +124,7 @@ FUSED_ENV = "NVFP4LAB_FUSED"
 NATIVE_ISA_ENV = "NVFP4LAB_NATIVE_ISA"
 TEXT_PROGRESS_ENV = "NVFP4LAB_TEXT_PROGRESS"
 THREADS_ENV = "NVFP4LAB_THREADS"
+REFERENCE_CACHE_ENV = "NVFP4LAB_REFERENCE_CACHE"
 LLAMA_MMQ_PREC_ENV = "GGML_CUDA_MMQ_PREC"
 #: torch's variable for inductor's cache directory (see the module docstring for what wins).
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -159,6 +166,22 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
         return Path(env[CACHE_ENV]).expanduser()
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "nvfp4lab"
+
+
+def reference_cache(env: Mapping[str, str] | None = None) -> bool:
+    """Whether reference runs are kept on disk under :func:`cache_dir`: ``NVFP4LAB_REFERENCE_CACHE``
+    of ``env`` (default: the live environment), an integer, 0 = off; unset or empty = on.
+    Anything else raises ValueError naming the variable."""
+    raw = environ(env).get(REFERENCE_CACHE_ENV, "").strip()
+    if not raw:
+        return True
+    try:
+        return int(raw) != 0
+    except ValueError:
+        raise ValueError(
+            f"{REFERENCE_CACHE_ENV} must be an integer (0 = no disk cache of reference runs), "
+            f"got {raw!r}; unset it to keep the cache on"
+        ) from None
 
 
 def hf_hub_cache(env: Mapping[str, str] | None = None) -> Path:

@@ -63,6 +63,7 @@ __all__ = [
     "TokenFidelity",
     "fidelity_of",
     "mean_ci",
+    "output_head_copy",
     "paired_difference",
     "reference_run",
     "token_fidelity",
@@ -234,6 +235,13 @@ def _output_head(model: CausalLM) -> nn.Module | None:
     getter = getattr(model, "get_output_embeddings", None)
     head = getter() if callable(getter) else None
     return head if isinstance(head, nn.Module) else None
+
+
+def output_head_copy(model: CausalLM) -> nn.Module | None:
+    """A deep copy of ``model``'s output head (``get_output_embeddings()``), as a
+    :class:`ReferenceRun` keeps it; None when the model has none."""
+    head = _output_head(model)
+    return copy.deepcopy(head) if head is not None else None
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
