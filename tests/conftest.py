@@ -81,8 +81,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Every test process (each pytest-xdist worker too) runs torch with the settings' thread
     count (``NVFP4LAB_THREADS``, default 1), as notebooks and pool workers do: two workers with
-    two threads each would oversubscribe two cores."""
+    two threads each would oversubscribe two cores. Reference runs are not kept on disk (the
+    user's ``~/.cache/nvfp4lab`` stays untouched; the subprocesses and report kernels the tests
+    start inherit it) unless a test turns the cache on for itself
+    (``tests/test_reference_cache.py``)."""
     settings.use_torch_threads()
+    os.environ.setdefault(settings.REFERENCE_CACHE_ENV, "0")
 
 
 @pytest.fixture(autouse=True)
