@@ -500,7 +500,7 @@ def gptq_nvfp4(
     order = get_order(convention)
     scale = _tensor_scale(w, global_scale, order)
     q, codes, scales, dead, reason = _run(w, hessian, _NVFP4Columns(scale, order), options,
-                                          owned=owned and hadamard is None)
+                                          owned=owned or hadamard is not None)  # QᵀHQ: ours
     tensor = NVFP4Tensor(
         pack_fp4(codes), scales.to(torch.float8_e4m3fn), scale.encode, shape=w.shape,
         dtype=w.dtype, decode_scale=scale.decode,
