@@ -44,6 +44,14 @@ rounded to odd, then to float32: one rounding of the exact ``s * lane + acc``, B
 emulation of FMA); the 8 lanes and the final horizontal sum follow the source's order. The result
 equals ``ggml_vec_dot_nvfp4_q8_0`` bit for bit (tests/peers/test_llama_cpp_cpu.py) and the slow
 oracle in :mod:`nvfp4lab.oracles.ggml` (tests/execution/test_ggml_cpu.py).
+
+**The native path.** That torch code is the readable reference, and slow (exact FMAs from float64
+tensors). Where nvfp4lab's native library builds and the tensors are CPU and contiguous,
+:func:`quantize_q8_0`, :func:`vec_dot_nvfp4_q8_0` and :func:`mul_mat` run the same arithmetic in
+C++ instead (:mod:`nvfp4lab.kernels.ggml_dot`: ggml's lane order and FMAs, AVX-512 / AVX2 /
+scalar picked at run time), bit for bit the torch code's (tests/kernels/test_ggml_dot.py). Each
+takes ``native``: None (default) picks it where usable, False runs the torch reference, True
+insists (ValueError where it cannot run).
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from __future__ import annotations
 import torch
 
 from nvfp4lab.constants import BLOCK_SIZE, GGML_NVFP4_BLOCK, GGML_Q8_0_BLOCK
+from nvfp4lab.kernels import ggml_dot
 
 __all__ = [
     "KVALUES",
@@ -82,13 +91,30 @@ def _check_finite(x: torch.Tensor, what: str) -> None:
         )
 
 
-def quantize_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _native(native: bool | None, *tensors: torch.Tensor) -> bool:
+    """Whether to run :mod:`nvfp4lab.kernels.ggml_dot` (module docstring, "The native path")."""
+    if native is None:
+        return ggml_dot.usable(*tensors)
+    if native and not ggml_dot.usable(*tensors):
+        where = ", ".join(f"{t.device.type}{'' if t.is_contiguous() else ' strided'}"
+                          for t in tensors)
+        raise ValueError(
+            f"native=True needs the native library and CPU contiguous tensors, got {where} "
+            f"(library available: {ggml_dot.available()}); pass native=None or False"
+        )
+    return native
+
+
+def quantize_q8_0(
+    x: torch.Tensor, *, native: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` float32 ``[..., K]`` (K a multiple of 32, finite) -> ggml's Q8_0 on x86 AVX2.
 
     Returns ``codes`` int8 ``[..., K]`` and ``scales`` float16 ``[..., K/32]`` (the stored ``d``):
     per 32 values ``d = fp16(amax / 127)``, codes ``round_half_even(x * (127 / amax))`` in float32
     (module docstring, step 2). TypeError for another dtype (convert with ``.float()``: ggml's
-    activations are F32), ValueError for K or non-finite values.
+    activations are F32), ValueError for K or non-finite values. ``native``: the C++ kernel
+    (None: where usable; False: this torch code).
     """
     if x.dtype != torch.float32:
         raise TypeError(
@@ -100,6 +126,8 @@ def quantize_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             f"quantize_q8_0 needs [..., K] with K a multiple of {GGML_Q8_0_BLOCK}, got shape "
             f"{tuple(x.shape)}"
         )
+    if _native(native, x):
+        return ggml_dot.quantize_q8_0(x)
     _check_finite(x, "quantize_q8_0's input")
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // GGML_Q8_0_BLOCK, GGML_Q8_0_BLOCK)
     amax = blocks.abs().amax(dim=-1)
@@ -219,14 +247,16 @@ def _check_weight(codes: torch.Tensor, scales: torch.Tensor) -> int:
 
 
 def vec_dot_nvfp4_q8_0(
-    codes: torch.Tensor, scales: torch.Tensor, q8: torch.Tensor, q8_scales: torch.Tensor
+    codes: torch.Tensor, scales: torch.Tensor, q8: torch.Tensor, q8_scales: torch.Tensor, *,
+    native: bool | None = None,
 ) -> torch.Tensor:
     """``ggml_vec_dot_nvfp4_q8_0`` (AVX2) of every activation row with every weight row.
 
     ``codes`` uint8 ``[N, K/2]`` (nvfp4lab's packing) and ``scales`` E4M3 ``[N, K/16]``: the
     weight without its tensor scale; ``q8`` int8 ``[M, K]`` and ``q8_scales`` float16
     ``[M, K/32]`` from :func:`quantize_q8_0`. Returns float32 ``[M, N]``, bit for bit what ggml
-    writes (module docstring, step 3). K must be a multiple of 64.
+    writes (module docstring, step 3). K must be a multiple of 64. ``native``: as in
+    :func:`quantize_q8_0`.
     """
     k = _check_weight(codes, scales)
     if q8.dtype != torch.int8 or q8.ndim != 2 or q8.shape[1] != k:
@@ -236,6 +266,8 @@ def vec_dot_nvfp4_q8_0(
             f"q8_scales must be [M, K/32] = [{q8.shape[0]}, {k // GGML_Q8_0_BLOCK}], got "
             f"{tuple(q8_scales.shape)}"
         )
+    if _native(native, codes, scales, q8, q8_scales):
+        return ggml_dot.mul_mat(q8, q8_scales, codes, scales.view(torch.uint8))
     kv, sub = _weight_operands(codes, scales)
     dy = q8_scales.to(torch.float32)
     rows = max(1, _CHUNK_ELEMENTS // max(1, codes.shape[0] * k // _GROUP))
@@ -247,9 +279,15 @@ def vec_dot_nvfp4_q8_0(
     return torch.cat(parts)
 
 
-def mul_mat(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def mul_mat(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, *, native: bool | None = None
+) -> torch.Tensor:
     """llama.cpp's CPU ``ggml_mul_mat`` of an NVFP4 weight (no tensor scale) with F32 rows:
-    ``x`` float32 ``[M, K]`` -> Q8_0 -> :func:`vec_dot_nvfp4_q8_0`: float32 ``[M, N]``."""
+    ``x`` float32 ``[M, K]`` -> Q8_0 -> :func:`vec_dot_nvfp4_q8_0`: float32 ``[M, N]``.
+    ``native``: the C++ kernels for both steps (None: where usable, i.e. every tensor on the CPU
+    and contiguous; False: the torch reference)."""
     _check_weight(codes, scales)
-    q8, d = quantize_q8_0(x)
-    return vec_dot_nvfp4_q8_0(codes, scales, q8, d)
+    if _native(native, x, codes, scales) and x.dtype == torch.float32 and x.ndim == 2:
+        return ggml_dot.linear(x, codes, scales.view(torch.uint8))
+    q8, d = quantize_q8_0(x, native=native)
+    return vec_dot_nvfp4_q8_0(codes, scales, q8, d, native=native)

@@ -1,14 +1,16 @@
 """nvfp4lab's native CPU library: hand-written C++ kernels, built once per machine, called with
 :mod:`ctypes`.
 
-Three sources beside this module (package data, with the header ``native.h`` they share) make one
+Four sources beside this module (package data, with the header ``native.h`` they share) make one
 library:
 
 * ``lut_decode.cpp``: the table-lookup decode of packed NVFP4 weights
   (:mod:`nvfp4lab.kernels.lut_decode`);
 * ``block_encode.cpp``: the quantize and quantize-dequantize of the ENCODE-form orders
   (:mod:`nvfp4lab.kernels.block_encode`);
-* ``gptq_columns.cpp``: GPTQ's column loop within one group (:mod:`nvfp4lab.kernels.gptq_columns`).
+* ``gptq_columns.cpp``: GPTQ's column loop within one group (:mod:`nvfp4lab.kernels.gptq_columns`);
+* ``ggml_dot.cpp``: llama.cpp's CPU Q8_0 quantize and NVFP4 x Q8_0 dot, bit for bit
+  (:mod:`nvfp4lab.kernels.ggml_dot`, the ``q8_0`` backend's hot path).
 
 All are plain C ABI (pointers, sizes, float32 scalars; no torch header), compiled without
 fast-math and without FMA contraction (each float32 step one IEEE operation, as in the eager
@@ -85,6 +87,7 @@ SOURCES: tuple[Path, ...] = (
     Path(__file__).with_name("lut_decode.cpp"),
     Path(__file__).with_name("block_encode.cpp"),
     Path(__file__).with_name("gptq_columns.cpp"),
+    Path(__file__).with_name("ggml_dot.cpp"),
 )
 #: The header they share (its ISA and dtype numbers, the E2M1 table, bit casts).
 HEADERS: tuple[Path, ...] = (Path(__file__).with_name("native.h"),)
@@ -119,6 +122,11 @@ _SIGNATURES: dict[str, tuple[list[type], type]] = {
         [_ptr, _i64, _int, _int, _f32, _f32, _int, _int, _int, _ptr, _ptr, _ptr], _int),
     "nvfp4lab_gptq_columns": (
         [_ptr, _ptr, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr], None),
+    "nvfp4lab_ggml_isa": ([], _int),
+    "nvfp4lab_q8_0_quantize": ([_ptr, _i64, _int, _int, _ptr, _ptr], _i64),
+    "nvfp4lab_nvfp4_q8_0_mul_mat": (
+        [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _int, _int, _ptr], _int),
+    "nvfp4lab_nvfp4_q8_0_linear": ([_ptr, _i64, _ptr, _ptr, _i64, _i64, _int, _int, _ptr], _i64),
 }
 
 
