@@ -19,8 +19,14 @@ from typing import Any
 from nvfp4lab.bench.llama_cpp import (
     LLAMA_CPP_IMPL,
     NVFP4LAB_IMPL,
+    PREFILL_TOKENS,
+    GenerationResult,
+    PrefillResult,
     generation_rows,
+    prefill_rows,
     run_generation,
+    run_prefill,
+    smollm2_gguf,
 )
 from nvfp4lab.bench.model import FLOAT_IMPL, MODEL_NAME, forward_rows, run_forward
 from nvfp4lab.bench.peers import PeerResult, peer_rows, run_peers
@@ -101,8 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--llama-cpp",
         action="store_true",
-        help="time llama.cpp's CPU generation on SmolLM2's NVFP4 GGUF (llama-cpp-python) "
-        "against nvfp4lab's q8_0 emulation of it instead",
+        help="time llama.cpp's CPU prefill (128-token prompt) and generation on SmolLM2's NVFP4 "
+        "GGUF (llama-cpp-python) against nvfp4lab's q8_0 emulation of it instead",
     )
     parser.add_argument(
         "--gguf",
@@ -340,6 +346,7 @@ def _run_peers_cli(plan: _PeersPlan, seed: int) -> int:
 @dataclass(frozen=True)
 class _LlamaPlan:
     gguf: Path | None
+    prefill_tokens: int
     new_tokens: int
     warmup: int
     repeats: int
@@ -373,32 +380,18 @@ def _llama_plan(args: argparse.Namespace) -> _LlamaPlan:
                                  "its start); pass an NVFP4 .gguf file")
     short = args.quick or args.tiny
     new_tokens = 2 if args.tiny else (4 if args.quick else 16)
+    prefill_tokens = 16 if args.tiny else PREFILL_TOKENS
     repeats = args.repeats if args.repeats is not None else (2 if short else 3)
     warmup = args.warmup if args.warmup is not None else 1
     check_timing(warmup, repeats)
     path = None if args.no_save else shard_path(args.out, "cpu")
     if path is not None:
         check_shard(path)
-    return _LlamaPlan(gguf, new_tokens, warmup, repeats, path)
+    return _LlamaPlan(gguf, prefill_tokens, new_tokens, warmup, repeats, path)
 
 
-def _run_llama_cli(plan: _LlamaPlan, seed: int) -> int:
-    import torch
-
-    try:
-        results, notes = run_generation(
-            plan.gguf, new_tokens=plan.new_tokens, warmup=plan.warmup, repeats=plan.repeats
-        )
-    except ValueError as exc:  # CheckpointError included: a file nvfp4lab cannot read
-        if plan.gguf is None:
-            raise
-        return _fail(f"--gguf {str(plan.gguf)!r} cannot be benchmarked: {exc}")
-    prompt = results[0].prompt_tokens
-    print(
-        f"greedy generation of {plan.new_tokens} tokens after a {prompt}-token prompt on cpu "
-        f"({torch.get_num_threads()} thread(s) each), SmolLM2-135M NVFP4 GGUF, same process, "
-        "interleaved; tokens/s = new tokens / median time of a whole generation"
-    )
+def _llama_table(results: Sequence[PrefillResult | GenerationResult]) -> None:
+    """Print one phase's rows (median, IQR, tokens/s) and, with both sides, the ratio."""
     print(f"{'impl':<16} {'median':>11} {'IQR':>10} {'tokens/s':>9}")
     for r in results:
         print(f"{r.impl:<16} {_fmt_time(r.timing.median_s)} {r.timing.spread_s * 1e3:8.1f}ms "
@@ -407,10 +400,42 @@ def _run_llama_cli(plan: _LlamaPlan, seed: int) -> int:
     if LLAMA_CPP_IMPL in speed:
         ratio = speed[LLAMA_CPP_IMPL] / speed[NVFP4LAB_IMPL]
         print(f"ratio: tokens/s {LLAMA_CPP_IMPL} / {NVFP4LAB_IMPL} = {ratio:.1f}x")
-    for m in notes:
+
+
+def _run_llama_cli(plan: _LlamaPlan, seed: int) -> int:
+    import tempfile
+
+    import torch
+
+    from nvfp4lab.bench.store import load_average
+
+    timed = {"warmup": plan.warmup, "repeats": plan.repeats}
+    with tempfile.TemporaryDirectory(prefix="nvfp4lab-gguf-") as tmp:
+        gguf = plan.gguf if plan.gguf is not None else smollm2_gguf(Path(tmp) / "smollm2-nvfp4")
+        try:
+            prefill, prefill_notes = run_prefill(gguf, prompt_tokens=plan.prefill_tokens, **timed)
+            results, notes = run_generation(gguf, new_tokens=plan.new_tokens, **timed)
+        except ValueError as exc:  # CheckpointError included: a file nvfp4lab cannot read
+            if plan.gguf is None:
+                raise
+            return _fail(f"--gguf {str(plan.gguf)!r} cannot be benchmarked: {exc}")
+    threads = torch.get_num_threads()
+    same = (f"on cpu ({threads} thread(s) each), SmolLM2-135M NVFP4 GGUF, same token ids, same "
+            f"process, interleaved, load {load_average() or '?'}")
+    print(f"prefill of a {prefill[0].prompt_tokens}-token prompt {same}; tokens/s = prompt tokens "
+          "/ median time of one pass")
+    _llama_table(prefill)
+    print(
+        f"greedy generation of {plan.new_tokens} tokens after a {results[0].prompt_tokens}-token "
+        f"prompt {same}; tokens/s = new tokens / median time of a whole generation"
+    )
+    _llama_table(results)
+    for m in dict.fromkeys([*prefill_notes, *notes]):
         print(f"note: {m}")
     if plan.path is not None:
-        n = append_rows(plan.path, generation_rows(results, environment("cpu"), seed))
+        env = environment("cpu")
+        rows = [*prefill_rows(prefill, env, seed), *generation_rows(results, env, seed)]
+        n = append_rows(plan.path, rows)
         print(f"appended {n} rows to {plan.path}")
     return 0
 

@@ -322,8 +322,8 @@ def library() -> ctypes.CDLL | None:
     except Exception as exc:  # any failure of the build means: no native kernels here
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         _LOG.warning(
-            "nvfp4lab: the C++ CPU kernels (LUT decode, block encode) are unavailable (%s: %s); "
-            "running the compiled or eager path",
+            "nvfp4lab: the C++ CPU kernels (LUT decode, block encode, GPTQ column loop, q8_0 "
+            "dot) are unavailable (%s: %s); running the compiled or eager path",
             type(exc).__name__,
             first,
         )

@@ -140,10 +140,12 @@ def test_the_generic_order_differs_from_avx2() -> None:
 def test_vec_dot_chunks_rows_without_changing_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     w = quantize(make("normal", (8, 128), torch.float32, seed=7))
     q8, d = ggml_cpu.quantize_q8_0(make("normal", (9, 128), torch.float32, seed=8))
-    whole = ggml_cpu.vec_dot_nvfp4_q8_0(w.packed, w.scales, q8, d)
+    # the eager path (native=False) is the one that chunks: the C++ dot never reads _CHUNK_ELEMENTS
+    whole = ggml_cpu.vec_dot_nvfp4_q8_0(w.packed, w.scales, q8, d, native=False)
     monkeypatch.setattr(ggml_cpu, "_CHUNK_ELEMENTS", 1)  # one activation row per chunk
-    assert torch.equal(ggml_cpu.vec_dot_nvfp4_q8_0(w.packed, w.scales, q8, d), whole)
-    empty = ggml_cpu.vec_dot_nvfp4_q8_0(w.packed, w.scales, q8[:0], d[:0])
+    chunked = ggml_cpu.vec_dot_nvfp4_q8_0(w.packed, w.scales, q8, d, native=False)
+    assert torch.equal(chunked, whole)
+    empty = ggml_cpu.vec_dot_nvfp4_q8_0(w.packed, w.scales, q8[:0], d[:0], native=False)
     assert empty.shape == (0, 8)
 
 

@@ -186,8 +186,8 @@ def test_without_the_library_one_warning_and_the_fallback(
         assert lut_decode.isa() == ""
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1
-    assert "(LUT decode, block encode) are unavailable (RuntimeError: Error building extension" in (
-        lines[0])
+    assert ("(LUT decode, block encode, GPTQ column loop, q8_0 dot) are unavailable "
+            "(RuntimeError: Error building extension") in lines[0]
     cpu = torch.device("cpu")
     assert not kernels.fused_route(1 << 20, 1024, torch.bfloat16, cpu, native=True)
     with pytest.raises(RuntimeError, match="unavailable"):
@@ -230,5 +230,5 @@ def test_source_is_package_data() -> None:
     assert [header.name for header in native.HEADERS] == ["native.h"]
     assert native.HEADERS[0].is_file()
     assert [source.name for source in native.SOURCES] == [
-        "lut_decode.cpp", "block_encode.cpp", "gptq_columns.cpp"]
+        "lut_decode.cpp", "block_encode.cpp", "gptq_columns.cpp", "ggml_dot.cpp"]
     assert all(source.is_file() and source.parent.name == "kernels" for source in native.SOURCES)
