@@ -1,7 +1,8 @@
 """Reference runs kept on disk (:mod:`nvfp4lab.studies.reference_cache`), on a tiny seeded random
 Llama (:func:`tests.tiny_decoders.tiny_model`). The oracle is a fresh, uncached
-:func:`nvfp4lab.studies.llm.reference_run`; a forward hook counts the model's passes, so a
-test can tell a run read from disk from one made again."""
+:func:`nvfp4lab.studies.llm.reference_run`; a wrapper of ``llm._forward`` counts the model's
+passes (not a forward hook: a hooked model is never cached), so a test can tell a run read from
+disk from one made again."""
 
 from __future__ import annotations
 
@@ -34,9 +35,17 @@ def files(cache: Path) -> list[Path]:
     return sorted(folder.glob("*")) if folder.is_dir() else []
 
 
-def count_passes(model: Any) -> list[int]:
+def count_passes(model: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each forward pass of ``model`` in ``llm``'s runs."""
     calls: list[int] = []
-    model.register_forward_hook(lambda *_: calls.append(1))
+    forward = llm._forward
+
+    def counted(m: Any, input_ids: torch.Tensor) -> torch.Tensor:
+        if m is model:
+            calls.append(1)
+        return forward(m, input_ids)
+
+    monkeypatch.setattr(llm, "_forward", counted)
     return calls
 
 
@@ -67,11 +76,13 @@ def model() -> Any:
 _CHILD = """
 import json, sys, torch
 CONTEXT, BATCH = int(sys.argv[3]), int(sys.argv[4])
+from nvfp4lab.studies import llm
 from nvfp4lab.studies.reference_cache import cached_reference_run
 from tests.tiny_decoders import tiny_model
 model = tiny_model("llama", seed=0)
 calls = []
-model.register_forward_hook(lambda *_: calls.append(1))
+forward = llm._forward
+llm._forward = lambda m, input_ids: (calls.append(1), forward(m, input_ids))[1]
 ids = torch.load(sys.argv[1])
 run = cached_reference_run(model, ids, context=CONTEXT, batch_size=BATCH, progress=False)
 torch.save({"ids": run.ids, "nll": run.nll, "hidden": list(run.hidden),
@@ -81,11 +92,11 @@ print(json.dumps({"passes": len(calls)}))
 
 
 def test_another_process_reads_the_run_without_running_the_model(
-        model: Any, cache: Path, tmp_path: Path) -> None:
+        model: Any, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ids = ids_of()
     fresh = llm.reference_run(model, ids, context=CONTEXT, batch_size=BATCH, progress=False)
     counted = copy.deepcopy(model)
-    passes = count_passes(counted)
+    passes = count_passes(counted, monkeypatch)
     first = cached_reference_run(counted, ids, context=CONTEXT, batch_size=BATCH,
                                  progress=False)
     assert len(passes) == len(fresh.batches) == 3  # windows of 32, 32 | 32, 32 | 22
@@ -115,7 +126,8 @@ def test_another_process_reads_the_run_without_running_the_model(
         assert torch.equal(child["logits"][b], fresh.logits(b))
 
 
-def test_any_change_is_another_key(model: Any, cache: Path) -> None:
+def test_any_change_is_another_key(model: Any, cache: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
     ids = ids_of()
     base = reference_key(model, ids, CONTEXT, BATCH)
     assert base is not None and len(base) == 64
@@ -134,16 +146,64 @@ def test_any_change_is_another_key(model: Any, cache: Path) -> None:
     assert len(keys) == 6
     # no reuse: the nudged model gets its own file and its own (fresh) run
     cached_reference_run(model, ids, context=CONTEXT, batch_size=BATCH, progress=False)
-    passes = count_passes(nudged)
+    passes = count_passes(nudged, monkeypatch)
     got = cached_reference_run(nudged, ids, context=CONTEXT, batch_size=BATCH, progress=False)
     assert len(passes) == 3 and len(files(cache)) == 2
     assert_same_run(got, llm.reference_run(nudged, ids, context=CONTEXT, batch_size=BATCH,
                                            progress=False))
 
 
+def test_a_hooked_model_is_never_served_a_stored_run(model: Any, cache: Path) -> None:
+    """A hook changes what the model computes without changing a byte the key reads: such a
+    model runs fresh every time (before, the unhooked model's file was served)."""
+    ids = ids_of()
+    hooked = copy.deepcopy(model)
+    cached_reference_run(hooked, ids, context=CONTEXT, batch_size=BATCH, progress=False)
+    assert len(files(cache)) == 1 and reference_key(hooked, ids, CONTEXT, BATCH) is not None
+    down = hooked.model.layers[0].mlp.down_proj
+    handle = down.register_forward_pre_hook(lambda _m, args: (args[0].round(),))
+    try:
+        want = llm.reference_run(hooked, ids, context=CONTEXT, batch_size=BATCH, progress=False)
+        assert reference_key(hooked, ids, CONTEXT, BATCH) is None
+        got = cached_reference_run(hooked, ids, context=CONTEXT, batch_size=BATCH,
+                                   progress=False)
+        assert not torch.equal(want.nll, llm.reference_run(
+            model, ids, context=CONTEXT, batch_size=BATCH, progress=False).nll)
+        assert_same_run(got, want)
+    finally:
+        handle.remove()
+    assert reference_key(hooked, ids, CONTEXT, BATCH) is not None
+    for undo in (torch.nn.modules.module.register_module_forward_hook(lambda *_: None).remove,
+                 torch.nn.modules.module.register_module_forward_pre_hook(lambda *_: None).remove):
+        assert reference_key(hooked, ids, CONTEXT, BATCH) is None  # a global hook
+        undo()
+    down.forward = lambda x: torch.nn.functional.linear(x.round(), down.weight)
+    assert reference_key(hooked, ids, CONTEXT, BATCH) is None  # forward replaced on the instance
+    del down.forward
+    assert reference_key(hooked, ids, CONTEXT, BATCH) is not None
+    assert len(files(cache)) == 1
+
+
+def test_global_float_switches_are_in_the_key(model: Any) -> None:
+    """float32 matmuls in bfloat16 (oneDNN on this CPU) or autocast change the run's numbers:
+    each is another key."""
+    ids = ids_of(80)
+    base = reference_key(model, ids, CONTEXT, BATCH)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        medium = reference_key(model, ids, CONTEXT, BATCH)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = reference_key(model, ids, CONTEXT, BATCH)
+    assert len({base, medium, autocast}) == 3
+    assert reference_key(model, ids, CONTEXT, BATCH) == base
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "another run's file"])
-def test_a_bad_file_is_ignored_recomputed_and_rewritten(model: Any, cache: Path,
-                                                        damage: str) -> None:
+def test_a_bad_file_is_ignored_recomputed_and_rewritten(
+        model: Any, cache: Path, damage: str, monkeypatch: pytest.MonkeyPatch) -> None:
     ids = ids_of()
     cached_reference_run(model, ids, context=CONTEXT, batch_size=BATCH, progress=False)
     (stored,) = files(cache)
@@ -158,7 +218,7 @@ def test_a_bad_file_is_ignored_recomputed_and_rewritten(model: Any, cache: Path,
         os.replace(other, stored)
     damaged = stored.read_bytes()
     counted = copy.deepcopy(model)
-    passes = count_passes(counted)
+    passes = count_passes(counted, monkeypatch)
     with pytest.warns(UserWarning, match="ignoring the cached reference run"):
         got = cached_reference_run(counted, ids, context=CONTEXT, batch_size=BATCH,
                                    progress=False)

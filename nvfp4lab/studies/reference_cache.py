@@ -5,8 +5,12 @@ process (a notebook, a study, a worker): :func:`cached_reference_run` is
 The key (:func:`reference_key`) is a SHA-256 over what the run depends on: the model's class,
 module classes, config and train/eval mode, every parameter and buffer (name, dtype, shape,
 bytes; a tied head counted once), the devices (a CPU by :func:`nvfp4lab.settings.cpu_signature`,
-a GPU by name and capability), the token ids scored, ``context``, ``batch_size``, the torch,
-transformers and nvfp4lab versions and the source files that run it. The file holds ``ids``,
+a GPU by name and capability), torch's global switches of float arithmetic (float32 matmul
+precision, TF32 and reduced-precision reductions, attention backends, deterministic algorithms,
+autocast), the token ids scored, ``context``, ``batch_size``, the torch, transformers and nvfp4lab
+versions and the source files that run it. A model with forward hooks (its modules' or global
+ones) or a module whose ``forward`` was replaced on the instance is never cached: what such code
+does is not in the key. The file holds ``ids``,
 ``nll`` and ``hidden_<b>`` per batch, the windows and batches as JSON metadata; only runs that
 keep hidden states are stored. A file that does not read or does not match the key is ignored
 with a warning, and the run is made again and rewritten (to a temporary name, then renamed:
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 import sys
 import tempfile
@@ -56,6 +61,76 @@ def _devices(model: nn.Module) -> str:
     return ",".join(names)
 
 
+#: torch's global switches (attribute paths under ``torch``) that change a forward pass's float
+#: arithmetic: on the CPU ``set_float32_matmul_precision("medium")`` makes oneDNN's float32
+#: matmuls bfloat16 ones; on a GPU TF32, reduced-precision reductions and the SDPA backend.
+_SWITCHES = (
+    "backends.mkldnn.enabled", "backends.cuda.matmul.allow_tf32",
+    "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+    "backends.cuda.matmul.allow_bf16_reduced_precision_reduction", "backends.cudnn.enabled",
+    "backends.cudnn.allow_tf32", "backends.cudnn.deterministic",
+)
+#: Functions under ``torch`` (no arguments) whose answer changes a forward pass's arithmetic.
+_SWITCH_CALLS = (
+    "get_float32_matmul_precision", "are_deterministic_algorithms_enabled",
+    "backends.cuda.flash_sdp_enabled", "backends.cuda.mem_efficient_sdp_enabled",
+    "backends.cuda.math_sdp_enabled", "backends.cuda.cudnn_sdp_enabled",
+)
+
+
+#: The ops whose float32 precision torch sets (``torch.backends.<op>.fp32_precision``).
+_FP32_OPS = ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn", "cuda.matmul", "cudnn.conv",
+             "cudnn.rnn")
+
+
+def _fp32_precision(op: str) -> str:
+    """The float32 precision ``op`` (an entry of :data:`_FP32_OPS`) runs at: its own setting, or
+    where that is "none" its parents' ("mkldnn", then the top), "ieee" when all are "none" (so
+    a process that set the default explicitly gets the same key as one that never did)."""
+    parts = op.split(".")
+    for depth in range(len(parts), -1, -1):
+        try:
+            value = operator.attrgetter(".".join(["backends", *parts[:depth], "fp32_precision"]))(
+                torch)
+        except (AttributeError, RuntimeError):
+            continue
+        if value != "none":
+            return str(value)
+    return "ieee"
+
+
+def _switches(devices: str) -> str:
+    """torch's global switches of float arithmetic now (:data:`_SWITCHES`, :data:`_SWITCH_CALLS`,
+    the float32 precision of :data:`_FP32_OPS` and autocast on each device type in
+    ``devices``), "?" for one this torch lacks."""
+    parts = [f"{op}.fp32={_fp32_precision(op)}" for op in _FP32_OPS]
+    for name in (*_SWITCHES, *_SWITCH_CALLS):
+        try:
+            value = operator.attrgetter(name)(torch)
+            value = value() if name in _SWITCH_CALLS else value
+        except (AttributeError, RuntimeError):
+            value = "?"
+        parts.append(f"{name}={value}")
+    for kind in sorted({d.split(":", 1)[0] for d in devices.split(",") if d}):
+        try:
+            on = torch.is_autocast_enabled(kind)
+            parts.append(f"autocast.{kind}={on}:{torch.get_autocast_dtype(kind) if on else ''}")
+        except (AttributeError, RuntimeError, TypeError):
+            parts.append(f"autocast.{kind}=?")
+    return ";".join(parts)
+
+
+def _hooked(model: nn.Module) -> bool:
+    """Whether code outside the key runs in ``model``'s forward: a forward (pre-)hook on any of
+    its modules or a global one, or a module whose ``forward`` is an instance attribute."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m)
+               for m in model.modules())
+
+
 def _config(model: nn.Module) -> str:
     """``model.config`` as JSON (every field) with its attention implementation; "" without."""
     config = getattr(model, "config", None)
@@ -83,8 +158,11 @@ def _code(cls: type) -> str:
 def reference_key(model: nn.Module, ids: torch.Tensor, context: int, batch_size: int) -> str | None:
     """The cache key (64 hex digits) of ``model``'s run over ``ids`` (int64 ``[N]``) in windows
     of ``context`` tokens, ``batch_size`` windows a pass; None when a tensor cannot be read
-    (on the meta device, a subclass without bytes): such a model is not cached. Tensors are
-    hashed one at a time (each copied to the CPU alone, never all at once)."""
+    (on the meta device, a subclass without bytes) or the model has hooks or a replaced
+    ``forward`` (:func:`_hooked`): such a model is not cached. Tensors are hashed one at a time
+    (each copied to the CPU alone, never all at once)."""
+    if _hooked(model):
+        return None
     digest = hashlib.sha256()
 
     def part(*items: object) -> None:
@@ -94,8 +172,10 @@ def reference_key(model: nn.Module, ids: torch.Tensor, context: int, batch_size:
             digest.update(data)
 
     cls = type(model)
+    devices = _devices(model)
     part(FORMAT, f"{cls.__module__}.{cls.__qualname__}", torch.__version__, nvfp4lab.__version__,
-         context, batch_size, model.training, _devices(model), _config(model), _code(cls))
+         context, batch_size, model.training, devices, _switches(devices), _config(model),
+         _code(cls))
     part(";".join(f"{name}:{type(m).__qualname__}" for name, m in model.named_modules()))
     part(ids.to(torch.int64).contiguous().numpy().tobytes())
     tensors = dict(model.state_dict(keep_vars=True))
@@ -224,7 +304,7 @@ def cached_reference_run(
     ids = llm._token_ids(text, tokenizer)[:max_tokens]  # the ids reference_run scores
     hidden = _expected_hidden(model)
     key = reference_key(model, ids, context, batch_size) if hidden is not None else None
-    if key is None or hidden is None:  # no head to rebuild logits with, or unreadable tensors
+    if key is None or hidden is None:  # no head to rebuild logits with, unreadable, hooked
         return llm.reference_run(model, ids, context=context, batch_size=batch_size,
                                  progress=progress)
     path = settings.cache_dir() / SUBDIR / f"{key}.safetensors"
