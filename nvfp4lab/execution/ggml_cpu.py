@@ -198,7 +198,7 @@ def _weight_operands(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(kvalues float64 [N, K], halved UE4M3 float32 [N, K/16]) of a packed NVFP4 weight."""
     pairs = _KVALUE_PAIRS.to(codes.device)[codes.long()]  # [N, K/2, 2]: elements 2i, 2i + 1
-    return pairs.reshape(codes.shape[0], -1), ue4m3_values(scales)
+    return pairs.reshape(codes.shape[0], 2 * codes.shape[1]), ue4m3_values(scales)
 
 
 def _dot_chunk(

@@ -99,7 +99,7 @@ def mul_mat(
     uint8 ``[N, K/2]`` (element 2i in the low nibble of byte i) and ``scales`` E4M3 / uint8
     ``[N, K/16]``, no tensor scale; K a multiple of 64; all on the CPU. ``path``, ``threads``:
     as in :func:`quantize_q8_0`. ValueError for other dtypes, shapes or devices."""
-    n, k = codes.shape[0] if codes.ndim == 2 else -1, 2 * codes.shape[-1]
+    n, k = (codes.shape[0], 2 * codes.shape[1]) if codes.ndim == 2 else (-1, -1)
     m = q8.shape[0] if q8.ndim == 2 else -1
     if codes.dtype != torch.uint8 or n < 0 or k % GGML_NVFP4_BLOCK:
         raise ValueError(
@@ -140,7 +140,7 @@ def linear(
     :func:`mul_mat`, in one library call (the ``q8_0`` backend's per-Linear call: few checks).
     ValueError for other dtypes, shapes, devices, or non-finite ``x``."""
     m, k = x.shape if x.ndim == 2 else (-1, -1)
-    n = codes.shape[0]
+    n = codes.shape[0] if codes.ndim == 2 else -1
     if (x.dtype != torch.float32 or codes.dtype != torch.uint8 or scales.element_size() != 1
             or k < 0 or k % GGML_NVFP4_BLOCK or codes.shape != (n, k // 2)
             or scales.shape != (n, k // BLOCK_SIZE)):

@@ -219,3 +219,21 @@ def test_routing_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
         ggml_dot.linear(torch.zeros(2, 32), codes, scales)
     monkeypatch.setenv(NATIVE_ISA_ENV, "scalar")
     assert ggml_dot.isa() == "scalar"
+
+
+def test_empty_shapes_and_a_scalar_weight() -> None:
+    """M, N or K of 0: both paths give the same empty or zero output (the torch path's reshape
+    of N = 0 rows once raised); a 0-d ``codes`` is a one-line ValueError, not an IndexError."""
+    for m, n, k in [(0, 3, 64), (3, 0, 64), (2, 3, 0)]:
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + n))
+        codes = torch.zeros(n, k // 2, dtype=torch.uint8)
+        scales = torch.full((n, k // 16), 0x38, dtype=torch.uint8)
+        want = ggml_cpu.mul_mat(x, codes, scales, native=False)
+        got = ggml_cpu.mul_mat(x, codes, scales, native=True)
+        assert want.shape == got.shape == (m, n) and torch.equal(bits(got), bits(want))
+    scalar = torch.tensor(1, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="linear needs x float32"):
+        ggml_dot.linear(torch.zeros(2, 64), scalar, torch.zeros(1, 4, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="codes must be uint8"):
+        ggml_dot.mul_mat(torch.zeros(2, 64, dtype=torch.int8), torch.zeros(2, 2).half(), scalar,
+                         torch.zeros(1, 4, dtype=torch.uint8))
