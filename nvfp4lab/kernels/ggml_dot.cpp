@@ -356,6 +356,20 @@ int clamp_isa(int isa) {
   return isa < kScalar ? kScalar : isa;
 }
 
+// The caller's MXCSR (flush-to-zero, denormals-are-zero, rounding: torch.set_flush_denormal sets
+// them on the calling thread only) for the length of one OpenMP worker's share, so that every
+// thread computes as the caller's thread and the result does not depend on the thread count.
+class CallerFloatMode {
+ public:
+  explicit CallerFloatMode(unsigned caller) : own_(_mm_getcsr()) { _mm_setcsr(caller); }
+  ~CallerFloatMode() { _mm_setcsr(own_); }
+  CallerFloatMode(const CallerFloatMode&) = delete;
+  CallerFloatMode& operator=(const CallerFloatMode&) = delete;
+
+ private:
+  unsigned own_;
+};
+
 }  // namespace
 
 extern "C" {
@@ -370,9 +384,11 @@ int64_t nvfp4lab_q8_0_quantize(const float* x, int64_t nblocks, int isa, int thr
                                int8_t* codes, uint16_t* d) {
   isa = clamp_isa(isa);
   const int workers = threads > 1 && nblocks >= 4096 ? threads : 1;
+  const unsigned csr = _mm_getcsr();
   int64_t bad = 0;
 #pragma omp parallel num_threads(workers) reduction(+ : bad)
   {
+    const CallerFloatMode mode(csr);
     const int64_t t = omp_get_num_threads();
     const int64_t i = omp_get_thread_num();
     const int64_t b0 = nblocks * i / t;
@@ -399,8 +415,10 @@ int nvfp4lab_nvfp4_q8_0_mul_mat(const int8_t* q8, const uint16_t* d, int64_t m,
   std::vector<float> dq(static_cast<size_t>(m * nq));
   for (int64_t i = 0; i < m * nq; ++i) dq[i] = half_to_float(d[i]);
   const int workers = threads > 1 && m * n * k >= kParallelWork ? threads : 1;
+  const unsigned csr = _mm_getcsr();
 #pragma omp parallel num_threads(workers)
   {
+    const CallerFloatMode mode(csr);
     const int64_t t = omp_get_num_threads();
     const int64_t i = omp_get_thread_num();
     const int64_t groups = (n + kGroup - 1) / kGroup;  // whole groups per thread

@@ -221,6 +221,27 @@ def test_routing_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ggml_dot.isa() == "scalar"
 
 
+def test_flush_denormal_reaches_every_thread() -> None:
+    """Under ``torch.set_flush_denormal(True)`` (FTZ/DAZ on the calling thread only) subnormal
+    inputs read as 0: every thread count gives the torch path's codes (before, the second
+    OpenMP thread kept denormals and its half of the blocks got codes of +-127)."""
+    x = torch.randn(160, 1024, generator=torch.Generator().manual_seed(2)) * 1e-39
+    x[::2] *= 1e30  # normal rows between the subnormal ones: not everything flushes
+    for path in PATHS:  # OpenMP's threads started before the switch (a new one inherits it)
+        ggml_dot.quantize_q8_0(x, path=path, threads=3)
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        want_codes, want_d = ggml_cpu.quantize_q8_0(x, native=False)
+        results = [(path, ggml_dot.quantize_q8_0(x, path=path, threads=threads))
+                   for path in PATHS for threads in (1, 2, 3)]
+    finally:
+        torch.set_flush_denormal(False)
+    assert want_codes[1::2].eq(0).all() and want_codes[::2].ne(0).any()
+    for path, (codes, d) in results:
+        assert torch.equal(codes, want_codes) and torch.equal(bits(d), bits(want_d)), path
+
+
 def test_empty_shapes_and_a_scalar_weight() -> None:
     """M, N or K of 0: both paths give the same empty or zero output (the torch path's reshape
     of N = 0 rows once raised); a 0-d ``codes`` is a one-line ValueError, not an IndexError."""
