@@ -27,13 +27,13 @@ import os
 import sys
 import tempfile
 import warnings
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-import nvfp4lab
 from nvfp4lab import settings
 from nvfp4lab.studies import llm
 
@@ -45,6 +45,15 @@ FORMAT = "1"
 SUBDIR = "reference-runs"
 #: Bytes a file may hold beyond its tensors (the safetensors header with the windows' JSON).
 _HEADER_SLACK = 1 << 20
+
+
+def _nvfp4lab_version() -> str:
+    """nvfp4lab's installed version (read from its distribution's metadata: the package root,
+    which imports everything, sits above this layer); "unknown" when not installed."""
+    try:
+        return metadata.version("nvfp4lab")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _devices(model: nn.Module) -> str:
@@ -173,7 +182,7 @@ def reference_key(model: nn.Module, ids: torch.Tensor, context: int, batch_size:
 
     cls = type(model)
     devices = _devices(model)
-    part(FORMAT, f"{cls.__module__}.{cls.__qualname__}", torch.__version__, nvfp4lab.__version__,
+    part(FORMAT, f"{cls.__module__}.{cls.__qualname__}", torch.__version__, _nvfp4lab_version(),
          context, batch_size, model.training, devices, _switches(devices), _config(model),
          _code(cls))
     part(";".join(f"{name}:{type(m).__qualname__}" for name, m in model.named_modules()))
