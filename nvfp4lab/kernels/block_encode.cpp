@@ -977,8 +977,10 @@ uint32_t nvfp4lab_abs_max(const void* x, int64_t n, int dtype, int isa, int thre
   isa = clamp_isa(isa);
   uint32_t m = 0;
   const int workers = threads > 1 && n >= 16 * kParallelBlocks ? threads : 1;
+  const unsigned csr = _mm_getcsr();
 #pragma omp parallel num_threads(workers) reduction(max : m)
   {
+    const CallerFloatMode mode(csr);
     const int64_t k = omp_get_num_threads();
     const int64_t i = omp_get_thread_num();
     const int64_t i0 = n * i / k;
@@ -1002,8 +1004,10 @@ int nvfp4lab_encode(const void* x, int64_t nblocks, int dtype, int fake, float g
                     int flags, int isa, int threads, uint8_t* packed, uint8_t* scales, void* out) {
   isa = clamp_isa(isa);
   const int workers = threads > 1 && nblocks >= kParallelBlocks ? threads : 1;
+  const unsigned csr = _mm_getcsr();
 #pragma omp parallel num_threads(workers)
   {
+    const CallerFloatMode mode(csr);
     const int64_t k = omp_get_num_threads();
     const int64_t i = omp_get_thread_num();
     // Tile-aligned ranges: every thread but the last starts and ends on a tile boundary.

@@ -356,19 +356,6 @@ int clamp_isa(int isa) {
   return isa < kScalar ? kScalar : isa;
 }
 
-// The caller's MXCSR (flush-to-zero, denormals-are-zero, rounding: torch.set_flush_denormal sets
-// them on the calling thread only) for the length of one OpenMP worker's share, so that every
-// thread computes as the caller's thread and the result does not depend on the thread count.
-class CallerFloatMode {
- public:
-  explicit CallerFloatMode(unsigned caller) : own_(_mm_getcsr()) { _mm_setcsr(caller); }
-  ~CallerFloatMode() { _mm_setcsr(own_); }
-  CallerFloatMode(const CallerFloatMode&) = delete;
-  CallerFloatMode& operator=(const CallerFloatMode&) = delete;
-
- private:
-  unsigned own_;
-};
 
 }  // namespace
 

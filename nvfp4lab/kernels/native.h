@@ -1,4 +1,5 @@
-// nvfp4lab's native CPU library: what its kernels share (lut_decode.cpp, block_encode.cpp).
+// nvfp4lab's native CPU library: what its kernels share (lut_decode.cpp, block_encode.cpp,
+// gptq_columns.cpp, ggml_dot.cpp).
 // Built by nvfp4lab/kernels/native.py (torch.utils.cpp_extension, no torch headers, plain C ABI).
 #pragma once
 
@@ -35,5 +36,20 @@ inline __attribute__((always_inline)) float float_of(uint32_t u) {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
+
+// The caller's MXCSR (flush-to-zero, denormals-are-zero, rounding: torch.set_flush_denormal sets
+// them on the calling thread only) for the length of one OpenMP worker's share, so that every
+// thread computes as the caller's thread and a result does not depend on the thread count.
+// Construct it first thing in a parallel region with the caller's _mm_getcsr().
+class CallerFloatMode {
+ public:
+  explicit CallerFloatMode(unsigned caller) : own_(_mm_getcsr()) { _mm_setcsr(caller); }
+  ~CallerFloatMode() { _mm_setcsr(own_); }
+  CallerFloatMode(const CallerFloatMode&) = delete;
+  CallerFloatMode& operator=(const CallerFloatMode&) = delete;
+
+ private:
+  unsigned own_;
+};
 
 }  // namespace nvfp4lab_native

@@ -272,3 +272,36 @@ def test_the_codec_runs_it_from_the_first_call(
     quantize(x, convention=convention)
     fake_quantize(x, convention=convention)
     assert calls == ["encode", "fake_quantize"]
+
+
+def test_flush_denormal_reaches_every_thread() -> None:
+    """Under ``torch.set_flush_denormal(True)`` (FTZ/DAZ on the calling thread only) subnormal
+    inputs read as 0 on the caller's thread; the OpenMP workers compute in the caller's float
+    mode (``native.h``'s CallerFloatMode), so 1, 2 and 3 threads give the same codes, scales and
+    block maximum on every path (before, a worker's blocks kept their denormals)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(512, 256, generator=g) * 1e-39  # 8,192 blocks: past the parallel threshold
+    x[::2] *= 1e30  # normal rows between the subnormal ones: not everything flushes
+    gs = torch.tensor([1e38], dtype=torch.float32)  # the subnormal rows get non-zero scales
+    order = ORDERS[OrderName.VLLM_KERNEL]
+    for path in PATHS:  # OpenMP's threads started before the switch (a new one inherits it)
+        block_encode.encode(x, gs, order, path=path, threads=3)
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        results = {(path, threads): (block_encode.encode(x, gs, order, path=path,
+                                                         threads=threads),
+                                     block_encode.abs_max(x, path=path, threads=threads))
+                   for path in PATHS for threads in (1, 2, 3)}
+    finally:
+        torch.set_flush_denormal(False)
+    for path in PATHS:
+        (packed, scales), amax = results[(path, 1)]
+        assert scales.view(torch.uint8)[1::2].eq(0).all(), path  # flushed: a zero block
+        assert scales.view(torch.uint8)[::2].ne(0).all(), path
+        for threads in (2, 3):
+            (p2, s2), a2 = results[(path, threads)]
+            assert torch.equal(p2, packed) and torch.equal(s2.view(torch.uint8),
+                                                           scales.view(torch.uint8)), (path,
+                                                                                       threads)
+            assert torch.equal(torch.as_tensor(a2), torch.as_tensor(amax)), (path, threads)
