@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from nvfp4lab import settings
-from nvfp4lab.studies import llm
+from nvfp4lab.studies import llm, reference_cache
 from nvfp4lab.studies.reference_cache import SUBDIR, cached_reference_run, reference_key
 from tests.tiny_decoders import TINY_VOCAB, tiny_model
 
@@ -102,7 +102,7 @@ def test_another_process_reads_the_run_without_running_the_model(
     assert len(passes) == len(fresh.batches) == 3  # windows of 32, 32 | 32, 32 | 22
     (stored,) = files(cache)
     assert stored.suffix == ".safetensors"
-    mtime = stored.stat().st_mtime_ns
+    inode, data = stored.stat().st_ino, stored.read_bytes()  # a rewrite is a new file (os.replace)
     assert_same_run(first, fresh)
     again = cached_reference_run(counted, ids, context=CONTEXT, batch_size=BATCH,
                                  progress=False)
@@ -117,7 +117,8 @@ def test_another_process_reads_the_run_without_running_the_model(
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"passes": 0}
-    assert files(cache) == [stored] and stored.stat().st_mtime_ns == mtime
+    assert files(cache) == [stored] and stored.stat().st_ino == inode
+    assert stored.read_bytes() == data  # read, not rewritten (a read only touches its time)
     child = torch.load(tmp_path / "out.pt")
     assert torch.equal(child["ids"], fresh.ids) and torch.equal(child["nll"], fresh.nll)
     assert fresh.hidden is not None
@@ -280,3 +281,33 @@ def test_a_run_that_keeps_the_model_is_not_stored(model: Any, cache: Path) -> No
     scaled = Scaled()
     run = cached_reference_run(scaled, ids_of(80), context=CONTEXT, progress=False)
     assert run.model is scaled and run.hidden is None and files(cache) == []
+
+
+def test_the_folder_is_bounded_least_recently_used_first(
+        model: Any, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_BYTES the least recently used runs go (a read counts as a use), never the run
+    just stored; what is left still reads back as the fresh run."""
+    runs = {seed: cached_reference_run(model, ids_of(seed=seed), context=CONTEXT,
+                                       batch_size=BATCH, progress=False) for seed in (1, 2)}
+    first, second = files(cache)[0].stat().st_size, files(cache)[1].stat().st_size
+    assert len(files(cache)) == 2
+    os.utime(files(cache)[0], (1, 1))  # both old: the order below is the reads' alone
+    os.utime(files(cache)[1], (1, 1))
+    calls = count_passes(model, monkeypatch)
+    cached_reference_run(model, ids_of(seed=1), context=CONTEXT, batch_size=BATCH,
+                         progress=False)  # read: seed 1 is now the most recently used
+    assert calls == []
+    monkeypatch.setattr(reference_cache, "MAX_BYTES", first + second + 1)
+    third = cached_reference_run(model, ids_of(seed=3), context=CONTEXT, batch_size=BATCH,
+                                 progress=False)
+    assert len(calls) == len(third.batches) and len(files(cache)) == 2  # seed 2 evicted
+    calls.clear()
+    for seed in (1, 3):  # kept: read back without a pass, bit for bit
+        got = cached_reference_run(model, ids_of(seed=seed), context=CONTEXT,
+                                   batch_size=BATCH, progress=False)
+        want = runs[1] if seed == 1 else third
+        assert_same_run(got, want)
+    assert calls == []
+    cached_reference_run(model, ids_of(seed=2), context=CONTEXT, batch_size=BATCH,
+                         progress=False)
+    assert calls, "seed 2's run was evicted: it runs again"

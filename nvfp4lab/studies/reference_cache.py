@@ -14,12 +14,14 @@ does is not in the key. The file holds ``ids``,
 ``nll`` and ``hidden_<b>`` per batch, the windows and batches as JSON metadata; only runs that
 keep hidden states are stored. A file that does not read or does not match the key is ignored
 with a warning, and the run is made again and rewritten (to a temporary name, then renamed:
-racing processes are safe). ``cache=False`` or ``NVFP4LAB_REFERENCE_CACHE=0``
+racing processes are safe); the folder is kept under :data:`MAX_BYTES` (2 GiB) by deleting the
+least recently used runs. ``cache=False`` or ``NVFP4LAB_REFERENCE_CACHE=0``
 (:func:`nvfp4lab.settings.reference_cache`) turns the cache off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import operator
@@ -45,6 +47,10 @@ FORMAT = "1"
 SUBDIR = "reference-runs"
 #: Bytes a file may hold beyond its tensors (the safetensors header with the windows' JSON).
 _HEADER_SLACK = 1 << 20
+#: The folder's size bound: after a store, the least recently used runs (by modification time; a
+#: read touches its file) are deleted until the folder holds at most this many bytes. SmolLM2's
+#: run of 2,040 tokens is 4.7 MB; 12,000 tokens 28 MB.
+MAX_BYTES = 2 << 30
 
 
 def _nvfp4lab_version() -> str:
@@ -239,6 +245,25 @@ def _store(path: Path, run: llm.ReferenceRun, key: str) -> None:
             os.unlink(temp)
 
 
+def _evict(folder: Path, keep: Path) -> None:
+    """Delete the least recently used runs of ``folder`` (never ``keep``) until its runs take at
+    most :data:`MAX_BYTES`. Files another process deletes meanwhile are skipped."""
+    runs = []
+    for entry in folder.glob("*.safetensors"):
+        try:
+            info = entry.stat()
+        except OSError:
+            continue
+        runs.append((info.st_mtime, info.st_size, entry))
+    total = sum(size for _, size, _ in runs)
+    for _, size, entry in sorted(runs):
+        if total <= MAX_BYTES:
+            break
+        if entry != keep:
+            entry.unlink(missing_ok=True)
+            total -= size
+
+
 def _load(path: Path, model: nn.Module, ids: torch.Tensor, context: int, batch_size: int,
           key: str, hidden: tuple[int, torch.dtype, torch.device]) -> llm.ReferenceRun:
     """The run stored at ``path``, checked against what ``key`` promises (ValueError on any
@@ -321,16 +346,21 @@ def cached_reference_run(
         llm._check_causal_lm(model, "reference")
         llm._check_ids(ids, llm._vocabulary(model), "reference")
         try:
-            return _load(path, model, ids, context, batch_size, key, hidden)
+            run = _load(path, model, ids, context, batch_size, key, hidden)
         except Exception as err:  # a stranger's file: any failure means "run it again"
             warnings.warn(f"ignoring the cached reference run {path} ({err}); running the "
                           "reference again", stacklevel=2)
+        else:
+            with contextlib.suppress(OSError):  # a read-only cache still serves its runs
+                os.utime(path)  # used: the last to be evicted
+            return run
     run = llm.reference_run(model, ids, context=context, batch_size=batch_size,
                             progress=progress)
     if run.hidden is not None and all(
             h.dtype == hidden[1] and h.shape[-1] == hidden[0] for h in run.hidden):
         try:
             _store(path, run, key)
+            _evict(path.parent, keep=path)
         except (OSError, RuntimeError, ValueError) as err:
             warnings.warn(f"could not store the reference run in {path} ({err})", stacklevel=2)
     return run
