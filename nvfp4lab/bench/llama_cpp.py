@@ -28,9 +28,10 @@ timed alone and a one-line note says why.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,20 @@ def _llama(path: Path, tokens: int) -> Any:
     )
 
 
+@contextlib.contextmanager
+def _loaded(gguf: str | Path | None, prompt: Sequence[int] | None,
+            prompt_tokens: int) -> Iterator[tuple[Path, Any, list[int]]]:
+    """``(path, model, ids)``: the GGUF (None: :func:`smollm2_gguf` in a temporary folder,
+    deleted on exit), read back with the ``q8_0`` backend, and the prompt's token ids
+    (:func:`_prompt_ids`)."""
+    from nvfp4lab import checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="nvfp4lab-gguf-") as tmp:
+        path = Path(gguf) if gguf is not None else smollm2_gguf(Path(tmp) / "smollm2-nvfp4")
+        model = checkpoint.load(path, backend=Backend.Q8_0)
+        yield path, model, _prompt_ids(model, path, prompt, prompt_tokens)
+
+
 def run_prefill(
     gguf: str | Path | None = None,
     *,
@@ -168,15 +183,10 @@ def run_prefill(
     text in SmolLM2's tokenizer. Returns (results, notes)."""
     import torch
 
-    from nvfp4lab import checkpoint
-
     if prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be >= 1, got {prompt_tokens}")
     notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="nvfp4lab-gguf-") as tmp:
-        path = Path(gguf) if gguf is not None else smollm2_gguf(Path(tmp) / "smollm2-nvfp4")
-        model = checkpoint.load(path, backend=Backend.Q8_0)
-        ids = _prompt_ids(model, path, prompt, prompt_tokens)
+    with _loaded(gguf, prompt, prompt_tokens) as (path, model, ids):
         if len(ids) < prompt_tokens and prompt is None:
             notes.append(f"the evaluation text has {len(ids)} tokens, fewer than {prompt_tokens}")
         x = torch.tensor([ids])
@@ -217,16 +227,12 @@ def run_generation(
     in SmolLM2's tokenizer. Returns (results, notes)."""
     import torch
 
-    from nvfp4lab import checkpoint
-
     for what, value in (("prompt_tokens", prompt_tokens), ("new_tokens", new_tokens)):
         if value < 1:
             raise ValueError(f"{what} must be >= 1, got {value}")
     notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="nvfp4lab-gguf-") as tmp:
-        path = Path(gguf) if gguf is not None else smollm2_gguf(Path(tmp) / "smollm2-nvfp4")
-        model = checkpoint.load(path, backend=Backend.Q8_0)
-        prompt = _prompt_ids(model, path, prompt, prompt_tokens)
+    with _loaded(gguf, prompt, prompt_tokens) as (path, model, ids):
+        prompt = ids
         made: dict[str, tuple[int, ...]] = {}
 
         def ours() -> None:
