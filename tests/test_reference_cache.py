@@ -185,6 +185,20 @@ def test_a_hooked_model_is_never_served_a_stored_run(model: Any, cache: Path) ->
     assert len(files(cache)) == 1
 
 
+def test_a_model_in_training_mode_is_never_cached(model: Any, cache: Path) -> None:
+    """Dropout draws new numbers on every run: one module in training mode and nothing is read
+    or written (the model in eval mode is cached as before)."""
+    ids = ids_of()
+    trained = copy.deepcopy(model)
+    trained.model.layers[0].train()
+    assert reference_key(trained, ids, CONTEXT, BATCH) is None
+    cached_reference_run(trained, ids, context=CONTEXT, batch_size=BATCH, progress=False)
+    assert files(cache) == []
+    trained.eval()
+    cached_reference_run(trained, ids, context=CONTEXT, batch_size=BATCH, progress=False)
+    assert len(files(cache)) == 1
+
+
 def test_global_float_switches_are_in_the_key(model: Any) -> None:
     """float32 matmuls in bfloat16 (oneDNN on this CPU) or autocast change the run's numbers:
     each is another key."""

@@ -261,9 +261,11 @@ def vec_dot_nvfp4_q8_0(
     k = _check_weight(codes, scales)
     if q8.dtype != torch.int8 or q8.ndim != 2 or q8.shape[1] != k:
         raise ValueError(f"q8 must be int8 [M, {k}], got {q8.dtype} {tuple(q8.shape)}")
-    if tuple(q8_scales.shape) != (q8.shape[0], k // GGML_Q8_0_BLOCK):
+    if (q8_scales.dtype != torch.float16
+            or tuple(q8_scales.shape) != (q8.shape[0], k // GGML_Q8_0_BLOCK)):
         raise ValueError(
-            f"q8_scales must be [M, K/32] = [{q8.shape[0]}, {k // GGML_Q8_0_BLOCK}], got "
+            f"q8_scales must be float16 [M, K/32] = [{q8.shape[0]}, {k // GGML_Q8_0_BLOCK}] "
+            f"(ggml's stored d, as quantize_q8_0 gives it), got {q8_scales.dtype} "
             f"{tuple(q8_scales.shape)}"
         )
     if _native(native, codes, scales, q8, q8_scales):

@@ -9,8 +9,8 @@ a GPU by name and capability), torch's global switches of float arithmetic (floa
 precision, TF32 and reduced-precision reductions, attention backends, deterministic algorithms,
 autocast), the token ids scored, ``context``, ``batch_size``, the torch, transformers and nvfp4lab
 versions and the source files that run it. A model with forward hooks (its modules' or global
-ones) or a module whose ``forward`` was replaced on the instance is never cached: what such code
-does is not in the key. The file holds ``ids``,
+ones), a module whose ``forward`` was replaced on the instance, or a module in training mode
+(dropout) is never cached: what such code does is not in the key. The file holds ``ids``,
 ``nll`` and ``hidden_<b>`` per batch, the windows and batches as JSON metadata; only runs that
 keep hidden states are stored. A file that does not read or does not match the key is ignored
 with a warning, and the run is made again and rewritten (to a temporary name, then renamed:
@@ -136,11 +136,14 @@ def _switches(devices: str) -> str:
 
 
 def _hooked(model: nn.Module) -> bool:
-    """Whether code outside the key runs in ``model``'s forward: a forward (pre-)hook on any of
-    its modules or a global one, or a module whose ``forward`` is an instance attribute."""
+    """Whether ``model``'s forward is not a function of the key: a forward (pre-)hook on any of
+    its modules or a global one, a module whose ``forward`` is an instance attribute, or a
+    module in training mode (dropout draws new numbers on every run)."""
     from torch.nn.modules import module as torch_module
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    if any(m.training for m in model.modules()):
         return True
     return any(m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m)
                for m in model.modules())

@@ -258,3 +258,17 @@ def test_empty_shapes_and_a_scalar_weight() -> None:
     with pytest.raises(ValueError, match="codes must be uint8"):
         ggml_dot.mul_mat(torch.zeros(2, 64, dtype=torch.int8), torch.zeros(2, 2).half(), scalar,
                          torch.zeros(1, 4, dtype=torch.uint8))
+
+
+def test_float32_d_is_refused_on_both_paths() -> None:
+    """``d`` is ggml's stored float16: a float32 ``q8_scales`` is refused in one line by the
+    torch path and the native one alike (the torch path used to take it)."""
+    g = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 256, (4, 32), dtype=torch.uint8, generator=g)
+    scales = torch.full((4, 4), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    q8 = torch.randint(-127, 128, (2, 64), dtype=torch.int8, generator=g)
+    d = torch.full((2, 2), 0.01, dtype=torch.float32)
+    for use_native in (False, None):
+        with pytest.raises(ValueError, match="q8_scales must be float16"):
+            ggml_cpu.vec_dot_nvfp4_q8_0(codes, scales, q8, d, native=use_native)
+    assert ggml_cpu.vec_dot_nvfp4_q8_0(codes, scales, q8, d.half(), native=False).shape == (2, 4)
