@@ -133,6 +133,8 @@ class LLMConfig:
 
     @property
     def activations(self) -> str:
+        if self.backend == Backend.Q8_0:
+            return f"{Backend.Q8_0.value} (int8 per 32 values)"
         return f"nvfp4 ({self.input_scales})" if self.backend == Backend.EMULATION else "float"
 
     @property
@@ -202,8 +204,11 @@ def configurations(*, smoke: bool = False) -> list[LLMConfig]:
 def more_configurations() -> list[LLMConfig]:
     """The recipes ``docs/llm.md`` measured beside the table that the default study leaves out
     for its time (AWQ alone builds for minutes) or because they lose (online rotations make
-    NVFP4 W4A4 worse; 4over6 weights change nothing): run when named (``nvfp4lab study
-    --configs NAME``, or ``all`` for these and :func:`configurations` together)."""
+    NVFP4 W4A4 worse; 4over6 weights change nothing), and llama.cpp's CPU arithmetic
+    (``W4A8 Q8_0, llama.cpp CPU``: ggml's own NVFP4 quantizer, activations quantized to Q8_0,
+    the NVFP4 × Q8_0 dot bit for bit, ``execution/ggml_cpu.py``; K a multiple of 64): run when
+    named (``nvfp4lab study --configs NAME``, or ``all`` for these and :func:`configurations`
+    together)."""
     w4a4 = Backend.EMULATION
     return [
         LLMConfig("W4A4 GPTQ", w4a4, QuantMethod.GPTQ, w4a4=W4A4Options()),
@@ -217,6 +222,7 @@ def more_configurations() -> list[LLMConfig]:
         LLMConfig("W4A4 RTN + rotation full", w4a4, w4a4=W4A4Options(rotation="full")),
         LLMConfig("W4A4 RTN + 4over6 weights", w4a4,
                   w4a4=W4A4Options(weight_scales=ScaleSelection.FOUR_OVER_SIX)),
+        LLMConfig("W4A8 Q8_0, llama.cpp CPU", Backend.Q8_0, convention=OrderName.LLAMA_CPP),
         LLMConfig("KV nvfp4 + Q/K rotation 32", None, kv_cache=KVCacheKind.NVFP4,
                   kv_rotation=32),
         LLMConfig("KV nvfp4 + Q/K rotation 64", None, kv_cache=KVCacheKind.NVFP4,

@@ -226,3 +226,24 @@ def test_the_cut_headlines_carry_the_paired_difference() -> None:
     assert unit == (f"% (paired KLD difference {d.difference:.4f} nats/token, 95 % interval "
                     f"{d.ci95[0]:.4f} to {d.ci95[1]:.4f}, {d.windows} windows)")
     assert {h["name"]: h["unit"] for h in lc.headline_numbers(rows)}[name] == "% (point estimate)"
+
+
+def test_the_llama_cpp_cpu_configuration_is_its_quantize_model_call() -> None:
+    """``W4A8 Q8_0, llama.cpp CPU`` (run when named) is ``quantize_model(backend="q8_0",
+    convention="llama.cpp")``: ggml's own quantizer and its NVFP4 × Q8_0 arithmetic; its row
+    says the activations are Q8_0 and the verdict puts it with the W4A4 family."""
+    from nvfp4lab.studies import llm_verdict
+    from nvfp4lab.studies.llm_config_names import config_names
+    from nvfp4lab.vocab import OrderName
+
+    config = config_names()["w4a8-q8_0-llama.cpp-cpu"]
+    assert config not in lc.configurations() and config.backend == Backend.Q8_0
+    reference = tiny_llama()
+    built, _ = lc.build(reference, config, BATCHES)
+    direct = copy.deepcopy(reference)
+    quantize_model(direct, backend=Backend.Q8_0, convention=OrderName.LLAMA_CPP)
+    assert torch.equal(_logits(built), _logits(direct))
+    rtn, _ = lc.build(reference, lc.configurations()[0], BATCHES)  # W4A16 RTN, kernel order
+    assert not torch.equal(_logits(built), _logits(rtn))
+    assert config.activations.startswith("q8_0") and config.weights == "nvfp4"
+    assert llm_verdict.family(config) == llm_verdict.WEIGHTS_ACTIVATIONS
