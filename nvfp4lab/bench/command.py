@@ -11,6 +11,7 @@ import argparse
 import math
 import re
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,8 @@ from nvfp4lab.bench.runner import (
     parse_shapes,
     run_bench,
 )
-from nvfp4lab.bench.store import append_rows, check_shard, environment, shard_path
+from nvfp4lab.bench.store import append_rows, check_shard, environment, load_average, shard_path
+from nvfp4lab.bench.timing import format_seconds
 from nvfp4lab.settings import tqdm_class
 
 __all__ = ["add_arguments", "main", "resolve_device", "run_cli"]
@@ -210,14 +212,6 @@ def _config(args: argparse.Namespace) -> BenchConfig:
     return cfg
 
 
-def _fmt_time(t: float) -> str:
-    if t < 1e-3:
-        return f"{t * 1e6:8.1f} us"
-    if t < 1:
-        return f"{t * 1e3:8.2f} ms"
-    return f"{t:8.3f} s "
-
-
 def _relative(row: dict[str, Any], matmul_s: dict[tuple[str, str], float]) -> str:
     """``x copy_`` of an elementwise row, ``x matmul`` of a linear row (same run), else ""."""
     if row["copy_fraction"]:
@@ -237,7 +231,7 @@ def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
         derived = f"{r['gb_s']} GB/s" if r["gb_s"] else f"{r['tflop_s']} TFLOP/s"
         print(
             f"{r['op']:<14} {r['shape']:<18} {r['dtype']:<9} {r['backend']:<10} "
-            f"{r['convention']:<19} {r['path']:<6} {_fmt_time(float(r['median_s']))} "
+            f"{r['convention']:<19} {r['path']:<6} {format_seconds(float(r['median_s']))} "
             f"{float(r['spread_s']) * 1e3:7.3f}ms  {derived:<18} {_relative(r, matmul_s)}"
         )
 
@@ -332,8 +326,9 @@ def _run_peers_cli(plan: _PeersPlan, seed: int) -> int:
         match = "-" if r.matches_ct is None else str(r.matches_ct)
         agree = "-" if r.code_agreement is None else f"{r.code_agreement:.4%}"
         print(
-            f"{r.impl:<37} {f'{r.shape[0]}x{r.shape[1]}':<11} {r.dtype:<9} {_fmt_time(r.median_s)} "
-            f"{r.spread_s * 1e3:8.3f}ms {r.speedup_vs_ct:7.2f}x  {match:<5}  {agree}"
+            f"{r.impl:<37} {f'{r.shape[0]}x{r.shape[1]}':<11} {r.dtype:<9} "
+            f"{format_seconds(r.median_s)} {r.spread_s * 1e3:8.3f}ms {r.speedup_vs_ct:7.2f}x  "
+            f"{match:<5}  {agree}"
         )
     for m in notes:
         print(f"note: {m}")
@@ -394,7 +389,7 @@ def _llama_table(results: Sequence[PrefillResult | GenerationResult]) -> None:
     """Print one phase's rows (median, IQR, tokens/s) and, with both sides, the ratio."""
     print(f"{'impl':<16} {'median':>11} {'IQR':>10} {'tokens/s':>9}")
     for r in results:
-        print(f"{r.impl:<16} {_fmt_time(r.timing.median_s)} {r.timing.spread_s * 1e3:8.1f}ms "
+        print(f"{r.impl:<16} {format_seconds(r.timing.median_s)} {r.timing.spread_s * 1e3:8.1f}ms "
               f"{r.tokens_per_s:9.3f}")
     speed = {r.impl: r.tokens_per_s for r in results}
     if LLAMA_CPP_IMPL in speed:
@@ -403,11 +398,7 @@ def _llama_table(results: Sequence[PrefillResult | GenerationResult]) -> None:
 
 
 def _run_llama_cli(plan: _LlamaPlan, seed: int) -> int:
-    import tempfile
-
     import torch
-
-    from nvfp4lab.bench.store import load_average
 
     timed = {"warmup": plan.warmup, "repeats": plan.repeats}
     with tempfile.TemporaryDirectory(prefix="nvfp4lab-gguf-") as tmp:
@@ -476,7 +467,7 @@ def _run_model_cli(plan: _ModelPlan, seed: int) -> int:
         print(f"{'impl':<11} {'path':<8} {'median':>11} {'IQR':>10} {'tokens/s':>9} {'x float':>8}")
         for r in results:
             print(
-                f"{r.impl:<11} {r.path or '-':<8} {_fmt_time(r.timing.median_s)} "
+                f"{r.impl:<11} {r.path or '-':<8} {format_seconds(r.timing.median_s)} "
                 f"{r.timing.spread_s * 1e3:8.1f}ms {r.tokens_per_s:9.1f} "
                 f"{r.timing.median_s / base:7.2f}x"
             )

@@ -30,6 +30,7 @@ __all__ = [
     "SPREAD_KIND",
     "Stopwatch",
     "Timing",
+    "format_seconds",
     "quantile",
     "stopwatch",
     "time_fn",
@@ -249,3 +250,12 @@ def stopwatch() -> Iterator[Stopwatch]:
     finally:
         watch.wall_s = time.perf_counter() - wall
         watch.cpu_s = time.process_time() - cpu
+
+
+def format_seconds(t: float) -> str:
+    """``t`` seconds for a table column, 11 characters: µs below 1 ms, ms below 1 s, else s."""
+    if t < 1e-3:
+        return f"{t * 1e6:8.1f} us"
+    if t < 1:
+        return f"{t * 1e3:8.2f} ms"
+    return f"{t:8.3f} s "
