@@ -45,6 +45,7 @@ __all__ = [
     "rotated_matmul",
     "rotation_blocks",
     "rotation_matrix",
+    "rotation_matrix_blocks",
     "sylvester_matrix",
 ]
 
@@ -146,6 +147,23 @@ def rotation_matrix(
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % block:
         raise ValueError(f"K must be a positive multiple of {block}, got {k!r}")
     return hadamard_transform(torch.eye(k, dtype=dtype), seed, block=block)
+
+
+def rotation_matrix_blocks(
+    k: int, seed: int, *, block: int = HADAMARD_SIZE, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The diagonal blocks ``[K / b, b, b]`` of :func:`rotation_matrix` (``b``: ``block``, or a
+    :class:`BlockRotation`'s own size), the only nonzero part of ``Q``: ``Q = diag(blocks[0],
+    blocks[1], ...)``. Built without the dense ``[K, K]`` matrix: row ``s`` of the input holds a
+    one at position ``s`` of every block, so ``x Q`` lays block ``a``'s row ``s`` at block ``a``
+    (each entry one product, the same values as the dense matrix's)."""
+    if isinstance(seed, BlockRotation):
+        block = seed.size
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % block:
+        raise ValueError(f"K must be a positive multiple of {block}, got {k!r}")
+    ones = torch.eye(block, dtype=dtype).repeat(1, k // block)
+    rows = hadamard_transform(ones, seed, block=block)
+    return rows.reshape(block, k // block, block).permute(1, 0, 2).contiguous()
 
 
 def rotate_gemm_operands(

@@ -1,5 +1,6 @@
 """GPTQ's Hessian and its inverse factor, the K x K float64 part of :mod:`~nvfp4lab.execution.
-gptq`: the running ``H = (2/n) Σ x xᵀ`` (:class:`Hessian`), the upper Cholesky factor of the damped
+gptq`: the running ``H = (2/n) Σ x xᵀ`` (:class:`Hessian`, summed by the native Gram kernel on
+the CPU, :mod:`nvfp4lab.kernels.hessian_products`), the upper Cholesky factor of the damped
 inverse (:func:`_inverse_factor`, made in the matrix's own storage on the CPU:
 :func:`_factor_in_place`) and the row-chunked NaN check (:func:`all_finite`). Memory: one K x K
 float64 matrix per layer at a time (254 MB for a 5,632-wide down_proj)."""
@@ -8,28 +9,54 @@ from __future__ import annotations
 
 import torch
 
+from nvfp4lab.kernels import hessian_products
+
 WORK_DTYPE = torch.float64  # dtype of H, W and the Cholesky factors
 
 
 class Hessian:
-    """Running ``H = (2/n) Σ x xᵀ`` over ``n`` tokens, float64 ``[K, K]`` on ``device``."""
+    """Running ``H = (2/n) Σ x xᵀ`` over ``n`` tokens, float64 ``[K, K]`` on ``device``.
+
+    On the CPU, float32 / bfloat16 / float16 inputs are summed by the native Gram kernel
+    (:mod:`nvfp4lab.kernels.hessian_products`): every product exact, the tokens added one
+    after the other, so the sum is the same on every CPU, vector path and thread count (the
+    reference: ``for x in rows: sum += outer(x, x)`` in float64), and only the lower triangle
+    is computed (half BLAS's work); :meth:`matrix` mirrors it. Elsewhere (a GPU, float64
+    inputs, no native library) BLAS's ``addmm`` sums, in the order its blocking picks: the last
+    bits may differ from the native sum's."""
 
     def __init__(self, k: int, device: torch.device | str | None = None) -> None:
         self.sum = torch.zeros(k, k, dtype=WORK_DTYPE, device=device)
         self.tokens = 0
+        #: only the lower triangle of ``sum`` is current (the native kernel's adds)
+        self.upper_stale = False
 
     def add(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Accumulate the rows of ``x [..., K]``; ``mask`` (bool, ``x.shape[:-1]``) keeps rows."""
         rows = x.detach()[mask] if mask is not None else x.detach().reshape(-1, x.shape[-1])
-        rows = rows.to(device=self.sum.device, dtype=WORK_DTYPE)
-        self.sum.addmm_(rows.T, rows)
+        if not rows.shape[0]:
+            return
+        if hessian_products.usable(self.sum, rows):
+            hessian_products.gram_add(self.sum, rows)
+            self.upper_stale = True
+        else:
+            self._mirrored()
+            rows = rows.to(device=self.sum.device, dtype=WORK_DTYPE)
+            self.sum.addmm_(rows.T, rows)
         self.tokens += rows.shape[0]
+
+    def _mirrored(self) -> torch.Tensor:
+        """``sum``, its strict upper triangle made current (the lower one's transpose)."""
+        if self.upper_stale:
+            hessian_products.mirror_lower(self.sum)
+            self.upper_stale = False
+        return self.sum
 
     def matrix(self) -> torch.Tensor:
         """float64 ``[K, K]``; ValueError when no token was added."""
         if not self.tokens:
             raise ValueError("the Hessian has no tokens: no calibration input reached the layer")
-        return self.sum * (2.0 / self.tokens)
+        return self._mirrored() * (2.0 / self.tokens)
 
     def take_matrix(self) -> torch.Tensor:
         """:meth:`matrix`, made in place of the running sum and handed over (the caller may
@@ -37,14 +64,14 @@ class Hessian:
         again."""
         if not self.tokens:
             raise ValueError("the Hessian has no tokens: no calibration input reached the layer")
-        matrix = self.sum.mul_(2.0 / self.tokens)
+        matrix = self._mirrored().mul_(2.0 / self.tokens)
         self.sum, self.tokens = matrix.new_empty(0, 0), 0
         return matrix
 
     def clone(self) -> Hessian:
         """An independent copy (the running sum and the token count)."""
         copy = Hessian.__new__(Hessian)
-        copy.sum, copy.tokens = self.sum.clone(), self.tokens
+        copy.sum, copy.tokens, copy.upper_stale = self.sum.clone(), self.tokens, self.upper_stale
         return copy
 
 

@@ -366,15 +366,18 @@ def sequential_gptq(
         yield from whole_model(stages)
         return
     yield from whole_model(plan.before)
+    inside = {n: model.get_submodule(n) for stages_i in plan.inside for s in stages_i for n in s}
+    orders: dict[int, list[str]] = {}
     with torch.no_grad():
-        calls = capture_block_inputs(model, plan.blocks, batches)
+        calls = capture_block_inputs(model, plan.blocks, batches, orders=orders, watched=inside)
     if calls is None:
         yield from whole_model([s for stages_i in plan.inside for s in stages_i] + plan.after)
         return
     last = max(i for i, stages_i in enumerate(plan.inside) if stages_i)
     for index, block in enumerate(plan.blocks.modules[: last + 1]):
         names = [n for stage in plan.inside[index] for n in stage]
-        with BlockRunner(block, calls, {n: model.get_submodule(n) for n in names}) as runner:
+        with BlockRunner(block, calls, {n: model.get_submodule(n) for n in names},
+                         order=orders.get(index)) as runner:
             for stage in plan.inside[index]:
                 modules = {n: model.get_submodule(n) for n in stage}
                 hessians = _hessians(modules, runner.collect(stage), options.mask_padding)

@@ -29,15 +29,22 @@ attention (tests/execution/test_gptq.py compares the two paths bit for bit on a 
 changing a bit of what they compute:
 
 * a probe (the block once, on the first call) records the order in which the block calls the
-  Linears being calibrated; a pass that only needs a stage's inputs ends right after the last
-  call of that stage (:meth:`BlockRunner.collect`), as long as the batch calls the Linears in the
+  Linears being calibrated, unless that order is known already: the first batch's chain-check
+  pass of :func:`capture_block_inputs` runs every block but the last on the first call and
+  records it there (one batch's pass through every block saved; that pass feeds each block the
+  float model's hidden states, the probe those of the blocks quantized so far: the same order
+  wherever the order does not depend on the values, and any batch that departs from it is
+  caught as below); a pass that only needs a stage's inputs ends right after the last call of
+  that stage (:meth:`BlockRunner.collect`), as long as the batch calls the Linears in the
   probe's order so far (checked at every call; a batch that departs runs to the end); the
   stage's own Linears, about to be replaced, return zeros instead of computing while they all
   receive one and the same input tensor (else the pass is repeated with them computing);
 * a layer that is already final (an earlier stage) remembers, per call, its input and output;
   a later pass that feeds it an input equal to the remembered one (``torch.equal``; neither
   tensor changed in place since, by its version counter) gets the remembered output instead of
-  running it again (:meth:`BlockRunner.freeze`).
+  running it again (:meth:`BlockRunner.freeze`); a module holding parameters but no Linear
+  being calibrated (a norm) remembers its calls from the first freeze on, so the next layer is
+  handed the very same tensor and matches it by identity, without ``torch.equal``.
 """
 
 from __future__ import annotations
@@ -193,13 +200,24 @@ def _same_arguments(first: BlockCall, other: BlockCall) -> bool:
     ) and all(_same(v, other.kwargs[k]) for k, v in first.kwargs.items() if k != first.key)
 
 
-def _chain_calls(model: nn.Module, blocks: Blocks, batch: Any) -> BlockCall | None:
+def _chain_calls(model: nn.Module, blocks: Blocks, batch: Any,
+                 orders: dict[int, list[str]] | None = None,
+                 watched: Mapping[str, nn.Module] | None = None) -> BlockCall | None:
     """Run ``batch`` up to the last block; the first block's call if the blocks form a chain
     (each called once, in order, on the previous block's output, with the same other
-    arguments), else None."""
+    arguments), else None. ``orders`` (filled when given): block index -> the names of
+    ``watched`` modules in the order that block called them (every block but the last, which
+    the pass does not run)."""
     n = len(blocks.modules)
     calls: list[tuple[int, BlockCall | None]] = []
     outputs: dict[int, Any] = {}
+
+    def saw(name: str, index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if orders is not None:
+                orders.setdefault(index, []).append(name)
+
+        return hook
 
     def pre(index: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -218,6 +236,10 @@ def _chain_calls(model: nn.Module, blocks: Blocks, batch: Any) -> BlockCall | No
     handles = [b.register_forward_pre_hook(pre(i), with_kwargs=True)
                for i, b in enumerate(blocks.modules)]
     handles += [b.register_forward_hook(post(i)) for i, b in enumerate(blocks.modules)]
+    for name, module in (watched or {}).items():
+        index = blocks.index(name)
+        if index is not None and index < n - 1:
+            handles.append(module.register_forward_pre_hook(saw(name, index)))
     try:
         with suppress(_Stop):
             run_batch(model, batch)
@@ -225,6 +247,8 @@ def _chain_calls(model: nn.Module, blocks: Blocks, batch: Any) -> BlockCall | No
         for handle in handles:
             handle.remove()
     if [i for i, _ in calls] != list(range(n)) or any(c is None for _, c in calls):
+        if orders is not None:
+            orders.clear()
         return None
     chain = [c for _, c in calls]
     first = chain[0]
@@ -238,7 +262,9 @@ def _chain_calls(model: nn.Module, blocks: Blocks, batch: Any) -> BlockCall | No
 
 
 def capture_block_inputs(
-    model: nn.Module, blocks: Blocks, batches: Sequence[Any]
+    model: nn.Module, blocks: Blocks, batches: Sequence[Any], *,
+    orders: dict[int, list[str]] | None = None,
+    watched: Mapping[str, nn.Module] | None = None,
 ) -> list[BlockCall] | None:
     """One :class:`BlockCall` per batch: the arguments of block 0, caches switched off.
 
@@ -246,8 +272,13 @@ def capture_block_inputs(
     docstring); None when they do not, or when a batch never reaches block 0. The others run
     only up to block 0. Memory: the hidden states of every batch at block 0 (e.g. float32
     ``[B, T, H]`` each) and what the model built for the blocks (masks, position embeddings).
+
+    ``orders`` (a dict, filled when given): block index -> the names of the ``watched``
+    modules (name -> module) in the order that block called them in the first batch's pass,
+    for every block but the last: a :class:`BlockRunner`'s ``order``, so that it need not run
+    its block once more to learn it.
     """
-    first = _chain_calls(model, blocks, batches[0])
+    first = _chain_calls(model, blocks, batches[0], orders, watched)
     if first is None:
         return None
     calls = [first]
@@ -335,11 +366,13 @@ class _Memo:
 class BlockRunner:
     """Runs one block over the calls of every batch (module docstring: probe, early end, final
     layers). ``watched``: name -> module of the Linears being calibrated in this block, the
-    modules whose call order the probe records. Use as a context manager (it removes its hooks
-    and restores memoized modules on exit)."""
+    modules whose call order the probe records; ``order``: that order when it is known already
+    (the first batch's pass of :func:`capture_block_inputs` through this block: then there is
+    no probe). Use as a context manager (it removes its hooks and restores memoized modules on
+    exit)."""
 
     def __init__(self, block: nn.Module, calls: Sequence[BlockCall],
-                 watched: Mapping[str, nn.Module]) -> None:
+                 watched: Mapping[str, nn.Module], order: Sequence[str] | None = None) -> None:
         self.block = block
         self.calls = list(calls)
         self._names = {id(m): n for n, m in watched.items()}
@@ -351,7 +384,10 @@ class BlockRunner:
         self._memos: dict[int, tuple[nn.Module, _Memo]] = {}
         self._current = 0
         self._handles = [m.register_forward_pre_hook(self._watch) for m in watched.values()]
-        self._probe()
+        if order is None:
+            self._probe()
+        else:
+            self._order = list(order)
 
     def __enter__(self) -> BlockRunner:
         return self
@@ -498,7 +534,13 @@ class BlockRunner:
         for the rest of this block. Every largest submodule of the block whose watched modules
         are all final then remembers its calls and answers an equal call (equal arguments,
         none of the tensors changed in place since) with the remembered output, without running
-        (the watched modules it would have called still count in the call order)."""
+        (the watched modules it would have called still count in the call order).
+
+        A submodule holding no watched module but parameters of its own (a norm, a router) is
+        final from the first freeze: remembered, its output is the very tensor a later pass
+        hands the next layer, whose memo then matches by identity instead of comparing the
+        values (``torch.equal``), and the norm is not recomputed. Parameter-free ones (an
+        activation, a dropout) run again: cheaper than holding their outputs."""
         old = self._modules.get(name)
         if old is not module:
             if old is not None:
@@ -513,7 +555,9 @@ class BlockRunner:
             if not path:
                 continue
             inside = [watched_ids[id(m)] for m in sub.modules() if id(m) in watched_ids]
-            if inside and all(n in self._final for n in inside):
+            if all(n in self._final for n in inside) and (
+                inside or next(sub.parameters(), None) is not None
+            ):
                 final[path] = sub
         for path, sub in final.items():
             parent = path.rpartition(".")[0]

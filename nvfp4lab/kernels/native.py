@@ -1,7 +1,7 @@
 """nvfp4lab's native CPU library: hand-written C++ kernels, built once per machine, called with
 :mod:`ctypes`.
 
-Four sources beside this module (package data, with the header ``native.h`` they share) make one
+Five sources beside this module (package data, with the header ``native.h`` they share) make one
 library:
 
 * ``lut_decode.cpp``: the table-lookup decode of packed NVFP4 weights
@@ -10,7 +10,10 @@ library:
   (:mod:`nvfp4lab.kernels.block_encode`);
 * ``gptq_columns.cpp``: GPTQ's column loop within one group (:mod:`nvfp4lab.kernels.gptq_columns`);
 * ``ggml_dot.cpp``: llama.cpp's CPU Q8_0 quantize and NVFP4 x Q8_0 dot, bit for bit
-  (:mod:`nvfp4lab.kernels.ggml_dot`, the ``q8_0`` backend's hot path).
+  (:mod:`nvfp4lab.kernels.ggml_dot`, the ``q8_0`` backend's hot path);
+* ``hessian_products.cpp``: GPTQ's Hessian products in a defined order: the float64 Gram sum of
+  float32 rows and the block rotation ``Qᵀ H Q``
+  (:mod:`nvfp4lab.kernels.hessian_products`).
 
 All are plain C ABI (pointers, sizes, float32 scalars; no torch header), compiled without
 fast-math and without FMA contraction (each float32 step one IEEE operation, as in the eager
@@ -88,6 +91,7 @@ SOURCES: tuple[Path, ...] = (
     Path(__file__).with_name("block_encode.cpp"),
     Path(__file__).with_name("gptq_columns.cpp"),
     Path(__file__).with_name("ggml_dot.cpp"),
+    Path(__file__).with_name("hessian_products.cpp"),
 )
 #: The header they share (its ISA and dtype numbers, the E2M1 table, bit casts).
 HEADERS: tuple[Path, ...] = (Path(__file__).with_name("native.h"),)
@@ -127,6 +131,9 @@ _SIGNATURES: dict[str, tuple[list[type], type]] = {
     "nvfp4lab_nvfp4_q8_0_mul_mat": (
         [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _int, _int, _ptr], _int),
     "nvfp4lab_nvfp4_q8_0_linear": ([_ptr, _i64, _ptr, _ptr, _i64, _i64, _int, _int, _ptr], _i64),
+    "nvfp4lab_gram_isa": ([], _int),
+    "nvfp4lab_gram_add": ([_ptr, _i64, _i64, _i64, _int, _int, _ptr], _int),
+    "nvfp4lab_block_congruence": ([_ptr, _i64, _ptr, _i64, _int, _int], _int),
 }
 
 

@@ -193,6 +193,93 @@ def test_capture_refuses_what_is_not_a_chain(model_type: type[Chain]) -> None:
 # -- one block over the calls ----------------------------------------------------------------
 
 
+def test_capture_records_each_block_order_and_the_runner_needs_no_probe() -> None:
+    """The chain check's pass records, per block but the last, the order its Linears ran in;
+    a runner given that order does not run its block to learn it, and collects the same
+    inputs as one that probes."""
+    model = Chain(keyword=True)
+    batches = _batches()
+    blocks = find_blocks(model, ["blocks.0.a", "blocks.1.a"])
+    assert blocks is not None
+    watched = {f"blocks.{i}.{n}": getattr(model.blocks[i], n) for i in range(2) for n in "abc"}
+    orders: dict[int, list[str]] = {}
+    with torch.no_grad():
+        calls = capture_block_inputs(model, blocks, batches, orders=orders, watched=watched)
+    assert calls is not None
+    assert orders == {0: ["blocks.0.a", "blocks.0.b", "blocks.0.c"]}  # the last block: no pass
+    block = model.blocks[0]
+    block.a.runs = block.b.runs = block.c.runs = 0
+    with BlockRunner(block, calls, _watched(block), order=orders[0]) as given:
+        assert (block.a.runs, block.b.runs, block.c.runs) == (0, 0, 0)
+        seen_given, handle = _inputs_of(block.b)
+        for _, run in given.collect(["blocks.0.b"]):
+            run()
+        handle.remove()
+    with BlockRunner(block, calls, _watched(block)) as probed:
+        assert probed._order == orders[0]
+        seen_probed, handle = _inputs_of(block.b)
+        for _, run in probed.collect(["blocks.0.b"]):
+            run()
+        handle.remove()
+    assert len(seen_given) == len(batches)
+    assert all(torch.equal(a, b) for a, b in zip(seen_given, seen_probed, strict=True))
+    orders = {0: ["stale"]}
+    assert capture_block_inputs(_Reversed(), blocks, batches, orders=orders,
+                                watched=watched) is None
+    assert orders == {}  # not a chain: nothing recorded
+
+
+class CountingNorm(nn.LayerNorm):
+    """A LayerNorm that counts how often its own forward ran."""
+
+    runs = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.runs += 1
+        return super().forward(x)
+
+
+class Normed(nn.Module):
+    """``c(b(a(norm(x))))``: a norm (parameters, no watched Linear) before the Linears."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.norm = CountingNorm(d)
+        self.a, self.b, self.c = Counting(d, d), Counting(d, d), Counting(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.b(self.a(self.norm(x))))
+
+
+def test_a_norm_is_remembered_and_the_next_layer_matches_by_identity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From the first freeze on the norm remembers its calls: it runs once more per call, and
+    the remembered ``a`` then gets the very tensor it saw, without a ``torch.equal``."""
+    block = Normed()
+    xs = _batches()
+    with torch.no_grad():
+        expected = [block.c(block.b(block.a(block.norm(x)))) for x in xs]
+    calls = [BlockCall(None, (x,), {}) for x in xs]
+    compared: list[int] = []
+    real_equal = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda a, b: compared.append(1) or real_equal(a, b))
+    with BlockRunner(block, calls, _watched(block)) as runner:
+        for _, run in runner.collect(["blocks.0.a"]):
+            run()
+        runner.freeze("blocks.0.a", block.a)
+        block.norm.runs = block.a.runs = 0
+        for stage in ("b", "c"):
+            for _, run in runner.collect([f"blocks.0.{stage}"]):
+                run()
+            runner.freeze(f"blocks.0.{stage}", getattr(block, stage))
+        outputs = runner.outputs()
+    assert (block.norm.runs, block.a.runs) == (3, 3)  # once per call, then remembered
+    assert compared == []
+    assert all(torch.equal(o.hidden, e) for o, e in zip(outputs, expected, strict=True))
+
+
 def _inputs_of(module: nn.Module) -> tuple[list[torch.Tensor], Any]:
     seen: list[torch.Tensor] = []
     handle = module.register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))

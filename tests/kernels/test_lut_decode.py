@@ -230,5 +230,6 @@ def test_source_is_package_data() -> None:
     assert [header.name for header in native.HEADERS] == ["native.h"]
     assert native.HEADERS[0].is_file()
     assert [source.name for source in native.SOURCES] == [
-        "lut_decode.cpp", "block_encode.cpp", "gptq_columns.cpp", "ggml_dot.cpp"]
+        "lut_decode.cpp", "block_encode.cpp", "gptq_columns.cpp", "ggml_dot.cpp",
+        "hessian_products.cpp"]
     assert all(source.is_file() and source.parent.name == "kernels" for source in native.SOURCES)
