@@ -32,7 +32,7 @@ namespace {
 
 using namespace nvfp4lab_native;
 
-constexpr int64_t kPanel = 16;   // columns per packed panel
+constexpr int64_t kPanel = 8;    // columns per packed panel
 constexpr int64_t kDepth = 128;  // rows converted and packed at a time
 constexpr int64_t kBand = 16;    // row blocks per band of tiles
 // Below this many multiply-adds one thread works.
@@ -54,14 +54,14 @@ int clamp_isa(int isa) {
   return isa < kScalar ? kScalar : isa;
 }
 
-// Tile shapes per path: MR sum rows by NR sum columns (NR divides kPanel).
+// Tile shapes per path: MR sum rows by NR sum columns (NR a multiple or divisor of kPanel).
 struct Shape {
   int64_t mr;
   int64_t nr;
 };
 
 Shape shape_of(int isa) {
-  if (isa == kAvx512) return {8, 16};  // 16 zmm sums
+  if (isa == kAvx512) return {8, 24};  // 24 zmm sums
   if (isa == kAvx2) return {6, 8};     // 12 ymm sums
   return {4, 4};
 }
@@ -111,24 +111,30 @@ NVFP4LAB_GRAM_AVX2 void tile_avx2(const double* const* a, const double* b, int64
 
 NVFP4LAB_GRAM_AVX512 void tile_avx512(const double* const* a, const double* b, int64_t depth,
                                       double* c, int64_t ldc) {
-  __m512d acc[8][2];
+  __m512d acc[8][3];
   for (int r = 0; r < 8; ++r) {
     acc[r][0] = _mm512_loadu_pd(c + r * ldc);
     acc[r][1] = _mm512_loadu_pd(c + r * ldc + 8);
+    acc[r][2] = _mm512_loadu_pd(c + r * ldc + 16);
   }
+  const double* b1p = b + kDepth * kPanel;  // the next two panels: columns 8..23
+  const double* b2p = b1p + kDepth * kPanel;
   for (int64_t t = 0; t < depth; ++t) {
     const __m512d b0 = _mm512_loadu_pd(b + t * kPanel);
-    const __m512d b1 = _mm512_loadu_pd(b + t * kPanel + 8);
-    const double* at = a[0] + t * kPanel;  // the tile's 8 rows lie in one panel, in order
+    const __m512d b1 = _mm512_loadu_pd(b1p + t * kPanel);
+    const __m512d b2 = _mm512_loadu_pd(b2p + t * kPanel);
+    const double* at = a[0] + t * kPanel;  // the tile's 8 rows are one panel, in order
     for (int r = 0; r < 8; ++r) {
       const __m512d ar = _mm512_set1_pd(at[r]);
       acc[r][0] = _mm512_fmadd_pd(ar, b0, acc[r][0]);
       acc[r][1] = _mm512_fmadd_pd(ar, b1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_pd(ar, b2, acc[r][2]);
     }
   }
   for (int r = 0; r < 8; ++r) {
     _mm512_storeu_pd(c + r * ldc, acc[r][0]);
     _mm512_storeu_pd(c + r * ldc + 8, acc[r][1]);
+    _mm512_storeu_pd(c + r * ldc + 16, acc[r][2]);
   }
 }
 
@@ -140,7 +146,7 @@ void run_tile(int isa, Shape s, const double* packed, int64_t depth, int64_t i0,
   for (int64_t r = 0; r < s.mr; ++r) a[r] = packed_row(packed, i0 + r);
   const double* b = packed_row(packed, j0);
   const bool inside = i0 + s.mr <= k && j0 + s.nr <= k;
-  double edge[8 * 16];
+  double edge[8 * 24];
   double* c = sum + i0 * k + j0;
   int64_t ldc = k;
   if (!inside) {
@@ -160,6 +166,15 @@ void run_tile(int isa, Shape s, const double* packed, int64_t depth, int64_t i0,
   if (!inside) {
     for (int64_t r = 0; r < s.mr && i0 + r < k; ++r)
       for (int64_t q = 0; q < s.nr && j0 + q < k; ++q) sum[(i0 + r) * k + j0 + q] = edge[r * s.nr + q];
+  }
+}
+
+// Ask for the sums of the next tile while this one computes (they come from far in the cache:
+// the whole lower triangle is touched once per kDepth rows).
+inline void prefetch_tile(Shape s, int64_t i0, int64_t j0, int64_t k, const double* sum) {
+  for (int64_t r = 0; r < s.mr && i0 + r < k; ++r) {
+    const char* row = reinterpret_cast<const char*>(sum + (i0 + r) * k + j0);
+    for (int64_t byte = 0; byte < s.nr * 8; byte += 64) _mm_prefetch(row + byte, _MM_HINT_T0);
   }
 }
 
@@ -256,8 +271,10 @@ int nvfp4lab_gram_add(const float* x, int64_t rows, int64_t k, int64_t ldx, int 
         if (i0 + s.mr - 1 >= j0) tiles.push_back(i0 * k + j0);
   const int64_t ntiles = static_cast<int64_t>(tiles.size());
   // One panel past the last covers rows a tile reads beyond k (zeros).
-  const int64_t panels = (k + s.mr + kPanel - 1) / kPanel + 1;
-  std::vector<double> packed(static_cast<size_t>(panels * kDepth * kPanel), 0.0);
+  const int64_t panels = (k + std::max(s.mr, s.nr) + kPanel - 1) / kPanel + 1;
+  // 64-byte aligned: a packed row of 16 doubles is two whole cache lines.
+  std::vector<double> storage(static_cast<size_t>(panels * kDepth * kPanel + 8), 0.0);
+  double* const packed = storage.data() + (8 - reinterpret_cast<uintptr_t>(storage.data()) / 8 % 8) % 8;
   const int64_t packed_panels = (k + kPanel - 1) / kPanel;
   const int workers =
       threads > 1 && ntiles * s.mr * s.nr * rows >= kParallelWork ? threads : 1;
@@ -271,10 +288,11 @@ int nvfp4lab_gram_add(const float* x, int64_t rows, int64_t k, int64_t ldx, int 
     const int64_t first = ntiles * me / nt, last = ntiles * (me + 1) / nt;
     for (int64_t t0 = 0; t0 < rows; t0 += kDepth) {
       const int64_t depth = std::min(kDepth, rows - t0);
-      pack(x, ldx, t0, depth, k, p0, p1, packed.data());
+      pack(x, ldx, t0, depth, k, p0, p1, packed);
 #pragma omp barrier
       for (int64_t n = first; n < last; ++n) {
-        run_tile(isa, s, packed.data(), depth, tiles[n] / k, tiles[n] % k, k, sum);
+        if (n + 1 < last) prefetch_tile(s, tiles[n + 1] / k, tiles[n + 1] % k, k, sum);
+        run_tile(isa, s, packed, depth, tiles[n] / k, tiles[n] % k, k, sum);
       }
 #pragma omp barrier
     }
