@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from nvfp4lab.kernels.native import ISAS, library, required, vector_path
+from nvfp4lab.vocab import SUPPORTED_DTYPES
 
 __all__ = ["available", "block_congruence", "gram_add", "isa", "mirror_lower", "usable"]
 
@@ -55,7 +56,7 @@ def usable(total: torch.Tensor, rows: torch.Tensor) -> bool:
     library available."""
     return (total.device.type == "cpu" and rows.device.type == "cpu"
             and total.dtype == torch.float64 and total.is_contiguous()
-            and rows.dtype in (torch.float32, torch.bfloat16, torch.float16) and available())
+            and rows.dtype in SUPPORTED_DTYPES and available())
 
 
 def gram_add(total: torch.Tensor, rows: torch.Tensor, *, path: str | None = None,
@@ -69,7 +70,7 @@ def gram_add(total: torch.Tensor, rows: torch.Tensor, *, path: str | None = None
     (default torch's intra-op threads). ValueError for other dtypes, shapes or devices."""
     if (rows.ndim != 2 or total.ndim != 2 or tuple(total.shape) != (rows.shape[1],) * 2
             or total.dtype != torch.float64 or not total.is_contiguous()
-            or rows.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+            or rows.dtype not in SUPPORTED_DTYPES
             or total.device.type != "cpu" or rows.device.type != "cpu"):
         raise ValueError(
             "gram_add needs total float64 [K, K] contiguous and rows [T, K] float32 / bfloat16 / "
