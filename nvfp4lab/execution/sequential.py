@@ -36,7 +36,9 @@ changing a bit of what they compute:
   wherever the order does not depend on the values, and any batch that departs from it is
   caught as below); a pass that only needs a stage's inputs ends right after the last call of
   that stage (:meth:`BlockRunner.collect`), as long as the batch calls the Linears in the
-  probe's order so far (checked at every call; a batch that departs runs to the end); the
+  probe's order so far (checked at every call; a batch that departs runs to the end) and every
+  Linear of the stage is in that order (else a batch may call one after that end: an expert
+  that the recorded batch was not routed to; then every pass runs to the end); the
   stage's own Linears, about to be replaced, return zeros instead of computing while they all
   receive one and the same input tensor (else the pass is repeated with them computing);
 * a layer that is already final (an earlier stage) remembers, per call, its input and output;
@@ -429,8 +431,12 @@ class BlockRunner:
         self._order = list(self._seen)
 
     def _last_call(self, stage: Sequence[str]) -> int:
-        """Position in the probe's order of the last call of a module of ``stage`` (-1: none)."""
+        """Position in the probe's order of the last call of a module of ``stage``; -1 (no early
+        end) when a module of ``stage`` is not in that order: a batch may call it after that
+        position (an expert the recorded batch was not routed to) and its rows would be lost."""
         members = set(stage)
+        if not members <= set(self._order):
+            return -1
         return max((i for i, n in enumerate(self._order) if n in members), default=-1)
 
     # -- passes --------------------------------------------------------------------------------
@@ -441,7 +447,8 @@ class BlockRunner:
         returns True).
 
         A run ends right after the last call of a module of ``stage`` when the batch has called
-        the watched modules in the probe's order so far. The stage's Linears are about to be
+        the watched modules in the probe's order so far and every module of ``stage`` is in that
+        order (:meth:`_last_call`). The stage's Linears are about to be
         replaced, so they do not compute: they return zeros of their output's shape, as long as
         each receives the very tensor the first of them received (then no zero output can have
         reached a stage input, e.g. q/k/v or gate/up); otherwise the run asks to be repeated and

@@ -357,6 +357,45 @@ def test_block_runner_runs_a_departing_batch_to_the_end() -> None:
     assert torch.equal(seen[1], xs[1])  # b first in the departing batch
 
 
+
+class Routed(nn.Module):
+    """``out(e0(x) [+ e2(x)])``: "experts" ``e0`` always, ``e2`` only for a batch whose first
+    value is positive, ``e1`` never (a router's data-dependent choice)."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.e0, self.e1, self.e2, self.out = (Counting(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.e0(x)
+        if float(x.flatten()[0]) > 0:
+            y = y + self.e2(x)
+        return self.out(y)
+
+
+@pytest.mark.parametrize("order", [None, ["r.e0", "r.out"]])
+def test_a_stage_layer_missing_from_the_order_is_not_ended_early(
+    order: list[str] | None,
+) -> None:
+    """The recorded order (the probe's, or the chain check's) holds ``e0`` but not ``e2``: a
+    later batch that calls ``e2`` after ``e0`` must not end at ``e0`` (``e2`` would miss its
+    rows). A stage wholly in the order still ends early."""
+    block = Routed()
+    xs = [-torch.ones(4, 16), torch.ones(4, 16), torch.full((4, 16), 2.0)]
+    calls = [BlockCall(None, (x,), {}) for x in xs]
+    watched = {f"r.{n}": getattr(block, n) for n in ("e0", "e1", "e2", "out")}
+    with BlockRunner(block, calls, watched, order=order) as runner:
+        seen, handle = _inputs_of(block.e2)
+        for _, run in runner.collect(["r.e0", "r.e1", "r.e2"]):
+            run()
+        handle.remove()
+        assert len(seen) == 2 and torch.equal(seen[0], xs[1]) and torch.equal(seen[1], xs[2])
+        block.out.runs = 0
+        for _, run in runner.collect(["r.e0"]):
+            run()
+        assert block.out.runs == 0  # ended right after e0 in every batch
+
 def test_sequential_gptq_on_a_chain_of_toys_uses_the_blocks() -> None:
     """quantize_model on Chain: every Linear quantized, the model's own forward only runs to
     capture block 0's inputs (once per batch, plus the chain check)."""
