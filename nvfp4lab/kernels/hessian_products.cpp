@@ -11,8 +11,9 @@
 // count: it is what `for row in x: sum += outer(row, row)` gives in float64.
 //
 // Layout: x float32 [rows, k] (row stride ldx elements), sum float64 [k, k] row-major. Rows are
-// converted to float64 kDepth at a time into panels of 16 columns ([panel][row][16], zero past
-// k); a tile of MR sum rows by NR sum columns keeps its sums in registers over the kDepth rows.
+// converted to float64 kDepth at a time into panels of kPanel = 8 columns ([panel][row][8], zero
+// past k); a tile of MR sum rows by NR sum columns keeps its sums in registers over the kDepth
+// rows (AVX-512 8 x 24, AVX2 6 x 8, scalar 4 x 4).
 //
 // Block rotation. nvfp4lab_block_congruence overwrites h float64 [k, k] with Q^T h Q, where
 // Q = diag(r_0, r_1, ...) holds b x b matrices on its diagonal (k a multiple of b): first
@@ -66,12 +67,13 @@ Shape shape_of(int isa) {
   return {4, 4};
 }
 
-// Where packed row-element (t, i) lives: panel i / 16, lane i % 16.
+// Where packed element (row 0, column i) lives: panel i / kPanel, lane i % kPanel (row t:
+// + t * kPanel).
 inline const double* packed_row(const double* packed, int64_t i) {
   return packed + (i / kPanel) * kDepth * kPanel + i % kPanel;
 }
 
-// c[r * ldc + q] += sum over t < depth of a_r[t * 16] * b[t * 16 + q], t in order.
+// c[r * ldc + q] += sum over t < depth of a_r[t * kPanel] * b[t * kPanel + q], t in order.
 template <int64_t MR, int64_t NR>
 void tile_scalar(const double* const* a, const double* b, int64_t depth, double* c, int64_t ldc) {
   double acc[MR][NR];
@@ -272,7 +274,7 @@ int nvfp4lab_gram_add(const float* x, int64_t rows, int64_t k, int64_t ldx, int 
   const int64_t ntiles = static_cast<int64_t>(tiles.size());
   // One panel past the last covers rows a tile reads beyond k (zeros).
   const int64_t panels = (k + std::max(s.mr, s.nr) + kPanel - 1) / kPanel + 1;
-  // 64-byte aligned: a packed row of 16 doubles is two whole cache lines.
+  // 64-byte aligned: a packed row of kPanel = 8 doubles is one whole cache line.
   std::vector<double> storage(static_cast<size_t>(panels * kDepth * kPanel + 8), 0.0);
   double* const packed = storage.data() + (8 - reinterpret_cast<uintptr_t>(storage.data()) / 8 % 8) % 8;
   const int64_t packed_panels = (k + kPanel - 1) / kPanel;

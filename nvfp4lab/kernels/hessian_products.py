@@ -21,8 +21,8 @@ Row block ``i // b`` of the result needs only row block ``i // b`` of ``H``: in 
 two cores).
 
 ``hessian_products.cpp`` is part of nvfp4lab's native library (:mod:`nvfp4lab.kernels.native`):
-AVX-512 (8 x 16 Gram tiles), AVX2 (6 x 8) or scalar, picked at run time, OpenMP threads splitting
-the tiles (the rotation's loops are the compiler's, vectorized per path).
+AVX-512 (8 x 24 Gram tiles), AVX2 (6 x 8) or scalar (4 x 4), picked at run time, OpenMP
+threads splitting the tiles (the rotation's loops are the compiler's, vectorized per path).
 """
 
 from __future__ import annotations

@@ -89,15 +89,18 @@ def test_gram_large_matrix_every_path_the_same() -> None:
             assert torch.equal(hp.mirror_lower(total), expected), (path, threads)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_gram_half_precision_rows_and_strides(dtype: torch.dtype) -> None:
+    """Rows 48 apart holding 32 columns (float32: handed to the kernel as they are, row stride
+    48; the half types are widened to a contiguous copy), and float32 rows that are columns of
+    a matrix (not unit stride: copied)."""
     wide = rows_of(65, 48, seed=4).to(dtype)
-    x = wide[:, 8:40]  # strided rows
-    expected = gram_reference(torch.zeros(32, 32, dtype=torch.float64), x)
-    for path in PATHS:
-        total = torch.zeros(32, 32, dtype=torch.float64)
-        hp.gram_add(total, x, path=path)
-        assert torch.equal(hp.mirror_lower(total), expected), path
+    for x in (wide[:, 8:40], wide.T.contiguous().T[:, 8:40]):
+        expected = gram_reference(torch.zeros(32, 32, dtype=torch.float64), x)
+        for path in PATHS:
+            total = torch.zeros(32, 32, dtype=torch.float64)
+            hp.gram_add(total, x, path=path, threads=2)
+            assert torch.equal(hp.mirror_lower(total), expected), path
 
 
 def test_mirror_lower_over_several_row_chunks() -> None:
