@@ -159,6 +159,8 @@ def rotation_matrix_blocks(
     (each entry one product, the same values as the dense matrix's)."""
     if isinstance(seed, BlockRotation):
         block = seed.size
+    if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+        raise ValueError(f"block must be a positive int, got {block!r}")
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % block:
         raise ValueError(f"K must be a positive multiple of {block}, got {k!r}")
     ones = torch.eye(block, dtype=dtype).repeat(1, k // block)

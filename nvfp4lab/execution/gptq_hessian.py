@@ -34,7 +34,8 @@ class Hessian:
     def add(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Accumulate the rows of ``x [..., K]``; ``mask`` (bool, ``x.shape[:-1]``) keeps rows
         (one that keeps every row is not applied: the same rows in the same order, no copy)."""
-        if mask is not None and bool(mask.all()):
+        if (mask is not None and mask.dtype == torch.bool and mask.shape == x.shape[:-1]
+                and bool(mask.all())):
             mask = None
         rows = x.detach()[mask] if mask is not None else x.detach().reshape(-1, x.shape[-1])
         if not rows.shape[0]:

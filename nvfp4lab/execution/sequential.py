@@ -29,18 +29,16 @@ attention (tests/execution/test_gptq.py compares the two paths bit for bit on a 
 changing a bit of what they compute:
 
 * a probe (the block once, on the first call) records the order in which the block calls the
-  Linears being calibrated, unless that order is known already: the first batch's chain-check
-  pass of :func:`capture_block_inputs` runs every block but the last on the first call and
-  records it there (one batch's pass through every block saved; that pass feeds each block the
-  float model's hidden states, the probe those of the blocks quantized so far: the same order
-  wherever the order does not depend on the values, and any batch that departs from it is
-  caught as below); a pass that only needs a stage's inputs ends right after the last call of
-  that stage (:meth:`BlockRunner.collect`), as long as the batch calls the Linears in the
-  probe's order so far (checked at every call; a batch that departs runs to the end) and every
-  Linear of the stage is in that order (else a batch may call one after that end: an expert
-  that the recorded batch was not routed to; then every pass runs to the end); the
-  stage's own Linears, about to be replaced, return zeros instead of computing while they all
-  receive one and the same input tensor (else the pass is repeated with them computing);
+  Linears being calibrated, unless the first batch's chain-check pass of
+  :func:`capture_block_inputs` recorded it already (every block but the last; float hidden states
+  there, those of the blocks quantized so far in a probe: the same order wherever it does not
+  depend on the values, and a departing batch is caught as below); a pass that only needs a
+  stage's inputs ends right after the last call of that stage (:meth:`BlockRunner.collect`), as
+  long as the batch calls the Linears in that order so far (checked at every call; a batch that
+  departs runs to the end) and every Linear of the stage is in the order (else, e.g. an expert
+  the recorded batch was not routed to, every pass runs to the end); the stage's own Linears,
+  about to be replaced, return zeros instead of computing while they all receive one and the
+  same input tensor (else the pass is repeated with them computing);
 * a layer that is already final (an earlier stage) remembers, per call, its input and output;
   a later pass that feeds it an input equal to the remembered one (``torch.equal``; neither
   tensor changed in place since, by its version counter) gets the remembered output instead of
@@ -214,13 +212,6 @@ def _chain_calls(model: nn.Module, blocks: Blocks, batch: Any,
     calls: list[tuple[int, BlockCall | None]] = []
     outputs: dict[int, Any] = {}
 
-    def saw(name: str, index: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            if orders is not None:
-                orders.setdefault(index, []).append(name)
-
-        return hook
-
     def pre(index: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             calls.append((index, _call_of(batch, args, kwargs)))
@@ -238,10 +229,11 @@ def _chain_calls(model: nn.Module, blocks: Blocks, batch: Any,
     handles = [b.register_forward_pre_hook(pre(i), with_kwargs=True)
                for i, b in enumerate(blocks.modules)]
     handles += [b.register_forward_hook(post(i)) for i, b in enumerate(blocks.modules)]
-    for name, module in (watched or {}).items():
+    for name, module in (watched or {}).items() if orders is not None else ():
         index = blocks.index(name)
         if index is not None and index < n - 1:
-            handles.append(module.register_forward_pre_hook(saw(name, index)))
+            handles.append(module.register_forward_pre_hook(
+                lambda m, a, name=name, i=index: orders.setdefault(i, []).append(name)))
     try:
         with suppress(_Stop):
             run_batch(model, batch)

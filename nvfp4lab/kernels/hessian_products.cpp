@@ -25,6 +25,7 @@
 // so it is computed in place, one b x k scratch per thread: b * k * 4 multiply-adds per row block
 // instead of a dense product's k^3 * 2.
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "native.h"
@@ -171,6 +172,28 @@ void run_tile(int isa, Shape s, const double* packed, int64_t depth, int64_t i0,
   }
 }
 
+// Calls visit(i0, j0) for the tiles numbered first .. last - 1 of the lower block triangle (every
+// tile holding an element j <= i), in their order: by band of kBand row blocks (whose packed rows
+// stay in cache), then column block, then row block. Returns how many tiles it walked past (all
+// of them when last is past the end). No list is held: K = 28,672 has 25 million 4 x 4 tiles.
+template <typename Visit>
+int64_t walk_tiles(Shape s, int64_t k, int64_t first, int64_t last, Visit visit) {
+  int64_t n = 0;
+  const int64_t band = kBand * s.mr;
+  for (int64_t b0 = 0; b0 < k; b0 += band) {
+    const int64_t b1 = std::min(k, b0 + band);
+    for (int64_t j0 = 0; j0 < b1; j0 += s.nr) {
+      for (int64_t i0 = b0; i0 < b1; i0 += s.mr) {
+        if (i0 + s.mr - 1 < j0) continue;
+        if (n >= last) return n;
+        if (n >= first) visit(i0, j0);
+        ++n;
+      }
+    }
+  }
+  return n;
+}
+
 // Ask for the sums of the next tile while this one computes (they come from far in the cache:
 // the whole lower triangle is touched once per kDepth rows).
 inline void prefetch_tile(Shape s, int64_t i0, int64_t j0, int64_t k, const double* sum) {
@@ -263,15 +286,7 @@ int nvfp4lab_gram_add(const float* x, int64_t rows, int64_t k, int64_t ldx, int 
   isa = clamp_isa(isa);
   const Shape s = shape_of(isa);
   if (rows <= 0 || k <= 0) return isa;
-  // Tiles of the lower block triangle, by band of kBand row blocks (whose packed rows stay in
-  // cache), then column block, then row block.
-  std::vector<int64_t> tiles;
-  const int64_t band = kBand * s.mr;
-  for (int64_t b0 = 0; b0 < k; b0 += band)
-    for (int64_t j0 = 0; j0 < std::min(k, b0 + band); j0 += s.nr)
-      for (int64_t i0 = b0; i0 < std::min(k, b0 + band); i0 += s.mr)
-        if (i0 + s.mr - 1 >= j0) tiles.push_back(i0 * k + j0);
-  const int64_t ntiles = static_cast<int64_t>(tiles.size());
+  const int64_t ntiles = walk_tiles(s, k, 0, INT64_MAX, [](int64_t, int64_t) {});
   // One panel past the last covers rows a tile reads beyond k (zeros).
   const int64_t panels = (k + std::max(s.mr, s.nr) + kPanel - 1) / kPanel + 1;
   // 64-byte aligned: a packed row of kPanel = 8 doubles is one whole cache line.
@@ -292,10 +307,14 @@ int nvfp4lab_gram_add(const float* x, int64_t rows, int64_t k, int64_t ldx, int 
       const int64_t depth = std::min(kDepth, rows - t0);
       pack(x, ldx, t0, depth, k, p0, p1, packed);
 #pragma omp barrier
-      for (int64_t n = first; n < last; ++n) {
-        if (n + 1 < last) prefetch_tile(s, tiles[n + 1] / k, tiles[n + 1] % k, k, sum);
-        run_tile(isa, s, packed, depth, tiles[n] / k, tiles[n] % k, k, sum);
-      }
+      int64_t pending_i = -1, pending_j = -1;  // one tile behind: the next one is prefetched
+      walk_tiles(s, k, first, last, [&](int64_t i0, int64_t j0) {
+        prefetch_tile(s, i0, j0, k, sum);
+        if (pending_i >= 0) run_tile(isa, s, packed, depth, pending_i, pending_j, k, sum);
+        pending_i = i0;
+        pending_j = j0;
+      });
+      if (pending_i >= 0) run_tile(isa, s, packed, depth, pending_i, pending_j, k, sum);
 #pragma omp barrier
     }
   }

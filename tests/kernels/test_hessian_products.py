@@ -173,6 +173,18 @@ def test_hessian_sums_rows_in_order_and_mixes_with_the_blas_path() -> None:
     assert torch.equal(hessian.matrix(), torch.addmm(expected, extra.T, extra) * (2.0 / 9))
 
 
+def test_hessian_mask_that_keeps_every_row() -> None:
+    """An all-True mask adds the same rows in the same order as none (the view, no copy)."""
+    x = rows_of(6, 24, seed=9).reshape(2, 3, 24)
+    masked, plain = Hessian(24), Hessian(24)
+    masked.add(x, torch.ones(2, 3, dtype=torch.bool))
+    plain.add(x)
+    expected = gram_reference(torch.zeros(24, 24, dtype=torch.float64), x.reshape(6, 24))
+    assert masked.tokens == plain.tokens == 6
+    assert torch.equal(masked.matrix(), expected * (2.0 / 6))
+    assert torch.equal(plain.matrix(), expected * (2.0 / 6))
+
+
 def test_refusals() -> None:
     good = torch.zeros(4, 4, dtype=torch.float64)
     for total, rows in [
@@ -190,3 +202,5 @@ def test_refusals() -> None:
                             torch.zeros(1, 16, 16, dtype=torch.float64))
     with pytest.raises(ValueError, match="block_congruence needs"):
         hp.block_congruence(torch.zeros(32, 32), torch.zeros(2, 16, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="block must be a positive int"):
+        rotation_matrix_blocks(32, 0, block=0)
