@@ -947,12 +947,6 @@ int best_isa() {
   return kScalar;
 }
 
-int clamp_isa(int isa) {
-  const int have = best_isa();
-  if (isa > have) isa = have;
-  return isa < kScalar ? kScalar : isa;
-}
-
 // The float32 / bfloat16 / float16 bits of a float32 magnitude's bits (exact: it is an element).
 uint32_t as_dtype_bits(uint32_t magnitude, int dtype) {
   if (dtype == kFloat32) return magnitude;
@@ -974,7 +968,7 @@ int nvfp4lab_encode_isa(void) { return best_isa(); }
 // max |x| over n elements of dtype (0 float32, 1 bfloat16, 2 float16), as bits of that dtype
 // (a NaN's bits when x holds one; +0 for n == 0).
 uint32_t nvfp4lab_abs_max(const void* x, int64_t n, int dtype, int isa, int threads) {
-  isa = clamp_isa(isa);
+  isa = clamp_isa(isa, best_isa());
   uint32_t m = 0;
   const int workers = threads > 1 && n >= 16 * kParallelBlocks ? threads : 1;
   const unsigned csr = _mm_getcsr();
@@ -1002,7 +996,7 @@ uint32_t nvfp4lab_abs_max(const void* x, int64_t n, int dtype, int isa, int thre
 // [nblocks]; fake == 1: out [nblocks * 16] in x's dtype. Returns the path used.
 int nvfp4lab_encode(const void* x, int64_t nblocks, int dtype, int fake, float gs, float rgs,
                     int flags, int isa, int threads, uint8_t* packed, uint8_t* scales, void* out) {
-  isa = clamp_isa(isa);
+  isa = clamp_isa(isa, best_isa());
   const int workers = threads > 1 && nblocks >= kParallelBlocks ? threads : 1;
   const unsigned csr = _mm_getcsr();
 #pragma omp parallel num_threads(workers)

@@ -350,12 +350,6 @@ int best_isa() {
   return base ? kAvx2 : kScalar;
 }
 
-int clamp_isa(int isa) {
-  const int have = best_isa();
-  if (isa > have) isa = have;
-  return isa < kScalar ? kScalar : isa;
-}
-
 
 }  // namespace
 
@@ -369,7 +363,7 @@ int nvfp4lab_ggml_isa(void) { return best_isa(); }
 // Returns the number of non-finite values in x (their codes are meaningless: the caller refuses).
 int64_t nvfp4lab_q8_0_quantize(const float* x, int64_t nblocks, int isa, int threads,
                                int8_t* codes, uint16_t* d) {
-  isa = clamp_isa(isa);
+  isa = clamp_isa(isa, best_isa());
   const int workers = threads > 1 && nblocks >= 4096 ? threads : 1;
   const unsigned csr = _mm_getcsr();
   int64_t bad = 0;
@@ -397,7 +391,7 @@ int64_t nvfp4lab_q8_0_quantize(const float* x, int64_t nblocks, int isa, int thr
 int nvfp4lab_nvfp4_q8_0_mul_mat(const int8_t* q8, const uint16_t* d, int64_t m,
                                 const uint8_t* codes, const uint8_t* scales, int64_t n, int64_t k,
                                 int isa, int threads, float* out) {
-  isa = clamp_isa(isa);
+  isa = clamp_isa(isa, best_isa());
   const int64_t nq = k / kQ8Block;
   std::vector<float> dq(static_cast<size_t>(m * nq));
   for (int64_t i = 0; i < m * nq; ++i) dq[i] = half_to_float(d[i]);

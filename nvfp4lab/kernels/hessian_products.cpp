@@ -50,12 +50,6 @@ int best_isa() {
   return base ? kAvx2 : kScalar;
 }
 
-int clamp_isa(int isa) {
-  const int have = best_isa();
-  if (isa > have) isa = have;
-  return isa < kScalar ? kScalar : isa;
-}
-
 // Tile shapes per path: MR sum rows by NR sum columns (NR a multiple or divisor of kPanel).
 struct Shape {
   int64_t mr;
@@ -283,7 +277,7 @@ int nvfp4lab_gram_isa(void) { return best_isa(); }
 // triangle). Returns the path used.
 int nvfp4lab_gram_add(const float* x, int64_t rows, int64_t k, int64_t ldx, int isa, int threads,
                       double* sum) {
-  isa = clamp_isa(isa);
+  isa = clamp_isa(isa, best_isa());
   const Shape s = shape_of(isa);
   if (rows <= 0 || k <= 0) return isa;
   const int64_t ntiles = walk_tiles(s, k, 0, INT64_MAX, [](int64_t, int64_t) {});
@@ -325,7 +319,7 @@ int nvfp4lab_gram_add(const float* x, int64_t rows, int64_t k, int64_t ldx, int 
 // of b (file comment), in place. Returns the path used.
 int nvfp4lab_block_congruence(double* h, int64_t k, const double* r, int64_t b, int isa,
                               int threads) {
-  isa = clamp_isa(isa);
+  isa = clamp_isa(isa, best_isa());
   if (k <= 0 || b <= 0 || k % b) return isa;
   const int64_t blocks = k / b;
   const int workers = threads > 1 && k * k * b >= kParallelWork ? threads : 1;

@@ -37,6 +37,13 @@ inline __attribute__((always_inline)) float float_of(uint32_t u) {
   return f;
 }
 
+// The vector path a call asked for (isa), capped at the best this CPU has for the kernel (have)
+// and never below the scalar loop.
+inline int clamp_isa(int isa, int have) {
+  if (isa > have) isa = have;
+  return isa < kScalar ? kScalar : isa;
+}
+
 // The caller's MXCSR (flush-to-zero, denormals-are-zero, rounding: torch.set_flush_denormal sets
 // them on the calling thread only) for the length of one OpenMP worker's share, so that every
 // thread computes as the caller's thread and a result does not depend on the thread count.
