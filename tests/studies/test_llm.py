@@ -197,6 +197,47 @@ def test_a_reference_run_serves_many_comparisons(pair: tuple[Any, Any]) -> None:
         llm.token_fidelity(run, quantized, ids, context=64)
 
 
+def test_chunks_of_rows_match_the_oracle(pair: tuple[Any, Any],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU's float64 chunks are sized by bytes (4 rows of SmolLM2's 49,152 logits, never
+    fewer than 2); rows that do not divide by the chunk still match the per-token oracle."""
+    assert llm._chunk_rows(torch.empty(0, 49152)) == 4
+    assert llm._chunk_rows(torch.empty(0, 10**7)) == 2
+    monkeypatch.setattr(llm, "_CPU_CHUNK_BYTES", 8 * VOCAB * 3)  # 3 rows: 63 + 21 rows
+    assert llm._chunk_rows(torch.empty(0, VOCAB)) == 3
+    reference, quantized = pair
+    ids = random_ids(150)
+    got = llm.token_fidelity(reference, quantized, ids, context=64, progress=False)
+    want = oracle(reference, quantized, ids, 64)
+    assert got.kld.tolist() == pytest.approx(want["kld"], rel=1e-4, abs=1e-7)
+    assert got.nll.tolist() == pytest.approx(want["nll"], rel=1e-4, abs=1e-7)
+    assert got.reference_nll.tolist() == pytest.approx(want["ref_nll"], rel=1e-4, abs=1e-7)
+    assert got.top1_agreement == pytest.approx(statistics.fmean(want["agree"]))
+
+
+def test_a_run_keeps_its_logits_while_they_fit(pair: tuple[Any, Any],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head's logits are kept after their first use (the head's own bits), unless all of
+    the run's would exceed LOGITS_KEPT_BYTES; either way comparisons give the same result."""
+    reference, quantized = pair
+    ids = random_ids(150)
+    run = llm.reference_run(reference, ids, context=64, progress=False)
+    assert run.hidden is not None and run.head is not None
+    with torch.no_grad():
+        fresh = [run.head(h) for h in run.hidden]
+    first = [run.logits(b) for b in range(len(run.batches))]
+    assert all(torch.equal(a, b) for a, b in zip(first, fresh, strict=True))
+    assert all(run.logits(b) is first[b] for b in range(len(run.batches)))  # kept
+    kept = llm.token_fidelity(run, quantized, progress=False)
+    per_window = 4 * 64 * VOCAB  # float32 logits of one full window
+    monkeypatch.setattr(llm, "LOGITS_KEPT_BYTES", per_window * len(run.windows) - 1)
+    tight = llm.reference_run(reference, ids, context=64, progress=False)
+    assert tight.logits(0) is not tight.logits(0)  # computed again each time
+    assert torch.equal(tight.logits(0), first[0])
+    again = llm.token_fidelity(tight, quantized, progress=False)
+    assert torch.equal(again.kld, kept.kld) and torch.equal(again.nll, kept.nll)
+
+
 class ScaledLogits(torch.nn.Module):
     """A causal LM whose logits are not its head's output (scaled after it)."""
 
