@@ -49,8 +49,8 @@ from nvfp4lab.hadamard import rotate
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.vocab import ScaleSelection
 
-__all__ = ["SmoothGroup", "SmoothResult", "group_error", "smooth_groups", "smooth_model",
-           "smooth_scales"]
+__all__ = ["SmoothGroup", "SmoothResult", "SmoothStatistics", "group_error", "smooth_groups",
+           "smooth_model", "smooth_scales", "smooth_statistics"]
 
 
 @dataclass(frozen=True)
@@ -128,11 +128,62 @@ class _Stats:
     fed: bool = True
 
 
+@dataclass(frozen=True)
+class SmoothStatistics:
+    """One calibration pass over a float model (:func:`smooth_statistics`), per group (by its
+    first member's name): the channel max ``|x|`` of the group's input, whether a norm group's
+    members received the norm's very output, and, when ``rows``, up to ``tokens`` evenly spaced
+    input rows (what AWQ's search reads). ``quantize_model(smooth_statistics=...)`` smooths a
+    copy of that model, with the same calibration batches, from them without another pass."""
+
+    by_group: Mapping[str, _Stats] = field(repr=False)
+    tokens: int
+    rows: bool
+
+
+def smooth_statistics(model: nn.Module, batches: Sequence[Any], *, tokens: int = 512,
+                      rows: bool = False, run: nn.Module | None = None) -> SmoothStatistics:
+    """:class:`SmoothStatistics` of every smoothing group of ``model`` (float, not yet
+    smoothed or quantized) on ``batches`` (``calibration_batches`` of the calibration text).
+    ``tokens`` / ``rows``: keep the rows AWQ needs (``W4A4Options.awq_tokens``). ``run``: the
+    module the batches are fed to, if not ``model`` (its decoder, when the batches suit it: the
+    output head observes nothing). ValueError when ``model`` has no group."""
+    groups = smooth_groups(model, {n: m for n, m in model.named_modules()
+                                   if isinstance(m, nn.Linear)})
+    if not groups:
+        raise ValueError(f"smooth_statistics: no Llama-style decoder layer in "
+                         f"{type(model).__name__} (input_layernorm -> q/k/v_proj, "
+                         "post_attention_layernorm -> gate/up_proj)")
+    return SmoothStatistics(_statistics(model, groups, batches, tokens, keep_rows=rows, run=run),
+                            tokens, rows)
+
+
+def _given(statistics: SmoothStatistics, groups: Sequence[SmoothGroup],
+           options: W4A4Options) -> Mapping[str, _Stats]:
+    """``statistics`` checked against the groups and options of one :func:`smooth_model`."""
+    if not isinstance(statistics, SmoothStatistics):
+        raise TypeError(f"smooth_statistics must be a SmoothStatistics, got "
+                        f"{type(statistics).__name__}")
+    if options.awq and (not statistics.rows or statistics.tokens != options.awq_tokens):
+        raise ValueError(
+            f"AWQ searches on {options.awq_tokens} calibration rows, these statistics keep "
+            f"{statistics.tokens if statistics.rows else 'no'} rows: compute them with "
+            f"smooth_statistics(model, batches, tokens={options.awq_tokens}, rows=True)")
+    missing = [g.members[0] for g in groups if g.members[0] not in statistics.by_group]
+    if missing:
+        raise ValueError(
+            f"smooth_statistics hold nothing for {missing[0]!r} ({len(missing)} group(s) "
+            "missing): they were computed on another model; compute them on this model's float "
+            "original with smooth_statistics(model, batches)")
+    return statistics.by_group
+
+
 def _statistics(model: nn.Module, groups: Sequence[SmoothGroup], batches: Sequence[Any],
-                tokens: int) -> dict[str, _Stats]:
-    """One pass over ``batches``: per group, the channel max ``|x|`` of its input, up to
-    ``tokens`` evenly spaced input rows, and whether every member of a norm group received
-    the norm's very output."""
+                tokens: int, *, keep_rows: bool = True, run: nn.Module | None = None
+                ) -> dict[str, _Stats]:
+    """One pass over ``batches`` (fed to ``run``, default ``model``): per group, the channel max
+    ``|x|`` of its input, up to ``tokens`` evenly spaced input rows (when ``keep_rows``), and
+    whether every member of a norm group received the norm's very output."""
     total = sum(int(b["input_ids"].numel()) for b in batches
                 if isinstance(b, Mapping) and isinstance(b.get("input_ids"), torch.Tensor))
     step = max(1, total // tokens) if total else 1
@@ -160,7 +211,7 @@ def _statistics(model: nn.Module, groups: Sequence[SmoothGroup], batches: Sequen
             x2d = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
             amax = x2d.abs().amax(dim=0)
             st.amax = amax if st.amax is None else torch.maximum(st.amax, amax)
-            if st.kept < tokens:
+            if keep_rows and st.kept < tokens:
                 rows = x2d[::step][: tokens - st.kept]
                 st.rows.append(rows.clone())
                 st.kept += rows.shape[0]
@@ -176,7 +227,7 @@ def _statistics(model: nn.Module, groups: Sequence[SmoothGroup], batches: Sequen
                     member_hook(g, i == 0)))
         with torch.no_grad():
             for batch in batches:
-                run_batch(model, batch)
+                run_batch(model if run is None else run, batch)
                 outputs.clear()
     finally:
         for h in handles:
@@ -268,17 +319,20 @@ def _fold(model: nn.Module, group: SmoothGroup, s: torch.Tensor, result: SmoothR
 
 def smooth_model(model: nn.Module, candidates: Mapping[str, nn.Linear], batches: Sequence[Any],
                  options: W4A4Options, order: str | ArithmeticOrder, *,
-                 quantize_inputs: bool = True) -> SmoothResult:
+                 quantize_inputs: bool = True,
+                 statistics: SmoothStatistics | None = None) -> SmoothResult:
     """Fold SmoothQuant (``options.smooth_alpha``) or AWQ-searched (``options.awq``) scales into
     ``model`` in place (module docstring); ValueError when the model has no group. On any
-    error the model is put back as it was."""
+    error the model is put back as it was. ``statistics``: :func:`smooth_statistics` of the
+    float model this one copies, on ``batches``, used instead of a pass over them."""
     groups = smooth_groups(model, candidates)
     if not groups:
         raise ValueError(
             f"W4A4Options smoothing found no Llama-style decoder layer in {type(model).__name__} "
             "(input_layernorm -> q/k/v_proj, post_attention_layernorm -> gate/up_proj): drop "
             "smooth_alpha / awq for this model")
-    stats = _statistics(model, groups, batches, options.awq_tokens)
+    stats = (_statistics(model, groups, batches, options.awq_tokens, keep_rows=options.awq)
+             if statistics is None else _given(statistics, groups, options))
     result = SmoothResult()
     try:
         for group in groups:

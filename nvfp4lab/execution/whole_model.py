@@ -40,7 +40,7 @@ from nvfp4lab.execution.quantize_report import (
     SkippedLayer,
 )
 from nvfp4lab.execution.w4a4_recipes import W4A4Options, w4a4_layers
-from nvfp4lab.execution.w4a4_smooth import smooth_model
+from nvfp4lab.execution.w4a4_smooth import SmoothStatistics, smooth_model
 from nvfp4lab.hadamard import BlockRotation, check_seed, ct_rotation, hadamard_transform
 from nvfp4lab.options import order_argument
 from nvfp4lab.orders import ArithmeticOrder
@@ -324,6 +324,7 @@ def quantize_model(
     hadamard: int | BlockRotation | None = None,
     convention: str | ArithmeticOrder | None = None,
     w4a4: W4A4Options | None = None,
+    smooth_statistics: SmoothStatistics | None = None,
 ) -> QuantizeReport:
     """Replace ``nn.Linear`` layers of ``model`` in place by :class:`NVFP4Linear`, and with
     ``kv_cache`` make its attention read K and V back from a quantized KV cache.
@@ -391,7 +392,9 @@ def quantize_model(
     weights first (:mod:`~nvfp4lab.execution.w4a4_smooth`; these need ``calibration=``, also
     with "rtn"), Four Over Six block scales for weights and activations; with "gptq" the
     Hessians are those of the rotated, quantized inputs. Not with ``hadamard`` / "mr-gptq" (use
-    ``rotation=16`` and "gptq").
+    ``rotation=16`` and "gptq"). ``smooth_statistics``: the smoothing's calibration pass, made
+    once on the float model by :func:`~nvfp4lab.execution.w4a4_smooth.smooth_statistics` with
+    the same ``calibration``, for several smoothed quantizations of copies of it.
 
     All or nothing: if anything fails, every replaced Linear is put back and the KV cache
     quantization removed (and smoothing undone).
@@ -407,6 +410,9 @@ def quantize_model(
     get_order(convention)  # an OrderName name (the vocabulary's error otherwise) or an order
     hadamard = _rotation_seed(quant_method, hadamard)
     _check_w4a4(w4a4, quant_method, hadamard)
+    if smooth_statistics is not None and (w4a4 is None or not w4a4.smooths):
+        raise ValueError("smooth_statistics= is read only by w4a4=W4A4Options(smooth_alpha=...) "
+                         "or W4A4Options(awq=True): drop it, or pass such options")
     batches = _method_inputs(quant_method, calibration, gptq, w4a4)
     report = QuantizeReport()
     candidates = _select_layers(model, ignore, quant_method, report)
@@ -419,7 +425,8 @@ def quantize_model(
             w4a4.check_call(candidates, quant_method, backend)
             if w4a4.smooths:
                 smoothed = smooth_model(model, candidates, batches, w4a4, convention,
-                                        quantize_inputs=backend != vocab.Backend.W4A16)
+                                        quantize_inputs=backend != vocab.Backend.W4A16,
+                                        statistics=smooth_statistics)
             layers = w4a4_layers(model, candidates, report.shared_groups, batches, convention,
                                  quant_method, gptq, w4a4, options)
         elif quant_method != QuantMethod.RTN:

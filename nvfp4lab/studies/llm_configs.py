@@ -43,6 +43,7 @@ from nvfp4lab.execution.kv_calibration import calibrate_kv_scales
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.mixed import quantizable_linears
 from nvfp4lab.execution.w4a4_recipes import W4A4Options
+from nvfp4lab.execution.w4a4_smooth import smooth_statistics
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import tqdm_class
@@ -239,7 +240,9 @@ def build(reference: nn.Module, config: LLMConfig,
     ``shared``: a dict kept across the builds of one reference and calibration text
     (:func:`config_results` passes one): calibrated K / V scales are then computed once for
     every configuration that uses them (the rule, amax / 448, is the same for every cache kind;
-    the same values as each build's own calibration), each such build counting their seconds.
+    the same values as each build's own calibration), each such build counting their seconds;
+    so are SmoothQuant's / AWQ's statistics of the float model (``smooth_statistics``, run on
+    the decoder without its output head), for every configuration that smooths.
     A ``weight_format`` configuration sets its KV cache (if any) by ``quantize_model`` with
     ``backend=None`` and then fake-quantizes the weights (:func:`_fake_quantize_weights`)."""
     if config.needs_calibration and not calibration_batches:
@@ -254,6 +257,17 @@ def build(reference: nn.Module, config: LLMConfig,
             shared["kv_scales"] = (scales, time.perf_counter() - begin)
         scales, kv_seconds = shared["kv_scales"]
         kv = KVCacheOptions(config.kv_cache, scales=scales)
+    extra: dict[str, Any] = {} if config.w4a4 is None else {"w4a4": config.w4a4}
+    smooth_seconds = 0.0
+    if shared is not None and config.w4a4 is not None and config.w4a4.smooths:
+        key = f"smooth_statistics:{config.w4a4.awq_tokens if config.w4a4.awq else 0}"
+        if key not in shared:
+            begin = time.perf_counter()
+            statistics = smooth_statistics(reference, calibration_batches,
+                                           tokens=config.w4a4.awq_tokens, rows=config.w4a4.awq,
+                                           run=_trunk(reference, nn.Module))
+            shared[key] = (statistics, time.perf_counter() - begin)
+        extra["smooth_statistics"], smooth_seconds = shared[key]
     kv_data = isinstance(kv, KVCacheOptions) and kv.calibrated  # calibrated in quantize_model
     start = time.perf_counter()
     model = copy.deepcopy(reference)
@@ -266,7 +280,6 @@ def build(reference: nn.Module, config: LLMConfig,
         if config.weight_format is not None:
             _fake_quantize_weights(model, config.weight_format)
     else:
-        extra = {} if config.w4a4 is None else {"w4a4": config.w4a4}
         quantize_model(model, backend=config.backend, method=config.quant_method,
                        calibration=list(calibration_batches) if data else None,
                        kv_cache=kv, convention=config.convention, **extra)
@@ -275,7 +288,7 @@ def build(reference: nn.Module, config: LLMConfig,
         with torch.no_grad(), calibration(model):
             for batch in calibration_batches:
                 run_batch(trunk, batch)
-    return model, time.perf_counter() - start + kv_seconds
+    return model, time.perf_counter() - start + kv_seconds + smooth_seconds
 
 
 def _fake_quantize_weights(model: nn.Module, name: str) -> None:

@@ -20,7 +20,7 @@ from nvfp4lab.execution import GPTQOptions, NVFP4Linear, quantize_model
 from nvfp4lab.execution.gemm import vllm_dequantize
 from nvfp4lab.execution.gptq import gptq_quantize
 from nvfp4lab.execution.w4a4_recipes import W4A4Linear, W4A4Options
-from nvfp4lab.execution.w4a4_smooth import smooth_groups, smooth_model
+from nvfp4lab.execution.w4a4_smooth import smooth_groups, smooth_model, smooth_statistics
 from nvfp4lab.hadamard import (
     hadamard_of_order,
     hadamard_transform,
@@ -362,6 +362,47 @@ def test_w4a4_gptq_uses_the_hessian_of_rotated_quantized_inputs() -> None:
     plain = gptq_quantize(wr, q.T @ sum(b.reshape(-1, 128).to(F64).T @ b.reshape(-1, 128).to(F64)
                                         for b in batches) @ q * (2.0 / tokens))
     assert not torch.equal(plain.weight.packed, want.weight.packed)  # the Hessian matters
+
+
+@pytest.mark.parametrize("options", [
+    W4A4Options(smooth_alpha=0.5),
+    W4A4Options(awq=True, rotation=32, awq_grid=(0.0, 0.5, 1.0), awq_tokens=30),
+], ids=["smoothquant", "awq"])
+def test_statistics_made_once_smooth_copies_as_their_own_pass_does(options: W4A4Options) -> None:
+    """smooth_statistics of the float model, on its decoder only, then quantize_model of two
+    copies with them: every stored tensor equal to quantize_model's own pass (RTN and GPTQ)."""
+    reference = tiny_model("llama")
+    batches = _batches()
+    stats = smooth_statistics(reference, batches, tokens=options.awq_tokens, rows=options.awq,
+                              run=reference.model)
+    assert stats.rows == options.awq and len(stats.by_group) == 8  # 4 groups x 2 layers
+    for method in ("rtn", "gptq"):
+        own, reused = copy.deepcopy(reference), copy.deepcopy(reference)
+        quantize_model(own, backend="emulation", method=method, calibration=batches, w4a4=options)
+        quantize_model(reused, backend="emulation", method=method, calibration=batches,
+                       w4a4=options, smooth_statistics=stats)
+        want, got = own.state_dict(), reused.state_dict()
+        assert want.keys() == got.keys()
+        assert all(torch.equal(want[k], got[k]) for k in want), method
+
+
+def test_statistics_of_another_model_or_without_awq_rows_are_refused() -> None:
+    model = tiny_model("llama")
+    batches = _batches()
+    stats = smooth_statistics(model, batches)  # no rows kept
+    with pytest.raises(ValueError, match="rows=True"):
+        quantize_model(copy.deepcopy(model), backend="emulation", calibration=batches,
+                       w4a4=W4A4Options(awq=True), smooth_statistics=stats)
+    with pytest.raises(ValueError, match="read only by w4a4"):
+        quantize_model(copy.deepcopy(model), backend="emulation", smooth_statistics=stats)
+    other = smooth_statistics(model.model, batches)  # names without the "model." prefix
+    before = _logits(model, batches[0]["input_ids"])
+    with pytest.raises(ValueError, match="computed on another model"):
+        quantize_model(model, backend="emulation", calibration=batches,
+                       w4a4=W4A4Options(smooth_alpha=0.5), smooth_statistics=other)
+    assert torch.equal(_logits(model, batches[0]["input_ids"]), before)  # nothing changed
+    with pytest.raises(ValueError, match="no Llama-style decoder layer"):
+        smooth_statistics(_one_linear(), [torch.zeros(1, 128)])
 
 
 def test_w4a4_recipes_on_a_tiny_decoder_all_together() -> None:

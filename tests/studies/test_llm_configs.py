@@ -69,6 +69,21 @@ def test_each_configuration_is_its_quantize_model_call(config: lc.LLMConfig) -> 
     assert not torch.equal(_logits(built), before)
 
 
+def test_smoothing_configurations_share_one_statistics_pass() -> None:
+    """With build's ``shared`` dict (config_results passes one), the statistics of the float
+    model are computed once for both SmoothQuant configurations and counted in each one's
+    seconds; every model equals its own quantize_model call."""
+    reference = tiny_llama()
+    smoothing = [c for c in lc.configurations() if c.w4a4 is not None and c.w4a4.smooths]
+    assert len(smoothing) == 2
+    shared: dict[str, object] = {}
+    for config in smoothing:
+        built, seconds = lc.build(reference, config, BATCHES, shared=shared)
+        assert torch.equal(_logits(built), _logits(_direct(reference, config))), config.label
+        assert seconds >= shared["smooth_statistics:0"][1] > 0
+    assert list(shared) == ["smooth_statistics:0"]
+
+
 def test_settings_and_checks() -> None:
     configs = {c.label: c for c in lc.configurations()}
     assert configs["KV fp8"].weights == "float" and configs["KV fp8"].kv_cache == KVCacheKind.FP8
