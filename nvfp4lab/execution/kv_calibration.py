@@ -21,6 +21,7 @@ every quantizer in one float pass.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -49,7 +50,8 @@ def kv_scale_from_amax(amax: float) -> float:
 
 
 def calibrate_kv_scales(
-    model: nn.Module, batches: Iterable[Any], kind: str
+    model: nn.Module, batches: Iterable[Any], kind: str, *,
+    alongside: contextlib.AbstractContextManager[Any] | None = None,
 ) -> dict[int, tuple[float, float]]:
     """Calibrated ``(k_scale, v_scale)`` per attention layer of ``model`` (by ``layer_idx``),
     float32 DECODE values for a ``kind`` KV cache (a :class:`~nvfp4lab.vocab.KVCacheKind`
@@ -61,7 +63,10 @@ def calibrate_kv_scales(
 
     ``model``: a model :func:`~nvfp4lab.execution.quantize_kv_cache` accepts, whose KV cache is
     not quantized (ValueError otherwise: calibrate first, or
-    ``remove_kv_cache_quantization(model)``). A layer no batch reached raises ValueError."""
+    ``remove_kv_cache_quantization(model)``). A layer no batch reached raises ValueError.
+    ``alongside``: a context entered around the pass over ``batches`` alone (not the one-token
+    probes that find the attention modules), for another observer of the same pass, e.g.
+    :func:`~nvfp4lab.execution.w4a4_smooth.observing_statistics`."""
     kind = kv_cache_kind(kind)
     done = kv_cache_settings(model)
     if done:
@@ -80,7 +85,8 @@ def calibrate_kv_scales(
         amax[idx] = seen if prev is None else [torch.maximum(a, b) for a, b in zip(prev, seen,
                                                                                  strict=True)]
 
-    with torch.no_grad(), observe_attention(model, observe):
+    also = contextlib.nullcontext() if alongside is None else alongside
+    with torch.no_grad(), observe_attention(model, observe), also:  # entered after the probe
         for batch in data:
             run_batch(model, batch)
     expected = [int(f.module.layer_idx)

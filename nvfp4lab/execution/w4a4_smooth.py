@@ -31,7 +31,8 @@ activations only when the backend quantizes them).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,8 +50,9 @@ from nvfp4lab.hadamard import rotate
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.vocab import ScaleSelection
 
-__all__ = ["SmoothGroup", "SmoothResult", "SmoothStatistics", "group_error", "smooth_groups",
-           "smooth_model", "smooth_scales", "smooth_statistics"]
+__all__ = ["SmoothGroup", "SmoothResult", "SmoothStatistics", "StatisticsObserver", "group_error",
+           "observing_statistics", "smooth_groups", "smooth_model", "smooth_scales",
+           "smooth_statistics"]
 
 
 @dataclass(frozen=True)
@@ -148,14 +150,52 @@ def smooth_statistics(model: nn.Module, batches: Sequence[Any], *, tokens: int =
     ``tokens`` / ``rows``: keep the rows AWQ needs (``W4A4Options.awq_tokens``). ``run``: the
     module the batches are fed to, if not ``model`` (its decoder, when the batches suit it: the
     output head observes nothing). ValueError when ``model`` has no group."""
+    return SmoothStatistics(_statistics(model, _groups_of(model), batches, tokens,
+                                        keep_rows=rows, run=run), tokens, rows)
+
+
+class StatisticsObserver:
+    """:func:`smooth_statistics` recorded from whatever runs the model (or a part of it, e.g.
+    its decoder) over the batches inside ``with observer:`` (which gives the statistics; they
+    are complete on exit and stay in :attr:`statistics`), so that another calibration pass on
+    the same float model and batches gathers them too (``calibrate_kv_scales(...,
+    alongside=observer)``). Made by :func:`observing_statistics`."""
+
+    def __init__(self, model: nn.Module, batches: Sequence[Any], tokens: int, rows: bool) -> None:
+        self._setup = (model, _groups_of(model), batches, tokens, rows)
+        self._context: contextlib.AbstractContextManager[dict[str, _Stats]] | None = None
+        self.statistics: SmoothStatistics | None = None
+
+    def __enter__(self) -> SmoothStatistics:
+        if self._context is not None:
+            raise RuntimeError("a StatisticsObserver observes one pass: make another")
+        model, groups, batches, tokens, rows = self._setup
+        self._context = _observing(model, groups, batches, tokens, rows)
+        self.statistics = SmoothStatistics(self._context.__enter__(), tokens, rows)
+        return self.statistics
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        assert self._context is not None
+        return self._context.__exit__(*exc)
+
+
+def observing_statistics(model: nn.Module, batches: Sequence[Any], *, tokens: int = 512,
+                         rows: bool = False) -> StatisticsObserver:
+    """A :class:`StatisticsObserver` of ``model`` (float, not yet smoothed or quantized) for
+    ``batches``, with :func:`smooth_statistics`' ``tokens`` / ``rows``. ValueError when
+    ``model`` has no group."""
+    return StatisticsObserver(model, batches, tokens, rows)
+
+
+def _groups_of(model: nn.Module) -> list[SmoothGroup]:
     groups = smooth_groups(model, {n: m for n, m in model.named_modules()
                                    if isinstance(m, nn.Linear)})
     if not groups:
-        raise ValueError(f"smooth_statistics: no Llama-style decoder layer in "
+        raise ValueError(f"W4A4Options smoothing found no Llama-style decoder layer in "
                          f"{type(model).__name__} (input_layernorm -> q/k/v_proj, "
-                         "post_attention_layernorm -> gate/up_proj)")
-    return SmoothStatistics(_statistics(model, groups, batches, tokens, keep_rows=rows, run=run),
-                            tokens, rows)
+                         "post_attention_layernorm -> gate/up_proj): drop smooth_alpha / awq for "
+                         "this model")
+    return groups
 
 
 def _given(statistics: SmoothStatistics, groups: Sequence[SmoothGroup],
@@ -181,14 +221,25 @@ def _given(statistics: SmoothStatistics, groups: Sequence[SmoothGroup],
 def _statistics(model: nn.Module, groups: Sequence[SmoothGroup], batches: Sequence[Any],
                 tokens: int, *, keep_rows: bool = True, run: nn.Module | None = None
                 ) -> dict[str, _Stats]:
-    """One pass over ``batches`` (fed to ``run``, default ``model``): per group, the channel max
-    ``|x|`` of its input, up to ``tokens`` evenly spaced input rows (when ``keep_rows``), and
-    whether every member of a norm group received the norm's very output."""
+    """One pass over ``batches`` (fed to ``run``, default ``model``) under :func:`_observing`."""
+    with _observing(model, groups, batches, tokens, keep_rows) as stats, torch.no_grad():
+        for batch in batches:
+            run_batch(model if run is None else run, batch)
+    return stats
+
+
+@contextlib.contextmanager
+def _observing(model: nn.Module, groups: Sequence[SmoothGroup], batches: Sequence[Any],
+               tokens: int, keep_rows: bool) -> Iterator[dict[str, _Stats]]:
+    """While inside, every forward of ``model``'s groups records, per group: the channel max
+    ``|x|`` of its input, up to ``tokens`` input rows evenly spaced over ``batches``' tokens
+    (when ``keep_rows``), and whether every member of a norm group received the norm's very
+    output. The hooks go on exit."""
     total = sum(int(b["input_ids"].numel()) for b in batches
                 if isinstance(b, Mapping) and isinstance(b.get("input_ids"), torch.Tensor))
     step = max(1, total // tokens) if total else 1
     stats = {g.members[0]: _Stats() for g in groups}
-    outputs: dict[str, torch.Tensor] = {}
+    outputs: dict[str, torch.Tensor] = {}  # each norm's latest output
     handles = []
 
     def norm_hook(source: str) -> Callable[..., None]:
@@ -225,14 +276,11 @@ def _statistics(model: nn.Module, groups: Sequence[SmoothGroup], batches: Sequen
             for i, m in enumerate(g.members):
                 handles.append(model.get_submodule(m).register_forward_pre_hook(
                     member_hook(g, i == 0)))
-        with torch.no_grad():
-            for batch in batches:
-                run_batch(model if run is None else run, batch)
-                outputs.clear()
+        yield stats
     finally:
         for h in handles:
             h.remove()
-    return stats
+        outputs.clear()
 
 
 def smooth_scales(xmax: torch.Tensor, wmax: torch.Tensor, alpha: float,

@@ -25,12 +25,10 @@ file: it is the error NVFP4 adds to that model, not to the original bfloat16 rel
 from __future__ import annotations
 
 import copy
-import csv
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,11 +41,13 @@ from nvfp4lab.execution.kv_calibration import calibrate_kv_scales
 from nvfp4lab.execution.layers import NVFP4Linear
 from nvfp4lab.execution.mixed import quantizable_linears
 from nvfp4lab.execution.w4a4_recipes import W4A4Options
-from nvfp4lab.execution.w4a4_smooth import smooth_statistics
+from nvfp4lab.execution.w4a4_smooth import observing_statistics, smooth_statistics
 from nvfp4lab.orders import ArithmeticOrder
 from nvfp4lab.plots import new_figure
 from nvfp4lab.settings import tqdm_class
 from nvfp4lab.studies.llm import ReferenceRun, TokenFidelity, token_fidelity
+from nvfp4lab.studies.llm_anchors import ANCHORS_PATH, anchor_rows, published_anchors
+from nvfp4lab.studies.llm_anchors import row_by_label as _row
 from nvfp4lab.studies.peak_memory import PeakRSS as _PeakRSS
 from nvfp4lab.studies.peak_memory import rss_bytes as _rss_bytes  # noqa: F401  (tests)
 from nvfp4lab.vocab import Backend, KVCacheKind, OrderName, QuantMethod, ScaleSelection
@@ -79,8 +79,6 @@ __all__ = [
 #: fixed from the calibration text's amax (``execution.calibrate.calibration``).
 DYNAMIC = "dynamic"
 CALIBRATED = "calibrated"
-#: The published results the study compares with, in direction (verified from their sources).
-ANCHORS_PATH: Path = Path(__file__).with_name("llm_anchors.csv")
 
 
 @dataclass(frozen=True)
@@ -260,7 +258,7 @@ def build(reference: nn.Module, config: LLMConfig,
     extra: dict[str, Any] = {} if config.w4a4 is None else {"w4a4": config.w4a4}
     smooth_seconds = 0.0
     if shared is not None and config.w4a4 is not None and config.w4a4.smooths:
-        key = f"smooth_statistics:{config.w4a4.awq_tokens if config.w4a4.awq else 0}"
+        key = _smooth_key(config.w4a4)
         if key not in shared:
             begin = time.perf_counter()
             statistics = smooth_statistics(reference, calibration_batches,
@@ -370,9 +368,35 @@ def config_results(reference: nn.Module, run: ReferenceRun, configs: Sequence[LL
     configurations unless ``progress`` is False; calibrated K / V scales computed once for all
     (:func:`build`'s ``shared``)."""
     bar = tqdm_class()(configs, desc="configurations", unit="config", disable=not progress)
-    shared: dict[str, Any] = {}
+    shared = _float_calibration(reference, configs, calibration_batches)
     return [config_result(reference, run, config, calibration_batches, shared=shared)
             for config in bar]
+
+
+def _float_calibration(reference: nn.Module, configs: Sequence[LLMConfig],
+                       calibration_batches: Sequence[Any]) -> dict[str, Any]:
+    """:func:`build`'s ``shared`` dict for ``configs``: when some calibrate K / V scales and
+    some smooth, both read the float model on the same batches, so one pass (on its decoder)
+    records both (``calibrate_kv_scales(..., alongside=observing_statistics(...))``), its seconds
+    counted by each of those builds; else empty (each is computed when first needed)."""
+    kv = next((c.kv_cache for c in configs
+               if c.kv_scales == CALIBRATED and c.kv_cache is not None), None)
+    smooth = next((c.w4a4 for c in configs if c.w4a4 is not None and c.w4a4.smooths), None)
+    if kv is None or smooth is None or not calibration_batches:
+        return {}
+    trunk = _trunk(reference, nn.Module)
+    begin = time.perf_counter()
+    observer = observing_statistics(reference, calibration_batches, tokens=smooth.awq_tokens,
+                                    rows=smooth.awq)
+    scales = calibrate_kv_scales(trunk, calibration_batches, kv, alongside=observer)
+    statistics = observer.statistics
+    seconds = time.perf_counter() - begin
+    return {"kv_scales": (scales, seconds), _smooth_key(smooth): (statistics, seconds)}
+
+
+def _smooth_key(options: W4A4Options) -> str:
+    """The ``shared`` key of the smoothing statistics ``options`` read (AWQ's rows or none)."""
+    return f"smooth_statistics:{options.awq_tokens if options.awq else 0}"
 
 
 def config_row(reference: nn.Module, run: ReferenceRun, config: LLMConfig,
@@ -400,56 +424,6 @@ def config_rows(reference: nn.Module, run: ReferenceRun, configs: Sequence[LLMCo
     """:func:`config_row` of every configuration, in order, with a progress bar."""
     return [result.row() for result in config_results(reference, run, configs,
                                                       calibration_batches, progress=progress)]
-
-
-def published_anchors(path: str | Path = ANCHORS_PATH) -> list[dict[str, Any]]:
-    """The published anchors (``llm_anchors.csv``), numbers as floats."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for row in rows:
-        row["baseline"], row["quantized"] = float(row["baseline"]), float(row["quantized"])
-    return rows
-
-
-def _row(rows: Sequence[dict[str, Any]], label: str) -> dict[str, Any] | None:
-    return next((r for r in rows if r["label"] == label), None)
-
-
-def anchor_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each published anchor beside the comparable measurement here, compared in direction
-    only (a 135M model on pydoc text is not Llama-3.1-8B on wikitext): ``agrees`` says whether
-    the effect goes the same way. Anchors whose configurations were not run are left out."""
-    out = []
-    for anchor in published_anchors():
-        better = anchor["higher_is_better"] == "yes"
-        published = "improves" if (anchor["quantized"] > anchor["baseline"]) == better else \
-            "worsens"
-        name = anchor["anchor"]
-        if name == "w4a4_perplexity":
-            mine = _row(rows, "W4A4 RTN, dynamic")
-            pair = (None if mine is None else (1.0, mine["perplexity_ratio"]),
-                    "perplexity / reference's")
-        elif name == "gptq_recovery":
-            a, b = _row(rows, "W4A16 RTN"), _row(rows, "W4A16 GPTQ")
-            pair = (None if a is None or b is None else (a["kld_mean"], b["kld_mean"]),
-                    "mean KLD, RTN → GPTQ")
-        elif name == "kv_4over6":
-            a, b = _row(rows, "KV nvfp4"), _row(rows, "KV nvfp4_4over6")
-            pair = (None if a is None or b is None else (a["kld_mean"], b["kld_mean"]),
-                    "mean KLD, nvfp4 → nvfp4_4over6 KV")
-        else:
-            continue
-        values, what = pair
-        if values is None:
-            continue
-        ours = "improves" if values[1] < values[0] else "worsens"  # lower is better here
-        out.append({"anchor": f"{anchor['model']}: {anchor['metric']}",
-                    "published": f"{anchor['baseline_label']} {anchor['baseline']:g} → "
-                                 f"{anchor['quantized_label']} {anchor['quantized']:g}",
-                    "published_effect": published, "here": f"{what}: {values[0]:.4g} → "
-                    f"{values[1]:.4g}", "here_effect": ours, "agrees": ours == published,
-                    "source": anchor["source"]})
-    return out
 
 
 def interval_unit(unit: str, row: dict[str, Any], stem: str, digits: int = 4) -> str:

@@ -84,6 +84,25 @@ def test_smoothing_configurations_share_one_statistics_pass() -> None:
     assert list(shared) == ["smooth_statistics:0"]
 
 
+def test_one_float_pass_serves_kv_scales_and_smoothing() -> None:
+    """config_results' shared dict for KV-calibrated and smoothing configurations: one pass
+    records both, equal to calibrate_kv_scales' and smooth_statistics' own passes."""
+    from nvfp4lab.execution.w4a4_smooth import smooth_statistics
+
+    reference = tiny_llama()
+    configs = lc.configurations()
+    shared = lc._float_calibration(reference, configs, BATCHES)
+    (scales, seconds), (stats, same) = shared["kv_scales"], shared["smooth_statistics:0"]
+    assert seconds == same > 0
+    assert scales == calibrate_kv_scales(reference, BATCHES, KVCacheKind.NVFP4)
+    alone = smooth_statistics(reference, BATCHES)
+    assert stats.by_group.keys() == alone.by_group.keys() and not stats.rows
+    for key, st in alone.by_group.items():
+        assert torch.equal(stats.by_group[key].amax, st.amax)
+        assert stats.by_group[key].fed == st.fed
+    assert lc._float_calibration(reference, configs[:5], BATCHES) == {}  # neither is needed
+
+
 def test_settings_and_checks() -> None:
     configs = {c.label: c for c in lc.configurations()}
     assert configs["KV fp8"].weights == "float" and configs["KV fp8"].kv_cache == KVCacheKind.FP8
