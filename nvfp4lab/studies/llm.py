@@ -342,9 +342,10 @@ class ReferenceRun:
     dtype and device), with ``head`` a copy of that head, made when the run was (later changes to
     the model do not reach it); both None when the head's output is not the model's logits, and
     then ``model`` is the reference itself, run again at each comparison (do not change it
-    in place afterwards: quantize a copy). Runs compare by identity. The head's logits are
-    kept after their first use while all of them fit in :data:`LOGITS_KEPT_BYTES` (SmolLM2's
-    2,040 scored tokens: 400 MB, 0.4 s of head GEMM saved per compared model).
+    in place afterwards: quantize a copy). Runs compare by identity. Unless ``keep_logits`` is
+    False (the streamed study, whose point is memory), the head's logits are kept after their
+    first use while all of them fit in :data:`LOGITS_KEPT_BYTES` (SmolLM2's 2,040 scored tokens:
+    400 MB, 0.4 s of head GEMM saved per compared model).
     """
 
     ids: torch.Tensor = field(repr=False)
@@ -356,6 +357,7 @@ class ReferenceRun:
     hidden: tuple[torch.Tensor, ...] | None = field(default=None, repr=False)
     head: nn.Module | None = field(default=None, repr=False)
     model: CausalLM | None = field(default=None, repr=False)
+    keep_logits: bool = field(default=True, repr=False)
     _kept_logits: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
 
     @property
@@ -398,7 +400,7 @@ class ReferenceRun:
         """Whether every batch's logits, each the size of ``logits`` per window, fit in
         :data:`LOGITS_KEPT_BYTES` (on the CPU; a GPU's memory is left alone)."""
         per_window = logits.element_size() * logits[0].numel()
-        return (logits.device.type == "cpu"
+        return (self.keep_logits and logits.device.type == "cpu"
                 and per_window * len(self.windows) <= LOGITS_KEPT_BYTES)
 
 

@@ -432,7 +432,8 @@ def streamed_reference(
     return llm.ReferenceRun(
         ids=ids, windows=windows, batches=batches, context=context, batch_size=batch_size,
         nll=torch.cat(nll), hidden=None if kept is None else tuple(kept),
-        head=None if kept is None else head, model=finisher if kept is None else None)
+        head=None if kept is None else head, model=finisher if kept is None else None,
+        keep_logits=False)  # the head's logits are made again for each model: memory first
 
 
 @contextmanager
