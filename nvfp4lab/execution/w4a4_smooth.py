@@ -150,6 +150,7 @@ def smooth_statistics(model: nn.Module, batches: Sequence[Any], *, tokens: int =
     ``tokens`` / ``rows``: keep the rows AWQ needs (``W4A4Options.awq_tokens``). ``run``: the
     module the batches are fed to, if not ``model`` (its decoder, when the batches suit it: the
     output head observes nothing). ValueError when ``model`` has no group."""
+    tokens = _check_tokens(tokens)
     return SmoothStatistics(_statistics(model, _groups_of(model), batches, tokens,
                                         keep_rows=rows, run=run), tokens, rows)
 
@@ -162,7 +163,7 @@ class StatisticsObserver:
     alongside=observer)``). Made by :func:`observing_statistics`."""
 
     def __init__(self, model: nn.Module, batches: Sequence[Any], tokens: int, rows: bool) -> None:
-        self._setup = (model, _groups_of(model), batches, tokens, rows)
+        self._setup = (model, _groups_of(model), batches, _check_tokens(tokens), rows)
         self._context: contextlib.AbstractContextManager[dict[str, _Stats]] | None = None
         self.statistics: SmoothStatistics | None = None
 
@@ -187,6 +188,13 @@ def observing_statistics(model: nn.Module, batches: Sequence[Any], *, tokens: in
     return StatisticsObserver(model, batches, tokens, rows)
 
 
+def _check_tokens(tokens: object) -> int:
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"smooth_statistics tokens must be a positive int (rows kept for AWQ, "
+                         f"as W4A4Options.awq_tokens), got {tokens!r}")
+    return tokens
+
+
 def _groups_of(model: nn.Module) -> list[SmoothGroup]:
     groups = smooth_groups(model, {n: m for n, m in model.named_modules()
                                    if isinstance(m, nn.Linear)})
@@ -209,6 +217,10 @@ def _given(statistics: SmoothStatistics, groups: Sequence[SmoothGroup],
             f"AWQ searches on {options.awq_tokens} calibration rows, these statistics keep "
             f"{statistics.tokens if statistics.rows else 'no'} rows: compute them with "
             f"smooth_statistics(model, batches, tokens={options.awq_tokens}, rows=True)")
+    if not any(st.amax is not None for st in statistics.by_group.values()):
+        raise ValueError(
+            "these smooth_statistics saw no input: the pass they observed did not run this "
+            "model's layers (observe the model the batches run through, or its decoder)")
     missing = [g.members[0] for g in groups if g.members[0] not in statistics.by_group]
     if missing:
         raise ValueError(

@@ -400,6 +400,10 @@ def quantize_model(
     quantization removed (and smoothing undone).
     """
     quant_method = vocab.check_choice("method", method, QuantMethod)
+    if smooth_statistics is not None and (backend is None or not isinstance(w4a4, W4A4Options)
+                                          or not w4a4.smooths):
+        raise ValueError("smooth_statistics= is read only by w4a4=W4A4Options(smooth_alpha=...) "
+                         "or W4A4Options(awq=True) with a backend: drop it, or pass such options")
     kv = _kv_cache_options(kv_cache, kv_scales)
     kv, calibration = calibrated_kv_options(  # scales="calibrated": from the model as it is
         model, kv, calibration, keep=quant_method != QuantMethod.RTN or w4a4 is not None)
@@ -410,9 +414,6 @@ def quantize_model(
     get_order(convention)  # an OrderName name (the vocabulary's error otherwise) or an order
     hadamard = _rotation_seed(quant_method, hadamard)
     _check_w4a4(w4a4, quant_method, hadamard)
-    if smooth_statistics is not None and (w4a4 is None or not w4a4.smooths):
-        raise ValueError("smooth_statistics= is read only by w4a4=W4A4Options(smooth_alpha=...) "
-                         "or W4A4Options(awq=True): drop it, or pass such options")
     batches = _method_inputs(quant_method, calibration, gptq, w4a4)
     report = QuantizeReport()
     candidates = _select_layers(model, ignore, quant_method, report)

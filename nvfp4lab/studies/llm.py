@@ -36,7 +36,7 @@ import copy
 import math
 import numbers
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,11 +86,24 @@ _CPU_CHUNK_BYTES = 3 << 19
 
 
 def _chunk_rows(rows: torch.Tensor) -> int:
-    """Rows of ``rows [R, V]`` per float64 chunk: at least 2 (one row takes another reduction
-    path in torch, so its sums may differ in the last bit)."""
+    """Rows of ``rows [R, V]`` per float64 chunk (:func:`_chunks`): at least 2, as one row
+    takes another reduction path in torch, so its sums may differ in the last bit."""
     if rows.device.type != "cpu":
         return _ROWS
     return max(2, _CPU_CHUNK_BYTES // (8 * max(1, rows.shape[-1])))
+
+
+def _chunks(rows: torch.Tensor) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` of the chunks of ``rows [R, V]``: :func:`_chunk_rows` each, a last
+    chunk of one row joined to the one before (never one row alone, unless ``R`` is 1)."""
+    n, step = rows.shape[0], _chunk_rows(rows)
+    start = 0
+    while start < n:
+        stop = min(n, start + step)
+        if n - stop == 1:
+            stop = n
+        yield start, stop
+        start = stop
 
 #: A causal LM: ``model(input_ids=int64 [B, T])`` returns an object with ``.logits`` ``[B, T, V]``
 #: (or the logits tensor itself).
@@ -277,12 +290,11 @@ def _nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """-log P(next token), float64 ``[B·(T-1)]`` on the CPU."""
     rows, targets = _rows(logits), input_ids[:, 1:].reshape(-1).to(logits.device)
     out = torch.empty(rows.shape[0], dtype=torch.float64)
-    step = _chunk_rows(rows)
-    for i in range(0, rows.shape[0], step):
-        chunk = rows[i : i + step].double()
+    for i, stop in _chunks(rows):
+        chunk = rows[i:stop].double()
         _, _, normalizer = _softmax_parts(chunk)
-        picked = chunk.gather(1, targets[i : i + step, None]).squeeze(1)
-        out[i : i + step] = (normalizer - picked).cpu()
+        picked = chunk.gather(1, targets[i:stop, None]).squeeze(1)
+        out[i:stop] = (normalizer - picked).cpu()
     return out
 
 
@@ -302,19 +314,18 @@ def _compare(
     n = q_rows.shape[0]
     kld, nll = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
     agree = torch.empty(n, dtype=torch.bool)
-    step = _chunk_rows(q_rows)
-    for i in range(0, n, step):
-        r32 = ref_rows[i : i + step].to(q_rows.device)
-        q32 = q_rows[i : i + step]
-        agree[i : i + step] = (r32.argmax(-1) == q32.argmax(-1)).cpu()
-        r, q = r32.double(), q32.double()
+    for i, stop in _chunks(q_rows):
+        r32 = ref_rows[i:stop].to(q_rows.device)
+        q32 = q_rows[i:stop]
+        agree[i:stop] = (r32.argmax(-1) == q32.argmax(-1)).cpu()
+        r, q = r32.to(torch.float64, copy=True), q32.double()  # r changes in place below
         scaled, total, log_zr = _softmax_parts(r)
         _, _, log_zq = _softmax_parts(q)
         p = scaled.div_(total[:, None])
-        picked = q.gather(1, targets[i : i + step, None]).squeeze(1)
-        nll[i : i + step] = (log_zq - picked).cpu()
+        picked = q.gather(1, targets[i:stop, None]).squeeze(1)
+        nll[i:stop] = (log_zq - picked).cpu()
         divergence = (p * r.sub_(q)).sum(-1) - (log_zr - log_zq) * p.sum(-1)
-        kld[i : i + step] = divergence.cpu()
+        kld[i:stop] = divergence.cpu()
     return kld, nll, agree
 
 
@@ -395,6 +406,10 @@ class ReferenceRun:
         if self.model is None:
             raise ValueError("this ReferenceRun keeps neither hidden states nor the model")
         return _forward(self.model, self.input_ids(batch))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled and deep-copied without the kept logits (they are made again when used)."""
+        return {**self.__dict__, "_kept_logits": {}}
 
     def _logits_fit(self, logits: torch.Tensor) -> bool:
         """Whether every batch's logits, each the size of ``logits`` per window, fit in

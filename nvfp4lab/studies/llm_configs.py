@@ -247,7 +247,8 @@ def build(reference: nn.Module, config: LLMConfig,
         raise ValueError(f"configuration {config.label!r} needs calibration_batches "
                          "(corpus.calibration_batches(tokenizer))")
     kv, kv_seconds = config.kv_options, 0.0
-    if shared is not None and config.kv_scales == CALIBRATED and config.kv_cache is not None:
+    if (shared is not None and config.kv_scales == CALIBRATED and config.kv_cache is not None
+            and config.kv_rotation is None):  # with a rotation, quantize_model says why not
         if "kv_scales" not in shared:
             begin = time.perf_counter()
             scales = calibrate_kv_scales(_trunk(reference, nn.Module), calibration_batches,
@@ -266,6 +267,8 @@ def build(reference: nn.Module, config: LLMConfig,
                                            run=_trunk(reference, nn.Module))
             shared[key] = (statistics, time.perf_counter() - begin)
         extra["smooth_statistics"], smooth_seconds = shared[key]
+        if kv_seconds and shared.get(_ONE_PASS):  # the K / V scales came from that same pass
+            smooth_seconds = 0.0
     kv_data = isinstance(kv, KVCacheOptions) and kv.calibrated  # calibrated in quantize_model
     start = time.perf_counter()
     model = copy.deepcopy(reference)
@@ -391,7 +394,12 @@ def _float_calibration(reference: nn.Module, configs: Sequence[LLMConfig],
     scales = calibrate_kv_scales(trunk, calibration_batches, kv, alongside=observer)
     statistics = observer.statistics
     seconds = time.perf_counter() - begin
-    return {"kv_scales": (scales, seconds), _smooth_key(smooth): (statistics, seconds)}
+    return {"kv_scales": (scales, seconds), _smooth_key(smooth): (statistics, seconds),
+            _ONE_PASS: True}
+
+
+#: ``shared`` key: the K / V scales and the smoothing statistics come from one pass.
+_ONE_PASS = "one_pass"
 
 
 def _smooth_key(options: W4A4Options) -> str:

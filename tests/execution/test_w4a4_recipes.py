@@ -20,7 +20,12 @@ from nvfp4lab.execution import GPTQOptions, NVFP4Linear, quantize_model
 from nvfp4lab.execution.gemm import vllm_dequantize
 from nvfp4lab.execution.gptq import gptq_quantize
 from nvfp4lab.execution.w4a4_recipes import W4A4Linear, W4A4Options
-from nvfp4lab.execution.w4a4_smooth import smooth_groups, smooth_model, smooth_statistics
+from nvfp4lab.execution.w4a4_smooth import (
+    observing_statistics,
+    smooth_groups,
+    smooth_model,
+    smooth_statistics,
+)
 from nvfp4lab.hadamard import (
     hadamard_of_order,
     hadamard_transform,
@@ -403,6 +408,17 @@ def test_statistics_of_another_model_or_without_awq_rows_are_refused() -> None:
     assert torch.equal(_logits(model, batches[0]["input_ids"]), before)  # nothing changed
     with pytest.raises(ValueError, match="no Llama-style decoder layer"):
         smooth_statistics(_one_linear(), [torch.zeros(1, 128)])
+    with pytest.raises(ValueError, match="tokens must be a positive int"):
+        smooth_statistics(model, batches, tokens=0)
+    with pytest.raises(ValueError, match="with a backend"):  # refused before any KV pass
+        quantize_model(copy.deepcopy(model), backend=None, kv_cache="nvfp4",
+                       smooth_statistics=stats)
+    unseen, other = observing_statistics(model, batches), tiny_model("llama")
+    with unseen, torch.no_grad():  # the pass runs another model: nothing reaches its hooks
+        other(**batches[0])
+    with pytest.raises(ValueError, match="saw no input"):
+        quantize_model(copy.deepcopy(model), backend="emulation", calibration=batches,
+                       w4a4=W4A4Options(smooth_alpha=0.5), smooth_statistics=unseen.statistics)
 
 
 def test_w4a4_recipes_on_a_tiny_decoder_all_together() -> None:

@@ -9,6 +9,7 @@ real SmolLM2-135M-Instruct (the ``[llm]`` extra).
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import statistics
 from typing import Any
@@ -236,6 +237,34 @@ def test_a_run_keeps_its_logits_while_they_fit(pair: tuple[Any, Any],
     assert torch.equal(tight.logits(0), first[0])
     again = llm.token_fidelity(tight, quantized, progress=False)
     assert torch.equal(again.kld, kept.kld) and torch.equal(again.nll, kept.nll)
+
+
+def test_chunks_never_leave_one_row_alone() -> None:
+    for n, step_rows in ((765, 4), (9, 4), (8, 4), (1, 4), (5, 2), (3, 2)):
+        rows = torch.empty(n, 8 * 1024)
+        assert llm._chunk_rows(rows) == 24  # 1.5 MiB of float64 rows of 8,192
+        bounds = list(llm._chunks(rows[:, : (3 << 19) // (8 * step_rows)]))
+        assert bounds[0][0] == 0 and bounds[-1][1] == n
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+        assert all(stop - start >= 2 for start, stop in bounds) or n == 1
+
+
+def test_float64_logits_are_kept_unchanged_and_not_pickled(pair: tuple[Any, Any]) -> None:
+    """A float64 reference's kept logits are not changed by a comparison (it works on a copy),
+    so comparing twice gives the same result; a pickled run leaves the kept logits behind."""
+    import pickle
+
+    reference, quantized = (copy.deepcopy(m).double() for m in pair)
+    ids = random_ids(150)
+    run = llm.reference_run(reference, ids, context=64, batch_size=1, progress=False)
+    kept = [run.logits(b).clone() for b in range(len(run.batches))]
+    first = llm.token_fidelity(run, quantized, progress=False)
+    again = llm.token_fidelity(run, quantized, progress=False)
+    assert torch.equal(first.kld, again.kld) and first.kld_mean > 0
+    assert all(torch.equal(run.logits(b), kept[b]) for b in range(len(run.batches)))
+    restored = pickle.loads(pickle.dumps(run))
+    assert restored._kept_logits == {} and run._kept_logits
+    assert torch.equal(llm.token_fidelity(restored, quantized, progress=False).kld, first.kld)
 
 
 class ScaledLogits(torch.nn.Module):

@@ -103,6 +103,34 @@ def test_one_float_pass_serves_kv_scales_and_smoothing() -> None:
     assert lc._float_calibration(reference, configs[:5], BATCHES) == {}  # neither is needed
 
 
+def test_shared_kv_scales_do_not_hide_the_rotation_refusal() -> None:
+    """Calibrated K / V scales with a Q / K rotation are refused (they would be calibrated on
+    K unrotated), with build's shared dict as without it: the rotation is never dropped."""
+    config = lc.LLMConfig("KV nvfp4 + Q/K rotation 16, calibrated", None,
+                          kv_cache=KVCacheKind.NVFP4, kv_scales=lc.CALIBRATED, kv_rotation=16)
+    for shared in (None, {}):
+        with pytest.raises(ValueError, match="calibrated on K unrotated"):
+            lc.build(tiny_llama(), config, BATCHES, shared=shared)
+
+
+def test_one_pass_is_counted_once_in_a_configuration_using_both() -> None:
+    """A configuration that calibrates K / V and smooths counts the shared pass once."""
+    from nvfp4lab.execution.w4a4_recipes import W4A4Options
+
+    reference = tiny_llama()
+    both = lc.LLMConfig("W4A4 RTN + SmoothQuant 0.5 + KV nvfp4, calibrated", Backend.EMULATION,
+                        kv_cache=KVCacheKind.NVFP4, kv_scales=lc.CALIBRATED,
+                        w4a4=W4A4Options(smooth_alpha=0.5))
+    shared = lc._float_calibration(reference, [both], BATCHES)
+    pass_seconds = shared["kv_scales"][1]
+    built, seconds = lc.build(reference, both, BATCHES, shared=shared)
+    assert pass_seconds <= seconds < 2 * pass_seconds + 5.0  # not twice the pass
+    direct = copy.deepcopy(reference)
+    quantize_model(direct, backend=Backend.EMULATION, calibration=BATCHES, w4a4=both.w4a4,
+                   kv_cache=KVCacheOptions(KVCacheKind.NVFP4, scales="calibrated"))
+    assert torch.equal(_logits(built), _logits(direct))
+
+
 def test_settings_and_checks() -> None:
     configs = {c.label: c for c in lc.configurations()}
     assert configs["KV fp8"].weights == "float" and configs["KV fp8"].kv_cache == KVCacheKind.FP8
