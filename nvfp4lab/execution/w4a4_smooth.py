@@ -199,11 +199,15 @@ def _groups_of(model: nn.Module) -> list[SmoothGroup]:
     groups = smooth_groups(model, {n: m for n, m in model.named_modules()
                                    if isinstance(m, nn.Linear)})
     if not groups:
-        raise ValueError(f"W4A4Options smoothing found no Llama-style decoder layer in "
-                         f"{type(model).__name__} (input_layernorm -> q/k/v_proj, "
-                         "post_attention_layernorm -> gate/up_proj): drop smooth_alpha / awq for "
-                         "this model")
+        raise _no_groups(model)
     return groups
+
+
+def _no_groups(model: nn.Module) -> ValueError:
+    return ValueError(
+        f"W4A4Options smoothing found no Llama-style decoder layer in {type(model).__name__} "
+        "(input_layernorm -> q/k/v_proj, post_attention_layernorm -> gate/up_proj): drop "
+        "smooth_alpha / awq for this model")
 
 
 def _given(statistics: SmoothStatistics, groups: Sequence[SmoothGroup],
@@ -387,10 +391,7 @@ def smooth_model(model: nn.Module, candidates: Mapping[str, nn.Linear], batches:
     float model this one copies, on ``batches``, used instead of a pass over them."""
     groups = smooth_groups(model, candidates)
     if not groups:
-        raise ValueError(
-            f"W4A4Options smoothing found no Llama-style decoder layer in {type(model).__name__} "
-            "(input_layernorm -> q/k/v_proj, post_attention_layernorm -> gate/up_proj): drop "
-            "smooth_alpha / awq for this model")
+        raise _no_groups(model)
     stats = (_statistics(model, groups, batches, options.awq_tokens, keep_rows=options.awq)
              if statistics is None else _given(statistics, groups, options))
     result = SmoothResult()
