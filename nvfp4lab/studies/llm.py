@@ -75,7 +75,8 @@ __all__ = [
 DEFAULT_CONTEXT = 512
 #: Windows run through a model together (at 512 tokens, SmolLM2's logits are 100 MB a window).
 DEFAULT_BATCH_SIZE = 4
-#: A :class:`ReferenceRun` keeps its head's logits (CPU) when all of them fit in this many bytes.
+#: A :class:`ReferenceRun` keeps its head's logits (CPU) when all of them fit in this many bytes
+#: (and in a quarter of the memory available when it keeps the first).
 LOGITS_KEPT_BYTES = 1 << 30
 #: Predicted positions whose float64 log-softmax is computed at once on a GPU (limits the memory).
 _ROWS = 256
@@ -413,10 +414,15 @@ class ReferenceRun:
 
     def _logits_fit(self, logits: torch.Tensor) -> bool:
         """Whether every batch's logits, each the size of ``logits`` per window, fit in
-        :data:`LOGITS_KEPT_BYTES` (on the CPU; a GPU's memory is left alone)."""
-        per_window = logits.element_size() * logits[0].numel()
-        return (self.keep_logits and logits.device.type == "cpu"
-                and per_window * len(self.windows) <= LOGITS_KEPT_BYTES)
+        :data:`LOGITS_KEPT_BYTES` and in a quarter of the memory available now (on the CPU; a
+        GPU's memory is left alone)."""
+        if not self.keep_logits or logits.device.type != "cpu":
+            return False
+        from nvfp4lab.bench.runner import available_memory_bytes
+
+        total = logits.element_size() * logits[0].numel() * len(self.windows)
+        available = available_memory_bytes("cpu")
+        return total <= LOGITS_KEPT_BYTES and (available is None or 4 * total <= available)
 
 
 def reference_run(

@@ -237,6 +237,13 @@ def test_a_run_keeps_its_logits_while_they_fit(pair: tuple[Any, Any],
     assert torch.equal(tight.logits(0), first[0])
     again = llm.token_fidelity(tight, quantized, progress=False)
     assert torch.equal(again.kld, kept.kld) and torch.equal(again.nll, kept.nll)
+    monkeypatch.setattr(llm, "LOGITS_KEPT_BYTES", 1 << 30)
+    import nvfp4lab.bench.runner as runner
+
+    monkeypatch.setattr(runner, "available_memory_bytes",
+                        lambda device: 4 * per_window * len(run.windows) - 1)  # little memory
+    short = llm.reference_run(reference, ids, context=64, progress=False)
+    assert short.logits(0) is not short.logits(0)
 
 
 def test_chunks_never_leave_one_row_alone() -> None:
