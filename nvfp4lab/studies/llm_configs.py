@@ -73,6 +73,7 @@ __all__ = [
     "plot_configs",
     "published_anchors",
     "scored_row",
+    "shared_calibration",
 ]
 
 #: Activation scales of a W4A4 configuration: computed per call from the input's amax, or
@@ -371,12 +372,12 @@ def config_results(reference: nn.Module, run: ReferenceRun, configs: Sequence[LL
     configurations unless ``progress`` is False; calibrated K / V scales computed once for all
     (:func:`build`'s ``shared``)."""
     bar = tqdm_class()(configs, desc="configurations", unit="config", disable=not progress)
-    shared = _float_calibration(reference, configs, calibration_batches)
+    shared = shared_calibration(reference, configs, calibration_batches)
     return [config_result(reference, run, config, calibration_batches, shared=shared)
             for config in bar]
 
 
-def _float_calibration(reference: nn.Module, configs: Sequence[LLMConfig],
+def shared_calibration(reference: nn.Module, configs: Sequence[LLMConfig],
                        calibration_batches: Sequence[Any]) -> dict[str, Any]:
     """:func:`build`'s ``shared`` dict for ``configs``: when some calibrate K / V scales and
     some smooth, both read the float model on the same batches, so one pass (on its decoder)

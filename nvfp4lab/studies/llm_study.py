@@ -301,8 +301,9 @@ def _reference(plan: StudyPlan, progress: bool) -> tuple[llm.ReferenceRun, Any]:
 
 
 def _score(plan: StudyPlan, run: llm.ReferenceRun, reference: Any, config: LLMConfig,
-           progress: bool) -> ConfigResult:
-    """One configuration built and scored over every window (in memory or streamed)."""
+           progress: bool, shared: dict[str, Any] | None = None) -> ConfigResult:
+    """One configuration built and scored over every window (in memory or streamed; in memory,
+    ``shared`` is ``llm_configs.build``'s dict of passes made once for several)."""
     if plan.streamed:
         from nvfp4lab.studies.llm_streamed import streamed_config_result
 
@@ -310,7 +311,7 @@ def _score(plan: StudyPlan, run: llm.ReferenceRun, reference: Any, config: LLMCo
                                       dtype=plan.dtype, progress=progress)
     from nvfp4lab.studies.llm_configs import config_result
 
-    return config_result(reference, run, config, plan.batches)
+    return config_result(reference, run, config, plan.batches, shared=shared)
 
 
 def _remote_score(plan: StudyPlan, run: llm.ReferenceRun, config: LLMConfig) -> ConfigResult:
@@ -356,10 +357,17 @@ def _run_all(plan: StudyPlan, run: llm.ReferenceRun, reference: Any, dask: str |
              progress: bool) -> list[ConfigResult]:
     total = len(plan.configs)
     if dask is None:
-        out = []
+        from nvfp4lab.studies.llm_configs import shared_calibration
+
+        out, shared = [], None
+        if reference is not None:  # in memory: one float pass for K / V scales and smoothing
+            shared = shared_calibration(reference, plan.configs, plan.batches)
+            if shared:
+                _say(progress, f"K / V scales and smoothing statistics: one calibration pass, "
+                               f"{shared['kv_scales'][1]:.1f} s")
         for i, config in enumerate(plan.configs):
             _say(progress, f"[{i + 1}/{total}] {config.label}: building and scoring ...")
-            out.append(_score(plan, run, reference, config, progress))
+            out.append(_score(plan, run, reference, config, progress, shared))
             _say(progress, _line(out[-1], i + 1, total))
         return out
     from distributed import Client, as_completed

@@ -91,7 +91,7 @@ def test_one_float_pass_serves_kv_scales_and_smoothing() -> None:
 
     reference = tiny_llama()
     configs = lc.configurations()
-    shared = lc._float_calibration(reference, configs, BATCHES)
+    shared = lc.shared_calibration(reference, configs, BATCHES)
     (scales, seconds), (stats, same) = shared["kv_scales"], shared["smooth_statistics:0"]
     assert seconds == same > 0
     assert scales == calibrate_kv_scales(reference, BATCHES, KVCacheKind.NVFP4)
@@ -100,7 +100,7 @@ def test_one_float_pass_serves_kv_scales_and_smoothing() -> None:
     for key, st in alone.by_group.items():
         assert torch.equal(stats.by_group[key].amax, st.amax)
         assert stats.by_group[key].fed == st.fed
-    assert lc._float_calibration(reference, configs[:5], BATCHES) == {}  # neither is needed
+    assert lc.shared_calibration(reference, configs[:5], BATCHES) == {}  # neither is needed
 
 
 def test_shared_kv_scales_do_not_hide_the_rotation_refusal() -> None:
@@ -121,7 +121,7 @@ def test_one_pass_is_counted_once_in_a_configuration_using_both() -> None:
     both = lc.LLMConfig("W4A4 RTN + SmoothQuant 0.5 + KV nvfp4, calibrated", Backend.EMULATION,
                         kv_cache=KVCacheKind.NVFP4, kv_scales=lc.CALIBRATED,
                         w4a4=W4A4Options(smooth_alpha=0.5))
-    shared = lc._float_calibration(reference, [both], BATCHES)
+    shared = lc.shared_calibration(reference, [both], BATCHES)
     pass_seconds = shared["kv_scales"][1]
     built, seconds = lc.build(reference, both, BATCHES, shared=shared)
     assert pass_seconds <= seconds < 2 * pass_seconds + 5.0  # not twice the pass

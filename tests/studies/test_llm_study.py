@@ -100,6 +100,28 @@ def test_both_texts_in_one_pass_equal_each_text_scored_alone(tiny_llama: Path,
     assert {v.best.label for v in result.verdicts} == {"W4A16 RTN", "KV nvfp4"}
 
 
+def test_kv_calibration_and_smoothing_share_one_pass_in_the_study(tiny_llama: Path,
+                                                                   text_file: Path) -> None:
+    """The in-memory study makes one float calibration pass for a KV-calibrated and a
+    SmoothQuant configuration: each row equals that configuration built and scored alone."""
+    from nvfp4lab.studies.llm_configs import config_result
+
+    names = ["kv-nvfp4-calibrated-scales", "w4a4-rtn-smoothquant-0.5"]
+    result = llm_study.study(tiny_llama, text=text_file, configs=names, tokens=128, context=32,
+                             samples=2, streamed=False, progress=False)
+    plan = result.plan
+    reference, _ = llm_study.load_decoder(plan.source, dtype=plan.dtype)
+    run = llm.reference_run(reference, plan.ids, context=plan.context,
+                            batch_size=llm.DEFAULT_BATCH_SIZE, progress=False)
+    for first, second, config in zip(result.evaluation, result.domain, plan.configs,
+                                     strict=True):
+        alone = config_result(reference, run, config, plan.batches).fidelity  # both texts
+        for name in ("kld", "nll", "top1"):
+            both = torch.cat([getattr(first.fidelity, name), getattr(second.fidelity, name)])
+            assert torch.equal(both, getattr(alone, name)), (config.label, name)
+        assert alone.kld_mean > 0
+
+
 def test_streamed_study_equals_the_in_memory_study(tiny_llama: Path, text_file: Path) -> None:
     kwargs = dict(text=text_file, configs=["w4a16-rtn", "w4a16-gptq", "kv-fp8"], tokens=64,
                   context=32, samples=2, progress=False)
