@@ -9,14 +9,17 @@ Llama, ``encoder.layer`` of a BERT) that the model calls as a chain,
 block ``i``. So (the idea of llm-compressor's sequential pipeline and GPTQModel's layer loop,
 written here from that description, no code taken):
 
+Steps 1 and 2 live in :mod:`~nvfp4lab.execution.block_calls`, step 3 here:
+
 1. :func:`find_blocks`: the ``nn.ModuleList`` holding the most of the Linears to calibrate.
 2. :func:`capture_block_inputs`: run the model on each batch only up to block 0 (a forward
-   pre-hook records its positional and keyword arguments, then ends the pass with a private
-   exception) and keep one :class:`BlockCall` per batch. On the first batch the model runs up
-   to its LAST block instead, to check that it is a chain: every block called once, in order,
-   each on the previous block's output, with the very same other arguments (masks, position
-   embeddings, ...). Anything else (a block skipped or repeated, per-block masks, hidden states
-   changed between blocks) returns None, and the caller runs the whole model instead.
+   pre-hook records its positional and keyword arguments, then ends the pass with an
+   exception of its own) and keep one :class:`BlockCall` per batch. Before that, the first
+   row of the first batch runs up to the model's LAST block, to check that it is a chain:
+   every block called once, in order, each on the previous block's output, with the very same
+   other arguments (masks, position embeddings, ...). Anything else (a block skipped or
+   repeated, per-block masks, hidden states changed between blocks) returns None, and the
+   caller runs the whole model instead.
 3. Each stage then runs only its block over the captured calls; the block's outputs (with its
    Linears quantized) become the next block's calls (:meth:`BlockCall.with_hidden`).
 
@@ -29,9 +32,10 @@ attention (tests/execution/test_gptq.py compares the two paths bit for bit on a 
 changing a bit of what they compute:
 
 * a probe (the block once, on the first call) records the order in which the block calls the
-  Linears being calibrated, unless the first batch's chain-check pass of
-  :func:`capture_block_inputs` recorded it already (every block but the last; float hidden states
-  there, those of the blocks quantized so far in a probe: the same order wherever it does not
+  Linears being calibrated, unless the chain-check pass of :func:`capture_block_inputs` (one
+  row) recorded it already (every block but the last that called all its Linears in that row;
+  float hidden states there, those of the blocks quantized so far in a probe: the same order
+  wherever it does not
   depend on the values, and a departing batch is caught as below); a pass that only needs a
   stage's inputs ends right after the last call of that stage (:meth:`BlockRunner.collect`), as
   long as the batch calls the Linears in that order so far (checked at every call; a batch that
@@ -50,14 +54,23 @@ changing a bit of what they compute:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from nvfp4lab.execution.calibrate import run_batch
+from nvfp4lab.execution.block_calls import (
+    BlockCall,
+    Blocks,
+    EndPass,
+    block_call,
+    block_output,
+    capture_block_inputs,
+    find_blocks,
+    first_row,
+    same_value,
+)
 
 __all__ = [
     "BlockCall",
@@ -67,233 +80,8 @@ __all__ = [
     "block_output",
     "capture_block_inputs",
     "find_blocks",
+    "first_row",
 ]
-
-
-class _Stop(Exception):
-    """Raised by a hook to end a forward pass early; never leaves this module."""
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """The repeated blocks: ``modules`` is ``model.get_submodule(name)``, an ``nn.ModuleList``."""
-
-    name: str
-    modules: nn.ModuleList
-
-    def index(self, layer: str) -> int | None:
-        """The block holding the module named ``layer`` (a full name below a block), or None."""
-        prefix = f"{self.name}." if self.name else ""
-        if not layer.startswith(prefix):
-            return None
-        head, dot, _ = layer[len(prefix):].partition(".")
-        if not dot or not head.isdigit() or int(head) >= len(self.modules):
-            return None
-        return int(head)
-
-
-def find_blocks(model: nn.Module, names: Sequence[str]) -> Blocks | None:
-    """The ``nn.ModuleList`` (below or equal to ``model``) whose children hold the most of the
-    modules named ``names`` (the outermost one on a tie), or None when none holds any."""
-    best: Blocks | None = None
-    best_count = 0
-    for list_name, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList) or not len(module):
-            continue
-        blocks = Blocks(list_name, module)
-        count = sum(blocks.index(n) is not None for n in names)
-        if count > best_count:
-            best, best_count = blocks, count
-    return best
-
-
-def block_output(output: Any) -> torch.Tensor | None:
-    """The hidden states a block returns: the tensor itself, or the first element of a tuple or
-    list (older transformers blocks return ``(hidden_states, ...)``); None otherwise."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    return None
-
-
-def _is_cache(value: object) -> bool:
-    """A key/value cache object (transformers' ``Cache`` classes and look-alikes)."""
-    return not isinstance(value, torch.Tensor) and any(
-        "Cache" in klass.__name__ for klass in type(value).__mro__
-    )
-
-
-def _no_cache(value: Any) -> Any:
-    return None if _is_cache(value) else value
-
-
-@dataclass(frozen=True)
-class BlockCall:
-    """One calibration batch at a block's entrance: the block is called as
-    ``block(*args, **kwargs)``, the hidden states (a tensor, e.g. float32 ``[B, T, H]``) at
-    ``args[0]`` (``key == 0``) or ``kwargs[key]``. ``batch``: the calibration batch it came from
-    (its ``attention_mask`` still describes every block's tokens)."""
-
-    batch: Any
-    args: tuple[Any, ...]
-    kwargs: Mapping[str, Any]
-    key: int | str = 0
-
-    @property
-    def hidden(self) -> torch.Tensor:
-        """The hidden states passed to the block."""
-        value = self.args[0] if self.key == 0 else self.kwargs[str(self.key)]
-        assert isinstance(value, torch.Tensor)
-        return value
-
-    def with_hidden(self, hidden: torch.Tensor) -> BlockCall:
-        """The same call with other hidden states (the next block's call)."""
-        if self.key == 0:
-            return replace(self, args=(hidden, *self.args[1:]))
-        return replace(self, kwargs={**self.kwargs, str(self.key): hidden})
-
-    def run(self, block: nn.Module) -> Any:
-        """``block(*args, **kwargs)``."""
-        return block(*self.args, **self.kwargs)
-
-
-def _call_of(batch: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> BlockCall | None:
-    """A :class:`BlockCall` from a block's arguments, caches switched off; None when no hidden
-    states tensor is found (first positional argument, or keyword ``hidden_states``)."""
-    clean_args = tuple(_no_cache(a) for a in args)
-    clean_kwargs = {k: _no_cache(v) for k, v in kwargs.items()}
-    if "use_cache" in clean_kwargs:
-        clean_kwargs["use_cache"] = False
-    if clean_args and isinstance(clean_args[0], torch.Tensor):
-        return BlockCall(batch, clean_args, clean_kwargs, 0)
-    if isinstance(clean_kwargs.get("hidden_states"), torch.Tensor):
-        return BlockCall(batch, clean_args, clean_kwargs, "hidden_states")
-    return None
-
-
-def block_call(batch: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> BlockCall | None:
-    """The :class:`BlockCall` of a block called with ``args`` / ``kwargs`` on ``batch``, caches
-    switched off as :func:`capture_block_inputs` does; None when no hidden-states tensor is
-    found (first positional argument, or keyword ``hidden_states``)."""
-    return _call_of(batch, args, kwargs)
-
-
-def _same(a: object, b: object) -> bool:
-    """The same object, or equal plain values (None, bool, int, float, str)."""
-    if a is b:
-        return True
-    plain = (bool, int, float, str)
-    return type(a) is type(b) and isinstance(a, plain) and a == b
-
-
-def _same_arguments(first: BlockCall, other: BlockCall) -> bool:
-    """``other`` passes its block the very same arguments as ``first``, hidden states aside."""
-    if len(first.args) != len(other.args) or first.kwargs.keys() != other.kwargs.keys():
-        return False
-    if first.key != other.key:
-        return False
-    skip_arg = 0 if first.key == 0 else -1
-    return all(
-        _same(a, b) for i, (a, b) in enumerate(zip(first.args, other.args, strict=True))
-        if i != skip_arg
-    ) and all(_same(v, other.kwargs[k]) for k, v in first.kwargs.items() if k != first.key)
-
-
-def _chain_calls(model: nn.Module, blocks: Blocks, batch: Any,
-                 orders: dict[int, list[str]] | None = None,
-                 watched: Mapping[str, nn.Module] | None = None) -> BlockCall | None:
-    """Run ``batch`` up to the last block; the first block's call if the blocks form a chain
-    (each called once, in order, on the previous block's output, with the same other
-    arguments), else None. ``orders`` (filled when given): block index -> the names of
-    ``watched`` modules in the order that block called them (every block but the last, which
-    the pass does not run)."""
-    n = len(blocks.modules)
-    calls: list[tuple[int, BlockCall | None]] = []
-    outputs: dict[int, Any] = {}
-
-    def pre(index: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            calls.append((index, _call_of(batch, args, kwargs)))
-            if index == n - 1:
-                raise _Stop
-
-        return hook
-
-    def post(index: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            outputs.setdefault(index, output)
-
-        return hook
-
-    handles = [b.register_forward_pre_hook(pre(i), with_kwargs=True)
-               for i, b in enumerate(blocks.modules)]
-    handles += [b.register_forward_hook(post(i)) for i, b in enumerate(blocks.modules)]
-    for name, module in (watched or {}).items() if orders is not None else ():
-        index = blocks.index(name)
-        if index is not None and index < n - 1:
-            handles.append(module.register_forward_pre_hook(
-                lambda m, a, name=name, i=index: orders.setdefault(i, []).append(name)))
-    try:
-        with suppress(_Stop):
-            run_batch(model, batch)
-    finally:
-        for handle in handles:
-            handle.remove()
-    if [i for i, _ in calls] != list(range(n)) or any(c is None for _, c in calls):
-        if orders is not None:
-            orders.clear()
-        return None
-    chain = [c for _, c in calls]
-    first = chain[0]
-    assert first is not None
-    for i in range(1, n):
-        call = chain[i]
-        assert call is not None
-        if call.hidden is not block_output(outputs.get(i - 1)) or not _same_arguments(first, call):
-            return None
-    return first
-
-
-def capture_block_inputs(
-    model: nn.Module, blocks: Blocks, batches: Sequence[Any], *,
-    orders: dict[int, list[str]] | None = None,
-    watched: Mapping[str, nn.Module] | None = None,
-) -> list[BlockCall] | None:
-    """One :class:`BlockCall` per batch: the arguments of block 0, caches switched off.
-
-    The first batch runs up to the last block to check that the blocks form a chain (module
-    docstring); None when they do not, or when a batch never reaches block 0. The others run
-    only up to block 0. Memory: the hidden states of every batch at block 0 (e.g. float32
-    ``[B, T, H]`` each) and what the model built for the blocks (masks, position embeddings).
-
-    ``orders`` (a dict, filled when given): block index -> the names of the ``watched``
-    modules (name -> module) in the order that block called them in the first batch's pass,
-    for every block but the last: a :class:`BlockRunner`'s ``order``, so that it need not run
-    its block once more to learn it.
-    """
-    first = _chain_calls(model, blocks, batches[0], orders, watched)
-    if first is None:
-        return None
-    calls = [first]
-    found: list[BlockCall | None] = []
-
-    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        found.append(_call_of(None, args, kwargs))
-        raise _Stop
-
-    handle = blocks.modules[0].register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        for batch in batches[1:]:
-            found.clear()
-            with suppress(_Stop):
-                run_batch(model, batch)
-            if len(found) != 1 or found[0] is None:
-                return None
-            calls.append(replace(found[0], batch=batch))
-    finally:
-        handle.remove()
-    return calls
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,7 +103,8 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 def _equal(a: Any, b: Any) -> bool:
     """Equal arguments: tensors identical or ``torch.equal`` (same dtype, shape, device),
-    tuples / lists / dicts item by item, anything else :func:`_same`."""
+    tuples / lists / dicts item by item, anything else
+    :func:`~nvfp4lab.execution.block_calls.same_value`."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and (
             a is b or (a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
@@ -328,7 +117,7 @@ def _equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) or isinstance(b, dict):
         return (isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys()
                 and all(_equal(a[k], b[k]) for k in a))
-    return _same(a, b)
+    return same_value(a, b)
 
 
 @dataclass
@@ -459,7 +248,7 @@ class BlockRunner:
             elif x is not state["first"]:
                 state["same"] = False
             if self._strict and len(self._seen) - 1 == last:
-                raise _Stop
+                raise EndPass
 
         def zeros_for(module: nn.Linear) -> Callable[..., Any]:
             own = module.forward
@@ -479,7 +268,7 @@ class BlockRunner:
                 try:
                     with torch.no_grad():
                         self.calls[index].run(self.block)
-                except _Stop:
+                except EndPass:
                     pass
                 finally:
                     self._strict = False

@@ -16,6 +16,7 @@ from nvfp4lab.execution.sequential import (
     block_output,
     capture_block_inputs,
     find_blocks,
+    first_row,
 )
 from tests.execution.tiny_models import tiny_model
 
@@ -229,6 +230,82 @@ def test_capture_records_each_block_order_and_the_runner_needs_no_probe() -> Non
     assert orders == {}  # not a chain: nothing recorded
 
 
+def test_first_row_cuts_every_batch_sized_tensor() -> None:
+    ids, mask, positions = torch.arange(12).reshape(3, 4), torch.ones(3, 4), torch.arange(4)[None]
+    cut = first_row({"input_ids": ids, "attention_mask": mask, "position_ids": positions,
+                     "use_cache": False})
+    assert isinstance(cut, dict) and cut["use_cache"] is False
+    assert torch.equal(cut["input_ids"], ids[:1]) and torch.equal(cut["attention_mask"], mask[:1])
+    assert cut["position_ids"] is positions  # [1, T]: not the batch's first dimension
+    assert torch.equal(first_row(ids), ids[:1])
+    pair = first_row((ids, 0.5))
+    assert isinstance(pair, tuple) and torch.equal(pair[0], ids[:1]) and pair[1] == 0.5
+    assert isinstance(first_row([ids, mask]), list)
+    for nothing in (ids[:1], {"input_ids": ids[:1]}, (1, 2), "text", torch.tensor(3)):
+        assert first_row(nothing) is None
+
+
+class _NoSingleRows(Chain):
+    """Refuses a one-row batch (as a model with a batch-size assertion would)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            raise RuntimeError("batch of one")
+        return super().forward(x)
+
+
+def test_a_model_refusing_one_row_is_checked_on_the_whole_first_batch() -> None:
+    model, batches = _NoSingleRows(), _batches()
+    blocks = find_blocks(model, ["blocks.0.a", "blocks.1.a"])
+    assert blocks is not None
+    calls = capture_block_inputs(model, blocks, batches)
+    assert calls is not None and all(c.hidden is x for c, x in zip(calls, batches, strict=True))
+
+
+class _Routed(nn.Module):
+    """``out(e0(x))``, plus ``e1`` only when the batch has more than one row (an expert the
+    first row is not routed to)."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.e0, self.e1, self.out = Counting(d, d), Counting(d, d), Counting(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.e0(x)
+        if x.shape[0] > 1:
+            y = y + self.e1(x)
+        return self.out(y)
+
+
+class _RoutedChain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.blocks = nn.ModuleList([_Routed(), _Routed()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_an_order_missing_a_watched_layer_in_the_row_is_dropped() -> None:
+    """The one-row pass did not call block 0's e1: no order for block 0 (its runner probes the
+    whole first batch), and the runner's own order then has every expert."""
+    model, batches = _RoutedChain(), _batches()
+    blocks = find_blocks(model, ["blocks.0.e0", "blocks.1.e0"])
+    assert blocks is not None
+    watched = {f"blocks.{i}.{n}": getattr(model.blocks[i], n)
+               for i in range(2) for n in ("e0", "e1", "out")}
+    orders: dict[int, list[str]] = {}
+    with torch.no_grad():
+        calls = capture_block_inputs(model, blocks, batches, orders=orders, watched=watched)
+        assert calls is not None and orders == {}
+        inside = {n: m for n, m in watched.items() if n.startswith("blocks.0.")}
+        with BlockRunner(model.blocks[0], calls, inside) as runner:
+            assert runner._order == ["blocks.0.e0", "blocks.0.e1", "blocks.0.out"]
+
+
 class CountingNorm(nn.LayerNorm):
     """A LayerNorm that counts how often its own forward ran."""
 
@@ -398,7 +475,8 @@ def test_a_stage_layer_missing_from_the_order_is_not_ended_early(
 
 def test_sequential_gptq_on_a_chain_of_toys_uses_the_blocks() -> None:
     """quantize_model on Chain: every Linear quantized, the model's own forward only runs to
-    capture block 0's inputs (once per batch, plus the chain check)."""
+    capture block 0's inputs (once per batch, after the chain check on the first batch's first
+    row)."""
     from nvfp4lab.execution import NVFP4Linear, quantize_model
     from tests.execution.reference_gptq import differing, whole_model_gptq
 
@@ -406,10 +484,10 @@ def test_sequential_gptq_on_a_chain_of_toys_uses_the_blocks() -> None:
     reference, model = Chain(plain=True), Chain(plain=True)
     whole_model_gptq(reference, batches)
     forwards: list[int] = []
-    handle = model.register_forward_pre_hook(lambda m, a: forwards.append(1))
+    handle = model.register_forward_pre_hook(lambda m, a: forwards.append(a[0].shape[0]))
     quantize_model(model, backend="w4a16", method="gptq", calibration=batches)
     handle.remove()
-    assert len(forwards) == len(batches)
+    assert forwards == [1] + [len(b) for b in batches]
     assert all(isinstance(model.get_submodule(f"blocks.{i}.{n}"), NVFP4Linear)
                for i in range(2) for n in "abc")
     assert differing(reference, model) == []
