@@ -273,15 +273,21 @@ def output_head_copy(model: CausalLM) -> nn.Module | None:
     return copy.deepcopy(head) if head is not None else None
 
 
-def _rows(logits: torch.Tensor) -> torch.Tensor:
-    """The predicting positions of ``logits [B, T, V]`` as rows ``[B·(T-1), V]``."""
-    return logits[:, :-1].reshape(-1, logits.shape[-1])
+def _window_rows(logits: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+    """The predicting positions of ``logits [B, T, V]``, window by window: ``(offset, rows)``
+    with ``rows = logits[b, :-1]`` ``[T-1, V]`` (a view, no copy) and ``offset = b·(T-1)``, its
+    first row's index among all ``B·(T-1)`` predicted positions."""
+    predicted = logits.shape[1] - 1
+    for b in range(logits.shape[0]):
+        yield b * predicted, logits[b, :-1]
 
 
-def _softmax_parts(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For float64 ``rows [R, V]``: ``exp(rows - max)`` ``[R, V]``, its row sums ``[R]`` and the
-    log normalizer ``log Σ_v exp(rows) = max + log(sum)`` ``[R]`` (one exp per element)."""
-    top = rows.amax(dim=-1, keepdim=True)
+def _softmax_parts(
+    rows: torch.Tensor, top: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For float64 ``rows [R, V]`` and their maxima ``top [R, 1]``: ``exp(rows - top)``
+    ``[R, V]``, its row sums ``[R]`` and the log normalizer ``log Σ_v exp(rows) = top +
+    log(sum)`` ``[R]`` (one exp per element)."""
     scaled = (rows - top).exp_()
     total = scaled.sum(dim=-1)
     return scaled, total, top.squeeze(-1) + total.log()
@@ -289,13 +295,14 @@ def _softmax_parts(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 
 def _nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """-log P(next token), float64 ``[B·(T-1)]`` on the CPU."""
-    rows, targets = _rows(logits), input_ids[:, 1:].reshape(-1).to(logits.device)
-    out = torch.empty(rows.shape[0], dtype=torch.float64)
-    for i, stop in _chunks(rows):
-        chunk = rows[i:stop].double()
-        _, _, normalizer = _softmax_parts(chunk)
-        picked = chunk.gather(1, targets[i:stop, None]).squeeze(1)
-        out[i:stop] = (normalizer - picked).cpu()
+    targets = input_ids[:, 1:].reshape(-1).to(logits.device)
+    out = torch.empty(targets.shape[0], dtype=torch.float64)
+    for offset, rows in _window_rows(logits):
+        for i, stop in _chunks(rows):
+            chunk = rows[i:stop].double()
+            _, _, normalizer = _softmax_parts(chunk, chunk.amax(dim=-1, keepdim=True))
+            picked = chunk.gather(1, targets[offset + i:offset + stop, None]).squeeze(1)
+            out[offset + i:offset + stop] = (normalizer - picked).cpu()
     return out
 
 
@@ -309,24 +316,32 @@ def _compare(
     With reference logits r, quantized logits q, P = softmax(r) and normalizers ``Z_r``, ``Z_q``:
     ``KL = Σ_v P(v) ((r_v - log Z_r) - (q_v - log Z_q)) = Σ_v P(v) (r_v - q_v) - (log Z_r -
     log Z_q) Σ_v P(v)``, all in float64: two exps per vocabulary entry instead of the four of two
-    log-softmaxes, and exactly 0 for identical logits. Logits must be finite."""
-    ref_rows, q_rows = _rows(reference), _rows(quantized)
-    targets = input_ids[:, 1:].reshape(-1).to(q_rows.device)
-    n = q_rows.shape[0]
+    log-softmaxes, and exactly 0 for identical logits. Logits must be finite.
+
+    Memory traffic sets the pace on a CPU, so each chunk of rows is read from the logits once:
+    the windows' rows are views (no ``[B·(T-1), V]`` copy), and one ``max`` gives each row's
+    maximum and its first index (the argmax; widening to float64 is exact and keeps the
+    order), so neither takes a pass of its own."""
+    targets = input_ids[:, 1:].reshape(-1).to(quantized.device)
+    n = targets.shape[0]
     kld, nll = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
     agree = torch.empty(n, dtype=torch.bool)
-    for i, stop in _chunks(q_rows):
-        r32 = ref_rows[i:stop].to(q_rows.device)
-        q32 = q_rows[i:stop]
-        agree[i:stop] = (r32.argmax(-1) == q32.argmax(-1)).cpu()
-        r, q = r32.to(torch.float64, copy=True), q32.double()  # r changes in place below
-        scaled, total, log_zr = _softmax_parts(r)
-        _, _, log_zq = _softmax_parts(q)
-        p = scaled.div_(total[:, None])
-        picked = q.gather(1, targets[i:stop, None]).squeeze(1)
-        nll[i:stop] = (log_zq - picked).cpu()
-        divergence = (p * r.sub_(q)).sum(-1) - (log_zr - log_zq) * p.sum(-1)
-        kld[i:stop] = divergence.cpu()
+    windows = zip(_window_rows(reference), _window_rows(quantized), strict=True)
+    for (offset, ref_rows), (_, q_rows) in windows:
+        for i, stop in _chunks(q_rows):
+            at = slice(offset + i, offset + stop)
+            r = ref_rows[i:stop].to(q_rows.device, torch.float64, copy=True)  # changed in place
+            q = q_rows[i:stop].double()
+            top_r, argmax_r = r.max(dim=-1, keepdim=True)
+            top_q, argmax_q = q.max(dim=-1, keepdim=True)
+            agree[at] = (argmax_r == argmax_q).squeeze(1).cpu()
+            scaled, total, log_zr = _softmax_parts(r, top_r)
+            _, _, log_zq = _softmax_parts(q, top_q)
+            p = scaled.div_(total[:, None])
+            picked = q.gather(1, targets[at, None]).squeeze(1)
+            nll[at] = (log_zq - picked).cpu()
+            divergence = (p * r.sub_(q)).sum(-1) - (log_zr - log_zq) * p.sum(-1)
+            kld[at] = divergence.cpu()
     return kld, nll, agree
 
 

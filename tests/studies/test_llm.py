@@ -246,6 +246,31 @@ def test_a_run_keeps_its_logits_while_they_fit(pair: tuple[Any, Any],
     assert short.logits(0) is not short.logits(0)
 
 
+def test_compare_reads_windows_in_place_and_takes_the_first_maximum() -> None:
+    """_compare on windows of different rows: KL, NLL and top-1 agree with float64
+    log-softmaxes and torch.argmax (the first of tied maxima), row by row, whatever the chunk."""
+    g = torch.Generator().manual_seed(5)
+    reference = torch.randn(3, 9, 40, generator=g) * 4
+    quantized = reference + 0.5 * torch.randn(3, 9, 40, generator=g)
+    reference[0, 2, [5, 30]] = 50.0  # tied maxima: the argmax is 5, not 30
+    quantized[0, 2, [5, 30]] = torch.tensor([49.0, 50.0])  # the argmax is 30: no agreement
+    reference[1, 4, [2, 11]] = 60.0  # tied maxima again, the first (2) agreeing this time
+    quantized[1, 4, 2] = 70.0
+    ids = torch.randint(0, 40, (3, 9), generator=g)
+    kld, nll, agree = llm._compare(reference, quantized, ids)
+    r = reference[:, :-1].reshape(-1, 40).double().log_softmax(-1)
+    q = quantized[:, :-1].reshape(-1, 40).double().log_softmax(-1)
+    assert kld.tolist() == pytest.approx((r.exp() * (r - q)).sum(-1).tolist(), abs=1e-12)
+    want_nll = -q.gather(1, ids[:, 1:].reshape(-1, 1)).squeeze(1)
+    assert nll.tolist() == pytest.approx(want_nll.tolist(), rel=1e-12)
+    want_agree = (reference[:, :-1].argmax(-1) == quantized[:, :-1].argmax(-1)).reshape(-1)
+    assert torch.equal(agree, want_agree) and kld.shape == (24,)
+    assert not agree[2] and agree[8 + 4]
+    want_reference_nll = -r.gather(1, ids[:, 1:].reshape(-1, 1)).squeeze(1)
+    assert llm._nll(reference, ids).tolist() == pytest.approx(want_reference_nll.tolist(),
+                                                              rel=1e-12)
+
+
 def test_chunks_never_leave_one_row_alone() -> None:
     for n, step_rows in ((765, 4), (9, 4), (8, 4), (1, 4), (5, 2), (3, 2)):
         rows = torch.empty(n, 8 * 1024)
