@@ -9,11 +9,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# `$(INSTALL) ARGS...`: pip-style install arguments, by uv when INSTALLER=uv and uv runs, else
-# (or when uv fails) by pip; bytecode as NO_COMPILE says (uv compiles only when asked).
-INSTALL = sh -c 'if [ "$(INSTALLER)" = uv ] && $(PY) -m uv --version >/dev/null 2>&1; then \
-	echo "uv pip install $$*"; $(PY) -m uv pip install -q --python $(PY) \
-	$(if $(NO_COMPILE),,--compile-bytecode) "$$@" && exit 0; \
+# `$(INSTALL) ARGS...`: pip-style install arguments, by uv (tools/uv_install.py: uv told what
+# pip's configuration tells pip) when INSTALLER=uv, else (or when that fails or exits) by pip;
+# bytecode as NO_COMPILE says (uv compiles only when asked).
+INSTALL = sh -c 'if [ "$(INSTALLER)" = uv ]; then \
+	$(PY) tools/uv_install.py $(if $(NO_COMPILE),,--compile-bytecode) "$$@" && exit 0; \
 	echo "uv did not install it: pip instead" >&2; fi; \
 	echo "pip install $$*"; exec $(PIP) install -q $(NO_COMPILE) "$$@"' install
 TORCH_SPEC ?= torch==2.13.0
@@ -37,11 +37,12 @@ PYTEST_ARGS ?=
 # NO_COMPILE= restores pip's default.
 NO_COMPILE ?= --no-compile
 # The installer of the project, its extras and the model packages: uv (UV_SPEC, put into the venv
-# by pip first) or pip (INSTALLER=pip). uv picks the same versions as pip (pip freeze of both venvs
-# compared: 160 packages, identical) and downloads and unpacks in parallel: the extras took 2.9 s
-# instead of 13.6 s on 2 cores. torch (TORCH_SPEC) always goes through pip, which reads pip's own
-# configuration (local wheel folders, constraints) where uv does not; and wherever uv is missing
-# or fails (e.g. an index that only pip's configuration names), pip installs instead.
+# by pip first) or pip (INSTALLER=pip). uv downloads and unpacks in parallel: the extras took
+# 2.9 s instead of 13.6 s on 2 cores, the same 160 packages at the same versions (pip freeze of
+# both venvs compared). uv reads none of pip's configuration, so tools/uv_install.py hands it the
+# index, extra indexes, find-links, constraints and certificate pip's configuration names, and
+# leaves the install to pip where that configuration holds anything else. torch (TORCH_SPEC)
+# always goes through pip; wherever uv is missing or fails, pip installs instead.
 INSTALLER ?= uv
 UV_SPEC ?= uv==0.13.9
 # `make test` runs the suite on this many pytest-xdist workers (a test file stays on one worker,

@@ -4,6 +4,7 @@ and ``import nvfp4lab`` stays light."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml  # PyYAML: required by transformers, which compressed-tensors requires
@@ -130,45 +132,72 @@ def test_makefile_installs_the_model_extras_with_their_pins() -> None:
 
 
 _STUB_PYTHON = """#!/bin/sh
-echo "$*" >> "$STUB_LOG"
-case "$*" in
-  "-m uv --version") [ "$STUB_UV" = absent ] && exit 1; exit 0 ;;
-  "-m uv pip install"*) [ "$STUB_UV" = fails ] && exit 1; exit 0 ;;
-esac
+printf '<%s>' "$@" >> "$STUB_LOG"
+echo >> "$STUB_LOG"
+[ "$1" = tools/uv_install.py ] && exit "$STUB_UV_STATUS"
 exit 0
 """
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-@pytest.mark.parametrize("installer, uv, calls", [
-    ("uv", "works", ["uv --version", "uv pip"]),
-    ("uv", "fails", ["uv --version", "uv pip", "pip"]),
-    ("uv", "absent", ["uv --version", "pip"]),
-    ("pip", "works", ["pip"]),
+@pytest.mark.parametrize("installer, uv_status, no_compile, calls", [
+    ("uv", 0, "--no-compile", ["<tools/uv_install.py>"]),
+    ("uv", 0, "", ["<tools/uv_install.py><--compile-bytecode>"]),
+    ("uv", 3, "--no-compile", ["<tools/uv_install.py>", "<-m><pip><install><-q><--no-compile>"]),
+    ("uv", 1, "", ["<tools/uv_install.py><--compile-bytecode>", "<-m><pip><install><-q>"]),
+    ("pip", 0, "--no-compile", ["<-m><pip><install><-q><--no-compile>"]),
 ])
-def test_install_takes_uv_and_falls_back_to_pip(tmp_path: Path, installer: str, uv: str,
-                                                calls: list[str]) -> None:
-    """The Makefile's $(INSTALL), run by make with a stub python that logs its arguments: uv
-    when INSTALLER=uv and uv runs, pip (with NO_COMPILE's flag) when uv is absent or fails or
-    INSTALLER=pip; the arguments passed whole either way."""
+def test_install_takes_uv_and_falls_back_to_pip(tmp_path: Path, installer: str, uv_status: int,
+                                                no_compile: str, calls: list[str]) -> None:
+    """The Makefile's $(INSTALL), run by make with a stub python that logs its arguments one by
+    one: tools/uv_install.py when INSTALLER=uv, pip when that exits non-zero or INSTALLER=pip;
+    NO_COMPILE's flag for pip, --compile-bytecode for uv when NO_COMPILE is empty; every
+    argument passed whole (one with a space stays one)."""
     stub, log = tmp_path / "python", tmp_path / "calls.log"
     stub.write_text(_STUB_PYTHON)
     stub.chmod(0o755)
     probe = 'install-probe: ; @$(INSTALL) --no-deps "two words" x==1'
     done = subprocess.run(
         ["make", "-s", "-C", str(ROOT), "--eval", probe, "install-probe", f"PY={stub}",
-         f"INSTALLER={installer}"],
-        capture_output=True, text=True, env={**os.environ, "STUB_LOG": str(log), "STUB_UV": uv},
-        timeout=60, check=True)
-    logged = log.read_text().splitlines()
-    kinds = [("uv --version" if line == "-m uv --version" else "uv pip")
-             if line.startswith("-m uv") else "pip" for line in logged]
-    assert kinds == calls
-    for line in logged[1 if installer == "uv" else 0:]:
-        assert line.endswith("--no-deps two words x==1"), line
-    if calls[-1] == "pip":
-        assert logged[-1] == "-m pip install -q --no-compile --no-deps two words x==1"
-    assert ("uv did not install it: pip instead" in done.stderr) == (uv == "fails")
+         f"INSTALLER={installer}", f"NO_COMPILE={no_compile}"],
+        capture_output=True, text=True, timeout=60, check=True,
+        env={**os.environ, "STUB_LOG": str(log), "STUB_UV_STATUS": str(uv_status)})
+    assert log.read_text().splitlines() == [c + "<--no-deps><two words><x==1>" for c in calls]
+    assert ("uv did not install it: pip instead" in done.stderr) == (len(calls) == 2)
+
+
+def _uv_install() -> Any:
+    spec = importlib.util.spec_from_file_location("uv_install", ROOT / "tools" / "uv_install.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_uv_is_told_what_pip_configuration_says() -> None:
+    """tools/uv_install.py: every source of ``pip config list`` read (files and PIP_*), the
+    indexes, find-links, constraints and certificate handed to uv with pip's best-match rule,
+    the harmless settings left out; anything else, or two values of one setting, refused."""
+    uv = _uv_install()
+    listing = ("global.extra-index-url='file:///a/simple file:///b/simple'\n"
+               "global.find-links='/opt/wheels'\n:env:.find-links='/opt/wheels'\n"
+               "global.constraint='/etc/pip/c.txt'\n:env:.default-timeout='180'\n"
+               ":env:.cert='/etc/ssl/ca.crt'\ninstall.no-index='false'\n")
+    settings = uv.pip_settings(listing)
+    assert settings["find-links"] == "/opt/wheels" and settings["default-timeout"] == "180"
+    options, environment = uv.uv_options(settings)
+    assert options == ["--index-strategy", "unsafe-best-match", "--constraint", "/etc/pip/c.txt",
+                       "--extra-index-url", "file:///a/simple", "--extra-index-url",
+                       "file:///b/simple", "--find-links", "/opt/wheels"]
+    assert environment == {"SSL_CERT_FILE": "/etc/ssl/ca.crt"}
+    assert "--no-index" in uv.uv_options({"no-index": "true"})[0]
+    assert uv.uv_options({}) == (["--index-strategy", "unsafe-best-match"], {})
+    with pytest.raises(ValueError, match="sets proxy='http://p:3128', which uv does not"):
+        uv.uv_options({"proxy": "http://p:3128", "timeout": "5"})
+    with pytest.raises(ValueError, match="sets index-url twice"):
+        uv.pip_settings("global.index-url='https://a'\n:env:.index-url='https://b'\n")
+    with pytest.raises(ValueError, match="unreadable line"):
+        uv.pip_settings("nonsense\n")
 
 
 def test_style_sheet_is_package_data() -> None:

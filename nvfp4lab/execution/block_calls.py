@@ -284,6 +284,7 @@ def capture_block_inputs(
     except Exception:
         if probe is None:
             raise
+        probe = None  # the model refuses one row: the whole first batch instead
         if orders is not None:
             orders.clear()
         first = _chain_calls(model, blocks, batches[0], orders, watched)

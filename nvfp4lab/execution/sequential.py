@@ -35,14 +35,14 @@ changing a bit of what they compute:
   Linears being calibrated, unless the chain-check pass of :func:`capture_block_inputs` (one
   row) recorded it already (every block but the last that called all its Linears in that row;
   float hidden states there, those of the blocks quantized so far in a probe: the same order
-  wherever it does not
-  depend on the values, and a departing batch is caught as below); a pass that only needs a
-  stage's inputs ends right after the last call of that stage (:meth:`BlockRunner.collect`), as
-  long as the batch calls the Linears in that order so far (checked at every call; a batch that
-  departs runs to the end) and every Linear of the stage is in the order (else, e.g. an expert
-  the recorded batch was not routed to, every pass runs to the end); the stage's own Linears,
-  about to be replaced, return zeros instead of computing while they all receive one and the
-  same input tensor (else the pass is repeated with them computing);
+  wherever it does not depend on the values, and a departing batch is caught as below); a pass
+  that only needs a stage's inputs ends right after the last call of that stage
+  (:meth:`BlockRunner.collect`), as long as the batch calls the Linears in that order so far
+  (checked at every call; a batch that departs runs to the end) and every Linear of the stage is
+  in the order (else, e.g. an expert the recorded batch was not routed to, every pass runs to
+  the end); the stage's own Linears, about to be replaced, return zeros instead of computing
+  while they all receive one and the same input tensor (else the pass is repeated with them
+  computing);
 * a layer that is already final (an earlier stage) remembers, per call, its input and output;
   a later pass that feeds it an input equal to the remembered one (``torch.equal``; neither
   tensor changed in place since, by its version counter) gets the remembered output instead of
@@ -150,9 +150,9 @@ class BlockRunner:
     """Runs one block over the calls of every batch (module docstring: probe, early end, final
     layers). ``watched``: name -> module of the Linears being calibrated in this block, the
     modules whose call order the probe records; ``order``: that order when it is known already
-    (the first batch's pass of :func:`capture_block_inputs` through this block: then there is
-    no probe). Use as a context manager (it removes its hooks and restores memoized modules on
-    exit)."""
+    (the chain check's one-row pass of :func:`capture_block_inputs` through this block: then
+    there is no probe). Use as a context manager (it removes its hooks and restores memoized
+    modules on exit)."""
 
     def __init__(self, block: nn.Module, calls: Sequence[BlockCall],
                  watched: Mapping[str, nn.Module], order: Sequence[str] | None = None) -> None:

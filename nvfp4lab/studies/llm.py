@@ -94,17 +94,33 @@ def _chunk_rows(rows: torch.Tensor) -> int:
     return max(2, _CPU_CHUNK_BYTES // (8 * max(1, rows.shape[-1])))
 
 
-def _chunks(rows: torch.Tensor) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` of the chunks of ``rows [R, V]``: :func:`_chunk_rows` each, a last
-    chunk of one row joined to the one before (never one row alone, unless ``R`` is 1)."""
-    n, step = rows.shape[0], _chunk_rows(rows)
-    start = 0
+def _chunks(rows: torch.Tensor, n: int | None = None) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` of the chunks of ``n`` rows (default ``R``) like ``rows [R, V]``:
+    :func:`_chunk_rows` each, a last chunk of one row joined to the one before."""
+    n, step, start = rows.shape[0] if n is None else n, _chunk_rows(rows), 0
     while start < n:
-        stop = min(n, start + step)
-        if n - stop == 1:
-            stop = n
+        stop = n if n - start - step <= 1 else start + step
         yield start, stop
         start = stop
+
+
+def _row_chunks(logits: torch.Tensor) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """:func:`_chunks` of the predicting rows ``b·(T-1) + t`` (``t < T-1``) of ``logits [B, T,
+    V]``: ``(start, stop, rows)``, a view where the chunk lies in one window, a copy of its rows
+    where it spans windows (never a ``[B·(T-1), V]`` copy; one-row windows still make no one-row
+    chunk, whose sums torch reduces another way)."""
+    windows, predicted = logits.shape[0], logits.shape[1] - 1
+    if predicted < 1:
+        return
+    for start, stop in _chunks(logits, windows * predicted):
+        first, last = start // predicted, (stop - 1) // predicted
+        if first == last:
+            offset = first * predicted
+            yield start, stop, logits[first, start - offset:stop - offset]
+            continue
+        parts = [logits[w, max(start - w * predicted, 0):min(stop - w * predicted, predicted)]
+                 for w in range(first, last + 1)]
+        yield start, stop, torch.cat(parts)
 
 #: A causal LM: ``model(input_ids=int64 [B, T])`` returns an object with ``.logits`` ``[B, T, V]``
 #: (or the logits tensor itself).
@@ -273,15 +289,6 @@ def output_head_copy(model: CausalLM) -> nn.Module | None:
     return copy.deepcopy(head) if head is not None else None
 
 
-def _window_rows(logits: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
-    """The predicting positions of ``logits [B, T, V]``, window by window: ``(offset, rows)``
-    with ``rows = logits[b, :-1]`` ``[T-1, V]`` (a view, no copy) and ``offset = b·(T-1)``, its
-    first row's index among all ``B·(T-1)`` predicted positions."""
-    predicted = logits.shape[1] - 1
-    for b in range(logits.shape[0]):
-        yield b * predicted, logits[b, :-1]
-
-
 def _softmax_parts(
     rows: torch.Tensor, top: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -297,12 +304,11 @@ def _nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """-log P(next token), float64 ``[B·(T-1)]`` on the CPU."""
     targets = input_ids[:, 1:].reshape(-1).to(logits.device)
     out = torch.empty(targets.shape[0], dtype=torch.float64)
-    for offset, rows in _window_rows(logits):
-        for i, stop in _chunks(rows):
-            chunk = rows[i:stop].double()
-            _, _, normalizer = _softmax_parts(chunk, chunk.amax(dim=-1, keepdim=True))
-            picked = chunk.gather(1, targets[offset + i:offset + stop, None]).squeeze(1)
-            out[offset + i:offset + stop] = (normalizer - picked).cpu()
+    for start, stop, rows in _row_chunks(logits):
+        chunk = rows.double()
+        _, _, normalizer = _softmax_parts(chunk, chunk.amax(dim=-1, keepdim=True))
+        picked = chunk.gather(1, targets[start:stop, None]).squeeze(1)
+        out[start:stop] = (normalizer - picked).cpu()
     return out
 
 
@@ -318,30 +324,26 @@ def _compare(
     log Z_q) Σ_v P(v)``, all in float64: two exps per vocabulary entry instead of the four of two
     log-softmaxes, and exactly 0 for identical logits. Logits must be finite.
 
-    Memory traffic sets the pace on a CPU, so each chunk of rows is read from the logits once:
-    the windows' rows are views (no ``[B·(T-1), V]`` copy), and one ``max`` gives each row's
-    maximum and its first index (the argmax; widening to float64 is exact and keeps the
-    order), so neither takes a pass of its own."""
+    Memory traffic sets the pace on a CPU: chunks are views (:func:`_row_chunks`), and one
+    ``max`` gives each row's maximum and first index (the argmax: widening is exact)."""
     targets = input_ids[:, 1:].reshape(-1).to(quantized.device)
     n = targets.shape[0]
     kld, nll = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
     agree = torch.empty(n, dtype=torch.bool)
-    windows = zip(_window_rows(reference), _window_rows(quantized), strict=True)
-    for (offset, ref_rows), (_, q_rows) in windows:
-        for i, stop in _chunks(q_rows):
-            at = slice(offset + i, offset + stop)
-            r = ref_rows[i:stop].to(q_rows.device, torch.float64, copy=True)  # changed in place
-            q = q_rows[i:stop].double()
-            top_r, argmax_r = r.max(dim=-1, keepdim=True)
-            top_q, argmax_q = q.max(dim=-1, keepdim=True)
-            agree[at] = (argmax_r == argmax_q).squeeze(1).cpu()
-            scaled, total, log_zr = _softmax_parts(r, top_r)
-            _, _, log_zq = _softmax_parts(q, top_q)
-            p = scaled.div_(total[:, None])
-            picked = q.gather(1, targets[at, None]).squeeze(1)
-            nll[at] = (log_zq - picked).cpu()
-            divergence = (p * r.sub_(q)).sum(-1) - (log_zr - log_zq) * p.sum(-1)
-            kld[at] = divergence.cpu()
+    for (start, stop, ref_rows), (_, _, q_rows) in zip(
+            _row_chunks(reference), _row_chunks(quantized), strict=True):
+        r = ref_rows.to(q_rows.device, torch.float64, copy=True)  # changed in place below
+        q = q_rows.double()
+        top_r, argmax_r = r.max(dim=-1, keepdim=True)
+        top_q, argmax_q = q.max(dim=-1, keepdim=True)
+        agree[start:stop] = (argmax_r == argmax_q).squeeze(1).cpu()
+        scaled, total, log_zr = _softmax_parts(r, top_r)
+        _, _, log_zq = _softmax_parts(q, top_q)
+        p = scaled.div_(total[:, None])
+        picked = q.gather(1, targets[start:stop, None]).squeeze(1)
+        nll[start:stop] = (log_zq - picked).cpu()
+        divergence = (p * r.sub_(q)).sum(-1) - (log_zr - log_zq) * p.sum(-1)
+        kld[start:stop] = divergence.cpu()
     return kld, nll, agree
 
 

@@ -271,6 +271,25 @@ def test_compare_reads_windows_in_place_and_takes_the_first_maximum() -> None:
                                                               rel=1e-12)
 
 
+@pytest.mark.parametrize("shape, step", [((5, 2, 8), 2), ((3, 9, 8), 3), ((2, 7, 8), 4),
+                                         ((1, 1, 8), 2), ((4, 3, 8), 5)])
+def test_row_chunks_are_the_flattened_rows_chunks(shape: tuple[int, int, int], step: int,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """_row_chunks gives the chunks _chunks gives the flattened predicting rows (so one-row
+    windows, T = 2, still never make a one-row chunk), as views of one window where they lie in
+    one, with the same values."""
+    monkeypatch.setattr(llm, "_CPU_CHUNK_BYTES", 8 * shape[-1] * step)
+    logits = torch.randn(shape)
+    flat = logits[:, :-1].reshape(-1, shape[-1])
+    got = list(llm._row_chunks(logits))
+    assert [(a, b) for a, b, _ in got] == list(llm._chunks(flat))
+    per = shape[1] - 1
+    for start, stop, rows in got:
+        assert torch.equal(rows, flat[start:stop])
+        inside = start // per == (stop - 1) // per
+        assert (rows.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()) == inside
+
+
 def test_chunks_never_leave_one_row_alone() -> None:
     for n, step_rows in ((765, 4), (9, 4), (8, 4), (1, 4), (5, 2), (3, 2)):
         rows = torch.empty(n, 8 * 1024)
