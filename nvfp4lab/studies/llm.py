@@ -122,6 +122,7 @@ def _row_chunks(logits: torch.Tensor) -> Iterator[tuple[int, int, torch.Tensor]]
                  for w in range(first, last + 1)]
         yield start, stop, torch.cat(parts)
 
+
 #: A causal LM: ``model(input_ids=int64 [B, T])`` returns an object with ``.logits`` ``[B, T, V]``
 #: (or the logits tensor itself).
 CausalLM = Callable[..., Any]
