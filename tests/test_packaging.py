@@ -196,8 +196,9 @@ def test_uv_is_told_what_pip_configuration_says() -> None:
         uv.uv_options({"proxy": "http://p:3128", "timeout": "5"})
     with pytest.raises(ValueError, match="sets index-url twice"):
         uv.pip_settings("global.index-url='https://a'\n:env:.index-url='https://b'\n")
-    with pytest.raises(ValueError, match="unreadable line"):
-        uv.pip_settings("nonsense\n")
+    for bad in ("nonsense\n", "global.index-url=https://unquoted\n"):
+        with pytest.raises(ValueError, match="unreadable line"):
+            uv.pip_settings(bad)
 
 
 def test_style_sheet_is_package_data() -> None:

@@ -57,7 +57,10 @@ def pip_settings(listing: str) -> dict[str, str]:
         if not sep or "." not in name:
             raise ValueError(f"unreadable line of pip config list: {line!r}")
         key = name.rsplit(".", 1)[1].strip().lower().replace("_", "-")
-        value = ast.literal_eval(quoted.strip())
+        try:
+            value = ast.literal_eval(quoted.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"unreadable line of pip config list: {line!r}") from None
         if key in found and found[key] != value:
             raise ValueError(f"pip's configuration sets {key} twice, to {found[key]!r} and "
                              f"{value!r}")
@@ -92,9 +95,11 @@ def main(argv: list[str]) -> int:
         print("uv does not run here", file=sys.stderr)
         return NO_UV
     listing = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True,
-                             text=True, check=True).stdout
+                             text=True)
     try:
-        options, environment = uv_options(pip_settings(listing))
+        if listing.returncode:
+            raise ValueError(f"pip config list failed: {listing.stderr.strip()[-200:]}")
+        options, environment = uv_options(pip_settings(listing.stdout))
     except ValueError as error:
         print(f"uv: {error}", file=sys.stderr)
         return UNFOLLOWED
